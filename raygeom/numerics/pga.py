@@ -1,0 +1,323 @@
+"""Subspace PGA, exactly as ../METRICS.md defines it.
+
+The fast path ranks each projected distance vector with a counting sort over
+value bins instead of a comparison sort. Values that share a bin share their
+average rank, so the result is the exact Spearman correlation of slightly
+quantised distances. Bins are fine enough that a bin holds a handful of pairs;
+when one holds more than ``MAX_PAIRS_PER_BIN`` (heavy clustering or true
+ties) that vector falls back to exact average ranks. Ranks of the full-space
+distances, used by every subspace, are always exact and computed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from scipy.linalg import eigh
+from scipy.stats import rankdata
+
+from raygeom.errors import InputError
+
+MAX_PAIRS_PER_BIN = 256
+MIN_SAMPLES = 3
+
+
+def _check_matrix(name: str, a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise InputError(f"{name} must be a 2-D array, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise InputError(f"{name} contains NaN or inf values")
+    return a
+
+
+def _check_k(k: int, d: int) -> None:
+    if not 0 < k < d:
+        raise InputError(f"k must satisfy 0 < k < d; got k={k}, d={d}")
+
+
+def readout_basis(w_u: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` right singular vectors (``d x k``) and singular values of ``W_U`` (``V x d``).
+
+    Computed from the ``d x d`` Gram matrix, which is exact up to float64
+    rounding and much cheaper than an SVD of a ``V x d`` matrix with V ~ 50k-260k.
+    Each vector's sign makes its largest-magnitude entry positive.
+    """
+    w_u = _check_matrix("W_U", w_u)
+    _check_k(k, w_u.shape[1])
+    w64 = w_u.astype(np.float64, copy=False)
+    eigvals, vectors = _top_eigh(w64.T @ w64, k)
+    return _fix_signs(vectors), np.sqrt(np.clip(eigvals, 0.0, None))
+
+
+def _top_eigh(sym: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Largest ``count`` eigenpairs of a symmetric matrix, in descending order."""
+    n = sym.shape[0]
+    vals, vecs = eigh(sym, subset_by_index=[n - count, n - 1], driver="evr")
+    return vals[::-1], vecs[:, ::-1]
+
+
+def _fix_signs(vectors: np.ndarray) -> np.ndarray:
+    pivot = np.abs(vectors).argmax(axis=0)
+    return vectors * np.sign(vectors[pivot, np.arange(vectors.shape[1])])
+
+
+def principal_directions(centred: np.ndarray, r: int) -> np.ndarray:
+    """Top-``r`` principal directions (``r x d``, unit rows) of an already centred matrix.
+
+    Uses the eigenvectors of whichever Gram matrix (N x N or d x d) is smaller.
+    """
+    n, d = centred.shape
+    if d <= n:
+        _, vecs = _top_eigh(centred.T @ centred, r)
+        return _fix_signs(vecs).T
+    _, left = _top_eigh(centred @ centred.T, r)
+    directions = centred.T @ left
+    directions /= np.linalg.norm(directions, axis=0, keepdims=True)
+    return _fix_signs(directions).T
+
+
+def ccr(h: np.ndarray, r: int = 1) -> np.ndarray:
+    """Mean-centre ``H`` over samples, then project out its top-``r`` principal directions."""
+    h = _check_matrix("H", h).astype(np.float64)
+    if r < 0 or r >= min(h.shape):
+        raise InputError(f"CCR rank r must satisfy 0 <= r < min(N, d); got r={r}, shape={h.shape}")
+    centred = h - h.mean(axis=0, keepdims=True)
+    if r == 0:
+        return centred
+    top = principal_directions(centred, r)
+    return centred - (centred @ top.T) @ top
+
+
+def _null_gaussian(d: int, k: int, seed: int, index: int) -> np.ndarray:
+    return np.random.default_rng([int(seed), int(index)]).standard_normal((d, k))
+
+
+def random_subspace(d: int, k: int, seed: int, index: int) -> np.ndarray:
+    """Null subspace ``index``: uniform on the Grassmannian, from a generator seeded by (seed, index).
+
+    Q of the QR of a ``d x k`` standard-normal matrix, signs fixed so diag(R) > 0.
+    """
+    _check_k(k, d)
+    q, r = np.linalg.qr(_null_gaussian(d, k, seed, index))
+    return q * np.sign(np.diag(r))
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    # A zero row has no direction; it gets cosine 0 (distance 1) to everything.
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def _upper_mask(n: int) -> np.ndarray:
+    return np.triu(np.ones((n, n), dtype=bool), k=1)
+
+
+def _cosine_distance_pairs(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    unit = _unit_rows(x).astype(np.float32)
+    return 1.0 - (unit @ unit.T)[mask]
+
+
+def pairwise_cosine_distances(x: np.ndarray) -> np.ndarray:
+    """Cosine distances of all pairs i<j, in ``scipy.spatial.distance.pdist`` order (float64)."""
+    x = _check_matrix("X", x).astype(np.float64)
+    unit = _unit_rows(x)
+    return 1.0 - (unit @ unit.T)[_upper_mask(len(x))]
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks; tied values share the mean of their ranks."""
+    return rankdata(values, method="average")
+
+
+def _n_bins(n_values: int) -> int:
+    return int(min(1 << 24, max(1 << 10, 1 << int(np.ceil(np.log2(max(n_values, 2) / 8))))))
+
+
+def _exact_average_ranks(values: torch.Tensor) -> torch.Tensor:
+    order = torch.argsort(values)
+    sorted_values = values[order]
+    _, inverse, counts = torch.unique_consecutive(sorted_values, return_inverse=True, return_counts=True)
+    group_ranks = torch.cumsum(counts, 0).double() - (counts.double() - 1.0) * 0.5
+    ranks = torch.empty_like(group_ranks[inverse])
+    ranks[order] = group_ranks[inverse]
+    return ranks
+
+
+@dataclass(frozen=True)
+class PreparedLayer:
+    """One layer, corrected and with its full-space distance ranks computed once.
+
+    ``corrected`` is float32 (N x d). ``centred_full_ranks`` are the exact average
+    ranks of the full-space cosine distances minus their mean, in pdist order.
+    """
+
+    corrected: np.ndarray
+    centred_full_ranks: np.ndarray
+    full_ranks_norm: float
+    ccr_rank: int
+
+    @property
+    def n_samples(self) -> int:
+        return self.corrected.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.corrected.shape[1]
+
+
+def prepare_layer(h: np.ndarray, r: int = 1) -> PreparedLayer:
+    h = _check_matrix("H", h)
+    if h.shape[0] < MIN_SAMPLES:
+        raise InputError(f"need at least {MIN_SAMPLES} samples, got N={h.shape[0]}")
+    corrected = ccr(h, r).astype(np.float32)
+    ranks = average_ranks(_cosine_distance_pairs(corrected, _upper_mask(len(corrected))))
+    centred = ranks - ranks.mean()
+    return PreparedLayer(corrected, centred, float(np.sqrt(np.dot(centred, centred))), r)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class _SubspaceScorer:
+    """Scores subspaces of one prepared layer on one torch device.
+
+    The per-pair buffers are allocated once and reused by every subspace:
+    on CPU, fresh multi-megabyte allocations cost more than the arithmetic.
+    """
+
+    def __init__(self, layer: PreparedLayer, device: str | None = None):
+        self.layer = layer
+        self.device = torch.device(device or default_device())
+        self.x = torch.from_numpy(layer.corrected).to(self.device)
+        self.reference = torch.from_numpy(layer.centred_full_ranks).to(self.device)
+        n = layer.n_samples
+        rows, cols = torch.triu_indices(n, n, 1, device=self.device)
+        self.pair_index = rows * n + cols
+        del rows, cols
+        n_pairs = self.pair_index.numel()
+        self.n_bins = _n_bins(n_pairs)
+        self.mean_rank = (n_pairs + 1) / 2.0
+        self.gram = torch.empty((n, n), device=self.device)
+        self.values = torch.empty(n_pairs, device=self.device)
+        self.keys = torch.empty(n_pairs, dtype=torch.int64, device=self.device)
+
+    def rho_of_projection(self, projected: torch.Tensor) -> float:
+        norms = projected.norm(dim=1, keepdim=True)
+        # A zero row has no direction; it gets cosine 0 (distance 1) to everything.
+        unit = (projected / torch.where(norms > 0, norms, torch.ones_like(norms))).float()
+        torch.matmul(unit, unit.T, out=self.gram)
+        torch.index_select(self.gram.view(-1), 0, self.pair_index, out=self.values)
+        # Cosine distance is 1 - similarity, so ranking distances is ranking -similarity.
+        return self._spearman(self.values.neg_())
+
+    def _spearman(self, values: torch.Tensor) -> float:
+        lo, hi = torch.aminmax(values)
+        if not bool(hi > lo) or self.layer.full_ranks_norm == 0.0:
+            return float("nan")
+        scaled = torch.sub(values, lo, out=self.gram.view(-1)[: values.numel()])
+        scaled.mul_((self.n_bins - 1) / (hi - lo))
+        keys = self.keys.copy_(scaled)
+        counts = torch.bincount(keys, minlength=self.n_bins)
+        if int(counts.max()) > MAX_PAIRS_PER_BIN:
+            ranks = _exact_average_ranks(values)
+            centred = ranks - self.mean_rank
+            sum_sq = torch.dot(centred, centred)
+        else:
+            counts = counts.double()
+            bin_ranks = torch.cumsum(counts, 0) - (counts - 1.0) * 0.5
+            centred_bins = bin_ranks - self.mean_rank
+            sum_sq = torch.dot(counts, centred_bins * centred_bins)
+            ranks = bin_ranks.index_select(0, keys)
+        if float(sum_sq) == 0.0:
+            return float("nan")
+        return float(torch.dot(ranks, self.reference) / (self.layer.full_ranks_norm * torch.sqrt(sum_sq)))
+
+    def rho_of_basis(self, basis: np.ndarray) -> float:
+        if basis.shape[0] != self.layer.dim:
+            raise InputError(f"basis has {basis.shape[0]} rows but the layer has d={self.layer.dim}")
+        return self.rho_of_projection(self.x @ torch.from_numpy(np.ascontiguousarray(basis, dtype=np.float32)).to(self.device))
+
+    def rho_of_null(self, k: int, seed: int, index: int) -> float:
+        """rho of null ``index`` without an explicit QR.
+
+        With A = QR and diag(R) > 0, R is the Cholesky factor of A^T A, so
+        x Q = (x A) R^{-1}: the coordinates of :func:`random_subspace` at a
+        fraction of the cost.
+        """
+        a = _null_gaussian(self.layer.dim, k, seed, index)
+        r_inverse = np.linalg.inv(np.linalg.cholesky(a.T @ a).T)
+        xa = self.x @ torch.from_numpy(a.astype(np.float32)).to(self.device)
+        return self.rho_of_projection(xa.double() @ torch.from_numpy(r_inverse).to(self.device))
+
+
+def subspace_rho(layer: PreparedLayer, basis: np.ndarray, device: str | None = None) -> float:
+    """Spearman correlation of full-space and subspace cosine distances for one ``d x k`` basis."""
+    return _SubspaceScorer(layer, device).rho_of_basis(basis)
+
+
+def null_rhos(layer: PreparedLayer, k: int, seed: int, indices: Iterable[int], device: str | None = None) -> np.ndarray:
+    """rho of the null subspaces with the given indices; null ``i`` depends only on (seed, i)."""
+    _check_k(k, layer.dim)
+    scorer = _SubspaceScorer(layer, device)
+    return np.array([scorer.rho_of_null(k, seed, i) for i in indices], dtype=np.float64)
+
+
+def summarize_null(rho_readout: float, rhos: Sequence[float]) -> dict[str, float]:
+    rhos = np.asarray(rhos, dtype=np.float64)
+    if rhos.size < 2:
+        raise InputError("need at least 2 null subspaces to estimate a standard deviation")
+    mean, std = float(rhos.mean()), float(rhos.std(ddof=1))
+    z = (rho_readout - mean) / std if std > 0 else float("nan")
+    return {"null_mean": mean, "null_std": std, "z": float(z)}
+
+
+@dataclass(frozen=True)
+class PGAResult:
+    rho_readout: float
+    null_mean: float
+    null_std: float
+    z: float
+    k: int
+    r: int
+    n: int
+    n_null: int
+    seed: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def subspace_pga(
+    h: np.ndarray,
+    w_u: np.ndarray | None = None,
+    *,
+    readout: np.ndarray | None = None,
+    k: int = 100,
+    r: int = 1,
+    n_null: int = 100,
+    seed: int = 0,
+    device: str | None = None,
+) -> PGAResult:
+    """Subspace PGA z-score of one layer ``H`` (N x d) against ``W_U`` (V x d).
+
+    Pass ``readout`` (the d x k basis from :func:`readout_basis`) instead of
+    ``w_u`` to reuse a basis across layers.
+    """
+    h = _check_matrix("H", h)
+    _check_k(k, h.shape[1])
+    if readout is None:
+        if w_u is None:
+            raise InputError("give either W_U or a readout basis")
+        if w_u.shape[1] != h.shape[1]:
+            raise InputError(f"W_U has d={w_u.shape[1]} but H has d={h.shape[1]}")
+        readout, _ = readout_basis(w_u, k)
+    layer = prepare_layer(h, r)
+    scorer = _SubspaceScorer(layer, device)
+    rho = scorer.rho_of_basis(readout[:, :k])
+    stats = summarize_null(rho, [scorer.rho_of_null(k, seed, i) for i in range(n_null)])
+    return PGAResult(rho, stats["null_mean"], stats["null_std"], stats["z"], k, r, h.shape[0], n_null, seed)

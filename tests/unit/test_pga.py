@@ -1,0 +1,160 @@
+import numpy as np
+import pytest
+from scipy.stats import spearmanr, ortho_group
+
+from raygeom.errors import InputError
+from raygeom.numerics import (
+    ccr,
+    null_rhos,
+    pairwise_cosine_distances,
+    prepare_layer,
+    random_subspace,
+    readout_basis,
+    subspace_pga,
+    subspace_rho,
+)
+from tests import reference
+
+
+def planted(seed, n=150, d=64, k=4, where="readout", vocab=200):
+    """W_U whose top-k right singular vectors are the first k axes, and H with
+    cluster structure either inside that readout subspace or orthogonal to it."""
+    rng = np.random.default_rng(seed)
+    w_u = rng.standard_normal((vocab, d)) * 0.1
+    w_u[:, :k] += rng.standard_normal((vocab, k)) * 5.0
+    centres = rng.standard_normal((6, d))
+    labels = rng.integers(0, 6, n)
+    h = rng.standard_normal((n, d)) * 0.5
+    if where == "readout":
+        h[:, :k] += 1.0 * centres[labels, :k]
+    elif where == "orthogonal":
+        h[:, k:] += 6.0 * centres[labels, k:]
+    return h, w_u
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("shape", [(60, 20, 5), (120, 40, 10), (90, 33, 4)])
+@pytest.mark.parametrize("r", [0, 1, 3])
+def test_matches_plain_scipy_reference(seed, shape, r):
+    n, d, k = shape
+    rng = np.random.default_rng(seed)
+    h = rng.standard_normal((n, d)) @ rng.standard_normal((d, d))  # anisotropic
+    w_u = rng.standard_normal((3 * d, d))
+    expected = reference.pga(h, w_u, k=k, r=r, n_null=30, seed=seed)
+    got = subspace_pga(h, w_u, k=k, r=r, n_null=30, seed=seed)
+    assert got.rho_readout == pytest.approx(expected["rho_readout"], abs=2e-4)
+    assert got.null_mean == pytest.approx(expected["null_mean"], abs=2e-4)
+    assert abs(got.z - expected["z"]) <= 0.05
+
+
+def test_float32_fast_path_within_dz_005_of_float64_reference_on_larger_data():
+    # 1,000 samples: enough pairs (499,500) that the binned ranking is the one used.
+    h, w_u = planted(7, n=1000, d=96, k=12)
+    expected = reference.pga(h, w_u, k=12, r=1, n_null=20, seed=3)
+    got = subspace_pga(h, w_u, k=12, r=1, n_null=20, seed=3)
+    assert abs(got.z - expected["z"]) <= 0.05
+    np.testing.assert_allclose(
+        null_rhos(prepare_layer(h, 1), 12, 3, range(20)), expected["nulls"], atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_structure_in_readout_gives_large_positive_z(seed):
+    h, w_u = planted(seed, where="readout")
+    assert subspace_pga(h, w_u, k=4, n_null=50, seed=seed).z > 5
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dominant_structure_orthogonal_to_readout_gives_negative_z(seed):
+    h, w_u = planted(seed, where="orthogonal")
+    assert subspace_pga(h, w_u, k=4, n_null=50, seed=seed).z < -2
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_isotropic_noise_gives_small_z(seed):
+    h, w_u = planted(seed, where="none", n=200)
+    assert abs(subspace_pga(h, w_u, k=4, n_null=60, seed=seed).z) < 3.5
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_global_rotation_of_h_and_w_u(seed):
+    h, w_u = planted(seed)
+    rot = ortho_group.rvs(h.shape[1], random_state=seed)
+    base = subspace_pga(h, w_u, k=4, n_null=300, seed=seed)
+    rotated = subspace_pga(h @ rot, w_u @ rot, k=4, n_null=300, seed=seed)
+    # rho_readout is exactly invariant; the nulls are other draws of the same
+    # distribution, so their mean agrees within sampling error.
+    assert rotated.rho_readout == pytest.approx(base.rho_readout, abs=1e-5)
+    assert abs(rotated.null_mean - base.null_mean) <= 4 * base.null_std * np.sqrt(2 / 300)
+    assert abs(rotated.z - base.z) <= 0.25 * abs(base.z) + 0.5
+
+
+@pytest.mark.parametrize("scale", [1e-3, 7.0, 1e4])
+def test_scaling_h_and_w_u_leaves_z_unchanged(scale):
+    h, w_u = planted(4)
+    base = subspace_pga(h, w_u, k=4, n_null=30, seed=1)
+    scaled = subspace_pga(h * scale, w_u / scale, k=4, n_null=30, seed=1)
+    assert scaled.z == pytest.approx(base.z, abs=1e-3)
+
+
+def test_null_split_into_chunks_gives_identical_rhos():
+    layer = prepare_layer(planted(0)[0], 1)
+    whole = null_rhos(layer, 4, 11, range(100))
+    for n_chunks in (1, 7, 100):
+        parts = np.array_split(np.arange(100), n_chunks)
+        joined = np.concatenate([null_rhos(layer, 4, 11, part) for part in parts])
+        np.testing.assert_array_equal(joined, whole)
+
+
+def test_random_subspace_is_orthonormal_and_seeded_per_index():
+    q = random_subspace(30, 5, seed=3, index=9)
+    np.testing.assert_allclose(q.T @ q, np.eye(5), atol=1e-12)
+    np.testing.assert_array_equal(q, reference.null_subspace(30, 5, 3, 9))
+    assert not np.allclose(q, random_subspace(30, 5, seed=3, index=8))
+
+
+def test_readout_basis_matches_svd_up_to_sign():
+    w_u = np.random.default_rng(0).standard_normal((300, 40))
+    basis, singular = readout_basis(w_u, 6)
+    _, s, vt = np.linalg.svd(w_u, full_matrices=False)
+    np.testing.assert_allclose(singular, s[:6], rtol=1e-10)
+    np.testing.assert_allclose(np.abs(basis.T @ vt[:6].T), np.eye(6), atol=1e-8)
+
+
+@pytest.mark.parametrize("r", [0, 1, 4])
+def test_ccr_matches_svd_projection(r):
+    h = np.random.default_rng(r).standard_normal((50, 70)) @ np.diag(np.linspace(5, 0.1, 70))
+    np.testing.assert_allclose(ccr(h, r), reference.ccr(h, r), atol=1e-8)
+
+
+def test_pairwise_cosine_distances_match_pdist():
+    from scipy.spatial.distance import pdist
+
+    x = np.random.default_rng(1).standard_normal((40, 9))
+    np.testing.assert_allclose(pairwise_cosine_distances(x), pdist(x, "cosine"), atol=1e-12)
+
+
+def test_ties_share_their_mean_rank():
+    # Duplicated rows produce many exactly tied distances, which takes the exact-rank path.
+    base = np.random.default_rng(2).standard_normal((20, 12))
+    h = np.repeat(base, 5, axis=0)
+    layer = prepare_layer(h, 0)
+    basis = np.eye(12)[:, :4]
+    expected = spearmanr(pairwise_cosine_distances(layer.corrected.astype(np.float64)),
+                         pairwise_cosine_distances(layer.corrected.astype(np.float64) @ basis))[0]
+    assert subspace_rho(layer, basis) == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: subspace_pga(np.ones((10, 5)), np.ones((20, 5)), k=5), "k must satisfy"),
+        (lambda: subspace_pga(np.ones((2, 5)), np.ones((20, 5)), k=2), "at least 3 samples"),
+        (lambda: subspace_pga(np.full((10, 5), np.nan), np.ones((20, 5)), k=2), "NaN or inf"),
+        (lambda: subspace_pga(np.ones((10, 5)), np.ones((20, 4)), k=2), "W_U has d=4"),
+        (lambda: ccr(np.ones((10, 5)), 5), "CCR rank"),
+    ],
+)
+def test_bad_input_raises_input_error(make, message):
+    with pytest.raises(InputError, match=message):
+        make()
