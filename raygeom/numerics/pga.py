@@ -49,7 +49,14 @@ def readout_basis(w_u: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     w_u = _check_matrix("W_U", w_u)
     _check_k(k, w_u.shape[1])
     w64 = w_u.astype(np.float64, copy=False)
-    eigvals, vectors = _top_eigh(w64.T @ w64, k)
+    return readout_basis_from_gram(w64.T @ w64, k)
+
+
+def readout_basis_from_gram(gram: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`readout_basis` from ``W_U^T W_U`` (``d x d``), for callers that form it on a GPU."""
+    gram = _check_matrix("W_U^T W_U", gram).astype(np.float64, copy=False)
+    _check_k(k, gram.shape[0])
+    eigvals, vectors = _top_eigh(gram, k)
     return _fix_signs(vectors), np.sqrt(np.clip(eigvals, 0.0, None))
 
 

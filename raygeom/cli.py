@@ -1,0 +1,108 @@
+"""The raygeom command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from raygeom.errors import RaygeomError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Measure how a language model organises its hidden-state geometry for prediction.")
+console = Console()
+errors = Console(stderr=True)
+
+AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.")
+OutOption = typer.Option(None, "--out", "-o", help="Output directory (the store).")
+
+
+def _fail(message: str) -> None:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _prepare_ray(address: Optional[str]) -> None:
+    if address is None:
+        from raygeom.ray_env import prepare_local_ray_environment
+
+        prepare_local_ray_environment()
+
+
+def _run(job, address, num_cpus):
+    from raygeom.pipeline import run_pga_job
+
+    _prepare_ray(address)
+    return run_pga_job(job, console, address=address, num_cpus=num_cpus)
+
+
+@app.command()
+def run(
+    job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/laptop.toml"),
+    out: Optional[Path] = OutOption,
+    n_samples: Optional[int] = typer.Option(None, "--n-samples", help="Override the job's number of texts."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    n_null: Optional[int] = typer.Option(None, "--n-null"),
+    address: Optional[str] = AddressOption,
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
+):
+    """Run a job file: extract every model and revision, then Subspace PGA for every layer."""
+    from raygeom.jobspec import load_job
+
+    try:
+        job = load_job(job_file).with_overrides(out=str(out) if out else None, n_samples=n_samples, seq_len=seq_len, n_null=n_null)
+        _run(job, address, num_cpus)
+    except RaygeomError as error:
+        _fail(str(error))
+
+
+@app.command()
+def pga(
+    model: str = typer.Option("smollm2", "--model", "-m", help="Built-in name, HF hub id, model directory or .gguf file."),
+    revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s), e.g. step1000. Repeatable."),
+    corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."),
+    n_samples: int = typer.Option(500, "--n-samples", "-n"),
+    seq_len: int = typer.Option(128, "--seq-len"),
+    pool: str = typer.Option("last", "--pool", help="last | mean"),
+    skip_first: bool = typer.Option(True, "--skip-first/--keep-first", help="With --pool mean, drop each text's first token."),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    layers: str = typer.Option("all", "--layers", help="all, or names/indices/ranges: embed,block_05,-1,10:20"),
+    k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
+    ccr: int = typer.Option(1, "--ccr", help="Top principal components removed after centring."),
+    n_null: int = typer.Option(100, "--n-null", help="Random subspaces in the null."),
+    null_chunks: int = typer.Option(10, "--null-chunks", help="Ray tasks the nulls of one layer are split into."),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(Path("runs/pga"), "--out", "-o"),
+    address: Optional[str] = AddressOption,
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+):
+    """Subspace PGA of one model (one or more revisions) on one corpus, configured by flags."""
+    from raygeom.extract import ExtractionSettings
+    from raygeom.jobspec import JobSpec, ModelEntry
+    from raygeom.params import PGAParams
+
+    try:
+        job = JobSpec(name=f"{model}", out=str(out), models=(ModelEntry(model, tuple(revision)),), corpus=corpus,
+                      n_samples=n_samples, sample_seed=seed, layers=layers,
+                      extraction=ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size),
+                      pga=PGAParams(k=k, r=ccr, n_null=n_null, seed=seed, null_chunks=null_chunks))
+        _run(job, address, num_cpus)
+    except RaygeomError as error:
+        _fail(str(error))
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app()
+    except KeyboardInterrupt:
+        errors.print("interrupted; finished units are kept, rerun to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

