@@ -35,3 +35,55 @@ def pga(h, w_u, k=100, r=1, n_null=100, seed=0):
     )
     return {"rho_readout": rho, "null_mean": nulls.mean(), "null_std": nulls.std(ddof=1),
             "z": (rho - nulls.mean()) / nulls.std(ddof=1), "nulls": nulls}
+
+
+# --- Diagnostics around PGA (METRICS.md "Diagnostics around PGA") ---
+
+
+def singular_values(h):
+    return np.linalg.svd(h - h.mean(axis=0), compute_uv=False)
+
+
+def rankme_of_singular_values(s):
+    p = s / s.sum() + 1e-7
+    return np.exp(-np.sum(p * np.log(p)))
+
+
+def alpha_req_of_singular_values(s):
+    from scipy.stats import linregress
+
+    s = s[s > 1e-12 * s.max()]
+    return -linregress(np.log(np.arange(1, len(s) + 1)), np.log(s**2)).slope
+
+
+def isotropy(h):
+    """Mu & Viswanath on the unit rows of the centred H, over all d principal directions;
+    each one's largest-magnitude entry made positive (the sign convention raygeom documents)."""
+    centred = h - h.mean(axis=0)
+    _, _, directions = np.linalg.svd(centred, full_matrices=True)
+    pivots = np.abs(directions).argmax(axis=1)
+    directions = directions * np.sign(directions[np.arange(len(directions)), pivots])[:, None]
+    norms = np.linalg.norm(centred, axis=1, keepdims=True)
+    unit = centred / np.where(norms > 0, norms, 1.0)
+    z = np.exp(unit @ directions.T).sum(axis=0)
+    return z.min() / z.max()
+
+
+def pc1_readout_share(h, basis):
+    _, _, vt = np.linalg.svd(h - h.mean(axis=0), full_matrices=False)
+    return np.sum((basis.T @ vt[0]) ** 2)
+
+
+def convergence(h_a, h_b, basis_a, basis_b, k, r=1, n_null=100, seed=0):
+    """Model B's null i is drawn with seed + 2**32 (the documented derivation)."""
+    a, b = ccr(h_a, r), ccr(h_b, r)
+
+    def rho(x, y):
+        return spearmanr(pdist(x, "cosine"), pdist(y, "cosine"))[0]
+
+    nulls = np.array([
+        rho(a @ null_subspace(a.shape[1], k, seed, i), b @ null_subspace(b.shape[1], k, seed + 2**32, i))
+        for i in range(n_null)
+    ])
+    return {"rho_full": rho(a, b), "rho_readout": rho(a @ basis_a[:, :k], b @ basis_b[:, :k]),
+            "null_mean": nulls.mean(), "null_std": nulls.std(ddof=1), "nulls": nulls}
