@@ -95,6 +95,11 @@ def pga(
         _fail(str(error))
 
 
+# Commands of the other analyses live beside their orchestration; each module registers its own.
+for _module in ("raygeom.sweep_cli", "raygeom.diagnostics_cli", "raygeom.dispersion_cli"):
+    __import__(_module, fromlist=["register"]).register(app)
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

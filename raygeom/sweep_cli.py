@@ -1,0 +1,7 @@
+"""CLI commands for the sweep analyses (registered by raygeom.cli)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the raygeom app."""

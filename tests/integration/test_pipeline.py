@@ -1,0 +1,138 @@
+"""The whole pipeline on tiny offline Pythia models, on the session's local Ray."""
+
+import os
+import subprocess
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from raygeom import orchestrate
+from raygeom.corpus import load_corpus
+from raygeom.extract import ExtractionSettings
+from raygeom.jobspec import JobSpec, ModelEntry
+from raygeom.models import resolve_model
+from raygeom.params import PGAParams
+from raygeom.pipeline import run_pga_job
+from raygeom.store import Store, column_to_matrix
+
+pytestmark = pytest.mark.integration
+
+
+def tiny_job(out, corpus, **pga):
+    return JobSpec(name="tiny", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step0", "step1000")),),
+                   corpus=str(corpus), n_samples=40, extraction=ExtractionSettings(seq_len=32, batch_size=8),
+                   pga=PGAParams(k=8, n_null=12, null_chunks=3, **pga))
+
+
+@pytest.fixture(scope="module")
+def finished_job(hub_cache, ray_local, tmp_path_factory):
+    from raygeom.testing import TINY_TEXT
+
+    root = tmp_path_factory.mktemp("job")
+    corpus = root / "corpus.txt"
+    sentences = [s for s in TINY_TEXT.split(" . ") if s]
+    corpus.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}" for i in range(80)))
+    outputs = run_pga_job(tiny_job(root / "out", corpus), Console(quiet=True))
+    return root, corpus, outputs
+
+
+def test_results_cover_every_layer_of_every_revision(finished_job):
+    _, _, outputs = finished_job
+    assert len(outputs.rows) == 2 * 5
+    assert {(r["revision"], r["layer"]) for r in outputs.rows} == {
+        (rev, layer) for rev in ("step0", "step1000") for layer in ("embed", "block_00", "block_01", "block_02", "final_norm")}
+    assert all(np.isfinite(r["z"]) and r["null_std"] > 0 for r in outputs.rows)
+    assert outputs.plot.stat().st_size > 10_000
+    assert pq.read_table(outputs.table).num_rows == 10
+
+
+def test_activation_store_reads_in_pandas_polars_duckdb_and_ray_data(finished_job):
+    import duckdb
+    import pandas as pd
+    import polars as pl
+    import pyarrow.dataset as ds
+    import ray
+
+    root = finished_job[0] / "out" / "activations"
+    layer_dir = root / "model=EleutherAI--pythia-14m" / "revision=step1000" / "layer=block_01"
+    frame = pd.read_parquet(layer_dir)
+    assert len(frame) == 40 and len(frame["vector"].iloc[0]) == 64
+    assert pl.read_parquet(layer_dir / "part-0.parquet")["vector"].dtype == pl.Array(pl.Float32, 64)
+    count = duckdb.sql(f"select count(*) from read_parquet('{root}/**/*.parquet', hive_partitioning=true) "
+                       "where revision = 'step0' and layer = 'final_norm'").fetchall()[0][0]
+    assert count == 40
+    dataset = ds.dataset(root, format="parquet", partitioning="hive")
+    assert dataset.to_table(filter=ds.field("layer") == "embed").num_rows == 80
+    rows = ray.data.read_parquet(str(layer_dir)).take_all()
+    assert len(rows) == 40
+
+
+def test_stored_layer_matches_a_direct_forward_pass(finished_job, hub_cache):
+    from raygeom.extract import extract_batch
+    from raygeom.models import load_model
+
+    root, corpus, _ = finished_job
+    texts = load_corpus(str(corpus)).sample(40, 0).texts
+    model, tokenizer = load_model(resolve_model("EleutherAI/pythia-14m", "step1000"))
+    direct = extract_batch(model, tokenizer, texts[:8], ExtractionSettings(seq_len=32, batch_size=8))
+    ids, stored = Store(root / "out").read_layer("EleutherAI--pythia-14m", "step1000", "block_02")
+    np.testing.assert_array_equal(ids, np.arange(40))
+    np.testing.assert_allclose(stored[:8], direct.pooled["block_02"], atol=1e-5)
+
+
+def test_null_chunking_through_ray_gives_identical_z(finished_job):
+    root = finished_job[0] / "out"
+    store = Store(root)
+    layers = ["embed", "block_01", "final_norm"]
+    results = []
+    for chunks in (1, 7, 100):
+        params = PGAParams(k=8, n_null=100, seed=5, null_chunks=chunks)
+        for path in (root / "results" / "pga").glob("*.parquet"):
+            path.unlink()
+        results.append(orchestrate.run_pga(store, "EleutherAI--pythia-14m", "step0", layers, params))
+    for other in results[1:]:
+        assert [r["z"] for r in other] == [r["z"] for r in results[0]]
+        assert [r["null_std"] for r in other] == [r["null_std"] for r in results[0]]
+
+
+def test_rerun_resumes_without_recomputing(finished_job):
+    root, corpus, _ = finished_job
+    results = root / "out" / "results" / "pga"
+    before = {p.name: p.stat().st_mtime_ns for p in results.glob("*.parquet")}
+    marker = root / "out" / "activations" / "model=EleutherAI--pythia-14m" / "revision=step0" / "_COMPLETE.json"
+    marker_time = marker.stat().st_mtime_ns
+    time.sleep(0.01)
+    run_pga_job(tiny_job(root / "out", corpus), Console(quiet=True))
+    after = {p.name: p.stat().st_mtime_ns for p in results.glob("*.parquet")}
+    assert marker.stat().st_mtime_ns == marker_time
+    assert all(after[name] == t for name, t in before.items() if name in after)
+
+
+def test_truncated_layer_file_is_detected_and_recomputed(finished_job):
+    root, corpus, _ = finished_job
+    store = Store(root / "out")
+    job = tiny_job(root / "out", corpus)
+    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step0"),
+                                            load_corpus(str(corpus)).sample(40, 0), job.extraction, job.layers)
+    path = store.layer_path("EleutherAI--pythia-14m", "step0", "block_00")
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])
+    assert not store.is_complete("EleutherAI--pythia-14m", "step0", request.key())
+    orchestrate.extract(store, request)
+    assert store.is_complete("EleutherAI--pythia-14m", "step0", request.key())
+    _, vectors = store.read_layer("EleutherAI--pythia-14m", "step0", "block_00")
+    assert vectors.shape == (40, 64)
+
+
+def test_local_ray_traffic_stays_on_loopback(ray_local):
+    import ray
+
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    pids = {str(os.getpid())}
+    sockets = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True).stdout.splitlines()
+    peers = [line.split()[4] for line in sockets if any(f"pid={p}," in line for p in pids)]
+    assert peers, "the driver should hold connections to the local Ray"
+    assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
