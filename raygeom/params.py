@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from raygeom.errors import RaygeomError
+
+
+def check_types(settings) -> None:
+    """Job files are user input: a wrong type gets a one-line error naming the field."""
+    for field in fields(settings):
+        value = getattr(settings, field.name)
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(field.type))
+        if expected is None:
+            continue
+        if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
+            raise RaygeomError(f"{field.name} must be {field.type}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -17,6 +28,7 @@ class PGAParams:
     gpus_per_task: float = 0.0
 
     def __post_init__(self):
+        check_types(self)
         if self.k <= 0:
             raise RaygeomError(f"k must be positive, got {self.k}")
         if self.r < 0:

@@ -1,0 +1,106 @@
+"""Bad input through the real CLI: one clear line on stderr, a non-zero exit, no traceback,
+and nothing that looks like a finished result."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args, cwd=ROOT):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def nan_model(tmp_path_factory, hub_cache):
+    import torch
+
+    from raygeom.testing import tiny_gpt_neox, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_gpt_neox(len(tokenizer), seed=3)
+    with torch.no_grad():
+        model.gpt_neox.layers[1].mlp.dense_4h_to_h.weight.fill_(float("nan"))
+    directory = tmp_path_factory.mktemp("nan-model")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def assert_clean_failure(result, message, out: Path | None = None):
+    combined = result.stdout + result.stderr
+    assert result.returncode != 0, combined
+    assert "Traceback" not in combined, combined
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert message in errors[0], errors[0]
+    if out is not None:
+        assert not (out / "results" / "pga.parquet").exists()
+        assert not list((out / "results" / "pga").glob("*.parquet")) if (out / "results" / "pga").exists() else True
+
+
+TINY = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--n-samples", "12", "--seq-len", "16", "--n-null", "4"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "EleutherAI/pythia-9000b", "--n-samples", "12"], "cannot load model 'EleutherAI/pythia-9000b'"),
+    (["--model", "EleutherAI/pythia-14m", "--revision", "step2000", "--n-samples", "12"], "revision 'step2000'"),
+    ([*TINY, "--k", "64"], "k must satisfy 0 < k < d; got k=64, d=64"),
+])
+def test_errors_found_by_the_ray_workers(hub_cache, tiny_corpus, tmp_path, args, message):
+    out = tmp_path / "out"
+    assert_clean_failure(run_cli("pga", *args, "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1"), message, out)
+
+
+def test_nan_activations(nan_model, tiny_corpus, tmp_path):
+    out = tmp_path / "out"
+    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1")
+    assert_clean_failure(result, "produced NaN or inf activations", out)
+    assert not list(out.glob("activations/**/_COMPLETE.json"))
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*TINY[:6], "--n-samples", "2"], "n-samples must be at least 3"),
+    ([*TINY[:6], "--seq-len", "0"], "seq-len must be positive"),
+    (["--corpus", "no-such-corpus"], "unknown corpus 'no-such-corpus'"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--pool", "max"], "pool must be one of last, mean"),
+])
+def test_errors_found_before_ray_starts(hub_cache, tiny_corpus, tmp_path, args, message):
+    extra = [] if "--corpus" in args else ["--corpus", tiny_corpus]
+    assert_clean_failure(run_cli("pga", *args, *extra, "--out", tmp_path / "out"), message, tmp_path / "out")
+
+
+def test_empty_corpus(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert_clean_failure(run_cli("pga", "--corpus", empty, "--out", tmp_path / "out"), "is empty")
+
+
+def test_unwritable_output_directory(tiny_corpus, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert_clean_failure(run_cli("pga", "--corpus", tiny_corpus, "--out", blocker / "out"), "is not writable")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[job\nname = 1", "malformed TOML"),
+    ("[job]\nname = 'x'\n", "needs at least one [[models]]"),
+    ("[[models]]\nid = 'smollm2'\n[pga]\nkk = 3\n", "unknown key(s) in [pga]: kk"),
+    ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be int, got 'many'"),
+])
+def test_malformed_job_file(tmp_path, text, message):
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    assert_clean_failure(run_cli("run", job, "--out", tmp_path / "out"), message)
+
+
+def test_missing_job_file(tmp_path):
+    assert_clean_failure(run_cli("run", tmp_path / "nope.toml"), "job file not found")

@@ -1,0 +1,38 @@
+"""The demo's path on the real pretrained SmolLM2-135M, with small N: CLI -> Ray -> Parquet -> plot."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.pop("HF_HUB_CACHE", None)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "run", str(ROOT / "jobs" / "laptop.toml"), "--out", str(out),
+         "--n-samples", "24", "--n-null", "6", "--seq-len", "48"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Subspace PGA" in result.stdout and "final_norm" in result.stdout
+    table = pq.read_table(out / "results" / "pga.parquet").to_pandas()
+    expected_layers = ["embed", *[f"block_{i:02d}" for i in range(30)], "final_norm"]
+    assert sorted(table["layer"]) == sorted(expected_layers)
+    assert (table["d"] == 576).all() and (table["k"] == 100).all() and (table["n"] == 24).all()
+    for column in ("rho_readout", "null_mean", "null_std", "z"):
+        assert np.isfinite(table[column]).all(), column
+    assert (table["null_std"] > 0).all()
+    plot = out / "plots" / "pga_z_vs_depth.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
+    samples = pq.read_table(out / "samples" / "model=smollm2-135m" / "revision=main" / "part-0.parquet")
+    assert samples.num_rows == 24 and np.isfinite(samples["nll"].to_numpy()).all()
+    assert set(samples["label"].to_pylist()) <= {"business", "entertainment", "politics", "sports", "tech"}
