@@ -1,7 +1,567 @@
-"""CLI commands for the diagnostics analyses (registered by raygeom.cli)."""
+"""CLI commands for the diagnostics analyses (registered by raygeom.cli): ``diagnose``, ``converge``, ``probe``.
 
+Each command extracts the models it names (or reuses a complete extraction with
+the same settings in ``--out``), runs its analysis on Ray, then writes Parquet
+tables under ``<out>/results``, PNG plots under ``<out>/plots`` and a Markdown
+summary; ``--report DIR`` also copies those into DIR (e.g. docs/results).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
 import typer
+
+from raygeom.errors import RaygeomError
+
+Z_METRICS = (  # (column, label, log scale)
+    ("rankme", "RankMe", False),
+    ("alpha_req", "alpha-ReQ", False),
+    ("condition_number", "condition number", True),
+    ("isotropy", "isotropy (Mu & Viswanath)", False),
+    ("pc1_readout_share", "PC1 readout share", False),
+    ("probe_accuracy", "probe accuracy", False),
+)
+
+
+def _cli():
+    from raygeom import cli
+
+    return cli
+
+
+def _parse_ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise RaygeomError(f"--ccr-ranks must be comma-separated integers, got '{text}'") from None
+    if not ranks:
+        raise RaygeomError("--ccr-ranks is empty")
+    return tuple(sorted(set(ranks)))
+
+
+def _model_entries(models: list[str], revisions: list[str]):
+    """``name`` or ``name@revision``; plain names get every ``--revision``."""
+    from raygeom.models import resolve_model
+
+    specs = []
+    for model in models:
+        name, _, revision = model.partition("@")
+        for rev in ([revision] if revision else revisions):
+            spec = resolve_model(name, rev)
+            if spec not in specs:
+                specs.append(spec)
+    return specs
+
+
+def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console):
+    """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos)."""
+    from raygeom import orchestrate
+    from raygeom.corpus import load_corpus
+    from raygeom.pipeline import progress_bar
+    from raygeom.store import Store
+
+    corpus = load_corpus(corpus_name).sample(n_samples, seed)
+    store = Store(out)
+    infos = []
+    with progress_bar(console) as progress:
+        for spec in specs:
+            task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
+            request = orchestrate.ExtractionRequest(spec, corpus, settings, layers)
+            infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
+    return store, corpus, infos
+
+
+def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console):
+    from raygeom.store import check_writable
+
+    check_writable(out)
+    _cli()._prepare_ray(address)
+    from raygeom import orchestrate
+
+    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+        orchestrate.start_ray(address, num_cpus)
+
+
+def _settings(seq_len, pool, skip_first, batch_size):
+    from raygeom.extract import ExtractionSettings
+
+    return ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(temporary)
+    plt.close(fig)
+    temporary.replace(path)
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _fmt(value, spec=".3f") -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _write_text(text: str, path: Path) -> Path:
+    from raygeom.store import atomic_write_text
+
+    atomic_write_text(text, path)
+    return path
+
+
+def _copy_reports(paths: list[Path], report: Optional[Path]) -> None:
+    if report is None:
+        return
+    report.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        temporary = report / f".{path.name}.tmp"
+        shutil.copyfile(path, temporary)
+        temporary.replace(report / path.name)
+
+
+# ---------------------------------------------------------------- diagnose: plots and tables
+
+def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) -> Path:
+    """z (CCR-``z_rank``) on every panel's right axis; one spectral or probe metric per panel on the left."""
+    plt = _pyplot()
+    rows = sorted(rows, key=lambda r: r["layer_index"])
+    depth = [r["relative_depth"] for r in rows]
+    z = [r.get(f"z_ccr{z_rank}", np.nan) for r in rows]
+    metrics = [m for m in Z_METRICS if any(m[0] in r for r in rows)]
+    fig, axes = plt.subplots(len(metrics) + 1, 1, figsize=(7.5, 2.0 * (len(metrics) + 1)), dpi=110, sharex=True)
+    axes[0].plot(depth, z, color="black", marker="o", ms=3)
+    axes[0].axhline(0, color="black", lw=0.6)
+    for level in (-2, 2):
+        axes[0].axhline(level, color="grey", lw=0.5, ls="--")
+    axes[0].set_ylabel(f"z (CCR-{z_rank})")
+    axes[0].set_title(title, fontsize=10)
+    for ax, (column, label, log) in zip(axes[1:], metrics):
+        ax.plot(depth, [r.get(column, np.nan) for r in rows], color="tab:blue", marker="o", ms=3)
+        if column == "pc1_readout_share":
+            ax.plot(depth, [r["pc1_readout_chance"] for r in rows], color="tab:blue", ls=":", lw=1, label="chance k/d")
+            ax.legend(fontsize=7, loc="upper left")
+        if column == "probe_accuracy":
+            ax.plot(depth, [r.get("probe_chance", np.nan) for r in rows], color="tab:blue", ls=":", lw=1, label="majority class")
+            ax.legend(fontsize=7, loc="lower left")
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(label, color="tab:blue", fontsize=8)
+        twin = ax.twinx()
+        twin.plot(depth, z, color="grey", ls="--", lw=1)
+        twin.set_ylabel("z", color="grey", fontsize=8)
+    axes[-1].set_xlabel("relative depth (embedding = 0, final norm = 1)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title: str) -> Path:
+    plt = _pyplot()
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.0 * len(groups), 4.2), dpi=110, squeeze=False)
+    for ax, (label, group) in zip(axes[0], sorted(groups.items())):
+        group = sorted(group, key=lambda r: r["layer_index"])
+        for r in ranks:
+            ax.plot([g["relative_depth"] for g in group], [g.get(f"z_ccr{r}", np.nan) for g in group], marker="o", ms=3, label=f"CCR-{r}")
+        ax.axhline(0, color="black", lw=0.6)
+        for level in (-2, 2):
+            ax.axhline(level, color="grey", lw=0.5, ls="--")
+        ax.set_title(f"{label} (d={group[0]['d']}, k={group[0]['k']}, N={group[0]['n']})", fontsize=9)
+        ax.set_xlabel("relative depth")
+        ax.set_ylabel("Subspace PGA z")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> str:
+    from raygeom.numerics.layer_geometry import blindness_summary
+
+    lines = []
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
+    for label, group in groups.items():
+        group = sorted(group, key=lambda r: r["layer_index"])
+        first = group[0]
+        lines += [f"### {label}  (d={first['d']}, N={first['n']}, k={first['k']}, {params.n_null} nulls, seed {params.seed})", ""]
+        header = (["layer", "depth"] + [f"z CCR-{r}" for r in ranks]
+                  + ["RankMe", "alpha-ReQ", "cond", "isotropy", "PC1 share (k/d)", "PC1 var", "probe acc", "loss~share rho"])
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in group:
+            cells = [r["layer"], _fmt(r["relative_depth"], ".2f")] + [_fmt(r.get(f"z_ccr{c}"), "+.1f") for c in ranks] + [
+                _fmt(r["rankme"], ".1f"), _fmt(r["alpha_req"], ".2f"), _fmt(r["condition_number"], ".3g"),
+                _fmt(r["isotropy"], ".3g"), f"{_fmt(r['pc1_readout_share'])} ({r['pc1_readout_chance']:.3f})",
+                _fmt(r["pc1_variance_fraction"]), _fmt(r.get("probe_accuracy")), _fmt(r.get("loss_share_spearman"), "+.2f")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        z_rank = 1 if 1 in ranks else ranks[0]
+        z = [r.get(f"z_ccr{z_rank}", np.nan) for r in group]
+        lines += [f"Spectral blindness over these layers, against z at CCR-{z_rank} (z range = max - min of z; "
+                  "relative range = (max - min) / median of the metric):", "",
+                  "| metric | z range | metric relative range | Spearman with z |", "|---|---|---|---|"]
+        for column, label_, _ in Z_METRICS:
+            values = [r.get(column, np.nan) for r in group]
+            try:
+                summary = blindness_summary(z, values)
+            except RaygeomError:
+                continue
+            lines.append(f"| {label_} | {summary['z_range']:.1f} | {summary['metric_relative_range']:.3g} | {_fmt(summary['spearman_with_z'], '+.2f')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
+    from rich.table import Table
+
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
+    for label, group in groups.items():
+        table = Table(title=f"Diagnostics  {label}  (d={group[0]['d']}, N={group[0]['n']}, k={group[0]['k']})", title_justify="left")
+        for name in ["layer", *[f"z CCR-{r}" for r in ranks], "RankMe", "alpha", "isotropy", "PC1 share", "k/d", "probe"]:
+            table.add_column(name, justify="left" if name == "layer" else "right")
+        for r in sorted(group, key=lambda x: x["layer_index"]):
+            table.add_row(r["layer"], *[_fmt(r.get(f"z_ccr{c}"), "+.1f") for c in ranks], _fmt(r["rankme"], ".1f"),
+                          _fmt(r["alpha_req"], ".2f"), _fmt(r["isotropy"], ".3g"), _fmt(r["pc1_readout_share"]),
+                          _fmt(r["pc1_readout_chance"]), _fmt(r.get("probe_accuracy")))
+        console.print(table)
+
+
+# ---------------------------------------------------------------- converge: plots and tables
+
+def plot_convergence(rows: list[dict], path: Path) -> Path:
+    plt = _pyplot()
+    a_layers = sorted({(r["layer_index_a"], r["layer_a"]) for r in rows})
+    b_layers = sorted({(r["layer_index_b"], r["layer_b"]) for r in rows})
+    ia = {name: i for i, (_, name) in enumerate(a_layers)}
+    ib = {name: j for j, (_, name) in enumerate(b_layers)}
+    panels = {name: np.full((len(a_layers), len(b_layers)), np.nan) for name in ("rho_full", "rho_readout", "null_mean", "z")}
+    for r in rows:
+        for name in panels:
+            panels[name][ia[r["layer_a"]], ib[r["layer_b"]]] = r[name]
+    first = rows[0]
+    titles = {"rho_full": "(a) full space", "rho_readout": "(b) each in its readout subspace",
+              "null_mean": f"(c) random {first['k']}-dim subspaces (mean)", "z": "(b - c mean) / c std"}
+    low = np.nanmin([panels[n] for n in ("rho_full", "rho_readout", "null_mean")])
+    high = np.nanmax([panels[n] for n in ("rho_full", "rho_readout", "null_mean")])
+    fig, axes = plt.subplots(2, 2, figsize=(11, 9.5), dpi=110)
+    for ax, name in zip(axes.flat, panels):
+        if name == "z":
+            bound = np.nanmax(np.abs(panels[name]))
+            image = ax.imshow(panels[name], cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto", origin="lower")
+        else:
+            image = ax.imshow(panels[name], cmap="viridis", vmin=low, vmax=high, aspect="auto", origin="lower")
+        fig.colorbar(image, ax=ax, shrink=0.85)
+        ax.set_title(titles[name], fontsize=9)
+        step_a, step_b = max(1, len(a_layers) // 10), max(1, len(b_layers) // 10)
+        ax.set_yticks(range(0, len(a_layers), step_a), [a_layers[i][1] for i in range(0, len(a_layers), step_a)], fontsize=6)
+        ax.set_xticks(range(0, len(b_layers), step_b), [b_layers[j][1] for j in range(0, len(b_layers), step_b)], fontsize=6, rotation=60)
+        ax.set_ylabel(f"{first['model_a']} layer", fontsize=8)
+        ax.set_xlabel(f"{first['model_b']} layer", fontsize=8)
+    fig.suptitle(f"Convergence (Spearman of pairwise cosine distances, CCR-{first['r']}, N={first['n']}, "
+                 f"k={first['k']}, {first['n_null']} nulls)\n{first['model_a']}@{first['revision_a']} vs "
+                 f"{first['model_b']}@{first['revision_b']}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def depth_matched(rows: list[dict]) -> list[dict]:
+    """For each layer of the model with fewer layers, the cell whose other layer is nearest in relative depth."""
+    by_a: dict[str, list[dict]] = {}
+    by_b: dict[str, list[dict]] = {}
+    for r in rows:
+        by_a.setdefault(r["layer_a"], []).append(r)
+        by_b.setdefault(r["layer_b"], []).append(r)
+    if len(by_a) <= len(by_b):
+        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_b"])) for cells in by_a.values()]
+    else:
+        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_a"])) for cells in by_b.values()]
+    return sorted(picks, key=lambda r: (r["relative_depth_a"], r["relative_depth_b"]))
+
+
+def convergence_markdown(rows: list[dict]) -> str:
+    first = rows[0]
+    full = np.array([r["rho_full"] for r in rows])
+    readout = np.array([r["rho_readout"] for r in rows])
+    z = np.array([r["z"] for r in rows])
+    nulls = np.array([r["null_mean"] for r in rows])
+    lines = [f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
+             f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})", "",
+             f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}, "
+             f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%}, z < -2 in {np.mean(z < -2):.0%}; "
+             f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.", "",
+             "Layers matched by relative depth:", "",
+             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z |", "|---|---|---|---|---|---|---|---|"]
+    for r in depth_matched(rows):
+        lines.append(f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
+                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {r['z']:+.1f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _pairs(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model_a"], row["revision_a"], row["model_b"], row["revision_b"]), []).append(row)
+    return groups
+
+
+# ---------------------------------------------------------------- probe: plot
+
+def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
+    for label, group in sorted(groups.items()):
+        group = sorted(group, key=lambda r: r["layer_index"])
+        line = ax.plot([g["relative_depth"] for g in group], [g["accuracy"] for g in group], marker="o", ms=3, label=label)[0]
+        ax.plot([g["relative_depth"] for g in group], [g["chance"] for g in group], ls=":", color=line.get_color(), lw=1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("relative depth")
+    ax.set_ylabel("test accuracy (dotted: majority class)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- commands
+
+ModelsOption = typer.Option(["smollm2"], "--model", "-m", help="Built-in name, HF hub id, model directory or .gguf file; "
+                            "name@revision picks a revision. Repeatable.")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
+    cli = _cli()
+
+    @app.command()
+    def diagnose(
+        model: list[str] = ModelsOption,
+        revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s) for models given without @revision."),
+        corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."),
+        n_samples: int = typer.Option(500, "--n-samples", "-n"),
+        seq_len: int = typer.Option(128, "--seq-len"),
+        pool: str = typer.Option("last", "--pool", help="last | mean"),
+        skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
+        batch_size: int = typer.Option(16, "--batch-size"),
+        layers: str = typer.Option("all", "--layers"),
+        k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
+        ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
+        n_null: int = typer.Option(100, "--n-null"),
+        null_chunks: int = typer.Option(4, "--null-chunks"),
+        sample_ccr: int = typer.Option(1, "--sample-ccr", help="CCR rank of the per-sample readout share set beside loss."),
+        probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear probes on the corpus labels."),
+        probe_test_fraction: float = typer.Option(0.25, "--probe-test-fraction"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(Path("runs/diagnose"), "--out", "-o"),
+        report: Optional[Path] = typer.Option(None, "--report", help="Also copy the tables and plots into this directory."),
+        address: Optional[str] = cli.AddressOption,
+        num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+    ):
+        """Per-layer diagnostics: z at several CCR ranks, spectral metrics, PC1 readout share, loss beside geometry, probes."""
+        try:
+            _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
+                      null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus)
+        except RaygeomError as error:
+            cli._fail(str(error))
+
+    @app.command()
+    def converge(
+        model: list[str] = typer.Option(..., "--model", "-m", help="Two or more models (name or name@revision), all run on the same texts."),
+        revision: list[str] = typer.Option(["main"], "--revision", "-r"),
+        corpus: str = typer.Option("bbc", "--corpus", "-c"),
+        n_samples: int = typer.Option(500, "--n-samples", "-n"),
+        seq_len: int = typer.Option(128, "--seq-len"),
+        pool: str = typer.Option("last", "--pool"),
+        skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
+        batch_size: int = typer.Option(16, "--batch-size"),
+        layers: str = typer.Option("all", "--layers", help="Layers to extract in every model."),
+        depths: Optional[int] = typer.Option(None, "--depths", help="Compare only the layers nearest this many evenly spaced relative depths."),
+        k: int = typer.Option(100, "--k"),
+        ccr: int = typer.Option(1, "--ccr"),
+        n_null: int = typer.Option(100, "--n-null"),
+        null_chunks: int = typer.Option(4, "--null-chunks"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(Path("runs/converge"), "--out", "-o"),
+        report: Optional[Path] = typer.Option(None, "--report"),
+        address: Optional[str] = cli.AddressOption,
+        num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+    ):
+        """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
+        try:
+            _converge(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
+                      null_chunks, seed, out, report, address, num_cpus)
+        except RaygeomError as error:
+            cli._fail(str(error))
+
+    @app.command("probe")
+    def probe_command(
+        model: list[str] = ModelsOption,
+        revision: list[str] = typer.Option(["main"], "--revision", "-r"),
+        corpus: str = typer.Option("bbc", "--corpus", "-c", help="Needs labels: 'bbc', a JSONL/Parquet file with 'label', or hf:ag_news."),
+        n_samples: int = typer.Option(500, "--n-samples", "-n"),
+        seq_len: int = typer.Option(128, "--seq-len"),
+        pool: str = typer.Option("last", "--pool"),
+        skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
+        batch_size: int = typer.Option(16, "--batch-size"),
+        layers: str = typer.Option("all", "--layers"),
+        test_fraction: float = typer.Option(0.25, "--test-fraction"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(Path("runs/probe"), "--out", "-o"),
+        report: Optional[Path] = typer.Option(None, "--report"),
+        address: Optional[str] = cli.AddressOption,
+        num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+    ):
+        """Linear probes (multinomial logistic regression, fixed stratified split) on every layer."""
+        try:
+            _probe(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
+                   report, address, num_cpus)
+        except RaygeomError as error:
+            cli._fail(str(error))
+
+
+def _check_labels(corpus_name: str) -> None:
+    from raygeom.corpus import load_corpus
+
+    if load_corpus(corpus_name).labels is None:
+        raise RaygeomError(f"corpus '{corpus_name}' has no labels, so there is nothing to probe "
+                           "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
+
+
+def _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
+              null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus):
+    from raygeom.report import write_rows
+
+    cli = _cli()
+    console = cli.console
+    params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), n_null=n_null, null_chunks=null_chunks, seed=seed,
+                         sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
+    settings = _settings(seq_len, pool, skip_first, batch_size)
+    specs = _model_entries(model, revision)
+    if probe:
+        _check_labels(corpus)
+    _prepare(out, address, num_cpus, console)
+    from raygeom import diagnostics
+    from raygeom.pipeline import progress_bar
+
+    params = diagnostics.DiagnosticsParams(**params_kwargs)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console)
+    merged, samples, parts = [], [], {"spectral": [], "sample_geometry": [], "pga": [], "probe": []}
+    with progress_bar(console) as progress:
+        for spec, info in infos:
+            task = progress.add_task(f"diagnose {spec.name}@{spec.revision}", total=diagnostics.units(info["layers"], params))
+            result = diagnostics.run_diagnostics(store, spec.slug, spec.revision, info["layers"], params,
+                                                 progress=lambda n, t=task: progress.advance(t, n))
+            merged += result["layers"]
+            for name in parts:
+                parts[name] += result[name]
+            samples += diagnostics.read_sample_rows(store, spec.slug, spec.revision, info["layers"], params.k, params.sample_ccr)
+    results, plots = store.root / "results", store.root / "plots"
+    written = [write_rows(merged, results / "diagnostics_layers.parquet")]
+    for name, rows in parts.items():
+        if rows:
+            written.append(write_rows(rows, results / f"diagnostics_{name}.parquet"))
+    written.append(write_rows(samples, results / "diagnostics_samples.parquet"))
+    for spec, _ in infos:
+        rows = [r for r in merged if r["model"] == spec.slug and r["revision"] == spec.revision]
+        z_rank = 1 if 1 in params.ccr_ranks else params.ccr_ranks[0]
+        written.append(plot_diagnostics(rows, plots / f"diagnostics_{spec.slug}@{spec.revision}.png",
+                                        f"{spec.name}@{spec.revision}: Subspace PGA z beside spectral metrics and probes", z_rank))
+    written.append(plot_restoration(merged, params.ccr_ranks, plots / "ccr_restoration.png", "CCR restoration: z at CCR-r"))
+    written.append(_write_text(diagnostics_markdown(merged, params.ccr_ranks, params), results / "diagnostics.md"))
+    _print_layers(console, merged, params.ccr_ranks)
+    _copy_reports([p for p in written if p.suffix in (".png", ".md", ".parquet")], report)
+    console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
+
+
+def _converge(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
+              null_chunks, seed, out, report, address, num_cpus):
+    from raygeom.report import write_rows
+
+    cli = _cli()
+    console = cli.console
+    settings = _settings(seq_len, pool, skip_first, batch_size)
+    specs = _model_entries(model, revision)
+    if len(specs) < 2:
+        raise RaygeomError("converge needs at least two models (--model A --model B)")
+    params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths)
+    _prepare(out, address, num_cpus, console)
+    from raygeom import converge as converge_module
+    from raygeom.pipeline import progress_bar
+
+    params = converge_module.ConvergeParams(**params_kwargs)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console)
+    models = [(spec.slug, spec.revision) for spec, _ in infos]
+    sides = converge_module.model_sides(store, models, params)
+    with progress_bar(console) as progress:
+        task = progress.add_task("converge", total=converge_module.units([len(s.layers) for s in sides], params))
+        rows = converge_module.run_converge(store, models, params, progress=lambda n: progress.advance(task, n))
+    results, plots = store.root / "results", store.root / "plots"
+    written = [write_rows(rows, results / "converge.parquet")]
+    text = []
+    for (model_a, rev_a, model_b, rev_b), group in _pairs(rows).items():
+        written.append(plot_convergence(group, plots / f"converge_{model_a}@{rev_a}_vs_{model_b}@{rev_b}.png"))
+        text.append(convergence_markdown(group))
+    written.append(_write_text("\n".join(text), results / "converge.md"))
+    console.print("\n".join(text), markup=False, highlight=False)
+    _copy_reports(written, report)
+    console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
+
+
+def _probe(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
+           report, address, num_cpus):
+    from rich.table import Table
+
+    from raygeom.report import write_rows
+
+    cli = _cli()
+    console = cli.console
+    if not 0.0 < test_fraction < 1.0:
+        raise RaygeomError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
+    settings = _settings(seq_len, pool, skip_first, batch_size)
+    specs = _model_entries(model, revision)
+    _check_labels(corpus)
+    _prepare(out, address, num_cpus, console)
+    from raygeom import diagnostics
+    from raygeom.pipeline import progress_bar
+
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console)
+    rows = []
+    with progress_bar(console) as progress:
+        for spec, info in infos:
+            task = progress.add_task(f"probe {spec.name}@{spec.revision}", total=len(info["layers"]))
+            rows += diagnostics.run_probes(store, spec.slug, spec.revision, info["layers"], seed, test_fraction,
+                                           progress=lambda n, t=task: progress.advance(t, n))
+    results, plots = store.root / "results", store.root / "plots"
+    written = [write_rows(rows, results / "probe.parquet"), plot_probes(rows, plots / "probe_accuracy.png", "Linear probe accuracy by depth")]
+    table = Table(title="Linear probes", title_justify="left")
+    for name in ("model", "layer", "accuracy", "chance", "n_train", "n_test", "converged"):
+        table.add_column(name)
+    for r in rows:
+        table.add_row(f"{r['model']}@{r['revision']}", r["layer"], f"{r['accuracy']:.3f}", f"{r['chance']:.3f}",
+                      str(r["n_train"]), str(r["n_test"]), str(r["converged"]))
+    console.print(table)
+    _copy_reports(written, report)
+    console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))

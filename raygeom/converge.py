@@ -1,0 +1,226 @@
+"""Ray orchestration of cross-model convergence (METRICS.md, "Cross-model convergence").
+
+For every pair of models (each a complete extraction in one store) and every
+pair of their layers, the Spearman correlation of the two models' pairwise
+cosine distances over the same inputs: (a) in full space, (b) each model in
+its own top-k readout subspace, (c) each in random k-dim subspaces (mean and
+std over ``n_null`` draws; draw ``i`` is seeded by (seed, i), B's by
+(seed + 2**32, i)).
+
+Sample alignment. Models with different tokenizers cannot share token
+positions, so they share texts: every model is extracted from the same
+seeded sample of the corpus, each text pooled in that model's own tokens
+(last token of the text by default, truncated to ``seq_len`` of its tokens).
+Rows are matched by the SHA-1 of the text stored beside each sample
+(``samples/.../text_sha1``), never by position, and the j-th copy of a
+duplicated text in A with the j-th copy in B; texts only one model saw are
+dropped, and the number matched is reported as ``n``. Truncation makes the
+two models read slightly different prefixes of a long text when their
+tokenizers differ: that is part of what is compared.
+
+Work split. The ranks of a layer's distances in a given space do not depend
+on the other model's layer (see :mod:`raygeom.numerics.convergence_grid`), so
+each layer is prepared once (CCR-r) as a Ray task, and the null draws of a
+model pair fan out as ``null_chunks`` Ray tasks that each score their draws
+for the whole layer grid. Results are identical however the draws are split.
+One Parquet unit per model pair under ``results/converge/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Callable
+
+import numpy as np
+import ray
+
+from raygeom.errors import RaygeomError
+from raygeom.numerics import convergence_grid, layer_geometry
+from raygeom.numerics.pga import MIN_SAMPLES
+from raygeom.store import Store, content_key
+
+CONVERGE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ConvergeParams:
+    k: int = 100
+    r: int = 1
+    n_null: int = 100
+    seed: int = 0
+    null_chunks: int = 4
+    depths: int | None = None  # None: every extracted layer; n: the layers nearest n evenly spaced relative depths
+
+    def __post_init__(self):
+        if self.k <= 0:
+            raise RaygeomError(f"k must be positive, got {self.k}")
+        if self.r < 0:
+            raise RaygeomError(f"ccr must be >= 0, got {self.r}")
+        if self.n_null < 2:
+            raise RaygeomError(f"n-null must be at least 2, got {self.n_null}")
+        if self.null_chunks < 1:
+            raise RaygeomError(f"null-chunks must be at least 1, got {self.null_chunks}")
+        if not 0 <= self.seed < 2**32:
+            raise RaygeomError(f"seed must satisfy 0 <= seed < 2**32, got {self.seed}")
+        if self.depths is not None and self.depths < 2:
+            raise RaygeomError(f"depths must be at least 2, got {self.depths}")
+
+
+@dataclass(frozen=True)
+class ModelSide:
+    model: str
+    revision: str
+    info: dict
+    layers: list[str]
+    sample_ids: np.ndarray  # sorted
+    text_sha1: list[str]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}@{self.revision}"
+
+
+def _side(store: Store, model: str, revision: str, depths: int | None, k: int) -> ModelSide:
+    info = store.completion(model, revision)
+    if info is None:
+        raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
+    if not 0 < k < info["d"]:
+        raise RaygeomError(f"k must satisfy 0 < k < d; got k={k}, d={info['d']} for {model}")
+    samples = store.read_samples(model, revision)
+    if "text_sha1" not in samples.column_names:
+        raise RaygeomError(f"samples of {model}@{revision} carry no text_sha1, so they cannot be aligned with another model")
+    order = np.argsort(samples["sample_id"].to_numpy())
+    layers = [name for name in info["all_layers"] if name in info["layers"]]
+    if depths is not None:
+        positions = [info["all_layers"].index(name) for name in layers]
+        relative = np.array(positions) / max(1, len(info["all_layers"]) - 1)
+        targets = np.linspace(0.0, 1.0, depths)
+        layers = [layers[i] for i in sorted({int(np.argmin(np.abs(relative - t))) for t in targets})]
+    return ModelSide(model, revision, info, layers, samples["sample_id"].to_numpy()[order],
+                     [samples["text_sha1"].to_pylist()[i] for i in order])
+
+
+@ray.remote(max_retries=3)
+def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int) -> np.ndarray:
+    ids, h = Store(root).read_layer(model, revision, layer)
+    if not np.array_equal(ids, sample_ids):
+        raise RaygeomError(f"{model}@{revision} layer {layer} holds different sample ids than its samples table")
+    return convergence_grid.prepare_layer(h[rows], r)
+
+
+@ray.remote(max_retries=3)
+def _observed(n_a: int, basis_a: np.ndarray, basis_b: np.ndarray, k: int, *layers) -> dict:
+    return convergence_grid.observed_grid(layers[:n_a], layers[n_a:], basis_a, basis_b, k)
+
+
+@ray.remote(max_retries=3)
+def _nulls(n_a: int, k: int, seed: int, indices: list[int], *layers) -> np.ndarray:
+    return convergence_grid.null_grids(layers[:n_a], layers[n_a:], k, seed, indices)
+
+
+def align(a: ModelSide, b: ModelSide) -> tuple[np.ndarray, np.ndarray]:
+    rows_a, rows_b = layer_geometry.align_by_key(a.text_sha1, b.text_sha1)
+    if len(rows_a) < MIN_SAMPLES:
+        raise RaygeomError(f"{a.label} and {b.label} share only {len(rows_a)} texts (by SHA-1); need at least {MIN_SAMPLES}. "
+                           "Extract both from the same corpus, n-samples and seed")
+    return rows_a, rows_b
+
+
+def pair_key(a: ModelSide, b: ModelSide, rows_a: np.ndarray, rows_b: np.ndarray, params: ConvergeParams) -> str:
+    matched = content_key([a.text_sha1[i] for i in rows_a])
+    return content_key("converge", CONVERGE_VERSION, a.info["key"], b.info["key"], a.layers, b.layers,
+                       params.k, params.r, params.n_null, params.seed, matched)
+
+
+def units(sides_layers: list[int], params: ConvergeParams) -> int:
+    """Progress units :func:`run_converge` reports for models with these layer counts."""
+    chunks = min(params.null_chunks, params.n_null)
+    return sum(la + lb + 1 + chunks for la, lb in combinations(sides_layers, 2))
+
+
+def model_sides(store: Store, models: list[tuple[str, str]], params: ConvergeParams) -> list[ModelSide]:
+    if len(models) < 2:
+        raise RaygeomError("convergence needs at least two models")
+    if len(set(models)) != len(models):
+        raise RaygeomError("each model (and revision) may be given only once")
+    return [_side(store, model, revision, params.depths, params.k) for model, revision in models]
+
+
+def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergeParams,
+                 progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Convergence rows for every pair of ``models`` (``(slug, revision)``) and every pair of their layers."""
+    sides = model_sides(store, models, params)
+    root = str(store.root)
+    chunks = [list(map(int, c)) for c in np.array_split(np.arange(params.n_null), min(params.null_chunks, params.n_null))]
+    results: list[dict] = []
+    pending: dict = {}
+    jobs: dict[str, dict] = {}
+    for a, b in combinations(sides, 2):
+        rows_a, rows_b = align(a, b)
+        key = pair_key(a, b, rows_a, rows_b, params)
+        if store.has_result("converge", key):
+            results += store.read_results("converge", [key]).to_pylist()
+            if progress:
+                progress(len(a.layers) + len(b.layers) + 1 + len(chunks))
+            continue
+        prepared = [_prepare.remote(root, a.model, a.revision, layer, a.sample_ids, rows_a, params.r) for layer in a.layers]
+        prepared += [_prepare.remote(root, b.model, b.revision, layer, b.sample_ids, rows_b, params.r) for layer in b.layers]
+        basis_a = store.read_readout(a.model, a.revision)[0][:, :params.k]
+        basis_b = store.read_readout(b.model, b.revision)[0][:, :params.k]
+        n_a = len(a.layers)
+        job = {"a": a, "b": b, "n": len(rows_a), "observed": None, "nulls": {}, "remaining": 1 + len(chunks)}
+        jobs[key] = job
+        pending[_observed.remote(n_a, basis_a, basis_b, params.k, *prepared)] = (key, -1)
+        for index, chunk in enumerate(chunks):
+            pending[_nulls.remote(n_a, params.k, params.seed, chunk, *prepared)] = (key, index)
+        if progress:
+            # Preparation is not tracked task by task; it finishes before any grid task can start.
+            progress(len(prepared))
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        key, index = pending.pop(done[0])
+        job = jobs[key]
+        try:
+            value = ray.get(done[0])
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause
+            if isinstance(cause, (RaygeomError, ValueError)):
+                raise RaygeomError(f"convergence {job['a'].label} vs {job['b'].label}: {cause}") from None
+            raise
+        if index < 0:
+            job["observed"] = value
+        else:
+            job["nulls"][index] = value
+        job["remaining"] -= 1
+        if progress:
+            progress(1)
+        if job["remaining"] == 0:
+            nulls = np.concatenate([job["nulls"][i] for i in range(len(chunks))])
+            rows = _rows(job["a"], job["b"], job["n"], job["observed"], nulls, params)
+            store.write_result("converge", key, rows)
+            results += rows
+    order = {(m, rev): i for i, (m, rev) in enumerate(models)}
+    return sorted(results, key=lambda r: (order.get((r["model_a"], r["revision_a"]), 0), order.get((r["model_b"], r["revision_b"]), 0),
+                                          r["layer_index_a"], r["layer_index_b"]))
+
+
+def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray, params: ConvergeParams) -> list[dict]:
+    grid = convergence_grid.summarize_grid(observed["rho_full"], observed["rho_readout"], nulls)
+    if not np.isfinite(grid["rho_full"]).all():
+        raise RaygeomError(f"{a.label} vs {b.label}: some layer's distances are constant after CCR-{params.r}")
+    rows = []
+    span_a, span_b = max(1, len(a.info["all_layers"]) - 1), max(1, len(b.info["all_layers"]) - 1)
+    for i, layer_a in enumerate(a.layers):
+        index_a = a.info["all_layers"].index(layer_a)
+        for j, layer_b in enumerate(b.layers):
+            index_b = b.info["all_layers"].index(layer_b)
+            rows.append({
+                "model_a": a.model, "revision_a": a.revision, "model_b": b.model, "revision_b": b.revision,
+                "layer_a": layer_a, "layer_b": layer_b, "layer_index_a": index_a, "layer_index_b": index_b,
+                "relative_depth_a": index_a / span_a, "relative_depth_b": index_b / span_b,
+                **{name: float(values[i, j]) for name, values in grid.items()},
+                "k": params.k, "r": params.r, "n": n, "n_null": int(nulls.shape[0]), "seed": params.seed,
+                "d_a": a.info["d"], "d_b": b.info["d"],
+            })
+    return rows

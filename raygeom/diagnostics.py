@@ -1,0 +1,279 @@
+"""Ray orchestration of the per-layer diagnostics around Subspace PGA.
+
+For one complete extraction (model, revision) in the store, and each chosen layer:
+
+- ``spectral``: RankMe, alpha-ReQ, condition number, isotropy of the centred H,
+  the PC1 readout share ``||V_k^T u_1||^2`` beside its chance level k/d, and
+  PC1's share of the variance;
+- ``pga`` at CCR-r for every r in ``ccr_ranks`` (the restoration analysis),
+  through :func:`raygeom.orchestrate.run_pga`, so units are shared with ``raygeom pga``;
+- ``sample_geometry``: per sample, the share of its CCR-r corrected vector's
+  energy in the readout subspace, next to that sample's mean next-token NLL,
+  and their rank correlation across samples;
+- ``probe``: a multinomial logistic-regression probe on the layer with the
+  corpus labels, fixed stratified split.
+
+Each (metric, layer) is one Ray task and one Parquet unit under
+``results/<metric>/``; a unit already there is read back, not recomputed.
+Call :func:`raygeom.ray_env.prepare_local_ray_environment` before importing
+this module when the cluster is local.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+import ray
+
+from raygeom import orchestrate
+from raygeom.errors import RaygeomError
+from raygeom.numerics import layer_geometry, probe, spectral
+from raygeom.params import PGAParams
+from raygeom.store import Store, content_key
+
+DIAGNOSTICS_VERSION = 1
+DEFAULT_CCR_RANKS = (0, 1, 5, 10)
+
+
+@dataclass(frozen=True)
+class DiagnosticsParams:
+    k: int = 100
+    ccr_ranks: tuple[int, ...] = DEFAULT_CCR_RANKS
+    n_null: int = 100
+    null_chunks: int = 4
+    seed: int = 0
+    sample_ccr: int = 1
+    probe: bool = True
+    probe_test_fraction: float = 0.25
+    probe_c: float = 1.0
+
+    def __post_init__(self):
+        if self.k <= 0:
+            raise RaygeomError(f"k must be positive, got {self.k}")
+        if not self.ccr_ranks or any(r < 0 for r in self.ccr_ranks):
+            raise RaygeomError(f"CCR ranks must be a non-empty list of integers >= 0, got {list(self.ccr_ranks)}")
+        if self.n_null < 2:
+            raise RaygeomError(f"n-null must be at least 2, got {self.n_null}")
+        if not 0.0 < self.probe_test_fraction < 1.0:
+            raise RaygeomError(f"probe test fraction must lie in (0, 1), got {self.probe_test_fraction}")
+
+    def pga(self, r: int) -> PGAParams:
+        return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks)
+
+
+def _raise_cause(error: ray.exceptions.RayTaskError, where: str):
+    cause = error.cause
+    if isinstance(cause, (RaygeomError, ValueError)):
+        raise RaygeomError(f"{where}: {cause}") from None
+    raise error
+
+
+@ray.remote(max_retries=3)
+def _spectral_task(root: str, model: str, revision: str, layer: str, k: int) -> dict:
+    store = Store(root)
+    _, h = store.read_layer(model, revision, layer)
+    basis, _ = store.read_readout(model, revision)
+    summary = spectral.spectral_summary(h, basis[:, :k])
+    summary["pc1_variance_fraction"] = layer_geometry.pc1_variance_fraction(h)
+    return summary
+
+
+@ray.remote(max_retries=3)
+def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: int, r: int) -> tuple[dict, dict]:
+    store = Store(root)
+    ids, h = store.read_layer(model, revision, layer)
+    basis, _ = store.read_readout(model, revision)
+    samples = store.read_samples(model, revision)
+    order = np.argsort(samples["sample_id"].to_numpy())
+    sample_ids = samples["sample_id"].to_numpy()[order]
+    if not np.array_equal(sample_ids, ids):
+        raise RaygeomError(f"samples table and layer {layer} hold different sample ids")
+    nll = samples["nll"].to_numpy()[order]
+    share = layer_geometry.per_sample_readout_share(h, basis[:, :k], r)
+    summary = layer_geometry.loss_geometry_correlation(nll, share)
+    per_sample = {"sample_id": ids.astype(np.int32), "nll": nll, "readout_share": share}
+    return {"loss_share_spearman": summary["spearman"], "loss_share_pearson": summary["pearson"],
+            "readout_share_mean": float(np.nanmean(share)), "readout_share_chance": k / h.shape[1],
+            "nll_mean": float(np.mean(nll))}, per_sample
+
+
+@ray.remote(max_retries=3)
+def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float) -> dict:
+    store = Store(root)
+    ids, h = store.read_layer(model, revision, layer)
+    samples = store.read_samples(model, revision)
+    if "label" not in samples.column_names:
+        raise RaygeomError("the corpus of this extraction has no labels, so there is nothing to probe")
+    labels = dict(zip(samples["sample_id"].to_pylist(), samples["label"].to_pylist()))
+    return probe.linear_probe_accuracy(h, [labels[int(i)] for i in ids], test_fraction=test_fraction, seed=seed, c=c)
+
+
+def _base_row(model: str, revision: str, layer: str, info: dict) -> dict:
+    names = info["all_layers"]
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
+            "relative_depth": names.index(layer) / max(1, len(names) - 1), "n": info["n_samples"], "d": info["d"],
+            "fingerprint": info["fingerprint"]}
+
+
+def _fan_out(store: Store, metric: str, info: dict, model: str, revision: str, layers: list[str],
+             key_parts: tuple, submit: Callable[[str], ray.ObjectRef], finish: Callable[[str, object], list[dict] | dict],
+             progress: Callable[[int], None] | None) -> list[dict]:
+    """One Ray task per layer; unit results are cached in the store under ``results/<metric>/<key>``."""
+    rows: dict[str, list[dict]] = {}
+    in_flight: dict = {}
+    for layer in layers:
+        key = content_key(metric, DIAGNOSTICS_VERSION, info["key"], layer, *key_parts)
+        if store.has_result(metric, key):
+            rows[layer] = store.read_results(metric, [key]).to_pylist()
+            if progress:
+                progress(1)
+        else:
+            in_flight[submit(layer)] = (layer, key)
+    while in_flight:
+        done, _ = ray.wait(list(in_flight), num_returns=1)
+        layer, key = in_flight.pop(done[0])
+        try:
+            value = ray.get(done[0])
+        except ray.exceptions.RayTaskError as error:
+            _raise_cause(error, f"{model}@{revision} {layer} ({metric})")
+        produced = finish(layer, value)
+        produced = [produced] if isinstance(produced, dict) else produced
+        store.write_result(metric, key, produced)
+        rows[layer] = produced
+        if progress:
+            progress(1)
+    return [row for layer in layers for row in rows[layer]]
+
+
+def _complete(store: Store, model: str, revision: str) -> dict:
+    info = store.completion(model, revision)
+    if info is None:
+        raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
+    missing = [layer for layer in info["layers"] if not store.layer_path(model, revision, layer).is_file()]
+    if missing:
+        raise RaygeomError(f"extraction of {model}@{revision} lacks layer files: {', '.join(missing)}")
+    return info
+
+
+def _check_k(info: dict, k: int, model: str) -> None:
+    if not 0 < k < info["d"]:
+        raise RaygeomError(f"k must satisfy 0 < k < d; got k={k}, d={info['d']} for {model}")
+
+
+def run_spectral(store: Store, model: str, revision: str, layers: list[str], k: int,
+                 progress: Callable[[int], None] | None = None) -> list[dict]:
+    info = _complete(store, model, revision)
+    _check_k(info, k, model)
+    root = str(store.root)
+    return _fan_out(store, "spectral", info, model, revision, layers, (k,),
+                    lambda layer: _spectral_task.remote(root, model, revision, layer, k),
+                    lambda layer, value: {**_base_row(model, revision, layer, info), "k": k, **value}, progress)
+
+
+def run_sample_geometry(store: Store, model: str, revision: str, layers: list[str], k: int, r: int = 1,
+                        progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Per-layer summary rows; the per-sample rows go to ``results/sample_geometry_samples/``."""
+    info = _complete(store, model, revision)
+    _check_k(info, k, model)
+    root = str(store.root)
+
+    def finish(layer: str, value) -> dict:
+        summary, per_sample = value
+        base = _base_row(model, revision, layer, info)
+        # The per-sample table is written before its summary unit, so a summary never exists without it.
+        store.write_result("sample_geometry_samples", content_key("samples", info["key"], layer, k, r), [
+            {"model": model, "revision": revision, "layer": layer, "layer_index": base["layer_index"],
+             "k": k, "r": r, "sample_id": int(i), "nll": float(loss), "readout_share": float(share)}
+            for i, loss, share in zip(per_sample["sample_id"], per_sample["nll"], per_sample["readout_share"])])
+        return {**base, "k": k, "r": r, **summary}
+
+    return _fan_out(store, "sample_geometry", info, model, revision, layers, (k, r),
+                    lambda layer: _sample_geometry_task.remote(root, model, revision, layer, k, r), finish, progress)
+
+
+def run_probes(store: Store, model: str, revision: str, layers: list[str], seed: int = 0, test_fraction: float = 0.25,
+               c: float = 1.0, progress: Callable[[int], None] | None = None) -> list[dict]:
+    info = _complete(store, model, revision)
+    samples = store.read_samples(model, revision)
+    if "label" not in samples.column_names:
+        raise RaygeomError(f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
+                           "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
+    root = str(store.root)
+    return _fan_out(store, "probe", info, model, revision, layers, (seed, test_fraction, c),
+                    lambda layer: _probe_task.remote(root, model, revision, layer, test_fraction, seed, c),
+                    lambda layer, value: {**_base_row(model, revision, layer, info), "seed": seed,
+                                          "test_fraction": test_fraction, "c": c, **value}, progress)
+
+
+def run_restoration(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
+                    progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Subspace PGA of every layer at CCR-r for each r in ``params.ccr_ranks``."""
+    info = _complete(store, model, revision)
+    limit = min(info["n_samples"], info["d"])
+    too_big = [r for r in params.ccr_ranks if r >= limit]
+    if too_big:
+        raise RaygeomError(f"CCR rank(s) {too_big} must be below min(N, d) = {limit} for {model}")
+    rows = []
+    for r in params.ccr_ranks:
+        rows += orchestrate.run_pga(store, model, revision, layers, params.pga(r), progress=progress)
+    return rows
+
+
+def read_sample_rows(store: Store, model: str, revision: str, layers: list[str], k: int, r: int) -> list[dict]:
+    """The per-sample rows (sample_id, nll, readout_share) of these layers, loss and geometry side by side."""
+    info = _complete(store, model, revision)
+    keys = [content_key("samples", info["key"], layer, k, r) for layer in layers]
+    return store.read_results("sample_geometry_samples", keys).to_pylist()
+
+
+def units(layers: list[str], params: DiagnosticsParams) -> int:
+    """Progress units :func:`run_diagnostics` reports for one extraction."""
+    chunks = min(params.null_chunks, params.n_null) + 1
+    return len(layers) * (len(params.ccr_ranks) * chunks + 2 + (1 if params.probe else 0))
+
+
+def run_diagnostics(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
+                    progress: Callable[[int], None] | None = None) -> dict[str, list[dict]]:
+    """Every per-layer diagnostic of one extraction, plus one merged row per layer under ``"layers"``."""
+    info = _complete(store, model, revision)
+    _check_k(info, params.k, model)
+    out = {
+        "spectral": run_spectral(store, model, revision, layers, params.k, progress),
+        "sample_geometry": run_sample_geometry(store, model, revision, layers, params.k, params.sample_ccr, progress),
+        "pga": run_restoration(store, model, revision, layers, params, progress),
+    }
+    out["probe"] = run_probes(store, model, revision, layers, params.seed, params.probe_test_fraction, params.probe_c,
+                              progress) if params.probe else []
+    out["layers"] = merge_layer_rows(out)
+    return out
+
+
+def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
+    """One row per (model, revision, layer): z at each CCR rank, spectral metrics, PC1 share, loss link, probe."""
+    merged: dict[tuple, dict] = {}
+    for row in parts["spectral"]:
+        merged[(row["model"], row["revision"], row["layer"])] = {
+            name: row[name] for name in ("model", "revision", "layer", "layer_index", "relative_depth", "n", "d", "k",
+                                         "rankme", "alpha_req", "condition_number", "isotropy", "pc1_readout_share",
+                                         "pc1_readout_chance", "pc1_variance_fraction")}
+    for row in parts["pga"]:
+        target = merged.get((row["model"], row["revision"], row["layer"]))
+        if target is not None:
+            target[f"z_ccr{row['r']}"] = row["z"]
+            target[f"rho_readout_ccr{row['r']}"] = row["rho_readout"]
+    for row in parts["sample_geometry"]:
+        target = merged.get((row["model"], row["revision"], row["layer"]))
+        if target is not None:
+            target.update({"nll_mean": row["nll_mean"], "loss_share_spearman": row["loss_share_spearman"],
+                           "readout_share_mean": row["readout_share_mean"]})
+    for row in parts.get("probe", []):
+        target = merged.get((row["model"], row["revision"], row["layer"]))
+        if target is not None:
+            target.update({"probe_accuracy": row["accuracy"], "probe_chance": row["chance"], "probe_converged": row["converged"]})
+    return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"]))
+
+
+def params_dict(params: DiagnosticsParams) -> dict:
+    return {**asdict(params), "ccr_ranks": list(params.ccr_ranks)}

@@ -1,0 +1,128 @@
+"""Cross-model convergence for every pair of layers at once, factorised by layer.
+
+:func:`raygeom.numerics.convergence.convergence` scores one (layer of A, layer
+of B) pair. Its Spearman rho is ``<c_a, c_b> / (|c_a| |c_b|)`` where ``c_a``
+are the centred exact ranks of A's pairwise cosine distances in some space
+(full, readout, or null draw ``i``). ``c_a`` depends on A's layer and the
+space only, never on B's layer: null draw ``i`` of A is
+``random_subspace(d_a, k, seed, i)`` whichever B layer it is paired with.
+So the ranks of each layer are computed once and every cell of the
+``L_a x L_b`` grid is a dot product: ``L_a + L_b`` rankings per space instead
+of ``L_a * L_b``. The values equal :func:`convergence`'s cell by cell (same
+float32 similarities, same exact average ranks); a test checks that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from raygeom.errors import InputError
+from raygeom.numerics.convergence import _check_seed, null_subspaces
+from raygeom.numerics.pga import MIN_SAMPLES, _check_k, _check_matrix, _exact_average_ranks, ccr
+
+
+@dataclass(frozen=True)
+class LayerRanks:
+    """Centred exact ranks of one layer's pairwise cosine distances (pdist order) and their norm."""
+
+    centred: np.ndarray
+    norm: float
+
+
+def prepare_layer(h: np.ndarray, r: int = 1) -> np.ndarray:
+    """CCR-r corrected ``H`` as float32, exactly as :func:`convergence.prepare_pair` makes each side."""
+    h = _check_matrix("H", h)
+    if h.shape[0] < MIN_SAMPLES:
+        raise InputError(f"need at least {MIN_SAMPLES} samples, got N={h.shape[0]}")
+    return ccr(h, r).astype(np.float32)
+
+
+class _Ranker:
+    def __init__(self, n: int, device: str = "cpu"):
+        self.device = torch.device(device)
+        rows, cols = torch.triu_indices(n, n, 1, device=self.device)
+        self.pair_index = rows * n + cols
+        self.mean_rank = (self.pair_index.numel() + 1) / 2.0
+        self.gram = torch.empty((n, n), device=self.device)
+
+    def ranks(self, corrected: np.ndarray, basis: np.ndarray | None = None) -> LayerRanks:
+        x = torch.from_numpy(np.array(corrected, dtype=np.float32)).to(self.device)  # a copy: Ray hands out read-only arrays
+        if basis is not None:
+            x = x @ torch.from_numpy(np.ascontiguousarray(basis, dtype=np.float32)).to(self.device)
+        norms = x.norm(dim=1, keepdim=True)
+        unit = (x / torch.where(norms > 0, norms, torch.ones_like(norms))).float()
+        torch.matmul(unit, unit.T, out=self.gram)
+        similarities = torch.index_select(self.gram.view(-1), 0, self.pair_index)
+        centred = _exact_average_ranks(similarities.neg_()) - self.mean_rank
+        return LayerRanks(centred.cpu().numpy(), float(torch.sqrt(torch.dot(centred, centred))))
+
+
+def _grid(ranks_a: Sequence[LayerRanks], ranks_b: Sequence[LayerRanks]) -> np.ndarray:
+    """rho for every (a, b); NaN where a side's distances are all tied."""
+    stack_a = np.stack([r.centred for r in ranks_a])
+    stack_b = np.stack([r.centred for r in ranks_b])
+    norms = np.outer([r.norm for r in ranks_a], [r.norm for r in ranks_b])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norms > 0, (stack_a @ stack_b.T) / norms, np.nan)
+
+
+def _check_layers(name: str, layers: Sequence[np.ndarray], k: int) -> tuple[int, int]:
+    if not layers:
+        raise InputError(f"model {name} has no layers")
+    shapes = {np.asarray(x).shape for x in layers}
+    if len(shapes) != 1:
+        raise InputError(f"every layer of model {name} must have the same shape; got {sorted(shapes)}")
+    n, d = shapes.pop()
+    _check_k(k, d)
+    return n, d
+
+
+def observed_grid(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], basis_a: np.ndarray,
+                  basis_b: np.ndarray, k: int, device: str = "cpu") -> dict[str, np.ndarray]:
+    """``rho_full`` and ``rho_readout`` (``L_a x L_b``) from prepared (corrected) layers.
+
+    ``basis_a`` (``d_a x >=k``) and ``basis_b`` are the readout bases; their first ``k`` columns are used.
+    """
+    n_a, d_a = _check_layers("A", layers_a, k)
+    n_b, d_b = _check_layers("B", layers_b, k)
+    if n_a != n_b:
+        raise InputError(f"both models must hold the same N inputs; got N={n_a} and N={n_b}")
+    for name, basis, d in (("A", basis_a, d_a), ("B", basis_b, d_b)):
+        basis = _check_matrix(f"basis_{name}", basis)
+        if basis.shape[0] != d or basis.shape[1] < k:
+            raise InputError(f"readout basis of model {name} is {basis.shape}; need {d} rows and at least k={k} columns")
+    ranker = _Ranker(n_a, device)
+    full = _grid([ranker.ranks(x) for x in layers_a], [ranker.ranks(x) for x in layers_b])
+    readout = _grid([ranker.ranks(x, basis_a[:, :k]) for x in layers_a], [ranker.ranks(x, basis_b[:, :k]) for x in layers_b])
+    return {"rho_full": full, "rho_readout": readout}
+
+
+def null_grids(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], k: int, seed: int,
+               indices: Iterable[int], device: str = "cpu") -> np.ndarray:
+    """Null rho grids (``len(indices) x L_a x L_b``); draw ``i`` depends only on (seed, i)."""
+    n_a, d_a = _check_layers("A", layers_a, k)
+    n_b, d_b = _check_layers("B", layers_b, k)
+    if n_a != n_b:
+        raise InputError(f"both models must hold the same N inputs; got N={n_a} and N={n_b}")
+    _check_seed(seed)
+    ranker = _Ranker(n_a, device)
+    grids = []
+    for index in indices:
+        q_a, q_b = null_subspaces(d_a, d_b, k, seed, index)
+        grids.append(_grid([ranker.ranks(x, q_a) for x in layers_a], [ranker.ranks(x, q_b) for x in layers_b]))
+    return np.stack(grids) if grids else np.empty((0, len(layers_a), len(layers_b)))
+
+
+def summarize_grid(rho_full: np.ndarray, rho_readout: np.ndarray, nulls: np.ndarray) -> dict[str, np.ndarray]:
+    """Null mean, std (ddof=1) and ``z = (rho_readout - null_mean) / null_std`` per cell."""
+    if nulls.shape[0] < 2:
+        raise InputError("need at least 2 null draws to estimate a standard deviation")
+    mean = nulls.mean(axis=0)
+    std = nulls.std(axis=0, ddof=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.where(std > 0, (rho_readout - mean) / std, np.nan)
+    return {"rho_full": rho_full, "rho_readout": rho_readout, "null_mean": mean, "null_std": std, "z": z}
