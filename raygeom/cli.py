@@ -35,9 +35,11 @@ def _prepare_ray(address: Optional[str]) -> None:
 
 
 def _run(job, address, num_cpus):
-    from raygeom.pipeline import run_pga_job
+    from raygeom.pipeline import run_pga_job, run_sweep_job
 
     _prepare_ray(address)
+    if job.sweep is not None:  # a job file with a [sweep] section
+        return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
     return run_pga_job(job, console, address=address, num_cpus=num_cpus)
 
 

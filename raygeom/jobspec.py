@@ -18,6 +18,24 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class SweepSettings:
+    """How a sweep runs; its grid is JobSpec.models (the [sweep] sizes x revisions plus any [[models]])."""
+
+    gpu_memory_gib: float = 80.0  # per GPU, decides how many GPUs one replica asks for
+    gpus_per_node: int = 8
+    max_in_flight: int = 0  # extraction tasks submitted at once; 0 = twice the replicas that fit
+    pga_threads: int = 4  # revisions analysed at once
+    keep_activations: bool = True
+    collapse_threshold: float = 0.0
+    positive_z: float = 2.0
+    plots: bool = True
+
+    def __post_init__(self):
+        if self.gpu_memory_gib <= 0 or self.gpus_per_node < 1 or self.max_in_flight < 0 or self.pga_threads < 1:
+            raise RaygeomError("sweep: gpu_memory_gib and gpus_per_node must be positive, max_in_flight >= 0, pga_threads >= 1")
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     out: str
@@ -28,6 +46,7 @@ class JobSpec:
     layers: str = "all"
     extraction: ExtractionSettings = field(default_factory=ExtractionSettings)
     pga: PGAParams = field(default_factory=PGAParams)
+    sweep: SweepSettings | None = None
 
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
@@ -76,8 +95,9 @@ def load_job(path: str | Path) -> JobSpec:
     _known(corpus, {"name", "n_samples", "seed"}, "corpus", path)
     _known(extract, {"seq_len", "pool", "skip_first", "batch_size", "layers"}, "extract", path)
     _known(analysis, {f.name for f in fields(PGAParams)}, "pga", path)
-    models = data.get("models")
-    if not isinstance(models, list) or not models:
+    sweep_section = data.get("sweep")
+    models = data.get("models", [] if sweep_section is not None else None)
+    if not isinstance(models, list) or (not models and sweep_section is None):
         raise RaygeomError(f"{path}: needs at least one [[models]] entry with an 'id'")
     entries = []
     for entry in models:
@@ -85,9 +105,15 @@ def load_job(path: str | Path) -> JobSpec:
             raise RaygeomError(f"{path}: every [[models]] entry needs a string 'id'")
         _known(entry, {"id", "revisions"}, "models", path)
         revisions = entry.get("revisions", ["main"])
+        if sweep_section is not None and isinstance(revisions, str):
+            revisions = _expand(revisions, path)
         if not isinstance(revisions, list) or not all(isinstance(r, str) for r in revisions) or not revisions:
             raise RaygeomError(f"{path}: 'revisions' of model {entry['id']} must be a non-empty list of strings")
         entries.append(ModelEntry(entry["id"], tuple(revisions)))
+    sweep = None
+    if sweep_section is not None:
+        sweep, generated = _sweep(_section(data, "sweep", path), path)
+        entries += [e for e in generated if e.source not in {x.source for x in entries}]
     try:
         layers = extract.pop("layers", "all")
         return JobSpec(
@@ -100,6 +126,43 @@ def load_job(path: str | Path) -> JobSpec:
             layers=str(layers),
             extraction=ExtractionSettings(**extract),
             pga=PGAParams(**analysis),
+            sweep=sweep,
         )
     except (TypeError, ValueError) as error:
         raise RaygeomError(f"{path}: {error}") from None
+
+
+SWEEP_KEYS = {"sizes", "deduped", "revisions", *(f.name for f in fields(SweepSettings))}
+
+
+def _expand(revisions, path: Path) -> list[str]:
+    from raygeom.revisions import expand_revisions
+
+    try:
+        return expand_revisions(revisions)
+    except RaygeomError as error:
+        raise RaygeomError(f"{path}: {error}") from None
+
+
+def _sweep(section: dict, path: Path) -> tuple[SweepSettings, list[ModelEntry]]:
+    """[sweep]: ``sizes`` (Pythia sizes), ``deduped`` (false | true: also the -deduped models | "only"),
+    ``revisions`` (all | log | linear | every:N | stepA:stepB | a list) and the SweepSettings fields."""
+    from raygeom.revisions import repo_id
+
+    _known(section, SWEEP_KEYS, "sweep", path)
+    sizes = section.get("sizes", [])
+    if not isinstance(sizes, list) or not all(isinstance(x, str) for x in sizes):
+        raise RaygeomError(f"{path}: [sweep] sizes must be a list of Pythia sizes such as \"70m\"")
+    deduped = section.get("deduped", False)
+    if deduped not in (False, True, "only"):
+        raise RaygeomError(f"{path}: [sweep] deduped must be false, true or \"only\"")
+    revisions = _expand(section.get("revisions", "all"), path)
+    variants = {False: (False,), True: (False, True), "only": (True,)}[deduped]
+    try:
+        entries = [ModelEntry(repo_id(size, d), tuple(revisions)) for size in sizes for d in variants]
+        settings = SweepSettings(**{k: v for k, v in section.items() if k not in ("sizes", "deduped", "revisions")})
+    except RaygeomError as error:
+        raise RaygeomError(f"{path}: {error}") from None
+    except TypeError as error:
+        raise RaygeomError(f"{path}: [sweep] {error}") from None
+    return settings, entries

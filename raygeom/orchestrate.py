@@ -6,7 +6,11 @@ this module when the cluster is local (the CLI does).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,10 +26,10 @@ from raygeom.models import ModelSpec, load_model, weight_fingerprint
 from raygeom.numerics import pga
 from raygeom.params import PGAParams
 from raygeom.store import Store, content_key
+# Unit keys and requests are pure and live in raygeom.sweep, so plan/status need no Ray; re-exported here.
+from raygeom.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
+                           pga_unit_key, select_layers)
 
-EXTRACTION_VERSION = 1
-PGA_VERSION = 1
-READOUT_COMPONENTS = 256
 # Prepared layers alive at once in the object store; bounds memory, keeps both stages busy.
 LAYERS_IN_FLIGHT = 4
 
@@ -91,64 +95,57 @@ class ExtractionWorker:
 
     def write(self, root: str, revision: str, key: str, layers: list[str], sample_ids: list[int],
               columns: dict, readout_components: int, extra: dict) -> dict:
-        import torch
-
-        store = Store(root)
         ordered = [self.batches[i] for i in sorted(self.batches)]
-        slug = self.spec.slug
-        for layer in layers:
-            vectors = np.concatenate([b.pooled[layer] for b in ordered])
-            store.write_layer(slug, revision, layer, self.layers.index(layer), np.asarray(sample_ids), vectors)
-        w_u = model_surgery.unembedding(self.model).detach()
-        gram = (w_u.double().T @ w_u.double()).cpu().numpy()
-        d = gram.shape[0]
-        basis, singular_values = pga.readout_basis_from_gram(gram, min(d - 1, readout_components))
-        store.write_readout(slug, revision, basis, singular_values)
-        nll = np.concatenate([b.nll for b in ordered])
-        n_tokens = np.concatenate([b.n_tokens for b in ordered])
-        store.write_samples(slug, revision, {"sample_id": np.asarray(sample_ids, dtype=np.int32), "nll": nll.astype(np.float64),
-                                             "n_tokens": n_tokens.astype(np.int32), **columns})
-        info = {"key": key, "layers": layers, "all_layers": self.layers, "n_samples": len(sample_ids),
-                "fingerprint": weight_fingerprint(self.model), "d": d, **self.describe(), **extra}
-        info["layers"] = layers
-        store.mark_complete(slug, revision, info)
+        info = _store_extraction(Store(root), self.spec, revision, self.model, self.layers, ordered, key, layers, sample_ids,
+                                 columns, readout_components, extra)
         self.batches.clear()
-        del gram
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
         return info
 
 
-@dataclass(frozen=True)
-class ExtractionRequest:
-    spec: ModelSpec
-    corpus: Corpus  # already sampled: every model sees these texts in this order
-    settings: ExtractionSettings
-    layer_selection: str = "all"
-    readout_components: int = READOUT_COMPONENTS
+def tensor_digests(model, samples_per_tensor: int = 1024) -> dict[str, str]:
+    """Per-matrix fingerprints (strided samples, like weight_fingerprint). They find a revision that is
+    partly another's, such as one serving the final model's first shard; vectors are left out because
+    norms and biases can legitimately stay equal across steps."""
+    digests = {}
+    for name, tensor in sorted(model.state_dict().items()):
+        if tensor.ndim < 2:
+            continue
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // samples_per_tensor)
+        digest = hashlib.sha1(str(tuple(tensor.shape)).encode())
+        digest.update(flat[::stride].float().cpu().numpy().tobytes())
+        digests[name] = digest.hexdigest()[:16]
+    return digests
 
-    def key(self) -> str:
-        return content_key("extract", EXTRACTION_VERSION, self.spec.kind, self.spec.source, self.spec.revision,
-                           self.corpus.fingerprint(), asdict(self.settings), self.layer_selection, self.readout_components)
 
+def _store_extraction(store: Store, spec: ModelSpec, revision: str, model, all_layers: list[str], ordered: list,
+                      key: str, layers: list[str], sample_ids: list[int], columns: dict, readout_components: int,
+                      extra: dict) -> dict:
+    """Write layers, readout basis and per-sample data, then the completion marker last."""
+    import torch
 
-def select_layers(all_layers: list[str], selection: str) -> list[str]:
-    """``all``, or comma-separated names, indices (negative allowed) and ``a:b`` index ranges."""
-    if selection.strip() in ("", "all"):
-        return list(all_layers)
-    chosen: list[str] = []
-    for part in (p.strip() for p in selection.split(",")):
-        try:
-            if part in all_layers:
-                picks = [part]
-            elif ":" in part:
-                start, _, stop = part.partition(":")
-                picks = all_layers[slice(int(start) if start else None, int(stop) if stop else None)]
-            else:
-                picks = [all_layers[int(part)]]
-        except (ValueError, IndexError):
-            raise RaygeomError(f"layer '{part}' not found; this model has {len(all_layers)} layers: {all_layers[0]} ... {all_layers[-1]}") from None
-        chosen.extend(p for p in picks if p not in chosen)
-    return sorted(chosen, key=all_layers.index)
+    slug = spec.slug
+    for layer in layers:
+        vectors = np.concatenate([b.pooled[layer] for b in ordered])
+        store.write_layer(slug, revision, layer, all_layers.index(layer), np.asarray(sample_ids), vectors)
+    w_u = model_surgery.unembedding(model).detach()
+    gram = (w_u.double().T @ w_u.double()).cpu().numpy()
+    d = gram.shape[0]
+    basis, singular_values = pga.readout_basis_from_gram(gram, min(d - 1, readout_components))
+    del gram
+    store.write_readout(slug, revision, basis, singular_values)
+    nll = np.concatenate([b.nll for b in ordered])
+    n_tokens = np.concatenate([b.n_tokens for b in ordered])
+    store.write_samples(slug, revision, {"sample_id": np.asarray(sample_ids, dtype=np.int32), "nll": nll.astype(np.float64),
+                                         "n_tokens": n_tokens.astype(np.int32), **columns})
+    info = {"key": key, "all_layers": all_layers, "n_samples": len(sample_ids), "fingerprint": weight_fingerprint(model),
+            "tensor_fingerprints": tensor_digests(model), "params": int(sum(p.numel() for p in model.parameters())),
+            "d": model_surgery.hidden_size(model), "n_blocks": model_surgery.n_blocks(model),
+            "tied": model_surgery.is_tied(model), "model_type": model.config.model_type, **extra, "layers": layers}
+    store.mark_complete(slug, revision, info)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return info
 
 
 def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], None] | None = None,
@@ -190,24 +187,24 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         ray.kill(worker)
 
 
-@ray.remote(max_retries=3)
-def _prepare_layer(root: str, model: str, revision: str, layer: str, r: int) -> pga.PreparedLayer:
+# Each analysis task returns (value, its own compute seconds): the seconds feed `raygeom plan`'s estimates.
+@ray.remote(max_retries=3, num_returns=2)
+def _prepare_layer(root: str, model: str, revision: str, layer: str, r: int) -> tuple[pga.PreparedLayer, float]:
+    start = time.perf_counter()
     _, h = Store(root).read_layer(model, revision, layer)
-    return pga.prepare_layer(h, r)
+    return pga.prepare_layer(h, r), time.perf_counter() - start
 
 
 @ray.remote(max_retries=3)
-def _readout_rho(layer: pga.PreparedLayer, basis: np.ndarray, device: str | None) -> float:
-    return pga.subspace_rho(layer, basis, device)
+def _readout_rho(layer: pga.PreparedLayer, basis: np.ndarray, device: str | None) -> tuple[float, float]:
+    start = time.perf_counter()
+    return pga.subspace_rho(layer, basis, device), time.perf_counter() - start
 
 
 @ray.remote(max_retries=3)
-def _null_chunk(layer: pga.PreparedLayer, k: int, seed: int, indices: list[int], device: str | None) -> np.ndarray:
-    return pga.null_rhos(layer, k, seed, indices, device)
-
-
-def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
-    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, params.n_null, params.seed)
+def _null_chunk(layer: pga.PreparedLayer, k: int, seed: int, indices: list[int], device: str | None) -> tuple[np.ndarray, float]:
+    start = time.perf_counter()
+    return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
 
 
 def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
@@ -249,12 +246,13 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
     in_flight: dict = {}
 
     def submit(layer: str, key: str) -> None:
-        prepared = _prepare_layer.remote(str(store.root), model, revision, layer, params.r)
+        prepared, prepare_seconds = _prepare_layer.remote(str(store.root), model, revision, layer, params.r)
         readout = _readout_rho.options(**options).remote(prepared, basis_ref, device)
         nulls = [_null_chunk.options(**options).remote(prepared, params.k, params.seed, c, device) for c in chunks]
         in_flight[readout] = (layer, -1)
         for index, ref in enumerate(nulls):
             in_flight[ref] = (layer, index)
+        parts[layer]["prepare_seconds"] = prepare_seconds
 
     parts: dict[str, dict] = {}
     queue = list(todo)
@@ -269,12 +267,13 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
         ref = done[0]
         layer, chunk_index = in_flight.pop(ref)
         try:
-            value = ray.get(ref)
+            value, seconds = ray.get(ref)
         except ray.exceptions.RayTaskError as error:
             if isinstance(error.cause, RaygeomError):
                 raise RaygeomError(f"{model}@{revision} {layer}: {error.cause}") from None
             raise
         part = parts[layer]
+        part["seconds"] = part.get("seconds", 0.0) + seconds
         if chunk_index >= 0:
             part["nulls"][chunk_index] = value
         else:
@@ -285,6 +284,8 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
         if part["remaining"] == 0:
             nulls = np.concatenate([part["nulls"][i] for i in range(len(chunks))])
             rows[layer] = _pga_row(model, revision, layer, info, relative[layer], params, part["readout"], nulls)
+            rows[layer]["unit_key"] = part["key"]
+            rows[layer]["cpu_seconds"] = part["seconds"] + ray.get(part["prepare_seconds"])
             store.write_result("pga", part["key"], rows[layer])
             active.discard(layer)
     return [rows[layer] for layer in layers]
@@ -297,3 +298,171 @@ def _pga_row(model, revision, layer, info, depth, params: PGAParams, rho, nulls)
     return {"model": model, "revision": revision, "layer": layer, "layer_index": info["all_layers"].index(layer),
             "relative_depth": depth, "k": params.k, "r": params.r, "n": info["n_samples"], "n_null": params.n_null,
             "seed": params.seed, "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps: one Ray task per (model, revision) extraction, PGA of each revision as soon as it lands.
+# Tasks, not actors: a task lost with its node is simply rerun elsewhere (max_retries), and Ray
+# places each by its num_gpus/num_cpus request, so there is no queue of our own beyond a bound
+# on how many extraction tasks are submitted at once.
+
+@dataclass(frozen=True)
+class SweepItem:
+    request: ExtractionRequest
+    gpus: float = 0.0  # GPUs per replica: 0 = CPU, 0.5 = two revisions share a GPU, >1 = sharded (device_map)
+    prefetch: str | None = None  # the next revision of the same model, downloaded while this one runs
+
+
+def _load_tokenizer(spec: ModelSpec):
+    if spec.kind not in ("hub", "local"):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(spec.source, revision=spec.revision if spec.kind == "hub" else None)
+    except (OSError, ValueError):
+        return None  # the extraction task reports the loading error with its own message
+
+
+@ray.remote(max_retries=3, num_cpus=1)
+def _tokenise_corpus(spec: ModelSpec, texts: list[str], settings: ExtractionSettings) -> list[dict] | None:
+    """Every revision of a Pythia model shares its tokenizer, so the corpus is tokenised once per model."""
+    from raygeom.extract import tokenize
+
+    _quiet_transformers()
+    tokenizer = _load_tokenizer(spec)
+    if tokenizer is None:
+        return None
+    size = settings.batch_size
+    return [{name: value.numpy() for name, value in tokenize(tokenizer, texts[s:s + size], settings.seq_len, "cpu").items()}
+            for s in range(0, len(texts), size)]
+
+
+def _download(spec: ModelSpec, revision: str) -> None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(spec.source, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+    except Exception:  # noqa: BLE001 - a failed prefetch only means the next task downloads itself
+        pass
+
+
+@ray.remote(max_retries=3)
+def _extract_revision(root: str, request: ExtractionRequest, key: str, device: str, device_map: str | None,
+                      encoded: list[dict] | None, prefetch: str | None) -> dict:
+    _quiet_transformers()
+    import torch
+
+    start = time.perf_counter()  # after the imports, which only the first task of a worker pays
+    # Fixed thread count: results must not depend on which node or how many cores ran the task.
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    fetcher = None
+    if prefetch and request.spec.kind == "hub" and not offline:
+        fetcher = threading.Thread(target=_download, args=(request.spec, prefetch), daemon=True)
+        fetcher.start()
+    try:
+        model, tokenizer = load_model(request.spec, device=device, device_map=device_map)
+        all_layers = model_surgery.layer_names(model)
+        layers = select_layers(all_layers, request.layer_selection)
+        loaded = time.perf_counter()
+        texts, size = request.corpus.texts, request.settings.batch_size
+        batches = [extract_batch(model, tokenizer, texts[s:s + size], request.settings, layers,
+                                 encoded=encoded[i] if encoded is not None else None)
+                   for i, s in enumerate(range(0, len(texts), size))]
+        computed = time.perf_counter()
+        columns = {"text_sha1": [text_sha1(t) for t in texts]}
+        if request.corpus.labels is not None:
+            columns["label"] = list(request.corpus.labels)
+        extra = {"model": request.spec.name, "revision": request.spec.revision, "corpus": request.corpus.name,
+                 "settings": asdict(request.settings), "device": device, "gpus": torch.cuda.device_count() if device == "cuda" else 0,
+                 "load_seconds": loaded - start, "forward_seconds": computed - loaded,
+                 "tokens": int(sum(int(b.n_tokens.sum()) for b in batches))}
+        info = _store_extraction(Store(root), request.spec, request.spec.revision, model, all_layers, batches, key, layers,
+                                 list(range(len(texts))), columns, request.readout_components, extra)
+        del model
+        return info
+    finally:
+        if fetcher is not None:
+            fetcher.join()
+
+
+def extraction_options(gpus: float) -> tuple[dict, str, str | None]:
+    """Ray options, device and device_map of one extraction replica."""
+    if gpus <= 0:
+        return {"num_cpus": 1}, "cpu", None
+    # GPU extraction asks for no CPU, so queued analysis tasks can never hold it back.
+    return {"num_gpus": gpus, "num_cpus": 0}, "cuda", ("auto" if gpus > 1 else None)
+
+
+def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress: Callable[[str, int], None] | None = None,
+              max_in_flight: int | None = None, pga_threads: int = 4, keep_activations: bool = True) -> list[dict]:
+    """Extract every item not already complete and run PGA on every layer of every item.
+
+    Extraction tasks go to Ray as resources allow, at most ``max_in_flight`` submitted at once; each
+    finished revision's PGA starts at once on a driver thread (its tasks run on the CPUs), so
+    extraction never waits for analysis. ``progress(kind, n)`` gets kind ``extract`` or ``pga``.
+    """
+    progress = progress or (lambda kind, n: None)
+    if max_in_flight is None:
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        gpu_items = [i.gpus for i in items if i.gpus > 0]
+        if gpu_items:
+            slots = max(1, int(cluster_gpus() / max(min(gpu_items), 1e-9)))
+        max_in_flight = 2 * slots
+    tokens: dict[tuple, ray.ObjectRef] = {}
+    pending: dict[ray.ObjectRef, SweepItem] = {}
+    queue: list[SweepItem] = []
+    futures = []
+    executor = ThreadPoolExecutor(max_workers=pga_threads, thread_name_prefix="pga")
+
+    def analyse(item: SweepItem, info: dict) -> list[dict]:
+        spec = item.request.spec
+        rows = run_pga(store, spec.slug, spec.revision, info["layers"], params, progress=lambda n: progress("pga", n))
+        if not keep_activations:
+            store.drop_activations(spec.slug, spec.revision)
+        return rows
+
+    for item in items:
+        spec = item.request.spec
+        key = item.request.key()
+        info = store.completion(spec.slug, spec.revision)
+        done_units = info is not None and info.get("key") == key and all(
+            store.has_result("pga", pga_unit_key(key, layer, params)) for layer in info["layers"])
+        if done_units or store.is_complete(spec.slug, spec.revision, key):
+            progress("extract", 1)
+            futures.append(executor.submit(analyse, item, info))
+        else:
+            queue.append(item)
+
+    def submit(item: SweepItem) -> None:
+        request = item.request
+        token_key = (request.spec.source, request.corpus.fingerprint(), asdict(request.settings))
+        token_key = content_key(*token_key)
+        if token_key not in tokens:
+            tokens[token_key] = _tokenise_corpus.remote(request.spec, request.corpus.texts, request.settings)
+        options, device, device_map = extraction_options(item.gpus)
+        store.invalidate(request.spec.slug, request.spec.revision)
+        ref = _extract_revision.options(**options).remote(str(store.root), request, request.key(), device, device_map,
+                                                          tokens[token_key], item.prefetch)
+        pending[ref] = item
+
+    try:
+        while queue or pending:
+            while queue and len(pending) < max_in_flight:
+                submit(queue.pop(0))
+            done, _ = ray.wait(list(pending), num_returns=1)
+            item = pending.pop(done[0])
+            try:
+                info = ray.get(done[0])
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, RaygeomError):
+                    raise RaygeomError(str(error.cause)) from None
+                raise
+            progress("extract", 1)
+            futures.append(executor.submit(analyse, item, info))
+            for future in [f for f in futures if f.done()]:
+                future.result()  # surface analysis errors early
+        return [row for future in futures for row in future.result()]
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)

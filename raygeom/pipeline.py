@@ -58,3 +58,78 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     report.print_pga(console, rows)
     console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}")
     return JobOutputs(rows, table, plot)
+
+
+@dataclass
+class SweepOutputs:
+    rows: int
+    table: Path
+    collapse: Path
+    plots: list[Path]
+    computed_units: int
+    flagged: list[tuple[str, str, str]]
+
+
+def replica_gpus(spec: ModelSpec, job: JobSpec, cluster_gpus: float, params: int | None) -> float:
+    """GPUs one extraction replica asks Ray for; 0 on a cluster without GPUs."""
+    from raygeom.revisions import gpus_per_model
+
+    if cluster_gpus < 1:
+        return 0.0
+    settings = job.sweep
+    if params is None:
+        return 1.0
+    return gpus_per_model(params, settings.gpu_memory_gib, min(settings.gpus_per_node, int(cluster_gpus)))
+
+
+def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> SweepOutputs:
+    """Every (model, revision) of the job: extraction on GPU (or CPU) tasks, PGA per layer, then the tidy
+    table, collapse zones, plots and the integrity report, all from the store."""
+    from raygeom import sweep
+
+    store = Store(job.out)
+    check_writable(store.root)
+    corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    plan = sweep.build_plan(job, store, corpus.fingerprint())
+    sweep.write_manifest(store, job, corpus)
+
+    from raygeom import orchestrate
+
+    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+        orchestrate.start_ray(address, num_cpus)
+    gpus = orchestrate.cluster_gpus()
+    items = []
+    by_model = plan.by_model()
+    for revisions in by_model.values():
+        for i, revision in enumerate(revisions):
+            following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
+            request = sweep.ExtractionRequest(revision.spec, corpus, job.extraction, job.layers)
+            items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
+    missing = plan.n_units - plan.n_done
+    console.print(f"sweep {job.name}: {len(plan.revisions)} revisions of {len(by_model)} models, {plan.n_units} units, "
+                  f"{plan.n_done} already done, {missing} to compute; {gpus:g} GPUs in the cluster")
+    counter = {"pga": 0}
+    with progress_bar(console) as progress:
+        extract_task = progress.add_task("extract revisions", total=len(items))
+        chunks = min(job.pga.null_chunks, job.pga.n_null) + 1
+        pga_task = progress.add_task("PGA tasks", total=plan.n_units * chunks)
+
+        def advance(kind: str, n: int) -> None:
+            if kind == "pga":
+                counter["pga"] += n
+            progress.advance(extract_task if kind == "extract" else pga_task, n)
+
+        settings = job.sweep
+        orchestrate.run_sweep(store, items, job.pga, progress=advance, max_in_flight=settings.max_in_flight or None,
+                              pga_threads=settings.pga_threads, keep_activations=settings.keep_activations)
+    final = sweep.build_plan(job, store, corpus.fingerprint())
+    outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
+    report = outputs["report"]
+    for model, revision, flag in report.flagged:
+        console.print(f"[yellow]weights flag[/] {model}@{revision}: {flag}", highlight=False)
+    collapsed = [z for z in outputs["zones"] if z["collapsed"]]
+    console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
+    console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
+                  f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}\nstore:   {store.root}")
+    return SweepOutputs(outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"],
+                        final.n_done - plan.n_done, report.flagged)

@@ -145,6 +145,21 @@ class Store:
     def mark_complete(self, model: str, revision: str, info: dict) -> None:
         atomic_write_text(json.dumps(info, indent=2, sort_keys=True), self._partition("activations", model, revision) / COMPLETE_MARKER)
 
+    def drop_activations(self, model: str, revision: str) -> None:
+        """Delete one revision's layer files once its analysis is done; marker, readout and samples stay."""
+        import shutil
+
+        for layer_dir in self._partition("activations", model, revision).glob("layer=*"):
+            shutil.rmtree(layer_dir, ignore_errors=True)
+
+    def partial_extractions(self) -> list[tuple[str, str]]:
+        """(model slug, revision) with layer files but no completion marker: interrupted or still running."""
+        found = []
+        for revision_dir in sorted((self.root / "activations").glob("model=*/revision=*")):
+            if not (revision_dir / COMPLETE_MARKER).is_file() and any(revision_dir.glob("layer=*")):
+                found.append((revision_dir.parent.name.split("=", 1)[1], revision_dir.name.split("=", 1)[1]))
+        return found
+
     def invalidate(self, model: str, revision: str) -> None:
         marker = self._partition("activations", model, revision) / COMPLETE_MARKER
         marker.unlink(missing_ok=True)

@@ -1,7 +1,133 @@
-"""CLI commands for the sweep analyses (registered by raygeom.cli)."""
+"""CLI commands for sweeps: `raygeom plan JOB` and `raygeom status JOB` (registered by raygeom.cli).
+
+Both read the job file and the store only: no Ray, no model weights. `raygeom run JOB` runs a sweep.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from raygeom.errors import RaygeomError
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _load(job_file: Path, out: Optional[Path]):
+    from raygeom import sweep
+    from raygeom.jobspec import load_job
+    from raygeom.store import Store
+
+    job = load_job(job_file).with_overrides(out=str(out) if out else None)
+    store = Store(job.out)
+    return job, sweep.build_plan(job, store)
+
+
+def _revision_span(revisions) -> str:
+    names = [r.spec.revision for r in revisions]
+    return names[0] if len(names) == 1 else f"{len(names)}: {names[0]} .. {names[-1]}"
+
+
+def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
+    from raygeom import sweep
+    from raygeom.jobspec import SweepSettings
+    from raygeom.revisions import gpus_per_model
+
+    job, plan = _load(job_file, out)
+    settings = job.sweep or SweepSettings()
+    memory = gpu_memory_gib or settings.gpu_memory_gib
+    pga = job.pga
+    table = Table(title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}, "
+                        f"k={pga.k}, CCR-{pga.r}, {pga.n_null} nulls, seed {pga.seed})", title_justify="left")
+    for name in ("model", "params", "layers", "revisions", "units", "done", f"GPUs/replica ({memory:g} GiB)"):
+        table.add_column(name, justify="left" if name in ("model", "revisions") else "right")
+    for model, revisions in plan.by_model().items():
+        layers = sorted({len(r.layers) for r in revisions})
+        params = revisions[0].params
+        try:
+            gpus = f"{gpus_per_model(params, memory, settings.gpus_per_node):g}" if params else "1"
+        except RaygeomError as error:
+            gpus = str(error)
+        table.add_row(model, f"{params / 1e6:,.1f}M" if params else "?", "/".join(map(str, layers)) + f" ({revisions[0].layers_from})",
+                      _revision_span(revisions), f"{sum(len(r.units) for r in revisions):,}",
+                      f"{sum(len(r.done) for r in revisions):,}", gpus)
+    console.print(table)
+    console.print(f"grid: {len(plan.by_model())} models x {len(plan.revisions)} (model, revision) pairs -> "
+                  f"{plan.n_units:,} units; {plan.n_done:,} done, {plan.n_units - plan.n_done:,} to compute")
+    cost = sweep.estimate(plan)
+    if cost.measured_extractions == 0 and cost.measured_units == 0:
+        console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
+        return
+    console.print(f"measured: {cost.measured_extractions} extractions ({cost.device}), {cost.measured_units} PGA units")
+    if cost.extract_rate is not None:
+        console.print(f"  forward {cost.extract_rate:.3e} s per parameter-token, loading {cost.load_rate:.3e} s per parameter")
+    if cost.pga_rate is not None:
+        console.print(f"  PGA {cost.pga_rate:.3e} CPU-s per (nulls+1) x N^2")
+    console.print(f"estimate for what is missing: extraction {sweep.format_seconds(cost.remaining_extract_seconds)} "
+                  f"of {cost.device} time, PGA {sweep.format_seconds(cost.remaining_pga_seconds)} of CPU time "
+                  "(scaled from the measured units; see docs/sweeps.md)")
+
+
+def show_status(job_file: Path, out: Optional[Path]) -> None:
+    from raygeom import sweep
+
+    job, plan = _load(job_file, out)
+    report = sweep.integrity(plan)
+    table = Table(title=f"Status {job.name}  ({plan.store.root})", title_justify="left")
+    for name in ("model", "revisions extracted", "revisions complete", "units done", "weights flagged"):
+        table.add_column(name, justify="left" if name == "model" else "right")
+    for model, revisions in plan.by_model().items():
+        flagged = sum(1 for r in revisions if report.flag(model, r.spec.revision))
+        table.add_row(model, f"{sum(r.extracted for r in revisions)}/{len(revisions)}",
+                      f"{sum(r.complete for r in revisions)}/{len(revisions)}",
+                      f"{sum(len(r.done) for r in revisions):,}/{sum(len(r.units) for r in revisions):,}", str(flagged))
+    console.print(table)
+    percent = 100.0 * plan.n_done / plan.n_units if plan.n_units else 0.0
+    console.print(f"units: {plan.n_done:,}/{plan.n_units:,} done ({percent:.1f}%)")
+    planned = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
+    partial = [p for p in plan.store.partial_extractions() if p in planned]
+    if partial:
+        console.print(f"partial extractions (running, or interrupted and to be redone): "
+                      + ", ".join(f"{m}@{r}" for m, r in partial), highlight=False)
+    for model, revision, flag in report.flagged:
+        note = report.notes.get((model, revision))
+        console.print(f"[yellow]weights flag[/] {model}@{revision}: {flag}" + (f"  ({note})" if note else ""), highlight=False)
+    if not report.flagged:
+        checked = sum(1 for r in plan.revisions if r.marker)
+        console.print(f"weights: {checked} loaded revisions fingerprinted, no duplicates")
+    notes = sorted({note for note in report.notes.values()})
+    for note in notes:
+        console.print(f"known hub issue in this grid: {note}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
+
+    @app.command()
+    def plan(job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/pythia-sweep.toml"),
+             out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store to compare against (default: the job's out)."),
+             gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="GPU memory for the GPUs/replica column.")):
+        """Print the sweep grid, the units already done and a cost estimate from measured unit times."""
+        try:
+            show_plan(job_file, out, gpu_memory_gib)
+        except RaygeomError as error:
+            _fail(str(error))
+
+    @app.command()
+    def status(job_file: Path = typer.Argument(..., help="TOML job file"),
+               out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store to read (default: the job's out).")):
+        """Progress of a sweep from the store alone, with revisions whose weights duplicate another's."""
+        try:
+            show_status(job_file, out)
+        except RaygeomError as error:
+            _fail(str(error))

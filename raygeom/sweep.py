@@ -1,0 +1,493 @@
+"""Sweeps over models x revisions x layers, from the store's point of view: unit keys, the plan,
+progress, cost estimates from measured unit times, checkpoint integrity, the tidy results table,
+collapse zones and the training-dynamics plots.
+
+No Ray here (the sweep's Ray side is orchestrate.run_sweep), so `raygeom plan` and `raygeom status`
+read the store without starting or importing Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from raygeom import revisions as pythia
+from raygeom.corpus import Corpus
+from raygeom.errors import RaygeomError
+from raygeom.extract import ExtractionSettings
+from raygeom.models import ModelSpec, resolve_model
+from raygeom.params import PGAParams
+from raygeom.store import Store, atomic_write_text, content_key, read_table
+
+EXTRACTION_VERSION = 1
+PGA_VERSION = 1
+READOUT_COMPONENTS = 256
+MANIFEST = "sweep/manifest.json"
+
+
+def extraction_key(spec: ModelSpec, corpus_fingerprint: str, settings: ExtractionSettings, layer_selection: str,
+                   readout_components: int) -> str:
+    return content_key("extract", EXTRACTION_VERSION, spec.kind, spec.source, spec.revision, corpus_fingerprint,
+                       asdict(settings), layer_selection, readout_components)
+
+
+def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
+    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, params.n_null, params.seed)
+
+
+@dataclass(frozen=True)
+class ExtractionRequest:
+    spec: ModelSpec
+    corpus: Corpus  # already sampled: every model sees these texts in this order
+    settings: ExtractionSettings
+    layer_selection: str = "all"
+    readout_components: int = READOUT_COMPONENTS
+
+    def key(self) -> str:
+        return extraction_key(self.spec, self.corpus.fingerprint(), self.settings, self.layer_selection, self.readout_components)
+
+
+def select_layers(all_layers: list[str], selection: str) -> list[str]:
+    """``all``, or comma-separated names, indices (negative allowed) and ``a:b`` index ranges."""
+    if selection.strip() in ("", "all"):
+        return list(all_layers)
+    chosen: list[str] = []
+    for part in (p.strip() for p in selection.split(",")):
+        try:
+            if part in all_layers:
+                picks = [part]
+            elif ":" in part:
+                start, _, stop = part.partition(":")
+                picks = all_layers[slice(int(start) if start else None, int(stop) if stop else None)]
+            else:
+                picks = [all_layers[int(part)]]
+        except (ValueError, IndexError):
+            raise RaygeomError(f"layer '{part}' not found; this model has {len(all_layers)} layers: {all_layers[0]} ... {all_layers[-1]}") from None
+        chosen.extend(p for p in picks if p not in chosen)
+    return sorted(chosen, key=all_layers.index)
+
+
+def layer_names(n_blocks: int) -> list[str]:
+    """The names model_surgery.layer_names gives a model with ``n_blocks`` blocks."""
+    width = max(2, len(str(n_blocks - 1)))
+    return ["embed", *[f"block_{i:0{width}d}" for i in range(n_blocks)], "final_norm"]
+
+
+# ------------------------------------------------------------------------------------------ plan
+
+@dataclass
+class RevisionPlan:
+    spec: ModelSpec
+    key: str
+    layers: list[str]
+    layers_from: str  # store | config | pythia table | unknown
+    params: int | None
+    units: dict[str, str]  # layer -> unit key
+    extracted: bool
+    done: set[str] = field(default_factory=set)
+    marker: dict | None = None
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.units) and len(self.done) == len(self.units)
+
+
+@dataclass
+class SweepPlan:
+    job: object  # JobSpec
+    store: Store
+    corpus_fingerprint: str
+    revisions: list[RevisionPlan]
+
+    @property
+    def n_units(self) -> int:
+        return sum(len(r.units) for r in self.revisions)
+
+    @property
+    def n_done(self) -> int:
+        return sum(len(r.done) for r in self.revisions)
+
+    def by_model(self) -> dict[str, list[RevisionPlan]]:
+        groups: dict[str, list[RevisionPlan]] = {}
+        for revision in self.revisions:
+            groups.setdefault(revision.spec.name, []).append(revision)
+        return groups
+
+
+def _cached_config(spec: ModelSpec) -> dict | None:
+    if spec.kind == "local":
+        path = Path(spec.source) / "config.json"
+    elif spec.kind == "hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(spec.source, "config.json", revision=spec.revision)
+        path = Path(found) if isinstance(found, str) else None
+    else:
+        path = None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _config_params(config: dict) -> int | None:
+    try:
+        d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    except KeyError:
+        return None
+    ffn = config.get("intermediate_size", 4 * d)
+    tied = config.get("tie_word_embeddings", False)
+    return int(layers * (4 * d * d + 2 * d * ffn) + vocab * d * (1 if tied else 2))
+
+
+def corpus_manifest(job) -> dict:
+    return {"corpus": job.corpus, "n_samples": job.n_samples, "sample_seed": job.sample_seed}
+
+
+def write_manifest(store: Store, job, corpus: Corpus) -> None:
+    atomic_write_text(json.dumps({**corpus_manifest(job), "fingerprint": corpus.fingerprint()}, indent=2),
+                      store.root / MANIFEST)
+
+
+def corpus_fingerprint(job, store: Store) -> str:
+    """From the store's manifest when a run wrote one for this corpus, else by loading the corpus."""
+    path = store.root / MANIFEST
+    if path.is_file():
+        try:
+            manifest = json.loads(path.read_text())
+            if {k: manifest.get(k) for k in corpus_manifest(job)} == corpus_manifest(job):
+                return manifest["fingerprint"]
+        except (OSError, json.JSONDecodeError, KeyError):
+            pass
+    from raygeom.corpus import load_corpus
+
+    return load_corpus(job.corpus).sample(job.n_samples, job.sample_seed).fingerprint()
+
+
+def job_specs(job) -> list[ModelSpec]:
+    return [resolve_model(entry.source, revision) for entry in job.models for revision in entry.revisions]
+
+
+def build_plan(job, store: Store | None = None, fingerprint: str | None = None) -> SweepPlan:
+    store = store or Store(job.out)
+    fingerprint = fingerprint or corpus_fingerprint(job, store)
+    plans = []
+    params_of_model: dict[str, int] = {}
+    for spec in job_specs(job):
+        key = extraction_key(spec, fingerprint, job.extraction, job.layers, READOUT_COMPONENTS)
+        marker = store.completion(spec.slug, spec.revision)
+        if marker is not None and marker.get("key") != key:
+            marker = None
+        size = pythia.size_of(spec.source)
+        config = None if marker else _cached_config(spec)
+        if marker:
+            layers, source, params = list(marker["layers"]), "store", marker.get("params")
+        elif config and "num_hidden_layers" in config:
+            layers, source, params = select_layers(layer_names(config["num_hidden_layers"]), job.layers), "config", _config_params(config)
+        elif size is not None:
+            layers, source, params = select_layers(layer_names(size.n_blocks), job.layers), "pythia table", size.params
+        else:
+            layers, source, params = [], "unknown", None
+        if params:
+            params_of_model.setdefault(spec.source, params)
+        units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
+        done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
+        plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker))
+    for plan in plans:  # revisions not yet loaded take the measured size of their model
+        if plan.marker is None and plan.spec.source in params_of_model:
+            measured = [p.marker.get("params") for p in plans if p.marker and p.spec.source == plan.spec.source]
+            plan.params = next((m for m in measured if m), plan.params or params_of_model[plan.spec.source])
+    return SweepPlan(job, store, fingerprint, plans)
+
+
+# ------------------------------------------------------------------------------------ integrity
+
+@dataclass
+class IntegrityReport:
+    duplicates: dict[str, list[list[str]]]  # model -> groups of revisions with identical weights
+    partial: dict[str, dict[str, tuple[str, float]]]  # model -> revision -> (other, share of tensors)
+    notes: dict[tuple[str, str], str]  # (model, revision) -> known-bad note from the Pythia issues
+
+    def flag(self, model: str, revision: str) -> str | None:
+        for group in self.duplicates.get(model, []):
+            if revision in group:
+                return "same weights as " + ", ".join(r for r in group if r != revision)
+        if revision in self.partial.get(model, {}):
+            other, share = self.partial[model][revision]
+            return f"{share:.0%} of weight matrices identical to {other}"
+        return None
+
+    @property
+    def flagged(self) -> list[tuple[str, str, str]]:
+        out = []
+        for model in sorted(set(self.duplicates) | set(self.partial)):
+            revisions = {r for g in self.duplicates.get(model, []) for r in g} | set(self.partial.get(model, {}))
+            for revision in sorted(revisions, key=lambda r: (pythia.step_of(r) or -1, r)):
+                out.append((model, revision, self.flag(model, revision)))
+        return out
+
+
+def integrity(plan: SweepPlan) -> IntegrityReport:
+    """Compare the weight fingerprints recorded when each revision was loaded, within each model."""
+    duplicates, partial, notes = {}, {}, {}
+    for model, revisions in plan.by_model().items():
+        markers = {r.spec.revision: r.marker for r in revisions if r.marker}
+        groups = pythia.duplicate_groups({rev: m["fingerprint"] for rev, m in markers.items() if m.get("fingerprint")})
+        if groups:
+            duplicates[model] = groups
+        shared = pythia.shared_tensors({rev: m["tensor_fingerprints"] for rev, m in markers.items() if m.get("tensor_fingerprints")})
+        if shared:
+            partial[model] = shared
+        for r in revisions:
+            note = pythia.known_bad_note(r.spec.source, r.spec.revision)
+            if note:
+                notes[(model, r.spec.revision)] = note
+    return IntegrityReport(duplicates, partial, notes)
+
+
+# ------------------------------------------------------------------------------------ estimates
+
+@dataclass
+class CostEstimate:
+    measured_extractions: int
+    measured_units: int
+    extract_rate: float | None  # device-seconds per (parameter x token) of forward pass
+    load_rate: float | None  # seconds per parameter to load a revision
+    pga_rate: float | None  # CPU-seconds per ((n_null + 1) x N^2)
+    remaining_extract_seconds: float | None
+    remaining_pga_seconds: float | None
+    device: str
+
+
+def estimate(plan: SweepPlan) -> CostEstimate:
+    """Scale measured unit times to the units still missing: forward passes by parameters x tokens,
+    loading by parameters, PGA by (n_null + 1) x N^2 (all pairs of N samples for every subspace)."""
+    markers = [r.marker for r in plan.revisions if r.marker and r.marker.get("forward_seconds") is not None and r.marker.get("params")]
+    extract_rate = load_rate = None
+    device = "none measured"
+    if markers:
+        extract_rate = sum(m["forward_seconds"] for m in markers) / sum(m["params"] * m["tokens"] for m in markers)
+        load_rate = sum(m["load_seconds"] for m in markers) / sum(m["params"] for m in markers)
+        device = ", ".join(sorted({m.get("device", "?") for m in markers}))
+    keys = [unit for r in plan.revisions for layer, unit in r.units.items() if layer in r.done]
+    pga_rate = None
+    table = plan.store.read_results("pga", keys) if keys else pa.table({})
+    if table.num_rows and "cpu_seconds" in table.column_names:
+        rows = [row for row in table.select(["cpu_seconds", "n", "n_null"]).to_pylist() if row["cpu_seconds"] is not None]
+        if rows:
+            pga_rate = sum(r["cpu_seconds"] for r in rows) / sum((r["n_null"] + 1) * r["n"] ** 2 for r in rows)
+    job = plan.job
+    tokens = job.n_samples * job.extraction.seq_len
+    if markers:  # measured tokens per sample beat the seq_len bound
+        tokens = job.n_samples * sum(m["tokens"] for m in markers) / sum(m["n_samples"] for m in markers)
+    todo = [r for r in plan.revisions if not r.extracted and not r.complete]
+    remaining_extract = None
+    if extract_rate is not None and all(r.params for r in todo):
+        remaining_extract = sum(r.params * (tokens * extract_rate + load_rate) for r in todo)
+    missing_units = sum(len(r.units) - len(r.done) for r in plan.revisions)
+    remaining_pga = pga_rate * missing_units * (job.pga.n_null + 1) * job.n_samples ** 2 if pga_rate is not None else None
+    return CostEstimate(len(markers), len(keys), extract_rate, load_rate, pga_rate, remaining_extract, remaining_pga, device)
+
+
+def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, pga_rate: float, n_samples: int = 2000,
+                        seq_len: int = 128, n_null: int = 100, gpus: int = 8, deduped: bool = False) -> dict:
+    """GPU-hours of every Pythia size x 154 revisions x all layers, from per-unit rates (see docs/sweeps.md)."""
+    variants = 2 if deduped else 1
+    revisions = len(pythia.PYTHIA_REVISIONS) * variants
+    params = sum(s.params for s in pythia.PYTHIA_SIZES.values())
+    layers = sum(s.n_layers for s in pythia.PYTHIA_SIZES.values())
+    forward = extract_rate_gpu * params * n_samples * seq_len * revisions
+    load = load_seconds_per_param * params * revisions
+    pga_cpu = pga_rate * (n_null + 1) * n_samples ** 2 * layers * revisions
+    return {"revisions_per_model": revisions, "total_params": params, "units": layers * revisions,
+            "forward_gpu_hours": forward / 3600, "load_gpu_hours": load / 3600,
+            "extract_gpu_hours": (forward + load) / 3600, "pga_cpu_hours": pga_cpu / 3600,
+            "node_wall_hours": (forward + load) / 3600 / gpus}
+
+
+# ------------------------------------------------------------------------------- tidy table, plots
+
+TIDY_COLUMNS = ("model", "repo", "size", "deduped", "params", "d", "revision", "step", "layer", "layer_index",
+                "relative_depth", "k", "r", "n", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z",
+                "fingerprint", "weights_flag", "known_bad_note", "unit_key")
+
+
+def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Table:
+    """One row per finished unit of this plan, with model size, training step and integrity flags."""
+    report = report or integrity(plan)
+    keys = [unit for r in plan.revisions for layer, unit in r.units.items() if layer in r.done]
+    table = plan.store.read_results("pga", keys) if keys else pa.table({})
+    by_key = {(r.spec.slug, r.spec.revision): r for r in plan.revisions}
+    out = []
+    for row in table.to_pylist():
+        revision = by_key[(row["model"], row["revision"])]
+        spec = revision.spec
+        size = pythia.size_of(spec.source)
+        out.append({**{c: row.get(c) for c in TIDY_COLUMNS}, "repo": spec.source,
+                    "size": size.name if size else None, "deduped": spec.source.endswith("-deduped"),
+                    "params": revision.params, "step": pythia.step_of(spec.revision),
+                    "weights_flag": report.flag(spec.name, spec.revision),
+                    "known_bad_note": report.notes.get((spec.name, spec.revision))})
+    out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"]))
+    schema = pa.schema([("model", pa.string()), ("repo", pa.string()), ("size", pa.string()), ("deduped", pa.bool_()),
+                        ("params", pa.int64()), ("d", pa.int64()), ("revision", pa.string()), ("step", pa.int64()),
+                        ("layer", pa.string()), ("layer_index", pa.int64()), ("relative_depth", pa.float64()),
+                        ("k", pa.int64()), ("r", pa.int64()), ("n", pa.int64()), ("n_null", pa.int64()), ("seed", pa.int64()),
+                        ("rho_readout", pa.float64()), ("null_mean", pa.float64()), ("null_std", pa.float64()),
+                        ("z", pa.float64()), ("fingerprint", pa.string()), ("weights_flag", pa.string()),
+                        ("known_bad_note", pa.string()), ("unit_key", pa.string())])
+    return pa.Table.from_pylist(out, schema=schema)
+
+
+def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float = 2.0, final_layers: int = 2) -> list[dict]:
+    """Per (model, revision): late (relative depth > 0.5), non-final (not the last ``final_layers``) layers
+    whose z is below ``threshold`` while some earlier non-embedding layer has z > ``positive_z``."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["revision"]), []).append(row)
+    out = []
+    for (model, revision), group in groups.items():
+        group = sorted(group, key=lambda r: r["layer_index"])
+        candidates = group[:-final_layers] if final_layers else group
+        early = [r for r in group if 0 < r["relative_depth"] <= 0.5]
+        late = [r for r in candidates if r["relative_depth"] > 0.5]
+        low = [r for r in late if r["z"] < threshold]
+        early_max = max((r["z"] for r in early), default=float("nan"))
+        collapsed = bool(low) and early_max > positive_z
+        out.append({"model": model, "revision": revision, "step": pythia.step_of(revision), "collapsed": collapsed,
+                    "zone_layers": ",".join(r["layer"] for r in low) if collapsed else "",
+                    "zone_start_depth": low[0]["relative_depth"] if collapsed else None,
+                    "zone_end_depth": low[-1]["relative_depth"] if collapsed else None,
+                    "zone_min_z": min(r["z"] for r in low) if collapsed else None, "early_max_z": early_max,
+                    "n_layers": len(group)})
+    return sorted(out, key=lambda r: (r["model"], r["step"] if r["step"] is not None else -1, r["revision"]))
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(temporary)
+    plt.close(fig)
+    os.replace(temporary, path)
+    return path
+
+
+def _step_edges(steps: list[int]) -> np.ndarray:
+    """Cell edges on a log(step + 1) axis: geometric midpoints, so log-spaced and linear steps both show."""
+    x = np.log(np.asarray(steps, dtype=float) + 1.0)
+    if len(x) == 1:
+        return np.exp(np.array([x[0] - 0.5, x[0] + 0.5]))
+    mid = (x[1:] + x[:-1]) / 2
+    return np.exp(np.concatenate([[x[0] - (mid[0] - x[0])], mid, [x[-1] + (x[-1] - mid[-1])]]))
+
+
+def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
+    """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    rows = [r for r in table.to_pylist() if r["step"] is not None]
+    paths = []
+    for model in sorted({r["model"] for r in rows}):
+        group = [r for r in rows if r["model"] == model]
+        steps = sorted({r["step"] for r in group})
+        layers = sorted({(r["layer_index"], r["layer"]) for r in group})
+        grid = np.full((len(layers), len(steps)), np.nan)
+        for r in group:
+            grid[layers.index((r["layer_index"], r["layer"])), steps.index(r["step"])] = r["z"]
+        finite = grid[np.isfinite(grid)]
+        bound = max(1e-6, float(np.abs(finite).max())) if finite.size else 1.0
+        fig, ax = plt.subplots(figsize=(9, max(3.0, 0.22 * len(layers) + 1.5)), dpi=110)
+        mesh = ax.pcolormesh(_step_edges(steps), np.arange(len(layers) + 1) - 0.5, grid, cmap="RdBu_r",
+                             norm=TwoSlopeNorm(0.0, -bound, bound), shading="flat")
+        ax.set_xscale("log")
+        ticks = [t for t in (0, 1, 10, 100, 1000, 10_000, 100_000, 143_000) if steps[0] <= t <= steps[-1]]
+        ax.set_xticks([t + 1 for t in ticks], [f"{t:,}" for t in ticks])
+        ax.set_yticks(range(len(layers)), [name for _, name in layers], fontsize=6)
+        flagged = sorted({r["step"] for r in group if r["weights_flag"]})
+        for step in flagged:
+            i = steps.index(step)
+            edges = _step_edges(steps)
+            ax.axvspan(edges[i], edges[i + 1], fill=False, hatch="xx", edgecolor="black", lw=0)
+        ax.set_xlabel("training step (log scale; hatched: weights duplicate another revision's)")
+        ax.set_ylabel("layer")
+        ax.set_title(f"Subspace PGA z over training: {model}")
+        fig.colorbar(mesh, ax=ax, label="z")
+        fig.tight_layout()
+        paths.append(_save(fig, directory / f"heatmap_{model}.png"))
+    return paths
+
+
+def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
+    """Per revision: z against relative depth, one line per model, coloured by size (the paper's figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = table.to_pylist()
+    params = sorted({r["params"] or 0 for r in rows})
+    colour = plt.get_cmap("viridis")
+    paths = []
+    for revision in sorted({r["revision"] for r in rows}, key=lambda v: (pythia.step_of(v) or -1, v)):
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        group = [r for r in rows if r["revision"] == revision]
+        for model in sorted({r["model"] for r in group}, key=lambda m: next(r["params"] or 0 for r in group if r["model"] == m)):
+            line = sorted((r for r in group if r["model"] == model), key=lambda r: r["relative_depth"])
+            p = line[0]["params"] or 0
+            shade = colour(params.index(p) / max(1, len(params) - 1))
+            label = f"{line[0]['size'] or model} (d={line[0]['d']})" + (" [weights flagged]" if line[0]["weights_flag"] else "")
+            ax.plot([r["relative_depth"] for r in line], [r["z"] for r in line], marker="o", ms=2.5, color=shade, label=label,
+                    ls="--" if line[0]["weights_flag"] else "-")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
+        ax.set_ylabel("z")
+        ax.set_title(f"Subspace PGA by depth at {revision}")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        paths.append(_save(fig, directory / f"z_vs_depth_{revision}.png"))
+    return paths
+
+
+def write_outputs(plan: SweepPlan, threshold: float = 0.0, positive_z: float = 2.0, plots: bool = True) -> dict:
+    """The tidy table, the collapse table and the plots, all from the store."""
+    from raygeom.store import atomic_write_table
+
+    report = integrity(plan)
+    table = tidy_table(plan, report)
+    root = plan.store.root
+    atomic_write_table(table, root / "results" / "sweep_pga.parquet")
+    zones = collapse_zones(table.to_pylist(), threshold, positive_z)
+    atomic_write_table(pa.Table.from_pylist(zones) if zones else pa.table({}), root / "results" / "collapse.parquet")
+    outputs = {"table": root / "results" / "sweep_pga.parquet", "collapse": root / "results" / "collapse.parquet",
+               "zones": zones, "report": report, "rows": table.num_rows, "plots": []}
+    if plots and table.num_rows:
+        outputs["plots"] = plot_heatmaps(table, root / "plots" / "heatmaps") + plot_depth_profiles(table, root / "plots" / "by_revision")
+    return outputs
+
+
+def read_tidy(path: str | Path) -> pa.Table:
+    return read_table(Path(path))
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
