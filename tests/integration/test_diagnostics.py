@@ -60,7 +60,7 @@ def planted_store(root, seed=0):
 @pytest.fixture(scope="module")
 def planted(ray_local, tmp_path_factory):
     store, layers, readout, labels, nll = planted_store(tmp_path_factory.mktemp("planted"))
-    params = diagnostics.DiagnosticsParams(k=K, ccr_ranks=(0, 1, 5), n_null=10, null_chunks=3, seed=3)
+    params = diagnostics.DiagnosticsParams(k=K, ccr_ranks=(0, 1, 5), n_null=6, null_chunks=2, seed=3)
     result = diagnostics.run_diagnostics(store, "planted", "main", LAYERS, params)
     return store, layers, readout, labels, nll, params, result
 
@@ -90,7 +90,7 @@ def test_every_unit_equals_the_numerics_on_the_stored_layer(planted):
         assert row["accuracy"] == probe.linear_probe_accuracy(h, labels, seed=params.seed)["accuracy"]
     for row in result["pga"]:
         _, h = store.read_layer("planted", "main", row["layer"])
-        expected = pga.subspace_pga(h, readout=basis, k=K, r=row["r"], n_null=10, seed=3)
+        expected = pga.subspace_pga(h, readout=basis, k=K, r=row["r"], n_null=6, seed=3)
         assert row["z"] == pytest.approx(expected.z, rel=1e-9)
     assert sorted({(r["layer"], r["r"]) for r in result["pga"]}) == sorted((l, r) for l in LAYERS for r in (0, 1, 5))
 
