@@ -93,6 +93,10 @@ def ccr(h: np.ndarray, r: int = 1) -> np.ndarray:
     if r < 0 or r >= min(h.shape):
         raise InputError(f"CCR rank r must satisfy 0 <= r < min(N, d); got r={r}, shape={h.shape}")
     centred = h - h.mean(axis=0, keepdims=True)
+    scale = float(np.abs(h).max()) if h.size else 0.0
+    # Below float32 resolution of the input, "centred" is rounding noise, not geometry.
+    if float(np.abs(centred).max(initial=0.0)) <= 1e-6 * max(scale, 1e-30):
+        raise InputError("all samples have the same vector at this layer, so it has no pairwise geometry")
     if r == 0:
         return centred
     top = principal_directions(centred, r)

@@ -152,7 +152,8 @@ def test_ties_share_their_mean_rank():
         (lambda: subspace_pga(np.ones((2, 5)), np.ones((20, 5)), k=2), "at least 3 samples"),
         (lambda: subspace_pga(np.full((10, 5), np.nan), np.ones((20, 5)), k=2), "NaN or inf"),
         (lambda: subspace_pga(np.ones((10, 5)), np.ones((20, 4)), k=2), "W_U has d=4"),
-        (lambda: ccr(np.ones((10, 5)), 5), "CCR rank"),
+        (lambda: ccr(np.random.default_rng(0).random((10, 5)), 5), "CCR rank"),
+        (lambda: prepare_layer(np.tile(np.arange(5.0), (10, 1)) + 1e-9, 1), "same vector"),
     ],
 )
 def test_bad_input_raises_input_error(make, message):
