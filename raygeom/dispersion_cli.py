@@ -1,7 +1,290 @@
-"""CLI commands for the dispersion analyses (registered by raygeom.cli)."""
+"""CLI commands for the dispersion analyses (registered by raygeom.cli): dispersion, select, knn, train."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from raygeom.errors import RaygeomError
+
+console = Console()
+errors = Console(stderr=True)
+
+AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster instead of starting a local one.")
+NumCpusOption = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all).")
+
+
+def _fail(message: str) -> None:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _prepare(address: Optional[str]) -> None:
+    """Must run before anything imports ray (see raygeom.ray_env)."""
+    if address is None:
+        from raygeom.ray_env import prepare_local_ray_environment
+
+        prepare_local_ray_environment()
+
+
+def _start(address: Optional[str], num_cpus: Optional[int]) -> None:
+    from raygeom.orchestrate import start_ray
+
+    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+        start_ray(address, num_cpus)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}" if 1e-2 <= abs(value) < 1e4 or value == 0 else f"{value:.4g}"
+    return str(value)
+
+
+def _table(rows: list[dict], columns: list[str], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("layer", "model", "revision", "slice", "slicing") else "right")
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c, "")) for c in columns])
+    return table
+
+
+def _specs(models: list[str], revisions: list[str]):
+    from raygeom.models import resolve_model
+
+    return [resolve_model(m, r) for m in models for r in revisions]
+
+
+def _progress():
+    from raygeom.pipeline import progress_bar
+
+    return progress_bar(console)
+
+
+def dispersion(
+    model: list[str] = typer.Option(["smollm2"], "--model", "-m", help="Built-in name, hub id, model dir or .gguf. Repeatable."),
+    revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s). Repeatable."),
+    corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name or file; its labels are the domains."),
+    chunk_len: int = typer.Option(512, "--chunk-len", help="Tokens per chunk."),
+    chunks_per_domain: int = typer.Option(40, "--chunks-per-domain"),
+    batch_size: int = typer.Option(4, "--batch-size", help="Chunks per forward pass."),
+    layers: str = typer.Option("all", "--layers", help="all, or names/indices/ranges; attn_last is always added."),
+    domain_tokens: str = typer.Option("digits", "--domain-tokens", help="Gap token set: digits, or comma-separated token texts."),
+    group_size: int = typer.Option(100, "--group-size", help="Chunks per perplexity group (authors: 100)."),
+    n_groups: int = typer.Option(100, "--n-groups", help="Groups kept, evenly spaced in mean perplexity."),
+    n_slices: int = typer.Option(8, "--n-slices", help="k-means slices for the difficulty analysis."),
+    model_layer: str = typer.Option("final_norm", "--model-layer", help="Layer of the cross-model and gap summaries."),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(Path("runs/dispersion"), "--out", "-o", help="Store directory."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Where PNGs go (default: <out>/plots)."),
+    address: Optional[str] = AddressOption,
+    num_cpus: Optional[int] = NumCpusOption,
+):
+    """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap."""
+    from raygeom.corpus import load_corpus
+    from raygeom.store import Store, check_writable
+
+    try:
+        _prepare(address)
+        from raygeom.dispersion_pipeline import AnalysisSettings, DispersionSettings
+
+        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, layers, domain_tokens, seed)
+        analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer)
+        specs = _specs(model, revision)
+        store = Store(out)
+        check_writable(store.root)
+        text = load_corpus(corpus)
+        _start(address, num_cpus)
+        from raygeom import dispersion_pipeline as dp
+
+        with _progress() as bar:
+            def factory(label, _):
+                task = bar.add_task(f"chunks {label}", total=len(set(text.labels or ["all"])) * chunks_per_domain)
+                return lambda n: bar.advance(task, n)
+
+            result = dp.run_dispersion(store, specs, text, settings, analysis, factory)
+        plot_dir = plots or store.root / "plots"
+        for name in dict.fromkeys(r["model"] for r in result["layers"]):
+            rows = [r for r in result["layers"] if r["model"] == name]
+            console.print(_table(rows, ["layer", "token_dispersion", "sample_dispersion", "group_spearman", "group_pearson",
+                                        "chunk_spearman", "domain_agreement_sample", "kmeans_agreement_sample", "gap"],
+                                 f"dispersion  {name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['n_chunks']} chunks)"))
+            ordered = [r["layer"] for r in sorted(rows, key=lambda r: r["relative_depth"]) if r["layer"] != "attn_last"]
+            picks = list(dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-2], ordered[-1], "attn_last"]))
+            dp.plot_groups(result["groups"], result["layers"], name, picks, plot_dir / f"groups_{name.replace('/', '--')}.png")
+        dp.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png")
+        dp.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png")
+        console.print(_table(result["domains"], ["model", "domain", "token_dispersion", "perplexity"], f"per domain at {model_layer}"))
+        console.print(f"tables: {store.root / 'results'}\nplots:  {plot_dir}")
+    except RaygeomError as error:
+        _fail(str(error))
+
+
+def select(
+    job: Optional[Path] = typer.Option(None, "--job", help="A sweep job file: its models, revisions and corpus are ranked."),
+    model: list[str] = typer.Option([], "--model", "-m", help="Model(s) to rank when no job file is given. Repeatable."),
+    revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Revisions (checkpoints). Repeatable."),
+    corpus: str = typer.Option("bbc", "--corpus", "-c"),
+    domain_tokens: str = typer.Option("digits", "--domain-tokens", help="digits, or comma-separated token texts."),
+    layer: str = typer.Option("final_norm", "--layer", help="Layer whose gap ranks the candidates."),
+    chunk_len: int = typer.Option(512, "--chunk-len"),
+    chunks_per_domain: int = typer.Option(10, "--chunks-per-domain"),
+    batch_size: int = typer.Option(4, "--batch-size"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store (default: the job's out, or runs/select)."),
+    address: Optional[str] = AddressOption,
+    num_cpus: Optional[int] = NumCpusOption,
+):
+    """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free."""
+    from raygeom.corpus import load_corpus
+    from raygeom.store import Store, check_writable
+
+    try:
+        _prepare(address)
+        from raygeom.dispersion_pipeline import DispersionSettings
+
+        if job is not None:
+            from raygeom.jobspec import load_job
+            from raygeom.pipeline import job_models
+
+            spec_job = load_job(job)
+            specs, corpus, root = job_models(spec_job), spec_job.corpus, out or Path(spec_job.out)
+        else:
+            if not model:
+                raise RaygeomError("give --job or at least one --model")
+            specs, root = _specs(model, revision), out or Path("runs/select")
+        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, "all", domain_tokens, seed)
+        store = Store(root)
+        check_writable(store.root)
+        text = load_corpus(corpus)
+        _start(address, num_cpus)
+        from raygeom.dispersion_pipeline import rank_by_gap
+
+        rows = rank_by_gap(store, specs, text, settings, layer)
+        console.print(_table(rows, ["rank", "model", "revision", "gap", "domain_dispersion", "generic_dispersion", "n_domain",
+                                    "perplexity"], f"dispersion gap at {layer}, domain tokens: {domain_tokens}"))
+        console.print(f"table: {store.root / 'results' / 'dispersion_select.parquet'}")
+    except RaygeomError as error:
+        _fail(str(error))
+
+
+def knn(
+    model: str = typer.Option("smollm2", "--model", "-m"),
+    revision: str = typer.Option("main", "--revision", "-r"),
+    corpus: str = typer.Option("bbc", "--corpus", "-c"),
+    layers: str = typer.Option("all", "--layers", help="Candidate layers (attn_last is always added)."),
+    chunk_len: int = typer.Option(512, "--chunk-len"),
+    train_chunks: int = typer.Option(40, "--train-chunks", help="Chunks of datastore text."),
+    test_chunks: int = typer.Option(8, "--test-chunks", help="Chunks of held-out text (other articles)."),
+    k: int = typer.Option(64, "--k", help="Neighbours."),
+    temperature: str = typer.Option("auto", "--temperature", help="A number, or auto: per layer, the median nearest squared distance."),
+    lam: str = typer.Option("0.05,0.1,0.2,0.3,0.5", "--lam", help="Interpolation weights tried; chosen on a tuning half."),
+    batch_size: int = typer.Option(4, "--batch-size"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(Path("runs/knn"), "--out", "-o"),
+    plots: Optional[Path] = typer.Option(None, "--plots"),
+    gpus_per_task: float = typer.Option(0.0, "--gpus-per-task"),
+    address: Optional[str] = AddressOption,
+    num_cpus: Optional[int] = NumCpusOption,
+):
+    """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
+    from raygeom.corpus import load_corpus
+    from raygeom.store import Store, check_writable
+
+    try:
+        _prepare(address)
+        from raygeom.knn import KnnSettings
+
+        settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=layers, k=k,
+                               temperature=temperature, lams=lam, batch_size=batch_size, seed=seed, gpus_per_task=gpus_per_task)
+        spec = _specs([model], [revision])[0]
+        store = Store(out)
+        check_writable(store.root)
+        text = load_corpus(corpus)
+        _start(address, num_cpus)
+        from raygeom import knn as knn_module
+
+        with _progress() as bar:
+            task = bar.add_task(f"kNN-LM {spec.name}", total=None)
+            result = knn_module.run_knn(store, spec, text, settings, progress=lambda n: bar.advance(task, n))
+        rows = result["layers"]
+        console.print(_table(rows, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "base_perplexity", "improvement"],
+                             f"kNN-LM  {spec.name}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, k={k})"))
+        console.print(f"best kNN-LM layer: {result['best_layer']}   max-dispersion layer: {result['max_dispersion_layer']}   "
+                      f"agree: {result['best_layer'] == result['max_dispersion_layer']}   "
+                      f"Spearman(dispersion, -perplexity) over layers: {result['spearman']:+.3f}")
+        knn_module.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
+        console.print(f"table: {result['table']}")
+    except RaygeomError as error:
+        _fail(str(error))
+
+
+def train(
+    corpus: str = typer.Option("bbc", "--corpus", "-c"),
+    lam: list[float] = typer.Option([0.0], "--lam", help="Push-away weight lambda in L = L_LM - lambda * D_batch. Repeatable."),
+    seeds: str = typer.Option("0", "--seeds", help="Comma-separated seeds; each lambda runs with each seed."),
+    steps: int = typer.Option(600, "--steps"),
+    batch_size: int = typer.Option(16, "--batch-size", help="Global batch (split over workers)."),
+    seq_len: int = typer.Option(128, "--seq-len"),
+    lr: float = typer.Option(2e-3, "--lr"),
+    hidden_size: int = typer.Option(128, "--hidden-size"),
+    n_layers: int = typer.Option(4, "--n-layers"),
+    vocab_size: int = typer.Option(4096, "--vocab-size", help="BPE vocabulary trained on the training split."),
+    push_layer: str = typer.Option("final_norm", "--push-layer", help="Layer whose dispersion is pushed (e.g. final_norm, block_03)."),
+    over: str = typer.Option("tokens", "--over", help="tokens | last | mean: which vectors D_batch is over."),
+    eval_every: int = typer.Option(100, "--eval-every"),
+    workers: int = typer.Option(1, "--workers", help="Data-parallel Ray Train workers."),
+    use_gpu: bool = typer.Option(False, "--gpu/--cpu", help="One GPU per worker."),
+    cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker"),
+    out: Path = typer.Option(Path("runs/train"), "--out", "-o"),
+    address: Optional[str] = AddressOption,
+    num_cpus: Optional[int] = NumCpusOption,
+):
+    """Push-away training with Ray Train: a small GPT-NeoX from scratch, L = L_LM - lambda * D_batch."""
+    from raygeom.store import Store, check_writable
+
+    try:
+        _prepare(address)
+        from raygeom.train import TrainSettings
+
+        try:
+            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+        except ValueError:
+            raise RaygeomError(f"--seeds must be comma-separated integers, got '{seeds}'") from None
+        base = TrainSettings(corpus=corpus, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, hidden_size=hidden_size,
+                             n_layers=n_layers, vocab_size=vocab_size, push_layer=push_layer, over=over, eval_every=eval_every,
+                             workers=workers, use_gpu=use_gpu, cpus_per_worker=cpus_per_worker)
+        grid = [base.with_run(lam=l, seed=s) for l in lam for s in seed_list]
+        if not grid:
+            raise RaygeomError("no runs: give at least one --lam and one seed")
+        store = Store(out)
+        check_writable(store.root)
+        _start(address, num_cpus)
+        from raygeom import train as train_module
+
+        rows = []
+        for settings in grid:
+            with console.status(f"training lambda={settings.lam} seed={settings.seed} ({settings.steps} steps)"):
+                row = train_module.run_training(store, settings)
+            rows.append(row)
+            console.print(f"lambda={row['lam']:<6g} seed={row['seed']}  held-out perplexity {row['heldout_perplexity']:.3f}  "
+                          f"held-out dispersion {row['heldout_dispersion']:.4f}  ({row['wall_s']:.0f}s{', cached' if row.get('cached') else ''})")
+        summary = train_module.summarise(rows)
+        console.print(_table(summary, ["lam", "n_seeds", "heldout_perplexity_mean", "heldout_perplexity_std", "heldout_dispersion_mean",
+                                       "paired_delta_mean", "paired_delta_std"], "push-away vs plain (held-out, over seeds)"))
+        paths = train_module.write_report(store, rows, summary)
+        console.print(f"tables: {paths['table']}\nplots:  {paths['plot']}")
+    except RaygeomError as error:
+        _fail(str(error))
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
+    app.command("dispersion")(dispersion)
+    app.command("select")(select)
+    app.command("knn")(knn)
+    app.command("train")(train)

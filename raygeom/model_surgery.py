@@ -116,3 +116,13 @@ def logits_from_final_hidden(model: nn.Module, final_hidden: torch.Tensor) -> to
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+# The attention module of a block, relative to the block. Its output is the attention sub-layer's
+# output before the residual add (and, in Gemma, before the post-attention norm).
+ATTENTION_SUBLAYER = "self_attn|attention|attn"
+
+
+def last_attention(model: nn.Module) -> nn.Module:
+    """The attention sub-layer of the last block, whose output kNN-LM and dispersion studies use as a layer."""
+    return _get(blocks(model)[-1], ATTENTION_SUBLAYER)

@@ -1,0 +1,250 @@
+"""kNN-LM layer selection on Ray: which layer's representations make the best datastore, and does dispersion pick it?
+
+Stages, with Parquet between them:
+
+1. one ``TokenWorker`` actor cuts datastore text and held-out text into
+   chunks, runs them through the model once and writes, per candidate layer,
+   the datastore keys (the representation at every position) and the held-out
+   queries; shared files hold the values (next tokens), the held-out targets
+   and the base LM's log-probability of each target;
+2. one Ray task per layer searches the datastore exactly (chunked torch
+   matmuls, ``numerics.knnlm.ExactIndex``), chooses the interpolation weight
+   on a tuning half of the held-out chunks and reports the interpolated
+   perplexity on the other half, with the dispersion of the layer's keys.
+
+Exact search holds the keys of one layer in memory (n_keys x d float32). For
+datastores that outgrow memory an approximate index (e.g. faiss IVF-PQ) is
+swapped in through the same interface as ``ExactIndex`` (``search(queries, k)
+-> (squared distances, ids)``, ``__len__``, ``.keys`` for the dispersion); it
+is not a dependency here because no run in this repository needs it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import ray
+from scipy.stats import spearmanr
+
+from raygeom.corpus import Corpus
+from raygeom.errors import RaygeomError
+from raygeom.models import ModelSpec
+from raygeom.store import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
+
+KNN_VERSION = 1
+MARKER = "_COMPLETE.json"
+
+
+@dataclass(frozen=True)
+class KnnSettings:
+    chunk_len: int = 512
+    train_chunks: int = 40
+    test_chunks: int = 8
+    layers: str = "all"
+    k: int = 64
+    temperature: str = "auto"
+    lams: str = "0.05,0.1,0.2,0.3,0.5"
+    batch_size: int = 4
+    seed: int = 0
+    heldout_fraction: float = 0.2
+    gpus_per_task: float = 0.0
+
+    def __post_init__(self):
+        if self.chunk_len < 2 or self.train_chunks < 1 or self.batch_size < 1:
+            raise RaygeomError("chunk-len must be >= 2, train-chunks and batch-size positive")
+        if self.test_chunks < 2:
+            raise RaygeomError(f"test-chunks must be at least 2 (a tuning half and an evaluation half), got {self.test_chunks}")
+        if self.k < 1:
+            raise RaygeomError(f"k must be positive, got {self.k}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise RaygeomError(f"held-out fraction must be in (0, 1), got {self.heldout_fraction}")
+        self.lam_values()
+        self.temperature_value()
+
+    def lam_values(self) -> list[float]:
+        try:
+            values = [float(x) for x in self.lams.split(",") if x.strip()]
+        except ValueError:
+            raise RaygeomError(f"lam must be comma-separated numbers, got '{self.lams}'") from None
+        if not values or not all(0.0 <= v <= 1.0 for v in values):
+            raise RaygeomError(f"lam values must lie in [0, 1], got '{self.lams}'")
+        return values
+
+    def temperature_value(self) -> float | None:
+        if self.temperature == "auto":
+            return None
+        try:
+            value = float(self.temperature)
+        except ValueError:
+            raise RaygeomError(f"temperature must be a positive number or 'auto', got '{self.temperature}'") from None
+        if not value > 0 or not np.isfinite(value):
+            raise RaygeomError(f"temperature must be a positive number or 'auto', got '{self.temperature}'")
+        return value
+
+    def extraction(self) -> dict:
+        return {"chunk_len": self.chunk_len, "train_chunks": self.train_chunks, "test_chunks": self.test_chunks,
+                "layers": self.layers, "seed": self.seed, "heldout_fraction": self.heldout_fraction}
+
+
+def split_corpus(corpus: Corpus, heldout_fraction: float, seed: int) -> tuple[Corpus, Corpus]:
+    """Datastore and held-out texts from different articles, in a seeded split."""
+    if len(corpus.texts) < 2:
+        raise RaygeomError(f"corpus '{corpus.name}' needs at least 2 texts to split into datastore and held-out text")
+    order = np.random.default_rng([seed, 0x4E4E]).permutation(len(corpus.texts))
+    n_test = min(len(order) - 1, max(1, int(round(heldout_fraction * len(order)))))
+    test, train = sorted(order[:n_test].tolist()), sorted(order[n_test:].tolist())
+    return (Corpus(corpus.name + ":datastore", [corpus.texts[i] for i in train]),
+            Corpus(corpus.name + ":heldout", [corpus.texts[i] for i in test]))
+
+
+def _features_dir(store: Store, spec: ModelSpec, key: str) -> Path:
+    return store.root / "knn" / f"model={spec.slug}" / f"revision={spec.revision}" / key
+
+
+def _write_features(directory: Path, worker, train_chunks: np.ndarray, test_chunks: np.ndarray, layers: list[str],
+                    batch_size: int, progress) -> None:
+    from raygeom.dispersion_pipeline import _get
+
+    parts: dict[str, dict[str, list]] = {"train": {}, "test": {}}
+    tokens: dict[str, list] = {"train": [], "test": []}
+    logprobs: list = []
+    for which, chunks in (("train", train_chunks), ("test", test_chunks)):
+        for start in range(0, len(chunks), batch_size):
+            features, next_tokens, lm_logprob = _get(worker.features.remote(chunks[start:start + batch_size], layers))
+            for layer in layers:
+                parts[which].setdefault(layer, []).append(features[layer])
+            tokens[which].append(next_tokens)
+            if which == "test":
+                logprobs.append(lm_logprob)
+            if progress:
+                progress(len(chunks[start:start + batch_size]))
+    per_chunk = train_chunks.shape[1] - 1
+    for layer in layers:
+        for which, name in (("train", "keys"), ("test", "queries")):
+            atomic_write_table(pa.table({"vector": vector_column(np.concatenate(parts[which].pop(layer)))}),
+                               directory / f"layer={layer}" / f"{name}.parquet")
+    atomic_write_table(pa.table({"value": np.concatenate(tokens["train"]).astype(np.int64)}), directory / "values.parquet")
+    test_tokens = np.concatenate(tokens["test"]).astype(np.int64)
+    atomic_write_table(pa.table({"target": test_tokens, "lm_logprob": np.concatenate(logprobs),
+                                 "chunk": np.repeat(np.arange(len(test_chunks)), per_chunk).astype(np.int32)}),
+                       directory / "targets.parquet")
+
+
+@ray.remote(max_retries=2)
+def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size: int, device: str) -> dict:
+    """One candidate layer: exact kNN search, lam tuned on the first half of the held-out chunks, perplexity on the rest."""
+    import torch
+
+    from raygeom.numerics.dispersion import dispersion, token_dispersion
+    from raygeom.numerics.knnlm import ExactIndex, interpolated_perplexity, knn_log_probs
+
+    base = Path(directory)
+    keys = column_to_matrix(read_table(base / f"layer={layer}" / "keys.parquet")["vector"])
+    queries = column_to_matrix(read_table(base / f"layer={layer}" / "queries.parquet")["vector"])
+    values = read_table(base / "values.parquet")["value"].to_numpy()
+    targets_table = read_table(base / "targets.parquet")
+    targets, lm, chunk = (targets_table[c].to_numpy() for c in ("target", "lm_logprob", "chunk"))
+    k = min(settings.k, len(keys))
+    index = ExactIndex(keys, device=device)
+    temperature = settings.temperature_value()
+    if temperature is None:
+        # Distance scales differ by orders of magnitude across layers; one fixed T would favour some layers.
+        dist, _ = index.search(queries, k)
+        mean_distance = dist.double().mean(dim=1)
+        temperature = float(mean_distance.median())
+        if not temperature > 0:
+            temperature = 1.0
+    knn = knn_log_probs(queries, index, values, vocab_size, k, temperature, targets=targets)
+    n_chunks = int(chunk.max()) + 1
+    tune, held = chunk < n_chunks // 2, chunk >= n_chunks // 2
+    lams = settings.lam_values()
+    tuning = [interpolated_perplexity(lm[tune], knn[tune], x) if x < 1 or np.isfinite(knn[tune]).all() else np.inf for x in lams]
+    best = int(np.argmin(tuning))
+    lam = lams[best]
+    knn_ppl = interpolated_perplexity(lm[held], knn[held], lam) if lam < 1 or np.isfinite(knn[held]).all() else float("inf")
+    base_ppl = float(np.exp(-lm[held].mean()))
+    per_chunk = queries.shape[0] // n_chunks
+    chunked = torch.from_numpy(queries.reshape(n_chunks, per_chunk, -1))
+    return {"layer": layer, "dispersion": dispersion(keys), "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
+            "temperature": temperature, "lam": lam, "tuning_perplexity": float(tuning[best]), "knn_perplexity": float(knn_ppl),
+            "base_perplexity": base_ppl, "improvement": base_ppl - float(knn_ppl), "k": k, "n_keys": int(len(keys)),
+            "n_test": int(held.sum())}
+
+
+def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings, test_corpus: Corpus | None = None,
+            progress: Callable[[int], None] | None = None) -> dict:
+    """Datastore features (once, cached by content key), then one Ray task per layer; a table of layers.
+
+    With ``test_corpus`` the datastore is built from all of ``corpus`` and the
+    held-out text comes from ``test_corpus``; otherwise ``corpus`` is split by article.
+    """
+    from raygeom.dispersion_pipeline import _get, start_worker
+
+    train_text, test_text = (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
+    key = content_key("knn", KNN_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(), test_text.fingerprint(),
+                      settings.extraction())
+    directory = _features_dir(store, spec, key)
+    marker = directory / MARKER
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+    else:
+        worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None)
+        try:
+            selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
+            from raygeom.orchestrate import select_layers
+
+            layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
+            train = _get(worker.chunks_of.remote(train_text.texts, settings.chunk_len, settings.train_chunks, settings.seed))
+            test = _get(worker.chunks_of.remote(test_text.texts, settings.chunk_len, settings.test_chunks, settings.seed))
+            _write_features(directory, worker, train, test, layers, settings.batch_size, progress)
+        finally:
+            ray.kill(worker)
+        info = {"key": key, "layers": layers, "all_layers": described["layers"], "vocab_size": described["vocab_size"],
+                "model": spec.name, "revision": spec.revision, "settings": asdict(settings)}
+        atomic_write_text(json.dumps(info, indent=2), marker)
+    device = "cuda" if settings.gpus_per_task > 0 else "cpu"
+    options = {"num_gpus": settings.gpus_per_task} if settings.gpus_per_task > 0 else {"num_cpus": 1}
+    refs = [evaluate_layer.options(**options).remote(str(directory), layer, settings, info["vocab_size"], device) for layer in info["layers"]]
+    rows = []
+    for ref in refs:
+        rows.append(_get(ref))
+        if progress:
+            progress(1)
+    order = {name: i for i, name in enumerate(info["all_layers"])}
+    for row in rows:
+        row.update({"model": spec.name, "revision": spec.revision, "layer_index": order[row["layer"]]})
+    best = min(rows, key=lambda r: (r["knn_perplexity"], order[r["layer"]]))["layer"]
+    most = max(rows, key=lambda r: (r["dispersion"], -order[r["layer"]]))["layer"]
+    rho = float(spearmanr([r["dispersion"] for r in rows], [-r["knn_perplexity"] for r in rows])[0]) if len(rows) > 2 else float("nan")
+    result_key = content_key("knn-eval", key, settings.k, settings.temperature, settings.lams)
+    store.write_result("knn_layers", result_key, rows)
+    return {"layers": rows, "best_layer": best, "max_dispersion_layer": most, "spearman": rho, "n_keys": rows[0]["n_keys"],
+            "n_test": rows[0]["n_test"], "table": store.result_path("knn_layers", result_key)}
+
+
+def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
+    """kNN-LM held-out perplexity and datastore dispersion per candidate layer."""
+    from raygeom.dispersion_pipeline import _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.8), dpi=110)
+    names = [r["layer"] for r in rows]
+    x = np.arange(len(rows))
+    ax.plot(x, [r["knn_perplexity"] for r in rows], "o-", color="tab:blue", label="kNN-LM perplexity (held-out)")
+    ax.axhline(rows[0]["base_perplexity"], color="tab:blue", ls="--", lw=0.8, label="base LM perplexity")
+    ax.set_ylabel("perplexity", color="tab:blue")
+    ax.set_xticks(x, names, rotation=60, fontsize=7)
+    other = ax.twinx()
+    other.plot(x, [r["dispersion"] for r in rows], "s-", color="tab:red", ms=3, label="datastore dispersion")
+    other.set_ylabel("dispersion of datastore keys", color="tab:red")
+    ax.set_title(title, fontsize=9)
+    lines = ax.get_legend_handles_labels()
+    more = other.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,358 @@
+"""Push-away training with Ray Train: ``L = L_LM - lambda * D_batch`` on a small GPT-NeoX trained from scratch.
+
+``D_batch`` is the differentiable dispersion (``numerics.dispersion.push_away_loss``)
+of one layer's representations in the batch. The TorchTrainer runs
+``workers`` data-parallel workers (DDP; one GPU each on a cluster, CPU
+processes here); every worker draws the same global batch indices and takes
+its own slice, so a run depends on (settings, seed) and the worker count only.
+
+Data: the corpus is split by article (a fixed split, the same for every run),
+a byte-level BPE tokenizer is trained on the training articles, and both
+sides are cut into ``seq_len``-token sequences. Rank 0 evaluates held-out
+perplexity and held-out dispersion every ``eval_every`` steps and writes the
+per-step log (loss, perplexity, dispersion) as Parquet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from raygeom.errors import RaygeomError
+from raygeom.store import Store, atomic_write_table, content_key, read_table
+
+TRAIN_VERSION = 1
+DATA_SEED = 0
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    corpus: str = "bbc"
+    steps: int = 600
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 2e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    hidden_size: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    vocab_size: int = 4096
+    push_layer: str = "final_norm"
+    over: str = "tokens"
+    lam: float = 0.0
+    seed: int = 0
+    eval_every: int = 100
+    eval_sequences: int = 128
+    heldout_fraction: float = 0.1
+    max_texts: int = 0  # 0: the whole corpus
+    workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_size < 2 or self.seq_len < 2:
+            raise RaygeomError("steps must be >= 1, batch-size >= 2 and seq-len >= 2")
+        if self.workers < 1 or self.batch_size % self.workers:
+            raise RaygeomError(f"batch-size ({self.batch_size}) must be a positive multiple of workers ({self.workers})")
+        if self.hidden_size % self.n_heads:
+            raise RaygeomError(f"hidden-size {self.hidden_size} must be divisible by the {self.n_heads} heads")
+        if self.over not in ("tokens", "last", "mean"):
+            raise RaygeomError(f"over must be tokens, last or mean, got '{self.over}'")
+        if self.over != "tokens" and self.batch_size // self.workers < 2:
+            raise RaygeomError("pooled D_batch needs at least 2 sequences per worker")
+        if not math.isfinite(self.lam) or self.lam < 0:
+            raise RaygeomError(f"lambda must be a non-negative number, got {self.lam}")
+        if self.lr <= 0 or self.eval_every < 1 or self.eval_sequences < 1 or self.vocab_size < 260:
+            raise RaygeomError("lr and eval-every must be positive, vocab-size at least 260 (the byte alphabet)")
+        if self.cpus_per_worker <= 0:
+            raise RaygeomError("cpus-per-worker must be positive")
+
+    def with_run(self, lam: float, seed: int) -> "TrainSettings":
+        return replace(self, lam=float(lam), seed=int(seed))
+
+    def data_fields(self) -> tuple:
+        return (self.corpus, self.seq_len, self.vocab_size, self.eval_sequences, self.heldout_fraction, self.max_texts)
+
+    def key(self) -> str:
+        fields = asdict(self)
+        for name in ("use_gpu", "cpus_per_worker"):
+            fields.pop(name)
+        return content_key("train", TRAIN_VERSION, fields)
+
+
+@dataclass(frozen=True)
+class TrainData:
+    train: np.ndarray  # (n, seq_len) int64
+    heldout: np.ndarray  # (m, seq_len) int64
+    vocab_size: int
+    eos_id: int
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts`` (deterministic for given texts)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def sequences(tokenizer, texts: list[str], seq_len: int) -> np.ndarray:
+    """Texts joined by EOS, cut into consecutive full ``seq_len`` sequences."""
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        stream.extend(ids)
+        stream.append(eos)
+    n = len(stream) // seq_len
+    return np.asarray(stream[:n * seq_len], dtype=np.int64).reshape(n, seq_len)
+
+
+@lru_cache(maxsize=4)
+def prepare_data(data_fields: tuple) -> TrainData:
+    """The fixed article split, tokenizer and sequences shared by every run with these data settings."""
+    from raygeom.corpus import load_corpus
+
+    corpus_name, seq_len, vocab_size, eval_sequences, heldout_fraction, max_texts = data_fields
+    corpus = load_corpus(corpus_name)
+    order = np.random.default_rng([DATA_SEED, 0x7E57]).permutation(len(corpus.texts))
+    if max_texts:
+        order = order[:max_texts]
+    n_heldout = max(1, int(round(heldout_fraction * len(order))))
+    if len(order) - n_heldout < 1:
+        raise RaygeomError(f"corpus '{corpus_name}' has too few texts to hold some out")
+    heldout_texts = [corpus.texts[i] for i in sorted(order[:n_heldout])]
+    train_texts = [corpus.texts[i] for i in sorted(order[n_heldout:])]
+    tokenizer = train_tokenizer(train_texts, vocab_size)
+    train, heldout = sequences(tokenizer, train_texts, seq_len), sequences(tokenizer, heldout_texts, seq_len)[:eval_sequences]
+    if len(train) < 2 or len(heldout) < 1:
+        raise RaygeomError(f"corpus '{corpus_name}' gives too little text for {seq_len}-token sequences")
+    return TrainData(train, heldout, len(tokenizer), tokenizer.eos_token_id)
+
+
+def build_model(settings: TrainSettings, vocab_size: int, eos_id: int):
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(settings.seed)
+    config = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=settings.hidden_size, num_hidden_layers=settings.n_layers,
+                           num_attention_heads=settings.n_heads, intermediate_size=4 * settings.hidden_size,
+                           max_position_embeddings=settings.seq_len, tie_word_embeddings=False,
+                           eos_token_id=eos_id, bos_token_id=eos_id, pad_token_id=eos_id)
+    return GPTNeoXForCausalLM(config)
+
+
+def lm_and_dispersion(model, core, batch, layer: str, over: str):
+    """(mean next-token NLL, D_batch of ``layer``) from one forward pass; both carry gradients."""
+    from raygeom.numerics.dispersion import push_away_loss
+    from raygeom.token_extract import capture_token_layers
+
+    captured = {}
+    with capture_token_layers(core, [layer], lambda name, hidden: captured.__setitem__(name, hidden)):
+        output = model(input_ids=batch, labels=batch, use_cache=False)
+    return output.loss, push_away_loss(captured[layer], over=over)
+
+
+def evaluate(core, heldout, layer: str, batch_size: int = 16) -> dict:
+    """Held-out perplexity (exp of mean token NLL) and mean per-sequence token dispersion at ``layer``."""
+    import torch
+
+    from raygeom.numerics.dispersion import token_dispersion
+    from raygeom.token_extract import capture_token_layers
+
+    was_training = core.training
+    core.eval()
+    total, count, dispersions = 0.0, 0, []
+    device = next(core.parameters()).device
+    with torch.no_grad():
+        for start in range(0, len(heldout), batch_size):
+            batch = heldout[start:start + batch_size].to(device)
+            captured = {}
+            with capture_token_layers(core, [layer], lambda name, hidden: captured.__setitem__(name, hidden)):
+                logits = core(input_ids=batch, use_cache=False).logits
+            nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
+                                                    reduction="sum")
+            total += float(nll)
+            count += batch[:, 1:].numel()
+            dispersions.append(token_dispersion(captured[layer].float()))
+    core.train(was_training)
+    return {"heldout_loss": total / count, "heldout_perplexity": math.exp(total / count),
+            "heldout_dispersion": float(np.nanmean(np.concatenate(dispersions)))}
+
+
+def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1, prepare=None, report=None) -> list[dict]:
+    """The training loop, shared by the Ray Train workers and in-process use; returns the per-step log.
+
+    ``prepare`` wraps the model for data parallelism (Ray Train's ``prepare_model``),
+    ``report`` receives the metrics every ``eval_every`` steps on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from raygeom.token_extract import token_layer_names
+
+    if not settings.use_gpu:
+        torch.set_num_threads(max(1, int(settings.cpus_per_worker)))
+    model = build_model(settings, data.vocab_size, data.eos_id)
+    names = token_layer_names(model)
+    if settings.push_layer not in names:
+        raise RaygeomError(f"push layer '{settings.push_layer}' not in this model: {', '.join(names)}")
+    model = prepare(model) if prepare else model
+    core = model.module if hasattr(model, "module") else model
+    device = next(core.parameters()).device
+    train = torch.from_numpy(data.train)
+    heldout = torch.from_numpy(data.heldout)
+    decay = [p for p in core.parameters() if p.ndim >= 2]
+    no_decay = [p for p in core.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=settings.lr, betas=(0.9, 0.95))
+
+    def schedule(step: int) -> float:
+        if step < settings.warmup:
+            return (step + 1) / settings.warmup
+        progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    rng = np.random.default_rng([settings.seed, 0xDA7A])
+    per_worker = settings.batch_size // world
+    history = []
+    model.train()
+    for step in range(1, settings.steps + 1):
+        indices = rng.integers(0, len(train), settings.batch_size)[rank * per_worker:(rank + 1) * per_worker]
+        batch = train[torch.from_numpy(indices)].to(device)
+        lm, d_batch = lm_and_dispersion(model, core, batch, settings.push_layer, settings.over)
+        loss = lm - settings.lam * d_batch
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(core.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        values = torch.tensor([float(loss.detach()), float(lm.detach()), float(d_batch.detach())], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(values)
+            values /= world
+        row = {"step": step, "loss": float(values[0]), "lm_loss": float(values[1]), "perplexity": math.exp(float(values[1])),
+               "dispersion": float(values[2]), "lr": float(scheduler.get_last_lr()[0]),
+               "heldout_loss": None, "heldout_perplexity": None, "heldout_dispersion": None}
+        due = step % settings.eval_every == 0 or step == settings.steps
+        if rank == 0 and due:
+            row.update(evaluate(core, heldout, settings.push_layer))
+        history.append(row)
+        if report and due:
+            report({k: v for k, v in row.items() if v is not None})
+    return history
+
+
+def _train_loop(config: dict) -> None:
+    """Runs on every Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    history = fit(TrainSettings(**config["settings"]), config["data"], rank, context.get_world_size(),
+                  prepare=ray.train.torch.prepare_model, report=ray.train.report)
+    if rank == 0:
+        atomic_write_table(pa.Table.from_pylist(history), Path(config["history_path"]))
+
+
+def run_training(store: Store, settings: TrainSettings) -> dict:
+    """One Ray Train run (cached by its settings' key); returns its summary row."""
+    key = settings.key()
+    if store.has_result("train_runs", key):
+        return {**store.read_results("train_runs", [key]).to_pylist()[0], "cached": True}
+    data = prepare_data(settings.data_fields())
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    history_path = store.root / "train" / f"history-{key}.parquet"
+    resources = {"CPU": settings.cpus_per_worker} | ({"GPU": 1} if settings.use_gpu else {})
+    trainer = TorchTrainer(
+        _train_loop,
+        train_loop_config={"settings": asdict(settings), "data": data, "history_path": str(history_path.resolve())},
+        scaling_config=ScalingConfig(num_workers=settings.workers, use_gpu=settings.use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(name=f"push-away-{key}", storage_path=str((store.root / "ray_train").resolve())),
+    )
+    started = time.perf_counter()
+    try:
+        trainer.fit()
+    except Exception as error:  # Ray Train wraps worker failures in its own types
+        cause = error
+        while getattr(cause, "__cause__", None) is not None:
+            cause = cause.__cause__
+        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+        raise RaygeomError(f"training failed (lambda={settings.lam}, seed={settings.seed}): {message}") from None
+    wall = time.perf_counter() - started
+    history = read_table(history_path).to_pylist()
+    last = history[-1]
+    row = {"key": key, "lam": settings.lam, "seed": settings.seed, "steps": settings.steps, "workers": settings.workers,
+           "push_layer": settings.push_layer, "over": settings.over, "final_train_loss": last["lm_loss"],
+           "heldout_perplexity": last["heldout_perplexity"], "heldout_dispersion": last["heldout_dispersion"],
+           "n_train_sequences": int(len(data.train)), "n_heldout_sequences": int(len(data.heldout)), "wall_s": wall,
+           "history": str(history_path)}
+    store.write_result("train_runs", key, row)
+    return row
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per lambda over seeds: held-out perplexity mean/std and the paired difference to lambda=0 on the same seed."""
+    plain = {r["seed"]: r["heldout_perplexity"] for r in rows if r["lam"] == 0.0}
+    out = []
+    for lam in sorted({r["lam"] for r in rows}):
+        part = [r for r in rows if r["lam"] == lam]
+        ppl = np.array([r["heldout_perplexity"] for r in part])
+        disp = np.array([r["heldout_dispersion"] for r in part])
+        deltas = np.array([r["heldout_perplexity"] - plain[r["seed"]] for r in part if r["seed"] in plain])
+        out.append({"lam": lam, "n_seeds": len(part), "heldout_perplexity_mean": float(ppl.mean()),
+                    "heldout_perplexity_std": float(ppl.std(ddof=1)) if len(ppl) > 1 else float("nan"),
+                    "heldout_dispersion_mean": float(disp.mean()),
+                    "heldout_dispersion_std": float(disp.std(ddof=1)) if len(disp) > 1 else float("nan"),
+                    "paired_delta_mean": float(deltas.mean()) if len(deltas) else float("nan"),
+                    "paired_delta_std": float(deltas.std(ddof=1)) if len(deltas) > 1 else float("nan"),
+                    "seeds": ",".join(str(r["seed"]) for r in part)})
+    return out
+
+
+def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: Path | None = None) -> dict:
+    """Runs and summary as Parquet, and a plot of the per-step curves and held-out results."""
+    table = store.root / "results" / "train_summary.parquet"
+    atomic_write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "cached"} for r in rows]),
+                       store.root / "results" / "train_runs.parquet")
+    atomic_write_table(pa.Table.from_pylist(summary), table)
+    from raygeom.dispersion_pipeline import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), dpi=110)
+    lams = sorted({r["lam"] for r in rows})
+    colours = {lam: plt.cm.viridis(i / max(1, len(lams) - 1)) for i, lam in enumerate(lams)}
+    for r in rows:
+        history = read_table(Path(r["history"])).to_pylist()
+        steps = [h["step"] for h in history]
+        label = f"lambda={r['lam']:g}" if r["seed"] == min(x["seed"] for x in rows if x["lam"] == r["lam"]) else None
+        axes[0].plot(steps, [h["lm_loss"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8, label=label)
+        axes[1].plot(steps, [h["dispersion"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8)
+        evals = [h for h in history if h.get("heldout_perplexity") is not None]
+        axes[2].plot([h["step"] for h in evals], [h["heldout_perplexity"] for h in evals], "o-", ms=2, color=colours[r["lam"]], lw=0.8)
+    axes[0].set_title("training LM loss (nats)", fontsize=9)
+    axes[1].set_title("D_batch (training batches)", fontsize=9)
+    axes[2].set_title("held-out perplexity", fontsize=9)
+    axes[2].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("step", fontsize=8)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    plot = _save(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
+    return {"table": table, "plot": plot}

@@ -1,0 +1,114 @@
+"""Dispersion suite through Ray on tiny offline Pythia models: per-chunk tables, group protocol, slices, gap, select."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raygeom import dispersion_pipeline as dp
+from raygeom.corpus import load_corpus
+from raygeom.models import load_model, resolve_model
+from raygeom.numerics.dispersion import dispersion, dispersion_gap
+from raygeom.store import Store
+from raygeom.token_extract import domain_token_ids, make_chunks, token_features
+
+pytestmark = pytest.mark.integration
+SETTINGS = dp.DispersionSettings(chunk_len=32, chunks_per_domain=6, batch_size=4, layers="all", domain_tokens="digits", seed=3)
+ANALYSIS = dp.AnalysisSettings(group_size=3, n_groups=5, n_slices=3, gap_layer="final_norm")
+
+
+@pytest.fixture(scope="module")
+def labelled_corpus(tmp_path_factory):
+    from raygeom.testing import TINY_TEXT
+
+    sentences = [s for s in TINY_TEXT.split(" . ") if s]
+    path = tmp_path_factory.mktemp("corpus") / "topics.jsonl"
+    with path.open("w") as handle:
+        for i in range(45):
+            text = f"{sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]}"
+            handle.write(json.dumps({"text": text, "label": ["markets", "politics", "sport"][i % 3]}) + "\n")
+    return load_corpus(str(path))
+
+
+@pytest.fixture(scope="module")
+def finished(hub_cache, ray_local, labelled_corpus, tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("dispersion"))
+    specs = [resolve_model("EleutherAI/pythia-14m", "step1000"), resolve_model("EleutherAI/pythia-14m", "step0")]
+    result = dp.run_dispersion(store, specs, labelled_corpus, SETTINGS, ANALYSIS)
+    return store, specs, result
+
+
+def test_tables_cover_every_layer_and_the_attention_sub_layer(finished):
+    store, specs, result = finished
+    layers = ["embed", "block_00", "block_01", "block_02", "final_norm", "attn_last"]
+    assert [r["layer"] for r in result["layers"]] == layers * 2
+    for row in result["layers"]:
+        assert row["n_chunks"] == 18 and row["n_groups"] == 5
+        assert 0 < row["token_dispersion"] < 2 and 0 < row["sample_dispersion"] < 2
+        assert -1 <= row["group_spearman"] <= 1 and -1 <= row["domain_agreement_sample"] <= 1
+        assert np.isfinite(row["gap"])
+    assert {s["slicing"] for s in result["slices"]} == {"domain", "kmeans"}
+    assert {d["domain"] for d in result["domains"]} == {"markets", "politics", "sport"}
+    for name in ("layers", "slices", "groups", "domains"):
+        assert pq.read_table(store.root / "results" / f"dispersion_{name}.parquet").num_rows == len(result[name])
+
+
+def test_ray_results_equal_an_in_process_computation(finished, labelled_corpus):
+    store, specs, result = finished
+    spec = specs[0]
+    unit = dp.read_unit(store, spec, dp.unit_key(spec, labelled_corpus, SETTINGS))
+    model, tokenizer = load_model(spec)
+    chunks, domains = make_chunks(tokenizer, labelled_corpus.texts, labelled_corpus.labels, 32, 6, seed=3)
+    features, next_tokens, logprob = token_features(model, torch.from_numpy(chunks), ["final_norm", "block_01"])
+    table = unit["chunks"].to_pandas()
+    final = table[table["layer"] == "final_norm"].sort_values("chunk_id")
+    assert final["domain"].tolist() == domains
+    np.testing.assert_allclose(final["nll"].to_numpy(), -logprob.reshape(18, 31).mean(1), atol=1e-5)
+    per_chunk = features["final_norm"].reshape(18, 31, -1)
+    last_position = model(input_ids=torch.from_numpy(chunks), output_hidden_states=True).hidden_states[-1][:, -1:].detach().numpy()
+    full = np.concatenate([per_chunk, last_position], axis=1)
+    expected = [dispersion(c) for c in full]
+    np.testing.assert_allclose(final["token_dispersion"].to_numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(unit["pooled"]["final_norm"], full[:, 1:].mean(1), atol=1e-5)
+    row = next(r for r in result["layers"] if r["model"] == spec.name and r["revision"] == "step1000" and r["layer"] == "final_norm")
+    assert row["sample_dispersion"] == pytest.approx(dispersion(full[:, 1:].mean(1)), abs=1e-6)
+    assert row["perplexity"] == pytest.approx(float(np.exp(-logprob.mean())), rel=1e-5)
+    gap = dispersion_gap(features["final_norm"], next_tokens, domain_token_ids(tokenizer))
+    assert row["gap"] == pytest.approx(gap.gap, abs=1e-9)
+
+
+def test_rerun_reads_the_store_and_select_ranks_by_gap(finished, labelled_corpus):
+    store, specs, result = finished
+    again = dp.extract_unit(store, specs[0], labelled_corpus, SETTINGS)
+    assert again["cached"]
+    ranked = dp.rank_by_gap(store, specs, labelled_corpus, SETTINGS, "final_norm")
+    assert [r["rank"] for r in ranked] == [1, 2]
+    assert ranked[0]["gap"] >= ranked[1]["gap"]
+    by_revision = {r["revision"]: r["gap"] for r in ranked}
+    expected = {r["revision"]: r["gap"] for r in result["layers"] if r["layer"] == "final_norm"}
+    assert by_revision == pytest.approx(expected)
+    assert pq.read_table(store.root / "results" / "dispersion_select.parquet").num_rows == 2
+
+
+def test_plots_are_written(finished, tmp_path):
+    _, _, result = finished
+    name = result["layers"][0]["model"]
+    paths = [dp.plot_groups(result["groups"], result["layers"], name, ["block_01", "final_norm", "attn_last"], tmp_path / "g.png"),
+             dp.plot_layer_profile(result["layers"], tmp_path / "p.png"), dp.plot_models(result["domains"], tmp_path / "m.png")]
+    assert all(p.stat().st_size > 5_000 for p in paths)
+
+
+def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", "--chunk-len", "1", "-o", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert "chunk-len must be at least 2" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()
