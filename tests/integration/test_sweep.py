@@ -1,0 +1,210 @@
+"""Sweeps end to end on tiny offline Pythia models, on the session's local Ray: the tidy table, plots,
+duplicate-weight flags, plan/status from the store, resume and corrupt-unit recovery."""
+
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from raygeom import sweep
+from raygeom.jobspec import load_job
+
+pytestmark = pytest.mark.integration
+
+UNITS = 3 * 5 + 2 * 4  # pythia-14m: 3 revisions x 5 layers; pythia-31m: 2 revisions x 4 layers
+
+
+def add_sweep_models(cache):
+    from raygeom.testing import write_tiny_pythia
+
+    # step1 shares step0's seed, so it serves the same weights (EleutherAI/pythia#83)
+    write_tiny_pythia(cache, "EleutherAI/pythia-14m", {"step0": 0, "step1": 0, "step1000": 1})
+    write_tiny_pythia(cache, "EleutherAI/pythia-31m", {"step0": 10, "step1000": 11}, hidden_size=32, layers=2)
+
+
+def write_sweep_job(directory, out, corpus, **sweep_keys):
+    extra = "".join(f"{k} = {v}\n" for k, v in sweep_keys.items())
+    path = directory / "sweep.toml"
+    path.write_text(f"""
+[job]
+name = "tiny-sweep"
+out = "{out}"
+[sweep]
+sizes = ["14m", "31m"]
+revisions = ["step0", "step1", "step1000"]
+{extra}
+[[models]]
+id = "EleutherAI/pythia-31m"
+revisions = ["step0", "step1000"]
+[corpus]
+name = "{corpus}"
+n_samples = 40
+[extract]
+seq_len = 32
+batch_size = 8
+[pga]
+k = 8
+n_null = 12
+null_chunks = 2
+""")
+    return path
+
+
+def write_corpus(path):
+    from raygeom.testing import TINY_TEXT
+
+    sentences = [s for s in TINY_TEXT.split(" . ") if s]
+    path.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}" for i in range(60)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def swept(hub_cache, ray_local, tmp_path_factory):
+    from raygeom.pipeline import run_sweep_job
+
+    add_sweep_models(hub_cache)
+    root = tmp_path_factory.mktemp("sweep")
+    job_file = write_sweep_job(root, root / "out", write_corpus(root / "corpus.txt"))
+    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
+    return root, job_file, outputs
+
+
+def invoke(*args):
+    from raygeom.cli import app
+
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return result
+
+
+def test_sweep_fills_the_tidy_table_once_per_unit(swept):
+    _, _, outputs = swept
+    assert outputs.rows == UNITS and outputs.computed_units == UNITS
+    table = pq.read_table(outputs.table).to_pylist()
+    assert len({(r["model"], r["revision"], r["layer"]) for r in table}) == UNITS
+    assert {r["size"] for r in table} == {"14m", "31m"} and {r["step"] for r in table} == {0, 1, 1000}
+    assert all(np.isfinite(r["z"]) for r in table)
+    assert [r["layer"] for r in table if r["repo"] == "EleutherAI/pythia-31m" and r["step"] == 0] == [
+        "embed", "block_00", "block_01", "final_norm"]
+
+
+def test_duplicate_weights_are_flagged_and_distinct_ones_are_not(swept):
+    _, _, outputs = swept
+    table = pq.read_table(outputs.table).to_pylist()
+    flags = {(r["repo"], r["revision"]): r["weights_flag"] for r in table}
+    assert flags[("EleutherAI/pythia-14m", "step0")] == "same weights as step1"
+    assert flags[("EleutherAI/pythia-14m", "step1")] == "same weights as step0"
+    assert flags[("EleutherAI/pythia-14m", "step1000")] is None
+    assert flags[("EleutherAI/pythia-31m", "step0")] is None
+    assert [f[:2] for f in outputs.flagged] == [("EleutherAI/pythia-14m", "step0"), ("EleutherAI/pythia-14m", "step1")]
+    notes = {r["known_bad_note"] for r in table if r["revision"] == "step1"}
+    assert notes == {"EleutherAI/pythia#83: step0 and step1 serve the same weights"}
+
+
+def test_plots_and_collapse_table(swept):
+    root, _, outputs = swept
+    names = sorted(p.name for p in outputs.plots)
+    assert names == ["heatmap_EleutherAI--pythia-14m.png", "heatmap_EleutherAI--pythia-31m.png",
+                     "z_vs_depth_step0.png", "z_vs_depth_step1.png", "z_vs_depth_step1000.png"]
+    assert all(p.stat().st_size > 10_000 for p in outputs.plots)
+    zones = pq.read_table(outputs.collapse).to_pylist()
+    assert len(zones) == 5 and {"collapsed", "zone_layers", "early_max_z"} <= set(zones[0])
+
+
+def test_status_and_plan_read_the_store(swept):
+    _, job_file, _ = swept
+    status = invoke("status", str(job_file))
+    assert status.exit_code == 0, status.output
+    assert f"units: {UNITS}/{UNITS} done (100.0%)" in status.output
+    assert "weights flag EleutherAI/pythia-14m@step1: same weights as step0" in status.output
+    assert "#83" in status.output
+    plan = invoke("plan", str(job_file))
+    assert plan.exit_code == 0, plan.output
+    assert f"{UNITS} units; {UNITS} done, 0 to compute" in plan.output
+    assert "measured: 5 extractions (cpu)" in plan.output and "estimate for what is missing" in plan.output
+
+
+def test_plan_of_a_fresh_store_estimates_from_measured_units(swept, tmp_path):
+    root, job_file, _ = swept
+    fresh = invoke("plan", str(job_file), "--out", str(tmp_path / "fresh"))
+    assert fresh.exit_code == 0 and f"0 done, {UNITS} to compute" in fresh.output
+    assert "(config)" in fresh.output and "no measured units" in fresh.output
+    plan = sweep.build_plan(load_job(job_file))
+    cost = sweep.estimate(plan)
+    assert cost.measured_extractions == 5 and cost.measured_units == UNITS
+    assert cost.extract_rate > 0 and cost.pga_rate > 0 and cost.remaining_pga_seconds == 0
+
+
+def test_rerun_recomputes_nothing(swept):
+    from raygeom.pipeline import run_sweep_job
+
+    root, job_file, _ = swept
+    files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted((root / "out" / "activations").rglob("_COMPLETE.json"))
+    before = {p: p.stat().st_mtime_ns for p in files}
+    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
+    assert outputs.computed_units == 0 and outputs.rows == UNITS
+    assert {p: p.stat().st_mtime_ns for p in files} == before
+
+
+def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
+    from raygeom.pipeline import run_sweep_job
+
+    root, job_file, _ = swept
+    job = load_job(job_file)
+    plan = sweep.build_plan(job)
+    revision = next(r for r in plan.revisions if r.spec.revision == "step1000" and r.spec.source.endswith("14m"))
+    path = plan.store.result_path("pga", revision.units["block_01"])
+    good = pq.read_table(path).to_pylist()[0]
+    path.write_bytes(path.read_bytes()[:40])
+    assert sweep.build_plan(job).n_done == UNITS - 1
+    outputs = run_sweep_job(job, Console(quiet=True))
+    assert outputs.computed_units == 1
+    again = pq.read_table(path).to_pylist()[0]
+    assert again["z"] == good["z"] and again["null_std"] == good["null_std"]
+
+
+def test_sweep_tasks_and_the_laptop_actor_path_give_identical_results(swept, tmp_path):
+    from raygeom import orchestrate
+    from raygeom.corpus import load_corpus
+    from raygeom.models import resolve_model
+    from raygeom.store import Store
+
+    root, job_file, outputs = swept
+    job = load_job(job_file)
+    store = Store(tmp_path / "laptop")
+    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
+                                            load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
+    info = orchestrate.extract(store, request)
+    rows = orchestrate.run_pga(store, "EleutherAI--pythia-31m", "step1000", info["layers"], job.pga)
+    swept_rows = [r for r in pq.read_table(outputs.table).to_pylist() if r["repo"] == "EleutherAI/pythia-31m" and r["step"] == 1000]
+    assert [r["z"] for r in rows] == [r["z"] for r in swept_rows]
+    assert [r["unit_key"] for r in rows] == [r["unit_key"] for r in swept_rows]
+
+
+def test_bad_sweep_jobs_fail_with_one_line(tmp_path):
+    job_file = write_sweep_job(tmp_path, tmp_path / "out", tmp_path / "corpus.txt")
+    job_file.write_text(job_file.read_text().replace('revisions = ["step0", "step1", "step1000"]', 'revisions = "every:0"'))
+    for command in ("plan", "status", "run"):
+        result = invoke(command, str(job_file))
+        assert result.exit_code == 2, result.output
+        assert "every:N must be a positive integer" in result.output and "Traceback" not in result.output
+    job_file.write_text(job_file.read_text().replace('revisions = "every:0"', 'revisions = "log"\ngpus = 3'))
+    result = invoke("plan", str(job_file))
+    assert result.exit_code == 2 and "unknown key(s) in [sweep]: gpus" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
+    from raygeom import revisions as pythia
+
+    job = load_job(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "pythia-sweep.toml"))
+    assert [m.source for m in job.models] == [f"EleutherAI/pythia-{s}" for s in pythia.PYTHIA_SIZES]
+    assert all(m.revisions == pythia.PYTHIA_REVISIONS for m in job.models)
+    monkeypatch.setattr(sweep, "_cached_config", lambda spec: None)  # layers from the sizes table, not the tiny cache
+    plan = sweep.build_plan(job, fingerprint="not-run")
+    assert len(plan.revisions) == 10 * 154
+    assert plan.n_units == 154 * sum(s.n_blocks + 2 for s in pythia.PYTHIA_SIZES.values()) == 32_956
+    deduped = load_job(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "pythia-sweep.toml"))
+    assert deduped.sweep.gpu_memory_gib == 80
