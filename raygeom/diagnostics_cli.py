@@ -213,8 +213,26 @@ def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> st
                 _fmt(r["pc1_variance_fraction"]), _fmt(r.get("probe_accuracy")), _fmt(r.get("loss_share_spearman"), "+.2f")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += ["CCR restoration (layers with z > 2 and z < -2, out of "
+                  f"{len(group)}):", "", "| CCR-r | z > 2 | z < -2 | median z | min z (layer) | max z (layer) |", "|---|---|---|---|---|---|"]
+        for c in ranks:
+            zs = np.array([r.get(f"z_ccr{c}", np.nan) for r in group])
+            if not np.isfinite(zs).any():
+                continue
+            low, high = int(np.nanargmin(zs)), int(np.nanargmax(zs))
+            lines.append(f"| {c} | {int(np.sum(zs > 2))} | {int(np.sum(zs < -2))} | {np.nanmedian(zs):+.1f} | "
+                         f"{zs[low]:+.1f} ({group[low]['layer']}) | {zs[high]:+.1f} ({group[high]['layer']}) |")
+        lines.append("")
         z_rank = 1 if 1 in ranks else ranks[0]
         z = [r.get(f"z_ccr{z_rank}", np.nan) for r in group]
+        accuracy = np.array([r.get("probe_accuracy", np.nan) for r in group])
+        negative = np.array(z) < -2
+        if np.isfinite(accuracy).any():
+            chance = np.nanmean([r.get("probe_chance", np.nan) for r in group])
+            inside = f"{np.nanmean(accuracy[negative]):.3f}" if negative.any() else "-"
+            outside = f"{np.nanmean(accuracy[~negative]):.3f}" if (~negative).any() else "-"
+            lines += [f"Probe accuracy (majority class {chance:.3f}): mean {inside} over the {int(negative.sum())} layers "
+                      f"with z < -2 at CCR-{z_rank}, {outside} over the other {int((~negative).sum())}.", ""]
         lines += [f"Spectral blindness over these layers, against z at CCR-{z_rank} (z range = max - min of z; "
                   "relative range = (max - min) / median of the metric):", "",
                   "| metric | z range | metric relative range | Spearman with z |", "|---|---|---|---|"]
