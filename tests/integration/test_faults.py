@@ -1,0 +1,229 @@
+"""Faults on real Ray clusters on this machine, loopback only.
+
+- A multi-node ray.cluster_utils.Cluster loses a worker node mid-sweep (remove_node): the sweep finishes
+  with every unit present exactly once and identical to an uninterrupted run. The same cluster then
+  gets a node with 2 fake GPUs, on which extraction replicas are placed by their num_gpus request.
+- The driver of a sweep is killed (SIGKILL) mid-run: a rerun computes only the missing units.
+
+Each separate cluster runs in a subprocess, because this process already holds the session's Ray.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from raygeom.jobspec import load_job
+from test_sweep import UNITS, add_sweep_models, write_corpus, write_sweep_job
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = ("rho_readout", "null_mean", "null_std", "z", "fingerprint", "unit_key", "relative_depth", "n", "d")
+
+CLUSTER_SCRIPT = textwrap.dedent('''
+    import json, subprocess, sys, threading, time
+    from pathlib import Path
+    from raygeom.ray_env import prepare_local_ray_environment
+
+    prepare_local_ray_environment()
+    import ray
+    from ray.cluster_utils import Cluster
+    from rich.console import Console
+
+    from raygeom.jobspec import load_job
+    from raygeom.pipeline import run_sweep_job
+
+    job_file, report_path = sys.argv[1], sys.argv[2]
+    report = {}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+    report["node_ips"] = sorted({n["NodeManagerAddress"] for n in ray.nodes()})
+
+    job = load_job(job_file)
+    results = Path(job.out) / "results" / "pga"
+    outcome = {}
+
+    def sweep():
+        try:
+            outcome["outputs"] = run_sweep_job(job, Console(quiet=True), address=cluster.address)
+        except BaseException as error:
+            outcome["error"] = repr(error)
+
+    thread = threading.Thread(target=sweep)
+    thread.start()
+    while thread.is_alive() and len(list(results.glob("*.parquet"))) < 4:
+        time.sleep(0.05)
+    report["units_before_kill"] = len(list(results.glob("*.parquet")))
+    import os
+    marker = os.environ["RAY_TMPDIR"]
+    pids = {str(os.getpid())}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().replace(b"\\0", b" ").decode(errors="replace"):
+                pids.add(entry.name)
+        except OSError:
+            pass
+    sockets = [line for line in subprocess.run(["ss", "-tnpH"], capture_output=True, text=True).stdout.splitlines()
+               if any(f"pid={pid}," in line for pid in pids)]
+    report["cluster_processes"] = len(pids)
+    cluster.remove_node(workers[1])
+    report["killed"] = True
+    thread.join(timeout=300)
+    report["error"] = outcome.get("error")
+    report["rows"] = outcome["outputs"].rows if "outputs" in outcome else None
+    report["alive_after"] = len([n for n in ray.nodes() if n["Alive"]])
+
+    # Fake GPUs: a node with 2 GPUs and no CPUs; replicas go there by their num_gpus alone.
+    from raygeom import orchestrate
+    from raygeom.pipeline import replica_gpus
+    from raygeom.revisions import PYTHIA_SIZES
+
+    gpu_node = cluster.add_node(num_cpus=0, num_gpus=2, resources={"gpu_node": 1})
+    cluster.wait_for_nodes()
+    gpu_node_id = gpu_node.node_id
+
+    @ray.remote
+    def probe(seconds):
+        start = time.time()
+        time.sleep(seconds)
+        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()], start, time.time()
+
+    def run(gpus, count):
+        options, device, device_map = orchestrate.extraction_options(gpus)
+        return [ray.get(r) for r in [probe.options(**options).remote(0.6) for _ in range(count)]], device, device_map
+
+    def most_at_once(spans):
+        return max(sum(1 for _, _, s, e in spans if s <= t < e) for _, _, t, _ in spans)
+
+    half, device, _ = run(replica_gpus(None, job, 2, PYTHIA_SIZES["1b"].params), 8)
+    whole, _, sharded_map = run(replica_gpus(None, job.__class__(**{**job.__dict__, "sweep": job.sweep.__class__(gpu_memory_gib=24, gpus_per_node=2)}), 2, PYTHIA_SIZES["12b"].params), 2)
+    cpu_side = ray.get([probe.remote(0.0) for _ in range(4)])
+    report["gpu"] = {
+        "half_on_gpu_node": all(n == gpu_node_id for n, *_ in half), "half_at_once": most_at_once(half),
+        "half_ids": sorted({tuple(g) for _, g, *_ in half}), "device": device,
+        "sharded_ids": [g for _, g, *_ in whole], "sharded_at_once": most_at_once(whole), "sharded_map": sharded_map,
+        "cpu_tasks_off_gpu_node": all(n != gpu_node_id for n, *_ in cpu_side)}
+    report["peers"] = [line.split()[4] for line in sockets if len(line.split()) > 4]
+    Path(report_path).write_text(json.dumps(report))
+    ray.shutdown()
+    cluster.shutdown()
+''')
+
+
+def tidy(path):
+    return sorted(({k: r[k] for k in ("repo", "revision", "layer", *METRICS)} for r in pq.read_table(path).to_pylist()),
+                  key=lambda r: (r["repo"], r["revision"], r["layer"]))
+
+
+@pytest.fixture(scope="module")
+def sweep_setup(hub_cache, ray_local, tmp_path_factory):
+    """An uninterrupted run on the session's Ray: the reference every faulty run must match."""
+    from raygeom.pipeline import run_sweep_job
+
+    add_sweep_models(hub_cache)
+    root = tmp_path_factory.mktemp("faults")
+    corpus = write_corpus(root / "corpus.txt")
+    job_file = write_sweep_job(root, root / "reference", corpus)
+    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
+    return root, corpus, tidy(outputs.table)
+
+
+def subprocess_env(tmp: Path) -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), RAY_TMPDIR=str(tmp))
+
+
+@pytest.fixture
+def ray_tmp():
+    # Short: Ray's socket paths under it must stay within the 107-byte Unix limit.
+    path = Path(tempfile.mkdtemp(prefix="rgf-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def processes_under(marker: str) -> list[int]:
+    """Processes whose command line mentions ``marker`` (this test's own Ray temp dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, ray_tmp):
+    root, corpus, reference = sweep_setup
+    job_file = write_sweep_job(tmp_path, tmp_path / "out", corpus)
+    script = tmp_path / "cluster_sweep.py"
+    script.write_text(CLUSTER_SCRIPT)
+    report_path = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(script), str(job_file), str(report_path)], env=subprocess_env(ray_tmp),
+                          capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["nodes"] == 3 and report["node_ips"] == ["127.0.0.1"]
+    assert report["cluster_processes"] > 5 and report["peers"], report
+    assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in report["peers"]), report["peers"]
+    assert report["killed"] and 4 <= report["units_before_kill"] < UNITS, report
+    assert report["error"] is None and report["rows"] == UNITS and report["alive_after"] == 2
+    assert tidy(tmp_path / "out" / "results" / "sweep_pga.parquet") == reference
+    assert len(list((tmp_path / "out" / "results" / "pga").glob("*.parquet"))) == UNITS
+    gpu = report["gpu"]
+    assert gpu["half_on_gpu_node"] and gpu["device"] == "cuda" and gpu["cpu_tasks_off_gpu_node"]
+    assert gpu["half_at_once"] == 4  # two replicas per GPU
+    assert gpu["half_ids"] == [["0"], ["1"]]
+    assert gpu["sharded_ids"] == [["0", "1"], ["0", "1"]] and gpu["sharded_at_once"] == 1 and gpu["sharded_map"] == "auto"
+
+
+def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep_setup, tmp_path, ray_tmp):
+    from raygeom.pipeline import run_sweep_job
+
+    root, corpus, reference = sweep_setup
+    out = tmp_path / "out"
+    job_file = write_sweep_job(tmp_path, out, corpus)
+    results = out / "results" / "pga"
+    driver = subprocess.Popen([sys.executable, "-m", "raygeom.cli", "run", str(job_file), "--num-cpus", "2"],
+                              env=subprocess_env(ray_tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while len(list(results.glob("*.parquet"))) < 6 and driver.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert driver.poll() is None, "the sweep finished before it could be interrupted"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    finally:
+        # Ray's reaper ends the driver's local cluster; anything of it still alive is ended here by pid.
+        deadline = time.time() + 20
+        while processes_under(str(ray_tmp)) and time.time() < deadline:
+            time.sleep(0.2)
+        for pid in processes_under(str(ray_tmp)):
+            os.kill(pid, signal.SIGKILL)
+    survivors = sorted(results.glob("*.parquet"))
+    assert 6 <= len(survivors) < UNITS
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in survivors}
+    markers = {p: p.stat().st_mtime_ns for p in (out / "activations").rglob("_COMPLETE.json")}
+
+    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
+
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in results.glob("*.parquet")}
+    assert {name: after[name] for name in before} == before  # finished units were not rewritten
+    assert outputs.computed_units == UNITS - len(before) == len(after) - len(before)
+    assert all(p.stat().st_mtime_ns == t for p, t in markers.items())  # nor were finished extractions redone
+    assert tidy(outputs.table) == reference
