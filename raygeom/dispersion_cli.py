@@ -182,7 +182,8 @@ def knn(
     test_chunks: int = typer.Option(8, "--test-chunks", help="Chunks of held-out text (other articles)."),
     k: int = typer.Option(64, "--k", help="Neighbours."),
     temperature: str = typer.Option("auto", "--temperature", help="A number, or auto: per layer, the median nearest squared distance."),
-    lam: str = typer.Option("0.05,0.1,0.2,0.3,0.5", "--lam", help="Interpolation weights tried; chosen on a tuning half."),
+    temperature_scales: str = typer.Option("0.1,0.3,1", "--temperature-scales", help="Multipliers of the temperature tried."),
+    lam: str = typer.Option("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "--lam", help="Interpolation weights tried; (T, lam) chosen on a tuning half."),
     batch_size: int = typer.Option(4, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("runs/knn"), "--out", "-o"),
@@ -200,7 +201,7 @@ def knn(
         from raygeom.knn import KnnSettings
 
         settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=layers, k=k,
-                               temperature=temperature, lams=lam, batch_size=batch_size, seed=seed, gpus_per_task=gpus_per_task)
+                               temperature=temperature, temperature_scales=temperature_scales, lams=lam, batch_size=batch_size, seed=seed, gpus_per_task=gpus_per_task)
         spec = _specs([model], [revision])[0]
         store = Store(out)
         check_writable(store.root)

@@ -48,7 +48,8 @@ class KnnSettings:
     layers: str = "all"
     k: int = 64
     temperature: str = "auto"
-    lams: str = "0.05,0.1,0.2,0.3,0.5"
+    temperature_scales: str = "0.1,0.3,1"
+    lams: str = "0.01,0.02,0.05,0.1,0.2,0.3,0.5"
     batch_size: int = 4
     seed: int = 0
     heldout_fraction: float = 0.2
@@ -65,6 +66,7 @@ class KnnSettings:
             raise RaygeomError(f"held-out fraction must be in (0, 1), got {self.heldout_fraction}")
         self.lam_values()
         self.temperature_value()
+        self.scale_values()
 
     def lam_values(self) -> list[float]:
         try:
@@ -73,6 +75,15 @@ class KnnSettings:
             raise RaygeomError(f"lam must be comma-separated numbers, got '{self.lams}'") from None
         if not values or not all(0.0 <= v <= 1.0 for v in values):
             raise RaygeomError(f"lam values must lie in [0, 1], got '{self.lams}'")
+        return values
+
+    def scale_values(self) -> list[float]:
+        try:
+            values = [float(x) for x in self.temperature_scales.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or not all(v > 0 and np.isfinite(v) for v in values):
+            raise RaygeomError(f"temperature scales must be positive numbers, got '{self.temperature_scales}'")
         return values
 
     def temperature_value(self) -> float | None:
@@ -135,6 +146,22 @@ def _write_features(directory: Path, worker, train_chunks: np.ndarray, test_chun
                        directory / "targets.parquet")
 
 
+class _Searched:
+    """An index whose search over the full query set was already run, so several temperatures reuse it."""
+
+    def __init__(self, index, distances, ids):
+        self.index, self.distances, self.ids = index, distances, ids
+        self.device, self.keys = index.device, index.keys
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def search(self, queries, k: int):
+        if len(queries) != len(self.distances) or k > self.distances.shape[1]:
+            return self.index.search(queries, k)
+        return self.distances[:, :k], self.ids[:, :k]
+
+
 @ray.remote(max_retries=2)
 def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size: int, device: str) -> dict:
     """One candidate layer: exact kNN search, lam tuned on the first half of the held-out chunks, perplexity on the rest."""
@@ -151,27 +178,35 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     targets, lm, chunk = (targets_table[c].to_numpy() for c in ("target", "lm_logprob", "chunk"))
     k = min(settings.k, len(keys))
     index = ExactIndex(keys, device=device)
-    temperature = settings.temperature_value()
-    if temperature is None:
+    searched = _Searched(index, *index.search(queries, k))
+    base_temperature = settings.temperature_value()
+    if base_temperature is None:
         # Distance scales differ by orders of magnitude across layers; one fixed T would favour some layers.
-        dist, _ = index.search(queries, k)
-        mean_distance = dist.double().mean(dim=1)
-        temperature = float(mean_distance.median())
-        if not temperature > 0:
-            temperature = 1.0
-    knn = knn_log_probs(queries, index, values, vocab_size, k, temperature, targets=targets)
+        base_temperature = float(searched.distances.double().mean(dim=1).median())
+        if not base_temperature > 0:
+            base_temperature = 1.0
     n_chunks = int(chunk.max()) + 1
     tune, held = chunk < n_chunks // 2, chunk >= n_chunks // 2
-    lams = settings.lam_values()
-    tuning = [interpolated_perplexity(lm[tune], knn[tune], x) if x < 1 or np.isfinite(knn[tune]).all() else np.inf for x in lams]
-    best = int(np.argmin(tuning))
-    lam = lams[best]
-    knn_ppl = interpolated_perplexity(lm[held], knn[held], lam) if lam < 1 or np.isfinite(knn[held]).all() else float("inf")
+    # (temperature, lam) are chosen on the tuning half only; the other half is reported.
+    best = None
+    for scale in settings.scale_values():
+        temperature = base_temperature * scale
+        knn = knn_log_probs(queries, searched, values, vocab_size, k, temperature, chunk_size=len(queries), targets=targets)
+        for lam in settings.lam_values():
+            if lam == 1.0 and not np.isfinite(knn).all():
+                continue
+            score = interpolated_perplexity(lm[tune], knn[tune], lam)
+            if best is None or score < best[0]:
+                best = (score, temperature, lam, knn)
+    if best is None:
+        raise RaygeomError(f"layer {layer}: lam=1 needs every target among the neighbours; add a lam below 1")
+    tuning, temperature, lam, knn = best
+    knn_ppl = interpolated_perplexity(lm[held], knn[held], lam)
     base_ppl = float(np.exp(-lm[held].mean()))
     per_chunk = queries.shape[0] // n_chunks
     chunked = torch.from_numpy(queries.reshape(n_chunks, per_chunk, -1))
     return {"layer": layer, "dispersion": dispersion(keys), "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
-            "temperature": temperature, "lam": lam, "tuning_perplexity": float(tuning[best]), "knn_perplexity": float(knn_ppl),
+            "temperature": temperature, "lam": lam, "tuning_perplexity": float(tuning), "knn_perplexity": float(knn_ppl),
             "base_perplexity": base_ppl, "improvement": base_ppl - float(knn_ppl), "k": k, "n_keys": int(len(keys)),
             "n_test": int(held.sum())}
 
@@ -221,7 +256,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     best = min(rows, key=lambda r: (r["knn_perplexity"], order[r["layer"]]))["layer"]
     most = max(rows, key=lambda r: (r["dispersion"], -order[r["layer"]]))["layer"]
     rho = float(spearmanr([r["dispersion"] for r in rows], [-r["knn_perplexity"] for r in rows])[0]) if len(rows) > 2 else float("nan")
-    result_key = content_key("knn-eval", key, settings.k, settings.temperature, settings.lams)
+    result_key = content_key("knn-eval", key, settings.k, settings.temperature, settings.temperature_scales, settings.lams)
     store.write_result("knn_layers", result_key, rows)
     return {"layers": rows, "best_layer": best, "max_dispersion_layer": most, "spearman": rho, "n_keys": rows[0]["n_keys"],
             "n_test": rows[0]["n_test"], "table": store.result_path("knn_layers", result_key)}
