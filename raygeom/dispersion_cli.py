@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +12,8 @@ from rich.table import Table
 
 from raygeom.errors import RaygeomError
 
-console = Console()
+# Wide tables stay readable when the output goes to a log file.
+console = Console(width=None if sys.stdout.isatty() else 170)
 errors = Console(stderr=True)
 
 AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster instead of starting a local one.")
