@@ -19,16 +19,14 @@ import textwrap
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
 from raygeom.jobspec import load_job
-from test_sweep import UNITS, add_sweep_models, write_corpus, write_sweep_job
+from test_sweep import UNITS, first_run, tidy, write_sweep_job
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-METRICS = ("rho_readout", "null_mean", "null_std", "z", "fingerprint", "unit_key", "relative_depth", "n", "d")
 
 CLUSTER_SCRIPT = textwrap.dedent('''
     import json, subprocess, sys, threading, time
@@ -124,22 +122,11 @@ CLUSTER_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def tidy(path):
-    return sorted(({k: r[k] for k in ("repo", "revision", "layer", *METRICS)} for r in pq.read_table(path).to_pylist()),
-                  key=lambda r: (r["repo"], r["revision"], r["layer"]))
-
-
 @pytest.fixture(scope="module")
 def sweep_setup(hub_cache, ray_local, tmp_path_factory):
-    """An uninterrupted run on the session's Ray: the reference every faulty run must match."""
-    from raygeom.pipeline import run_sweep_job
-
-    add_sweep_models(hub_cache)
-    root = tmp_path_factory.mktemp("faults")
-    corpus = write_corpus(root / "corpus.txt")
-    job_file = write_sweep_job(root, root / "reference", corpus)
-    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
-    return root, corpus, tidy(outputs.table)
+    """The session's uninterrupted run (shared with test_sweep): the reference every faulty run must match."""
+    run = first_run(hub_cache, tmp_path_factory)
+    return run["root"], run["root"] / "corpus.txt", run["reference"]
 
 
 def subprocess_env(tmp: Path) -> dict:
@@ -203,7 +190,7 @@ def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep
                               start_new_session=True)
     try:
         deadline = time.time() + 240
-        while len(list(results.glob("*.parquet"))) < 6 and driver.poll() is None and time.time() < deadline:
+        while len(list(results.glob("*.parquet"))) < 4 and driver.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         assert driver.poll() is None, "the sweep finished before it could be interrupted"
         os.kill(driver.pid, signal.SIGKILL)
@@ -216,7 +203,7 @@ def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep
         for pid in processes_under(str(ray_tmp)):
             os.kill(pid, signal.SIGKILL)
     survivors = sorted(results.glob("*.parquet"))
-    assert 6 <= len(survivors) < UNITS
+    assert 4 <= len(survivors) < UNITS
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in survivors}
     markers = {p: p.stat().st_mtime_ns for p in (out / "activations").rglob("_COMPLETE.json")}
 

@@ -1,0 +1,161 @@
+"""Sweep scaling and cost figures, on tiny offline Pythia models and this machine's CPUs.
+
+    python bench/bench_sweep.py               # the same sweep with 1 and with 2 Ray workers: speed-up
+    python bench/bench_sweep.py --estimate    # measured PGA unit cost at N=2000 -> full-suite estimate
+
+Each configuration runs in a fresh subprocess with its own local Ray (loopback), with worker processes
+warmed up first (imports), so the time is the sweep itself. Results of both runs must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REVISIONS = {"step0": 0, "step1000": 1, "step2000": 2, "step4000": 3}
+
+
+def setup(directory: Path, n_texts: int) -> Path:
+    from raygeom.testing import TINY_TEXT, write_tiny_pythia
+
+    cache = directory / "hub"
+    write_tiny_pythia(cache, "EleutherAI/pythia-14m", REVISIONS, hidden_size=128, layers=4)
+    write_tiny_pythia(cache, "EleutherAI/pythia-31m", REVISIONS, hidden_size=192, layers=4)
+    sentences = [s for s in TINY_TEXT.split(" . ") if s]
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]} {sentences[(7 * i + 2) % 5]}"
+                                for i in range(n_texts)))
+    return corpus
+
+
+def child(workers: int, corpus: str, out: str, n: int) -> None:
+    from raygeom.ray_env import prepare_local_ray_environment
+
+    prepare_local_ray_environment()
+    import ray
+
+    from raygeom import orchestrate
+    from raygeom.corpus import load_corpus
+    from raygeom.extract import ExtractionSettings
+    from raygeom.models import resolve_model
+    from raygeom.params import PGAParams
+    from raygeom.store import Store
+
+    orchestrate.start_ray(num_cpus=workers)
+
+    @ray.remote(num_cpus=1)
+    def warm() -> int:
+        import transformers  # noqa: F401
+
+        import raygeom.numerics.pga  # noqa: F401
+
+        time.sleep(1.0)
+        return os.getpid()
+
+    ray.get([warm.remote() for _ in range(2 * workers)])
+    texts = load_corpus(corpus).sample(n, 0)
+    settings = ExtractionSettings(seq_len=64, batch_size=16)
+    items = []
+    for model in ("EleutherAI/pythia-14m", "EleutherAI/pythia-31m"):
+        for revision in REVISIONS:
+            request = orchestrate.ExtractionRequest(resolve_model(model, revision), texts, settings)
+            items.append(orchestrate.SweepItem(request))
+    params = PGAParams(k=16, n_null=48, null_chunks=2, seed=0)
+    start = time.perf_counter()
+    rows = orchestrate.run_sweep(Store(out), items, params)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows),
+                      "z": sorted((r["model"], r["revision"], r["layer"], r["z"]) for r in rows)}))
+
+
+def speedup(n_texts: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        directory = Path(tmp)
+        os.environ["HF_HUB_CACHE"] = str(directory / "hub")
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        corpus = setup(directory, n_texts)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+        results = {}
+        for workers in (1, 2):
+            done = subprocess.run([sys.executable, __file__, "--child", str(workers), str(corpus), str(directory / f"out{workers}"),
+                                   str(n_texts)], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"benchmark run with {workers} workers failed:\n{done.stderr[-2000:]}")
+            results[workers] = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"{workers} Ray worker(s): {results[workers]['units']} units (8 revisions, N={n_texts}) in "
+                  f"{results[workers]['seconds']:.1f} s")
+        identical = results[1]["z"] == results[2]["z"]
+        print(f"speed-up with 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x "
+              f"(expected >= 1.7x on 2 idle cores); results identical: {identical}")
+        print(f"load average while running: {os.getloadavg()[0]:.1f} (other processes on this machine slow both runs)")
+        if not identical:
+            sys.exit("results differ between 1 and 2 workers")
+
+
+def estimate() -> None:
+    """Measure one PGA unit's cost at the full suite's N=2000, k=100, per rho, on one CPU thread."""
+    import numpy as np
+    import torch
+
+    from raygeom import revisions as pythia
+    from raygeom import sweep
+    from raygeom.numerics import pga
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    n, k, n_null, timed = 2000, 100, 100, 4
+    unit = {}
+    for d in (128, 512, 2048, 5120):
+        h = rng.standard_normal((n, d)).astype(np.float32)
+        # CPU time of this process, not wall time: other load on the machine must not inflate the rate.
+        start = time.process_time()
+        layer = pga.prepare_layer(h, 1)
+        prepare = time.process_time() - start
+        start = time.process_time()
+        pga.null_rhos(layer, k, 0, range(timed), "cpu")
+        rho = (time.process_time() - start) / timed
+        unit[d] = prepare + (n_null + 1) * rho
+        print(f"PGA at N={n}, d={d}, k={k}: prepare {prepare:.2f} CPU-s, {rho:.3f} CPU-s per subspace rho "
+              f"-> {unit[d]:.1f} CPU-s per unit of {n_null} nulls (1 thread)")
+    widths = sorted(unit)
+
+    def unit_seconds(d: int) -> float:
+        return float(np.interp(d, widths, [unit[w] for w in widths]))
+
+    # Forward passes: 2 FLOPs per parameter per token, on an A100 at an assumed 40% of its 312 TFLOPS (fp16)
+    # for batches of 32 x 128 tokens. Loading: fp16 weights from local NVMe at an assumed 2 GB/s per replica.
+    flops_per_second = 0.40 * 312e12
+    result = sweep.full_suite_estimate(extract_rate_gpu=2 / flops_per_second, load_seconds_per_param=2 / 2e9,
+                                       pga_unit_seconds=unit_seconds)
+    print(f"full suite: {len(pythia.PYTHIA_SIZES)} sizes x {result['revisions_per_model']} revisions, {result['units']:,} units, "
+          f"{result['total_params'] / 1e9:.2f}B parameters per revision set")
+    print(f"  extraction: forward {result['forward_gpu_hours']:.1f} GPU-h + weight loading {result['load_gpu_hours']:.1f} GPU-h "
+          f"= {result['extract_gpu_hours']:.1f} GPU-h -> {result['node_wall_hours']:.2f} h on one 8-GPU node")
+    print(f"  PGA (N={n}, k={k}, {n_null} nulls, all layers): {result['pga_cpu_hours']:.0f} CPU-h at the measured rate "
+          f"-> {result['pga_cpu_hours'] / 96:.1f} h on the 96 vCPUs of a p4de node")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", nargs=4, metavar=("WORKERS", "CORPUS", "OUT", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--estimate", action="store_true", help="measure PGA at N=2000 and estimate the full Pythia suite")
+    parser.add_argument("--n-texts", type=int, default=240)
+    args = parser.parse_args()
+    if args.child:
+        workers, corpus, out, n = args.child
+        child(int(workers), corpus, out, int(n))
+    elif args.estimate:
+        estimate()
+    else:
+        speedup(args.n_texts)
+
+
+if __name__ == "__main__":
+    main()
