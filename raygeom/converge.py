@@ -10,13 +10,15 @@ std over ``n_null`` draws; draw ``i`` is seeded by (seed, i), B's by
 Sample alignment. Models with different tokenizers cannot share token
 positions, so they share texts: every model is extracted from the same
 seeded sample of the corpus, each text pooled in that model's own tokens
-(last token of the text by default, truncated to ``seq_len`` of its tokens).
-Rows are matched by the SHA-1 of the text stored beside each sample
-(``samples/.../text_sha1``), never by position, and the j-th copy of a
-duplicated text in A with the j-th copy in B; texts only one model saw are
-dropped, and the number matched is reported as ``n``. Truncation makes the
-two models read slightly different prefixes of a long text when their
-tokenizers differ: that is part of what is compared.
+(the last token of the text by default). Rows are matched by the SHA-1 of the
+text stored beside each sample (``samples/.../text_sha1``), never by
+position, and the j-th copy of a duplicated text in A with the j-th copy in
+B; texts only one model saw are dropped, and the number matched is reported
+as ``n``. A text longer than ``seq_len`` tokens is cut at a different place
+by each tokenizer, so the "last token" would be a different word in each
+model; ``raygeom converge --max-words`` cuts the texts themselves first so
+that both models read, and pool the end of, exactly the same text (the CLI
+notes any text that still reached ``seq_len``).
 
 Work split. The ranks of a layer's distances in a given space do not depend
 on the other model's layer (see :mod:`raygeom.numerics.convergence_grid`), so

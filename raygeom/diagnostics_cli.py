@@ -57,14 +57,32 @@ def _model_entries(models: list[str], revisions: list[str]):
     return specs
 
 
-def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console):
+def truncate_words(corpus, max_words: Optional[int]):
+    """Keep each text's first ``max_words`` whitespace-separated words.
+
+    Models with different tokenizers cut a long text at different places when
+    they truncate to ``seq_len`` tokens, so their last tokens would be different
+    words; cutting the text itself first makes every model read, and pool the
+    last token of, exactly the same text.
+    """
+    from raygeom.corpus import Corpus
+
+    if max_words is None:
+        return corpus
+    if max_words < 1:
+        raise RaygeomError(f"--max-words must be positive, got {max_words}")
+    return Corpus(f"{corpus.name}[:{max_words}w]", [" ".join(t.split()[:max_words]) for t in corpus.texts], corpus.labels)
+
+
+def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console,
+                 max_words: Optional[int] = None):
     """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos)."""
     from raygeom import orchestrate
     from raygeom.corpus import load_corpus
     from raygeom.pipeline import progress_bar
     from raygeom.store import Store
 
-    corpus = load_corpus(corpus_name).sample(n_samples, seed)
+    corpus = truncate_words(load_corpus(corpus_name).sample(n_samples, seed), max_words)
     store = Store(out)
     infos = []
     with progress_bar(console) as progress:
@@ -72,6 +90,11 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
             task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
             request = orchestrate.ExtractionRequest(spec, corpus, settings, layers)
             infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
+    for spec, _ in infos:
+        cut = int(np.sum(store.read_samples(spec.slug, spec.revision)["n_tokens"].to_numpy() >= settings.seq_len))
+        if cut:
+            console.print(f"note: {cut} of {len(corpus.texts)} texts reached --seq-len {settings.seq_len} tokens in {spec.name}, "
+                          "so that model read only a prefix of them (see --max-words)", highlight=False)
     return store, corpus, infos
 
 
@@ -86,8 +109,11 @@ def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console
         orchestrate.start_ray(address, num_cpus)
 
 
-def _settings(seq_len, pool, skip_first, batch_size):
+def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
     from raygeom.extract import ExtractionSettings
+
+    if max_words is not None and max_words < 1:
+        raise RaygeomError(f"--max-words must be positive, got {max_words}")
 
     return ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size)
 
@@ -380,6 +406,7 @@ def register(app: typer.Typer) -> None:
         revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s) for models given without @revision."),
         corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."),
         n_samples: int = typer.Option(500, "--n-samples", "-n"),
+        max_words: Optional[int] = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text."),
         seq_len: int = typer.Option(128, "--seq-len"),
         pool: str = typer.Option("last", "--pool", help="last | mean"),
         skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
@@ -400,7 +427,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Per-layer diagnostics: z at several CCR ranks, spectral metrics, PC1 readout share, loss beside geometry, probes."""
         try:
-            _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
+            _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
                       null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus)
         except RaygeomError as error:
             cli._fail(str(error))
@@ -411,6 +438,7 @@ def register(app: typer.Typer) -> None:
         revision: list[str] = typer.Option(["main"], "--revision", "-r"),
         corpus: str = typer.Option("bbc", "--corpus", "-c"),
         n_samples: int = typer.Option(500, "--n-samples", "-n"),
+        max_words: Optional[int] = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text."),
         seq_len: int = typer.Option(128, "--seq-len"),
         pool: str = typer.Option("last", "--pool"),
         skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
@@ -429,7 +457,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
         try:
-            _converge(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
+            _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
                       null_chunks, seed, out, report, address, num_cpus)
         except RaygeomError as error:
             cli._fail(str(error))
@@ -440,6 +468,7 @@ def register(app: typer.Typer) -> None:
         revision: list[str] = typer.Option(["main"], "--revision", "-r"),
         corpus: str = typer.Option("bbc", "--corpus", "-c", help="Needs labels: 'bbc', a JSONL/Parquet file with 'label', or hf:ag_news."),
         n_samples: int = typer.Option(500, "--n-samples", "-n"),
+        max_words: Optional[int] = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text."),
         seq_len: int = typer.Option(128, "--seq-len"),
         pool: str = typer.Option("last", "--pool"),
         skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
@@ -454,7 +483,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Linear probes (multinomial logistic regression, fixed stratified split) on every layer."""
         try:
-            _probe(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
+            _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
                    report, address, num_cpus)
         except RaygeomError as error:
             cli._fail(str(error))
@@ -468,7 +497,7 @@ def _check_labels(corpus_name: str) -> None:
                            "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
 
 
-def _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
+def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
               null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus):
     from raygeom.report import write_rows
 
@@ -476,7 +505,7 @@ def _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, bat
     console = cli.console
     params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), n_null=n_null, null_chunks=null_chunks, seed=seed,
                          sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
-    settings = _settings(seq_len, pool, skip_first, batch_size)
+    settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
     specs = _model_entries(model, revision)
     if probe:
         _check_labels(corpus)
@@ -485,7 +514,7 @@ def _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, bat
     from raygeom.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     merged, samples, parts = [], [], {"spectral": [], "sample_geometry": [], "pga": [], "probe": []}
     with progress_bar(console) as progress:
         for spec, info in infos:
@@ -514,13 +543,13 @@ def _diagnose(model, revision, corpus, n_samples, seq_len, pool, skip_first, bat
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
 
 
-def _converge(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
+def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
               null_chunks, seed, out, report, address, num_cpus):
     from raygeom.report import write_rows
 
     cli = _cli()
     console = cli.console
-    settings = _settings(seq_len, pool, skip_first, batch_size)
+    settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
     specs = _model_entries(model, revision)
     if len(specs) < 2:
         raise RaygeomError("converge needs at least two models (--model A --model B)")
@@ -530,7 +559,7 @@ def _converge(model, revision, corpus, n_samples, seq_len, pool, skip_first, bat
     from raygeom.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     models = [(spec.slug, spec.revision) for spec, _ in infos]
     sides = converge_module.model_sides(store, models, params)
     with progress_bar(console) as progress:
@@ -548,7 +577,7 @@ def _converge(model, revision, corpus, n_samples, seq_len, pool, skip_first, bat
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
 
 
-def _probe(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
+def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
            report, address, num_cpus):
     from rich.table import Table
 
@@ -558,14 +587,14 @@ def _probe(model, revision, corpus, n_samples, seq_len, pool, skip_first, batch_
     console = cli.console
     if not 0.0 < test_fraction < 1.0:
         raise RaygeomError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
-    settings = _settings(seq_len, pool, skip_first, batch_size)
+    settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
     specs = _model_entries(model, revision)
     _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom import diagnostics
     from raygeom.pipeline import progress_bar
 
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     rows = []
     with progress_bar(console) as progress:
         for spec, info in infos:

@@ -112,7 +112,7 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
     write_tiny_pythia(hub_cache, "EleutherAI/pythia-31m", ["step0"], hidden_size=48, layers=2)
     out, report = tmp_path / "out", tmp_path / "report"
     result = CliRunner().invoke(app, ["converge", "-m", "EleutherAI/pythia-14m@step1000", "-m", "EleutherAI/pythia-31m@step0",
-                                      "-c", str(tiny_corpus), "-n", "30", "--seq-len", "32", "--k", "8", "--n-null", "6",
+                                      "-c", str(tiny_corpus), "-n", "30", "--max-words", "12", "--seq-len", "32", "--k", "8", "--n-null", "6",
                                       "--null-chunks", "2", "--out", str(out), "--report", str(report)])
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out / "results" / "converge.parquet").to_pylist()
