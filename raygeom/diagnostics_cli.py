@@ -106,7 +106,10 @@ def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console
     from raygeom import orchestrate
 
     with console.status("starting Ray" + (f" at {address}" if address else " locally")):
-        orchestrate.start_ray(address, num_cpus)
+        try:
+            orchestrate.start_ray(address, num_cpus)
+        except Exception as error:  # ray.init raises a bare Exception when the node times out
+            raise RaygeomError(f"could not start or reach Ray: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
 
 
 def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
