@@ -447,6 +447,9 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
                                                           tokens[token_key], item.prefetch)
         pending[ref] = item
 
+    # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
+    # days-long sweep: the rest finishes, then one error names every failed revision.
+    failed: list[str] = []
     try:
         while queue or pending:
             while queue and len(pending) < max_in_flight:
@@ -457,12 +460,18 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
                 info = ray.get(done[0])
             except ray.exceptions.RayTaskError as error:
                 if isinstance(error.cause, RaygeomError):
-                    raise RaygeomError(str(error.cause)) from None
+                    failed.append(str(error.cause))
+                    progress("extract", 1)
+                    continue
                 raise
             progress("extract", 1)
             futures.append(executor.submit(analyse, item, info))
             for future in [f for f in futures if f.done()]:
                 future.result()  # surface analysis errors early
-        return [row for future in futures for row in future.result()]
+        rows = [row for future in futures for row in future.result()]
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise RaygeomError(f"{len(failed)} of {len(items)} revisions failed, the others are stored; first: {failed[0]}{more}")
+    return rows

@@ -182,22 +182,47 @@ def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
     assert again["z"] == good["z"] and again["null_std"] == good["null_std"]
 
 
-def test_sweep_tasks_and_the_laptop_actor_path_give_identical_results(swept, tmp_path):
+def test_dropped_activations_do_not_force_recomputation(swept):
+    from raygeom.pipeline import run_sweep_job
+
+    root, job_file, _ = swept
+    job = load_job(job_file)
+    plan = sweep.build_plan(job)
+    plan.store.drop_activations("EleutherAI--pythia-31m", "step0")
+    assert not list((root / "out" / "activations" / "model=EleutherAI--pythia-31m" / "revision=step0").glob("layer=*"))
+    assert sweep.build_plan(job).n_done == UNITS
+    assert run_sweep_job(job, Console(quiet=True)).computed_units == 0
+
+
+def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
+    root, job_file, _ = swept
+    broken = root / "missing.toml"
+    broken.write_text(job_file.read_text().replace('revisions = ["step0", "step1", "step1000"]',
+                                                   'revisions = ["step0", "step1", "step1000", "step2000"]'))
+    result = invoke("run", str(broken))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "1 of 6 revisions failed, the others are stored" in result.output
+    assert "at revision 'step2000'" in result.output
+    assert sweep.build_plan(load_job(broken)).n_done == UNITS
+
+
+def test_sweep_tasks_and_the_laptop_actor_path_extract_identical_activations(swept, tmp_path):
     from raygeom import orchestrate
     from raygeom.corpus import load_corpus
     from raygeom.models import resolve_model
     from raygeom.store import Store
 
-    root, job_file, outputs = swept
+    root, job_file, _ = swept
     job = load_job(job_file)
-    store = Store(tmp_path / "laptop")
+    laptop = Store(tmp_path / "laptop")
     request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
                                             load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
-    info = orchestrate.extract(store, request)
-    rows = orchestrate.run_pga(store, "EleutherAI--pythia-31m", "step1000", info["layers"], job.pga)
-    swept_rows = [r for r in pq.read_table(outputs.table).to_pylist() if r["repo"] == "EleutherAI/pythia-31m" and r["step"] == 1000]
-    assert [r["z"] for r in rows] == [r["z"] for r in swept_rows]
-    assert [r["unit_key"] for r in rows] == [r["unit_key"] for r in swept_rows]
+    info = orchestrate.extract(laptop, request)
+    swept_info = Store(root / "out").completion("EleutherAI--pythia-31m", "step1000")
+    assert info["key"] == swept_info["key"] and info["fingerprint"] == swept_info["fingerprint"]
+    for layer in info["layers"]:
+        np.testing.assert_array_equal(laptop.read_layer("EleutherAI--pythia-31m", "step1000", layer)[1],
+                                      Store(root / "out").read_layer("EleutherAI--pythia-31m", "step1000", layer)[1])
 
 
 def test_bad_sweep_jobs_fail_with_one_line(tmp_path):
