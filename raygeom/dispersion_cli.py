@@ -244,6 +244,7 @@ def train(
     use_gpu: bool = typer.Option(False, "--gpu/--cpu", help="One GPU per worker."),
     cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker"),
     out: Path = typer.Option(Path("runs/train"), "--out", "-o"),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Where the PNG goes (default: <out>/plots)."),
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = NumCpusOption,
 ):
@@ -279,7 +280,7 @@ def train(
         summary = train_module.summarise(rows)
         console.print(_table(summary, ["lam", "n_seeds", "heldout_perplexity_mean", "heldout_perplexity_std", "heldout_dispersion_mean",
                                        "paired_delta_mean", "paired_delta_std"], "push-away vs plain (held-out, over seeds)"))
-        paths = train_module.write_report(store, rows, summary)
+        paths = train_module.write_report(store, rows, summary, plots)
         console.print(f"tables: {paths['table']}\nplots:  {paths['plot']}")
     except RaygeomError as error:
         _fail(str(error))
