@@ -114,6 +114,8 @@ def load_job(path: str | Path) -> JobSpec:
     if sweep_section is not None:
         sweep, generated = _sweep(_section(data, "sweep", path), path)
         entries += [e for e in generated if e.source not in {x.source for x in entries}]
+        if not entries:
+            raise RaygeomError(f"{path}: [sweep] needs 'sizes' or at least one [[models]] entry")
     try:
         layers = extract.pop("layers", "all")
         return JobSpec(

@@ -297,6 +297,33 @@ def estimate(plan: SweepPlan) -> CostEstimate:
     return CostEstimate(len(markers), len(keys), extract_rate, load_rate, pga_rate, remaining_extract, remaining_pga, device)
 
 
+# CPU-seconds of one PGA unit (N=2000, k=100, CCR-1, 100 nulls) by width d, measured on one thread of a
+# 2-core CI machine by `python bench/bench_sweep.py --estimate`; used by `raygeom plan` before a store has
+# measured units of its own. Forward passes: an A100 at an assumed 40% of 312 fp16 TFLOPS.
+REFERENCE_PGA_UNIT_SECONDS = {128: 16.1, 512: 19.8, 2048: 25.6, 5120: 38.0}
+REFERENCE_GPU_FLOPS = 0.40 * 312e12
+REFERENCE_LOAD_BYTES_PER_SECOND = 2e9
+
+
+def reference_estimate(plan: SweepPlan) -> tuple[float, float] | None:
+    """(GPU-seconds of extraction, CPU-seconds of PGA) for the missing units, from the reference rates."""
+    job = plan.job
+    widths = sorted(REFERENCE_PGA_UNIT_SECONDS)
+    scale = (job.pga.n_null + 1) * job.n_samples ** 2 / (101 * 2000 ** 2)
+    gpu = cpu = 0.0
+    for revision in plan.revisions:
+        size = pythia.size_of(revision.spec.source)
+        d = (revision.marker or {}).get("d") or (size.d if size else None)
+        if revision.params is None or d is None:
+            return None
+        if not revision.extracted and not revision.complete:
+            gpu += revision.params * (2 * job.n_samples * job.extraction.seq_len / REFERENCE_GPU_FLOPS
+                                      + 2 / REFERENCE_LOAD_BYTES_PER_SECOND)
+        unit = float(np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths]))
+        cpu += (len(revision.units) - len(revision.done)) * unit * scale
+    return gpu, cpu
+
+
 def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, pga_unit_seconds, n_samples: int = 2000,
                         seq_len: int = 128, gpus: int = 8, deduped: bool = False) -> dict:
     """Every Pythia size x 154 revisions x all layers (see docs/sweeps.md). ``extract_rate_gpu``: GPU-seconds

@@ -67,7 +67,13 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
                   f"{plan.n_units:,} units; {plan.n_done:,} done, {plan.n_units - plan.n_done:,} to compute")
     cost = sweep.estimate(plan)
     if cost.measured_extractions == 0 and cost.measured_units == 0:
-        console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
+        reference = sweep.reference_estimate(plan)
+        if reference is None:
+            console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
+        else:
+            console.print(f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): extraction "
+                          f"{reference[0] / 3600:,.1f} GPU-hours (A100), PGA {reference[1] / 3600:,.0f} CPU-hours; "
+                          "run a few revisions, then plan again to scale from this store's own unit times")
         return
     console.print(f"measured: {cost.measured_extractions} extractions ({cost.device}), {cost.measured_units} PGA units")
     if cost.extract_rate is not None:

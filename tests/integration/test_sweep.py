@@ -248,5 +248,17 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
     plan = sweep.build_plan(job, fingerprint="not-run")
     assert len(plan.revisions) == 10 * 154
     assert plan.n_units == 154 * sum(s.n_blocks + 2 for s in pythia.PYTHIA_SIZES.values()) == 32_956
-    deduped = load_job(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "pythia-sweep.toml"))
-    assert deduped.sweep.gpu_memory_gib == 80
+    gpu_seconds, cpu_seconds = sweep.reference_estimate(plan)
+    # 2 x 24.6e9 parameters x 2000 x 128 tokens x 154 revisions at 124.8 TFLOPS, plus loading 2 bytes/parameter at 2 GB/s
+    assert gpu_seconds / 3600 == pytest.approx((2 * 24.5876e9 * 256_000 / 124.8e12 + 24.5876e9 * 2 / 2e9) * 154 / 3600, rel=1e-3)
+    assert 200 < cpu_seconds / 3600 < 300
+    assert job.sweep.gpu_memory_gib == 80 and job.n_samples == 2000
+
+
+def test_deduped_variants_are_an_option(tmp_path):
+    job_file = write_sweep_job(tmp_path, tmp_path / "out", tmp_path / "corpus.txt", deduped="true")
+    assert [m.source for m in load_job(job_file).models] == [
+        "EleutherAI/pythia-31m", "EleutherAI/pythia-14m", "EleutherAI/pythia-14m-deduped", "EleutherAI/pythia-31m-deduped"]
+    job_file.write_text(job_file.read_text().replace("deduped = true", 'deduped = "only"'))
+    assert [m.source for m in load_job(job_file).models] == [
+        "EleutherAI/pythia-31m", "EleutherAI/pythia-14m-deduped", "EleutherAI/pythia-31m-deduped"]
