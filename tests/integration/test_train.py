@@ -70,3 +70,12 @@ def test_settings_are_validated_and_the_cli_fails_cleanly(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
     assert done.returncode == 2 and "over must be tokens, last or mean" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_two_data_parallel_workers_on_fractional_cpus(ray_local, data, tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "prepare_data", lambda fields: data)
+    settings = train.TrainSettings(**{**SMALL, "steps": 4, "eval_every": 4}, lam=0.5, seed=3, workers=2, cpus_per_worker=0.5)
+    row = train.run_training(Store(tmp_path), settings)
+    history = pq.read_table(row["history"]).to_pylist()
+    assert [h["step"] for h in history] == [1, 2, 3, 4] and row["workers"] == 2
+    assert math.isfinite(row["heldout_perplexity"]) and 0 < row["heldout_dispersion"] <= 2
