@@ -103,14 +103,19 @@ class KnnSettings:
 
 
 def split_corpus(corpus: Corpus, heldout_fraction: float, seed: int) -> tuple[Corpus, Corpus]:
-    """Datastore and held-out texts from different articles, in a seeded split."""
-    if len(corpus.texts) < 2:
-        raise RaygeomError(f"corpus '{corpus.name}' needs at least 2 texts to split into datastore and held-out text")
-    order = np.random.default_rng([seed, 0x4E4E]).permutation(len(corpus.texts))
+    """Datastore and held-out texts from different articles, in a seeded split.
+
+    Exact duplicate texts are dropped first (BBC News holds 100), so no held-out
+    article has a copy in the datastore.
+    """
+    texts = list(dict.fromkeys(corpus.texts))
+    if len(texts) < 2:
+        raise RaygeomError(f"corpus '{corpus.name}' needs at least 2 distinct texts to split into datastore and held-out text")
+    order = np.random.default_rng([seed, 0x4E4E]).permutation(len(texts))
     n_test = min(len(order) - 1, max(1, int(round(heldout_fraction * len(order)))))
     test, train = sorted(order[:n_test].tolist()), sorted(order[n_test:].tolist())
-    return (Corpus(corpus.name + ":datastore", [corpus.texts[i] for i in train]),
-            Corpus(corpus.name + ":heldout", [corpus.texts[i] for i in test]))
+    return (Corpus(corpus.name + ":datastore", [texts[i] for i in train]),
+            Corpus(corpus.name + ":heldout", [texts[i] for i in test]))
 
 
 def _features_dir(store: Store, spec: ModelSpec, key: str) -> Path:

@@ -59,5 +59,8 @@ def test_split_by_article_and_settings_validation(corpus):
         knn.KnnSettings(temperature="-1")
     with pytest.raises(RaygeomError, match="test-chunks must be at least 2"):
         knn.KnnSettings(test_chunks=1)
-    with pytest.raises(RaygeomError, match="needs at least 2 texts"):
-        knn.split_corpus(Corpus("one", ["only text"]), 0.5, 0)
+    with pytest.raises(RaygeomError, match="needs at least 2 distinct texts"):
+        knn.split_corpus(Corpus("one", ["only text", "only text"]), 0.5, 0)
+    doubled = Corpus("doubled", corpus.texts + corpus.texts[:10])
+    train, test = knn.split_corpus(doubled, 0.25, seed=0)
+    assert len(train.texts) + len(test.texts) == 40 and not set(train.texts) & set(test.texts)
