@@ -5,6 +5,10 @@ of one layer's representations in the batch. The TorchTrainer runs
 ``workers`` data-parallel workers (DDP; one GPU each on a cluster, CPU
 processes here); every worker draws the same global batch indices and takes
 its own slice, so a run depends on (settings, seed) and the worker count only.
+With several workers ``D_batch`` is each worker's own slice's dispersion (the
+gradients, not the representations, are averaged), which is why the worker
+count is part of a run's key. On a cluster ``--out`` must be on storage that
+every node can write: rank 0 writes the per-step log there.
 
 Data: the corpus is split by article (a fixed split, the same for every run),
 a byte-level BPE tokenizer is trained on the training articles, and both
