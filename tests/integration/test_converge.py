@@ -109,9 +109,10 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
     from raygeom.cli import app
     from raygeom.testing import write_tiny_pythia
 
-    write_tiny_pythia(hub_cache, "EleutherAI/pythia-31m", ["step0"], hidden_size=48, layers=2)
+    # A repo id no other test writes, so its width cannot depend on which test ran first.
+    write_tiny_pythia(hub_cache, "raygeom-tests/narrow-neox", ["step0"], hidden_size=48, layers=2)
     out, report = tmp_path / "out", tmp_path / "report"
-    result = CliRunner().invoke(app, ["converge", "-m", "EleutherAI/pythia-14m@step1000", "-m", "EleutherAI/pythia-31m@step0",
+    result = CliRunner().invoke(app, ["converge", "-m", "EleutherAI/pythia-14m@step1000", "-m", "raygeom-tests/narrow-neox@step0",
                                       "-c", str(tiny_corpus), "-n", "30", "--max-words", "12", "--seq-len", "32", "--k", "8", "--n-null", "6",
                                       "--null-chunks", "2", "--out", str(out), "--report", str(report)])
     assert result.exit_code == 0, result.output
@@ -119,7 +120,7 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
     assert len(rows) == 5 * 4 and {r["n"] for r in rows} == {30}
     assert {(r["d_a"], r["d_b"]) for r in rows} == {(64, 48)}
     assert all(np.isfinite(r["z"]) and -1 <= r["rho_full"] <= 1 for r in rows)
-    heatmap = "converge_EleutherAI--pythia-14m@step1000_vs_EleutherAI--pythia-31m@step0.png"
+    heatmap = "converge_EleutherAI--pythia-14m@step1000_vs_raygeom-tests--narrow-neox@step0.png"
     assert (report / heatmap).stat().st_size > 20_000
     assert "Layers matched by relative depth" in (report / "converge.md").read_text()
 
