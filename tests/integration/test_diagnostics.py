@@ -165,6 +165,13 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
                  "diagnostics_layers.parquet", "diagnostics_samples.parquet"):
         assert (report / name).stat().st_size > 1000, name
     assert "z CCR-10" in (report / "diagnostics.md").read_text()
+    # `probe` on the same store reuses the extraction and the probe units diagnose wrote.
+    probed = CliRunner().invoke(app, ["probe", "-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(labelled_corpus),
+                                      "-n", "40", "--seq-len", "32", "--out", str(out)])
+    assert probed.exit_code == 0, probed.output
+    accuracies = {r["layer"]: r["accuracy"] for r in pq.read_table(out / "results" / "probe.parquet").to_pylist()}
+    assert accuracies == {r["layer"]: r["probe_accuracy"] for r in rows}
+    assert (out / "plots" / "probe_accuracy.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("args, message", [
