@@ -21,7 +21,7 @@ this module when the cluster is local.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -273,7 +273,3 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
         if target is not None:
             target.update({"probe_accuracy": row["accuracy"], "probe_chance": row["chance"], "probe_converged": row["converged"]})
     return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"]))
-
-
-def params_dict(params: DiagnosticsParams) -> dict:
-    return {**asdict(params), "ccr_ranks": list(params.ccr_ranks)}
