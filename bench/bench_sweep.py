@@ -68,11 +68,30 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
             request = orchestrate.ExtractionRequest(resolve_model(model, revision), texts, settings)
             items.append(orchestrate.SweepItem(request))
     params = PGAParams(k=16, n_null=48, null_chunks=2, seed=0)
+    before = _cpu_seconds()
     start = time.perf_counter()
     rows = orchestrate.run_sweep(Store(out), items, params)
     seconds = time.perf_counter() - start
-    print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows),
+    after = _cpu_seconds()
+    cpu = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in after}
+    print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows), "cpu": cpu,
                       "z": sorted((r["model"], r["revision"], r["layer"], r["z"]) for r in rows)}))
+
+
+def _cpu_seconds() -> dict[str, float]:
+    """CPU seconds of this driver, its Ray workers and Ray's own processes (all children of this local Ray)."""
+    import psutil
+
+    me = psutil.Process()
+    totals: dict[str, float] = {}
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times, name = process.cpu_times(), process.name()
+        except psutil.Error:
+            continue
+        kind = "driver" if process.pid == me.pid else "workers" if name.startswith("ray::") else "ray system"
+        totals[kind] = totals.get(kind, 0.0) + times.user + times.system
+    return totals
 
 
 def speedup(n_texts: int) -> None:
@@ -89,8 +108,10 @@ def speedup(n_texts: int) -> None:
             if done.returncode != 0:
                 sys.exit(f"benchmark run with {workers} workers failed:\n{done.stderr[-2000:]}")
             results[workers] = json.loads(done.stdout.strip().splitlines()[-1])
+            cpu = results[workers]["cpu"]
             print(f"{workers} Ray worker(s): {results[workers]['units']} units (8 revisions, N={n_texts}) in "
-                  f"{results[workers]['seconds']:.1f} s")
+                  f"{results[workers]['seconds']:.1f} s; CPU-s: workers {cpu.get('workers', 0):.1f}, driver "
+                  f"{cpu.get('driver', 0):.1f}, Ray system {cpu.get('ray system', 0):.1f}")
         identical = results[1]["z"] == results[2]["z"]
         print(f"speed-up with 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x "
               f"(expected >= 1.7x on 2 idle cores); results identical: {identical}")

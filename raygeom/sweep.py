@@ -425,6 +425,7 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.ticker import NullLocator
 
     rows = [r for r in table.to_pylist() if r["step"] is not None]
     paths = []
@@ -441,8 +442,9 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         mesh = ax.pcolormesh(_step_edges(steps), np.arange(len(layers) + 1) - 0.5, grid, cmap="RdBu_r",
                              norm=TwoSlopeNorm(0.0, -bound, bound), shading="flat")
         ax.set_xscale("log")
-        ticks = [t for t in (0, 1, 10, 100, 1000, 10_000, 100_000, 143_000) if steps[0] <= t <= steps[-1]]
-        ax.set_xticks([t + 1 for t in ticks], [f"{t:,}" for t in ticks])
+        ticks = [t for t in (0, 1, 10, 100, 1000, 10_000, 143_000) if steps[0] <= t <= steps[-1]]
+        ax.set_xticks([t + 1 for t in ticks], [f"{t // 1000}k" if t >= 1000 else str(t) for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.set_yticks(range(len(layers)), [name for _, name in layers], fontsize=6)
         flagged = sorted({r["step"] for r in group if r["weights_flag"]})
         for step in flagged:
