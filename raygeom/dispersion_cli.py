@@ -215,7 +215,8 @@ def knn(
             task = bar.add_task(f"kNN-LM {spec.name}", total=None)
             result = knn_module.run_knn(store, spec, text, settings, progress=lambda n: bar.advance(task, n))
         rows = result["layers"]
-        console.print(_table(rows, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "base_perplexity", "improvement"],
+        console.print(_table(rows, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "base_perplexity", "improvement",
+                                    "target_in_neighbours", "nearest_is_target"],
                              f"kNN-LM  {spec.name}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, k={k})"))
         console.print(f"best kNN-LM layer: {result['best_layer']}   max-dispersion layer: {result['max_dispersion_layer']}   "
                       f"agree: {result['best_layer'] == result['max_dispersion_layer']}   "

@@ -208,11 +208,18 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     tuning, temperature, lam, knn = best
     knn_ppl = interpolated_perplexity(lm[held], knn[held], lam)
     base_ppl = float(np.exp(-lm[held].mean()))
+    # Retrieval quality without the interpolation: is the next token among the neighbours' values, or the nearest one's?
+    neighbour_values = torch.as_tensor(values)[searched.ids.cpu()]
+    target_tensor = torch.as_tensor(targets)[:, None]
+    held_rows = torch.from_numpy(held)
+    target_in_neighbours = float((neighbour_values == target_tensor).any(dim=1)[held_rows].double().mean())
+    nearest_is_target = float((neighbour_values[:, 0] == target_tensor[:, 0])[held_rows].double().mean())
     per_chunk = queries.shape[0] // n_chunks
     chunked = torch.from_numpy(queries.reshape(n_chunks, per_chunk, -1))
     return {"layer": layer, "dispersion": dispersion(keys), "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
             "temperature": temperature, "lam": lam, "tuning_perplexity": float(tuning), "knn_perplexity": float(knn_ppl),
-            "base_perplexity": base_ppl, "improvement": base_ppl - float(knn_ppl), "k": k, "n_keys": int(len(keys)),
+            "base_perplexity": base_ppl, "improvement": base_ppl - float(knn_ppl), "target_in_neighbours": target_in_neighbours,
+            "nearest_is_target": nearest_is_target, "k": k, "n_keys": int(len(keys)),
             "n_test": int(held.sum())}
 
 

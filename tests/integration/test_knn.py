@@ -40,6 +40,7 @@ def test_datastore_holding_the_test_contexts_beats_the_base_lm(hub_cache, ray_lo
         assert row["base_perplexity"] == pytest.approx(base)
         assert row["knn_perplexity"] < 0.5 * base, row["layer"]
         assert row["n_keys"] == 6 * 47 and row["n_test"] == 2 * 47
+        assert row["target_in_neighbours"] > 0.9  # each held-out context is itself in the datastore
     assert result["best_layer"] in LAYERS and result["max_dispersion_layer"] == max(rows, key=lambda n: rows[n]["dispersion"])
     assert pq.read_table(result["table"]).num_rows == len(LAYERS)
     # Features are cached by content key: a second evaluation with another k reuses them.
