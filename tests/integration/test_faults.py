@@ -107,11 +107,35 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     def most_at_once(spans):
         return max(sum(1 for _, _, s, e in spans if s <= t < e) for _, _, t, _ in spans)
 
+    @ray.remote(num_cpus=0)
+    class Barrier:
+        def __init__(self):
+            self.arrived = 0
+
+        def arrive(self):
+            self.arrived += 1
+
+        def count(self):
+            return self.arrived
+
+    @ray.remote
+    def meet(barrier, target):
+        ray.get(barrier.arrive.remote())
+        deadline = time.time() + 60
+        while ray.get(barrier.count.remote()) < target and time.time() < deadline:
+            time.sleep(0.05)
+        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()], ray.get(barrier.count.remote())
+
+    # Four half-GPU replicas must be able to run at once (they wait for each other), two on each GPU.
+    barrier = Barrier.remote()
+    options, _, _ = orchestrate.extraction_options(replica_gpus(None, job, 2, PYTHIA_SIZES["1b"].params))
+    met = ray.get([meet.options(**options).remote(barrier, 4) for _ in range(4)])
     half, device, _ = run(replica_gpus(None, job, 2, PYTHIA_SIZES["1b"].params), 8)
     whole, _, sharded_map = run(replica_gpus(None, job.__class__(**{**job.__dict__, "sweep": job.sweep.__class__(gpu_memory_gib=24, gpus_per_node=2)}), 2, PYTHIA_SIZES["12b"].params), 2)
     cpu_side = ray.get([probe.remote(0.0) for _ in range(4)])
     report["gpu"] = {
-        "half_on_gpu_node": all(n == gpu_node_id for n, *_ in half), "half_at_once": most_at_once(half),
+        "half_on_gpu_node": all(n == gpu_node_id for n, *_ in half + met), "half_at_once": most_at_once(half),
+        "met": [count for *_, count in met], "met_ids": sorted(g[0] for _, g, _ in met if len(g) == 1),
         "half_ids": sorted({tuple(g) for _, g, *_ in half}), "device": device,
         "sharded_ids": [g for _, g, *_ in whole], "sharded_at_once": most_at_once(whole), "sharded_map": sharded_map,
         "cpu_tasks_off_gpu_node": all(n != gpu_node_id for n, *_ in cpu_side)}
@@ -173,7 +197,8 @@ def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, r
     assert len(list((tmp_path / "out" / "results" / "pga").glob("*.parquet"))) == UNITS
     gpu = report["gpu"]
     assert gpu["half_on_gpu_node"] and gpu["device"] == "cuda" and gpu["cpu_tasks_off_gpu_node"]
-    assert gpu["half_at_once"] == 4  # two replicas per GPU
+    assert gpu["met"] == [4, 4, 4, 4] and gpu["met_ids"] == ["0", "0", "1", "1"]  # two replicas per GPU, at once
+    assert gpu["half_at_once"] <= 4  # and never more
     assert gpu["half_ids"] == [["0"], ["1"]]
     assert gpu["sharded_ids"] == [["0", "1"], ["0", "1"]] and gpu["sharded_at_once"] == 1 and gpu["sharded_map"] == "auto"
 
