@@ -11,6 +11,7 @@ distances, used by every subspace, are always exact and computed once.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, asdict
 from typing import Iterable, Sequence
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from scipy.linalg import eigh
 from scipy.stats import rankdata
+from threadpoolctl import threadpool_limits
 
 from raygeom.errors import InputError
 
@@ -266,16 +268,36 @@ class _SubspaceScorer:
         return self.rho_of_projection(xa.double() @ torch.from_numpy(r_inverse).to(self.device))
 
 
+@contextmanager
+def _one_cpu_thread(device: torch.device):
+    """On CPU the per-subspace work is memory-bound and made of small ops: one thread is 2-4x
+    faster than two here, and OpenBLAS threads spinning beside torch's slow both down.
+    Parallelism comes from running chunks of nulls in separate processes (Ray tasks)."""
+    if device.type != "cpu":
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def subspace_rho(layer: PreparedLayer, basis: np.ndarray, device: str | None = None) -> float:
     """Spearman correlation of full-space and subspace cosine distances for one ``d x k`` basis."""
-    return _SubspaceScorer(layer, device).rho_of_basis(basis)
+    scorer = _SubspaceScorer(layer, device)
+    with _one_cpu_thread(scorer.device):
+        return scorer.rho_of_basis(basis)
 
 
 def null_rhos(layer: PreparedLayer, k: int, seed: int, indices: Iterable[int], device: str | None = None) -> np.ndarray:
     """rho of the null subspaces with the given indices; null ``i`` depends only on (seed, i)."""
     _check_k(k, layer.dim)
     scorer = _SubspaceScorer(layer, device)
-    return np.array([scorer.rho_of_null(k, seed, i) for i in indices], dtype=np.float64)
+    with _one_cpu_thread(scorer.device):
+        return np.array([scorer.rho_of_null(k, seed, i) for i in indices], dtype=np.float64)
 
 
 def summarize_null(rho_readout: float, rhos: Sequence[float]) -> dict[str, float]:
@@ -329,6 +351,8 @@ def subspace_pga(
         readout, _ = readout_basis(w_u, k)
     layer = prepare_layer(h, r)
     scorer = _SubspaceScorer(layer, device)
-    rho = scorer.rho_of_basis(readout[:, :k])
-    stats = summarize_null(rho, [scorer.rho_of_null(k, seed, i) for i in range(n_null)])
+    with _one_cpu_thread(scorer.device):
+        rho = scorer.rho_of_basis(readout[:, :k])
+        nulls = [scorer.rho_of_null(k, seed, i) for i in range(n_null)]
+    stats = summarize_null(rho, nulls)
     return PGAResult(rho, stats["null_mean"], stats["null_std"], stats["z"], k, r, h.shape[0], n_null, seed)
