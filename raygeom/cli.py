@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -103,8 +104,15 @@ for _module in ("raygeom.sweep_cli", "raygeom.diagnostics_cli", "raygeom.dispers
     __import__(_module, fromlist=["register"]).register(app)
 
 
+def _exit_on_sigterm(signum, frame):
+    # SystemExit runs atexit, where Ray stops the local cluster this process started;
+    # the default SIGTERM action would leave its workers running.
+    sys.exit(128 + signum)
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app()
     except KeyboardInterrupt:

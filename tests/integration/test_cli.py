@@ -104,3 +104,29 @@ def test_malformed_job_file(tmp_path, text, message):
 
 def test_missing_job_file(tmp_path):
     assert_clean_failure(run_cli("run", tmp_path / "nope.toml"), "job file not found")
+
+
+def test_sigterm_stops_the_local_ray_it_started(hub_cache, tiny_corpus, tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--n-null", "200", "--corpus", tiny_corpus,
+                                "--out", tmp_path / "out", "--num-cpus", "1"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    parent = psutil.Process(process.pid)
+    deadline = time.time() + 120
+    children = []
+    while time.time() < deadline and not any("raylet" in " ".join(c.cmdline()) for c in children if c.is_running()):
+        time.sleep(0.5)
+        try:
+            children = parent.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+    assert children, "the CLI should have started a local Ray"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) != 0
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
