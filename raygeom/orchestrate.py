@@ -269,6 +269,17 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
         try:
             value, seconds = ray.get(ref)
         except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, pga.InputError):
+                # A degenerate layer (e.g. every text ends in the same token at the embedding) has no
+                # geometry to score; record why and go on with the other layers.
+                for other in [r for r, (name, _) in in_flight.items() if name == layer]:
+                    in_flight.pop(other)
+                rows[layer] = _pga_row(model, revision, layer, info, relative[layer], params, np.nan, np.array([np.nan]),
+                                       note=str(error.cause))
+                rows[layer].update(unit_key=parts[layer]["key"], cpu_seconds=0.0)
+                store.write_result("pga", parts[layer]["key"], rows[layer])
+                active.discard(layer)
+                continue
             if isinstance(error.cause, RaygeomError):
                 raise RaygeomError(f"{model}@{revision} {layer}: {error.cause}") from None
             raise
@@ -291,13 +302,17 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
     return [rows[layer] for layer in layers]
 
 
-def _pga_row(model, revision, layer, info, depth, params: PGAParams, rho, nulls) -> dict:
-    if not np.isfinite(rho) or not np.isfinite(nulls).all():
-        raise RaygeomError(f"{model}@{revision} {layer}: distances are constant after CCR-{params.r}, so rank correlation is undefined")
-    stats = pga.summarize_null(rho, nulls)
+def _pga_row(model, revision, layer, info, depth, params: PGAParams, rho, nulls, note: str = "") -> dict:
+    if not note and (not np.isfinite(rho) or not np.isfinite(nulls).all()):
+        note = f"distances are constant after CCR-{params.r}, so rank correlation is undefined"
+    if note:
+        stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
+    else:
+        stats = pga.summarize_null(rho, nulls)
     return {"model": model, "revision": revision, "layer": layer, "layer_index": info["all_layers"].index(layer),
             "relative_depth": depth, "k": params.k, "r": params.r, "n": info["n_samples"], "n_null": params.n_null,
-            "seed": params.seed, "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"]}
+            "seed": params.seed, "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"],
+            "note": note}
 
 
 # ---------------------------------------------------------------------------------------------

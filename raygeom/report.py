@@ -64,5 +64,7 @@ def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by 
 def write_rows(rows: list[dict], path: Path) -> Path:
     import pyarrow as pa
 
-    atomic_write_table(pa.Table.from_pylist(rows), path)
+    # Rows read back from older units may lack newer columns; take the union, not the first row's keys.
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    atomic_write_table(pa.Table.from_pylist([{name: row.get(name) for name in columns} for row in rows]), path)
     return path

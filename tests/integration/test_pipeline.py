@@ -136,3 +136,16 @@ def test_local_ray_traffic_stays_on_loopback(ray_local):
     peers = [line.split()[4] for line in sockets if any(f"pid={p}," in line for p in pids)]
     assert peers, "the driver should hold connections to the local Ray"
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
+
+
+def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub_cache, ray_local, tmp_path):
+    corpus = tmp_path / "same-ending.txt"
+    corpus.write_text("\n".join(f"the market rose {i} times as investors bought shares" for i in range(30)))
+    job = JobSpec(name="same-ending", out=str(tmp_path / "out"), models=(ModelEntry("EleutherAI/pythia-14m", ("step0",)),),
+                  corpus=str(corpus), n_samples=20, extraction=ExtractionSettings(seq_len=32, batch_size=10),
+                  pga=PGAParams(k=8, n_null=6, null_chunks=2))
+    rows = {r["layer"]: r for r in run_pga_job(job, Console(quiet=True)).rows}
+    assert np.isnan(rows["embed"]["z"]) and "same vector" in rows["embed"]["note"]
+    assert all(np.isfinite(rows[name]["z"]) and rows[name]["note"] == "" for name in rows if name != "embed")
+    table = pq.read_table(tmp_path / "out" / "results" / "pga.parquet")
+    assert table.num_rows == 5 and "note" in table.column_names
