@@ -111,7 +111,9 @@ def speedup(n_texts: int) -> None:
             cpu = results[workers]["cpu"]
             print(f"{workers} Ray worker(s): {results[workers]['units']} units (8 revisions, N={n_texts}) in "
                   f"{results[workers]['seconds']:.1f} s; CPU-s: workers {cpu.get('workers', 0):.1f}, driver "
-                  f"{cpu.get('driver', 0):.1f}, Ray system {cpu.get('ray system', 0):.1f}")
+                  f"{cpu.get('driver', 0):.1f}, Ray system {cpu.get('ray system', 0):.1f}; cores obtained "
+                  f"{sum(cpu.values()) / results[workers]['seconds']:.2f} (CPU-s / wall s: below the worker count "
+                  "means other processes held the cores)")
         identical = results[1]["z"] == results[2]["z"]
         print(f"speed-up with 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x "
               f"(expected >= 1.7x on 2 idle cores); results identical: {identical}")
