@@ -28,8 +28,12 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+_local_ray = {"started": False}
+
+
 def _prepare_ray(address: Optional[str]) -> None:
     if address is None:
+        _local_ray["started"] = True
         from raygeom.ray_env import prepare_local_ray_environment
 
         prepare_local_ray_environment()
@@ -110,6 +114,29 @@ def _exit_on_sigterm(signum, frame):
     sys.exit(128 + signum)
 
 
+def _stop_local_ray() -> None:
+    """Stop the local Ray this process started, including the per-node agents that
+    ``ray.shutdown`` leaves running for a while after the raylet is gone."""
+    if not _local_ray["started"]:
+        return
+    import psutil
+
+    leftovers = psutil.Process().children(recursive=True)
+    if "ray" in sys.modules:
+        sys.modules["ray"].shutdown()
+    for process in leftovers:
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(leftovers, timeout=5)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -118,6 +145,8 @@ def main() -> None:
     except KeyboardInterrupt:
         errors.print("interrupted; finished units are kept, rerun to resume")
         sys.exit(130)
+    finally:
+        _stop_local_ray()
 
 
 if __name__ == "__main__":
