@@ -40,6 +40,7 @@ import ray
 from raygeom.errors import RaygeomError
 from raygeom.numerics import convergence_grid, layer_geometry
 from raygeom.numerics.pga import MIN_SAMPLES
+from raygeom.params import PGAParams
 from raygeom.store import Store, content_key
 
 CONVERGE_VERSION = 1
@@ -55,14 +56,8 @@ class ConvergeParams:
     depths: int | None = None  # None: every extracted layer; n: the layers nearest n evenly spaced relative depths
 
     def __post_init__(self):
-        if self.k <= 0:
-            raise RaygeomError(f"k must be positive, got {self.k}")
-        if self.r < 0:
-            raise RaygeomError(f"ccr must be >= 0, got {self.r}")
-        if self.n_null < 2:
-            raise RaygeomError(f"n-null must be at least 2, got {self.n_null}")
-        if self.null_chunks < 1:
-            raise RaygeomError(f"null-chunks must be at least 1, got {self.null_chunks}")
+        # The parameters it shares with PGA get PGA's checks and messages.
+        PGAParams(k=self.k, r=self.r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks)
         if not 0 <= self.seed < 2**32:
             raise RaygeomError(f"seed must satisfy 0 <= seed < 2**32, got {self.seed}")
         if self.depths is not None and self.depths < 2:

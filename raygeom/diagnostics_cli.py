@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import typer
 
+from raygeom.report import save_figure as _save
 from raygeom.errors import RaygeomError
 
 Z_METRICS = (  # (column, label, log scale)
@@ -121,15 +122,6 @@ def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
     return ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size)
 
 
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(temporary)
-    plt.close(fig)
-    temporary.replace(path)
-    return path
 
 
 def _pyplot():

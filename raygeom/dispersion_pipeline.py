@@ -24,6 +24,7 @@ import pyarrow as pa
 import ray
 from scipy.stats import pearsonr, spearmanr
 
+from raygeom.report import save_figure as _save
 from raygeom.corpus import Corpus
 from raygeom.errors import RaygeomError
 from raygeom.models import ModelSpec, load_model, weight_fingerprint
@@ -355,13 +356,6 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(temporary)
-    _pyplot().close(fig)
-    temporary.replace(path)
-    return path
 
 
 def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers: list[str], path: Path) -> Path:

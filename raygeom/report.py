@@ -53,6 +53,13 @@ def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by 
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write a PNG under a temporary name and rename it, so a plot is never half-written; close the figure."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(temporary)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from raygeom.report import save_figure as _save
 from raygeom import revisions as pythia
 from raygeom.corpus import Corpus
 from raygeom.errors import RaygeomError
@@ -398,15 +399,6 @@ def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float =
     return sorted(out, key=lambda r: (r["model"], r["step"] if r["step"] is not None else -1, r["revision"]))
 
 
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(temporary)
-    plt.close(fig)
-    os.replace(temporary, path)
-    return path
 
 
 def _step_edges(steps: list[int]) -> np.ndarray:
