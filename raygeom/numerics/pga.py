@@ -18,7 +18,6 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 from scipy.linalg import eigh
-from scipy.stats import rankdata
 from threadpoolctl import threadpool_limits
 
 from raygeom.errors import InputError
@@ -125,25 +124,32 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
-def _upper_mask(n: int) -> np.ndarray:
-    return np.triu(np.ones((n, n), dtype=bool), k=1)
-
-
-def _cosine_distance_pairs(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    unit = _unit_rows(x).astype(np.float32)
-    return 1.0 - (unit @ unit.T)[mask]
-
-
 def pairwise_cosine_distances(x: np.ndarray) -> np.ndarray:
     """Cosine distances of all pairs i<j, in ``scipy.spatial.distance.pdist`` order (float64)."""
     x = _check_matrix("X", x).astype(np.float64)
     unit = _unit_rows(x)
-    return 1.0 - (unit @ unit.T)[_upper_mask(len(x))]
+    return 1.0 - (unit @ unit.T)[np.triu_indices(len(x), 1)]
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks; tied values share the mean of their ranks."""
-    return rankdata(values, method="average")
+    """1-based ranks (float64); tied values share the mean of their ranks, as ``rankdata(method="average")``."""
+    values = np.asarray(values).ravel()
+    n = values.size
+    if n == 0:
+        return np.empty(0)
+    order = np.argsort(values)
+    sorted_values = values[order]
+    starts_group = np.empty(n, dtype=bool)
+    starts_group[0] = True
+    np.not_equal(sorted_values[1:], sorted_values[:-1], out=starts_group[1:])
+    ranks = np.empty(n)
+    if starts_group.all():
+        ranks[order] = np.arange(1.0, n + 1.0)
+        return ranks
+    starts = np.flatnonzero(starts_group)
+    ends = np.append(starts[1:], n)
+    ranks[order] = np.repeat((starts + 1 + ends) * 0.5, ends - starts)
+    return ranks
 
 
 def _n_bins(n_values: int) -> int:
@@ -160,12 +166,75 @@ def _exact_average_ranks(values: torch.Tensor) -> torch.Tensor:
     return ranks
 
 
+PAIR_BLOCK = 256
+
+
+class PairLayout:
+    """The order in which the fast path holds the N(N-1)/2 pairs i < j.
+
+    Rows are cut into blocks of ``block``. For each block the pairs with every
+    later row form a dense rectangle, which a GEMM writes straight into the pair
+    vector; the pairs inside each diagonal block follow at the end. This computes
+    half of the Gram matrix and never gathers the triangle out of a full one.
+    ``pdist_index[p]`` is the ``scipy.spatial.distance.pdist`` position of pair ``p``.
+    """
+
+    def __init__(self, n: int, block: int = PAIR_BLOCK):
+        self.n = n
+        self.blocks = [(start, min(start + block, n)) for start in range(0, n, block)]
+        self.n_pairs = n * (n - 1) // 2
+        offset = 0
+        self.rectangles = []
+        for start, stop in self.blocks:
+            if stop < n:
+                self.rectangles.append((start, stop, offset))
+                offset += (stop - start) * (n - stop)
+        self.diagonals = []
+        for start, stop in self.blocks:
+            self.diagonals.append((start, stop, offset))
+            offset += (stop - start) * (stop - start - 1) // 2
+        assert offset == self.n_pairs
+
+    @property
+    def pdist_index(self) -> np.ndarray:
+        n = self.n
+        parts = []
+        for start, stop, _ in self.rectangles:
+            rows, cols = np.meshgrid(np.arange(start, stop), np.arange(stop, n), indexing="ij")
+            parts.append((rows, cols))
+        for start, stop, _ in self.diagonals:
+            rows, cols = np.triu_indices(stop - start, 1)
+            parts.append((rows + start, cols + start))
+        rows = np.concatenate([r.ravel() for r, _ in parts]).astype(np.int64)
+        cols = np.concatenate([c.ravel() for _, c in parts]).astype(np.int64)
+        return rows * n - rows * (rows + 1) // 2 + cols - rows - 1
+
+    def fill(self, left: torch.Tensor, right: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[p] = left[i] . right[j]`` for every pair ``p = (i, j)`` in layout order."""
+        n = self.n
+        for start, stop, offset in self.rectangles:
+            size = (stop - start) * (n - stop)
+            torch.matmul(left[start:stop], right[stop:].T, out=out[offset:offset + size].view(stop - start, n - stop))
+        width = self.blocks[0][1] - self.blocks[0][0]
+        square = torch.empty(width * width, dtype=out.dtype, device=out.device)
+        upper = {}
+        for start, stop, offset in self.diagonals:
+            size = stop - start
+            if size not in upper:
+                rows, cols = torch.triu_indices(size, size, 1, device=out.device)
+                upper[size] = rows * size + cols
+            block = torch.matmul(left[start:stop], right[start:stop].T, out=square[: size * size].view(size, size))
+            torch.index_select(block.view(-1), 0, upper[size], out=out[offset:offset + upper[size].numel()])
+        return out
+
+
 @dataclass(frozen=True)
 class PreparedLayer:
     """One layer, corrected and with its full-space distance ranks computed once.
 
     ``corrected`` is float32 (N x d). ``centred_full_ranks`` are the exact average
-    ranks of the full-space cosine distances minus their mean, in pdist order.
+    ranks of the full-space cosine distances minus their mean, as float32 (exact
+    half-integers up to N of about 5,800), in :class:`PairLayout` order.
     """
 
     corrected: np.ndarray
@@ -187,9 +256,13 @@ def prepare_layer(h: np.ndarray, r: int = 1) -> PreparedLayer:
     if h.shape[0] < MIN_SAMPLES:
         raise InputError(f"need at least {MIN_SAMPLES} samples, got N={h.shape[0]}")
     corrected = ccr(h, r).astype(np.float32)
-    ranks = average_ranks(_cosine_distance_pairs(corrected, _upper_mask(len(corrected))))
+    unit = torch.from_numpy(_unit_rows(corrected).astype(np.float32))
+    layout = PairLayout(len(corrected))
+    similarities = layout.fill(unit, unit, torch.empty(layout.n_pairs))
+    # Cosine distance is 1 - similarity, so ranking distances is ranking -similarity.
+    ranks = average_ranks(similarities.neg_().numpy())
     centred = ranks - ranks.mean()
-    return PreparedLayer(corrected, centred, float(np.sqrt(np.dot(centred, centred))), r)
+    return PreparedLayer(corrected, centred.astype(np.float32), float(np.sqrt(np.dot(centred, centred))), r)
 
 
 def default_device() -> str:
@@ -199,8 +272,11 @@ def default_device() -> str:
 class _SubspaceScorer:
     """Scores subspaces of one prepared layer on one torch device.
 
-    The per-pair buffers are allocated once and reused by every subspace:
-    on CPU, fresh multi-megabyte allocations cost more than the arithmetic.
+    Per subspace: a GEMM writes the (negated) cosine similarities of all pairs into
+    one buffer, a counting sort over value bins ranks them, and two bincounts give
+    the Spearman sums without a per-pair gather. The per-pair buffers are allocated
+    once and reused by every subspace: on CPU, fresh multi-megabyte allocations
+    cost more than the arithmetic.
     """
 
     def __init__(self, layer: PreparedLayer, device: str | None = None):
@@ -208,31 +284,27 @@ class _SubspaceScorer:
         self.device = torch.device(device or default_device())
         self.x = torch.from_numpy(layer.corrected).to(self.device)
         self.reference = torch.from_numpy(layer.centred_full_ranks).to(self.device)
-        n = layer.n_samples
-        rows, cols = torch.triu_indices(n, n, 1, device=self.device)
-        self.pair_index = rows * n + cols
-        del rows, cols
-        n_pairs = self.pair_index.numel()
+        self.layout = PairLayout(layer.n_samples)
+        n_pairs = self.layout.n_pairs
         self.n_bins = _n_bins(n_pairs)
         self.mean_rank = (n_pairs + 1) / 2.0
-        self.gram = torch.empty((n, n), device=self.device)
         self.values = torch.empty(n_pairs, device=self.device)
-        self.keys = torch.empty(n_pairs, dtype=torch.int64, device=self.device)
+        self.scaled = torch.empty(n_pairs, device=self.device)
+        self.keys = torch.empty(n_pairs, dtype=torch.int32, device=self.device)
 
     def rho_of_projection(self, projected: torch.Tensor) -> float:
         norms = projected.norm(dim=1, keepdim=True)
         # A zero row has no direction; it gets cosine 0 (distance 1) to everything.
         unit = (projected / torch.where(norms > 0, norms, torch.ones_like(norms))).float()
-        torch.matmul(unit, unit.T, out=self.gram)
-        torch.index_select(self.gram.view(-1), 0, self.pair_index, out=self.values)
         # Cosine distance is 1 - similarity, so ranking distances is ranking -similarity.
-        return self._spearman(self.values.neg_())
+        self.layout.fill(unit.neg(), unit, self.values)
+        return self._spearman(self.values)
 
     def _spearman(self, values: torch.Tensor) -> float:
         lo, hi = torch.aminmax(values)
         if not bool(hi > lo) or self.layer.full_ranks_norm == 0.0:
             return float("nan")
-        scaled = torch.sub(values, lo, out=self.gram.view(-1)[: values.numel()])
+        scaled = torch.sub(values, lo, out=self.scaled)
         scaled.mul_((self.n_bins - 1) / (hi - lo))
         keys = self.keys.copy_(scaled)
         counts = torch.bincount(keys, minlength=self.n_bins)
@@ -240,15 +312,17 @@ class _SubspaceScorer:
             ranks = _exact_average_ranks(values)
             centred = ranks - self.mean_rank
             sum_sq = torch.dot(centred, centred)
+            cross = torch.dot(centred, self.reference.double())
         else:
             counts = counts.double()
-            bin_ranks = torch.cumsum(counts, 0) - (counts - 1.0) * 0.5
-            centred_bins = bin_ranks - self.mean_rank
+            centred_bins = torch.cumsum(counts, 0) - (counts - 1.0) * 0.5 - self.mean_rank
             sum_sq = torch.dot(counts, centred_bins * centred_bins)
-            ranks = bin_ranks.index_select(0, keys)
+            # sum over pairs of rank * reference = sum over bins of bin rank * (reference summed in the bin)
+            reference_per_bin = torch.bincount(keys, weights=self.reference, minlength=self.n_bins)
+            cross = torch.dot(centred_bins, reference_per_bin.double())
         if float(sum_sq) == 0.0:
             return float("nan")
-        return float(torch.dot(ranks, self.reference) / (self.layer.full_ranks_norm * torch.sqrt(sum_sq)))
+        return float(cross / (self.layer.full_ranks_norm * torch.sqrt(sum_sq)))
 
     def rho_of_basis(self, basis: np.ndarray) -> float:
         if basis.shape[0] != self.layer.dim:

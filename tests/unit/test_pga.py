@@ -159,3 +159,31 @@ def test_ties_share_their_mean_rank():
 def test_bad_input_raises_input_error(make, message):
     with pytest.raises(InputError, match=message):
         make()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("ties", [False, True])
+def test_average_ranks_match_scipy_rankdata(seed, ties):
+    from scipy.stats import rankdata
+
+    from raygeom.numerics.pga import average_ranks
+
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 50, 1000).astype(np.float32) if ties else rng.random(1000).astype(np.float32)
+    np.testing.assert_array_equal(average_ranks(values), rankdata(values, method="average"))
+
+
+@pytest.mark.parametrize("n, block", [(3, 256), (30, 7), (31, 10), (40, 39), (64, 16), (257, 256)])
+def test_pair_layout_holds_every_pair_once_with_its_pdist_position(n, block):
+    import torch
+    from scipy.spatial.distance import pdist
+
+    from raygeom.numerics.pga import PairLayout
+
+    x = np.random.default_rng(n).standard_normal((n, 5)).astype(np.float32)
+    layout = PairLayout(n, block)
+    index = layout.pdist_index
+    assert np.array_equal(np.sort(index), np.arange(n * (n - 1) // 2))
+    products = layout.fill(torch.from_numpy(x), torch.from_numpy(x), torch.empty(layout.n_pairs)).numpy()
+    expected = pdist(x.astype(np.float64), lambda a, b: a @ b)[index]
+    np.testing.assert_allclose(products, expected, rtol=1e-5, atol=1e-5)
