@@ -339,7 +339,7 @@ class _SubspaceScorer:
         a = _null_gaussian(self.layer.dim, k, seed, index)
         r_inverse = np.linalg.inv(np.linalg.cholesky(a.T @ a).T)
         xa = self.x @ torch.from_numpy(a.astype(np.float32)).to(self.device)
-        return self.rho_of_projection(xa.double() @ torch.from_numpy(r_inverse).to(self.device))
+        return self.rho_of_projection(xa @ torch.from_numpy(r_inverse.astype(np.float32)).to(self.device))
 
 
 @contextmanager

@@ -4,12 +4,14 @@
   with every unit present exactly once and identical to an uninterrupted run. The same cluster then
   gets a node with 2 fake GPUs, on which extraction replicas are placed by their num_gpus request.
 - The driver of a sweep is killed (SIGKILL) mid-run: a rerun computes only the missing units.
+- The documented `ray job submit` command runs a sweep on a `ray start --head` cluster, and resubmitting it resumes.
 
 Each separate cluster runs in a subprocess, because this process already holds the session's Ray.
 """
 
 import json
 import os
+import socket
 import shutil
 import signal
 import subprocess
@@ -239,3 +241,58 @@ def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep
     assert outputs.computed_units == UNITS - len(before) == len(after) - len(before)
     assert all(p.stat().st_mtime_ns == t for p, t in markers.items())  # nor were finished extractions redone
     assert tidy(outputs.table) == reference
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_documented_ray_job_submit_runs_a_sweep_on_a_started_head_and_resubmitting_resumes(sweep_setup, tmp_path, ray_tmp):
+    root, corpus, reference = sweep_setup
+    out = tmp_path / "out"
+    job_file = write_sweep_job(tmp_path, out, corpus)
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    # The job's `python` is whatever the head's PATH finds; here, this venv's.
+    env = dict(subprocess_env(ray_tmp), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    dashboard = free_port()
+    started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={free_port()}", "--num-cpus=2",
+                              "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                              # Fixed defaults (52365 ...) would collide with the agents of this session's own Ray.
+                              *(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                                       "runtime-env-agent-port", "metrics-export-port",
+                                                                       "ray-client-server-port")),
+                              f"--temp-dir={ray_tmp}", "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=120)
+    runtime_env = {"excludes": [".venv", "runs", ".git"],
+                   "env_vars": {"HF_HUB_CACHE": os.environ["HF_HUB_CACHE"], "HF_HUB_OFFLINE": "1"}}
+    submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--working-dir", str(ROOT),
+              "--runtime-env-json", json.dumps(runtime_env), "--",
+              "python", "-m", "raygeom.cli", "run", str(job_file), "--address", "auto", "--out", str(out)]
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        deadline = time.time() + 90
+        while True:
+            first = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+            # Right after `ray start` the head's job agent may not be up yet; Ray asks to try again.
+            if "No available agent" not in first.stderr or time.time() > deadline:
+                break
+            time.sleep(2)
+        cluster = set(map(str, processes_under(str(ray_tmp))))
+        sockets = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout.splitlines()
+        ours = [line.split() for line in sockets if any(f"pid={pid}," in line for pid in cluster)]
+        second = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        for pid in processes_under(str(ray_tmp)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert first.returncode == 0 and "succeeded" in first.stdout + first.stderr, (first.stdout + first.stderr)[-3000:]
+    assert f"{UNITS} units, 0 already done" in " ".join(first.stdout.split())
+    assert ours, "the head's processes should hold sockets"
+    loopback = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:", "[::ffff:127.0.0.1]:")
+    assert all(fields[3].startswith(loopback) and (fields[0] == "LISTEN" or fields[4].startswith(loopback))
+               for fields in ours), ours
+    assert tidy(out / "results" / "sweep_pga.parquet") == reference
+    assert second.returncode == 0 and f"{UNITS} already done, 0 to" in " ".join(second.stdout.split()), second.stdout[-3000:]
