@@ -301,7 +301,7 @@ def estimate(plan: SweepPlan) -> CostEstimate:
 # CPU-seconds of one PGA unit (N=2000, k=100, CCR-1, 100 nulls) by width d, measured on one thread of a
 # 2-core CI machine by `python bench/bench_sweep.py --estimate`; used by `raygeom plan` before a store has
 # measured units of its own. Forward passes: an A100 at an assumed 40% of 312 fp16 TFLOPS.
-REFERENCE_PGA_UNIT_SECONDS = {128: 9.8, 512: 6.9, 2048: 14.2, 5120: 16.4}
+REFERENCE_PGA_UNIT_SECONDS = {128: 6.9, 512: 6.7, 2048: 9.1, 5120: 11.9}
 REFERENCE_GPU_FLOPS = 0.40 * 312e12
 REFERENCE_LOAD_BYTES_PER_SECOND = 2e9
 

@@ -251,7 +251,10 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
     gpu_seconds, cpu_seconds = sweep.reference_estimate(plan)
     # 2 x 24.6e9 parameters x 2000 x 128 tokens x 154 revisions at 124.8 TFLOPS, plus loading 2 bytes/parameter at 2 GB/s
     assert gpu_seconds / 3600 == pytest.approx((2 * 24.5876e9 * 256_000 / 124.8e12 + 24.5876e9 * 2 / 2e9) * 154 / 3600, rel=1e-3)
-    assert 80 < cpu_seconds / 3600 < 180
+    rates = sweep.REFERENCE_PGA_UNIT_SECONDS
+    per_revision = sum((s.n_blocks + 2) * np.interp(s.d, sorted(rates), [rates[w] for w in sorted(rates)])
+                       for s in pythia.PYTHIA_SIZES.values())
+    assert cpu_seconds == pytest.approx(154 * per_revision, rel=1e-9)
     assert job.sweep.gpu_memory_gib == 80 and job.n_samples == 2000
 
 
