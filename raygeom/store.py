@@ -161,8 +161,13 @@ class Store:
         return found
 
     def invalidate(self, model: str, revision: str) -> None:
+        """Before this revision is extracted again: it stops counting as complete, and the hidden
+        temporaries of a write that was killed before its rename (possibly GBs of layer data) go."""
         marker = self._partition("activations", model, revision) / COMPLETE_MARKER
         marker.unlink(missing_ok=True)
+        for kind in ("activations", "readout", "samples"):
+            for leftover in self._partition(kind, model, revision).rglob(".*.tmp"):
+                leftover.unlink(missing_ok=True)
 
     # readout basis
     def write_readout(self, model: str, revision: str, basis: np.ndarray, singular_values: np.ndarray) -> None:

@@ -130,7 +130,9 @@ def _cached_config(spec: ModelSpec) -> dict | None:
         found = try_to_load_from_cache(spec.source, "config.json", revision=spec.revision)
         path = Path(found) if isinstance(found, str) else None
     else:
-        path = None
+        from raygeom.models import known_config
+
+        return known_config(spec)
     if path is None or not path.is_file():
         return None
     try:

@@ -120,9 +120,12 @@ def test_truncated_layer_file_is_detected_and_recomputed(finished_job):
     path = store.layer_path("EleutherAI--pythia-14m", "step0", "block_00")
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])
+    killed_write = path.parent / f".{path.name}.k1ll3d.tmp"  # what a write killed before its rename leaves
+    killed_write.write_bytes(good[:100])
     assert not store.is_complete("EleutherAI--pythia-14m", "step0", request.key())
     orchestrate.extract(store, request)
     assert store.is_complete("EleutherAI--pythia-14m", "step0", request.key())
+    assert not killed_write.exists() and not list(path.parent.glob(".*.tmp"))
     _, vectors = store.read_layer("EleutherAI--pythia-14m", "step0", "block_00")
     assert vectors.shape == (40, 64)
 

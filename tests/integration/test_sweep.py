@@ -1,6 +1,7 @@
 """Sweeps end to end on tiny offline Pythia models, on the session's local Ray: the tidy table, plots,
 duplicate-weight flags, plan/status from the store, resume and corrupt-unit recovery."""
 
+import dataclasses
 import os
 
 import numpy as np
@@ -265,3 +266,12 @@ def test_deduped_variants_are_an_option(tmp_path):
     job_file.write_text(job_file.read_text().replace("deduped = true", 'deduped = "only"'))
     assert [m.source for m in load_job(job_file).models] == [
         "EleutherAI/pythia-31m", "EleutherAI/pythia-14m-deduped", "EleutherAI/pythia-31m-deduped"]
+
+
+def test_plan_counts_the_layers_of_a_built_in_model_before_it_is_ever_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYGEOM_CACHE", str(tmp_path / "empty-cache"))  # no dequantised copy to read a config from
+    job = load_job(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "laptop.toml"))
+    plan = sweep.build_plan(dataclasses.replace(job, out=str(tmp_path / "out")), fingerprint="not-run")
+    (revision,) = plan.revisions
+    assert revision.layers == ["embed", *(f"block_{i:02d}" for i in range(30)), "final_norm"]  # SmolLM2-135M: 30 blocks
+    assert plan.n_units == 32 and not revision.done
