@@ -387,6 +387,17 @@ def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
 
 # ---------------------------------------------------------------- commands
 
+# Options every command here shares: one definition, one help text.
+RevisionOption = typer.Option(["main"], "--revision", "-r", help="Hub revision(s) for models given without @revision.")
+NSamplesOption = typer.Option(500, "--n-samples", "-n")
+MaxWordsOption = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with "
+                              "different tokenizers read the same text.")
+SeqLenOption = typer.Option(128, "--seq-len")
+PoolOption = typer.Option("last", "--pool", help="last | mean")
+SkipFirstOption = typer.Option(True, "--skip-first/--keep-first")
+BatchSizeOption = typer.Option(16, "--batch-size")
+ReportOption = typer.Option(None, "--report", help="Also copy the tables and plots into this directory.")
+NumCpusOption = typer.Option(None, "--num-cpus")
 ModelsOption = typer.Option(["smollm2"], "--model", "-m", help="Built-in name, HF hub id, model directory or .gguf file; "
                             "name@revision picks a revision. Repeatable.")
 
@@ -398,14 +409,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def diagnose(
         model: list[str] = ModelsOption,
-        revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s) for models given without @revision."),
+        revision: list[str] = RevisionOption,
         corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."),
-        n_samples: int = typer.Option(500, "--n-samples", "-n"),
-        max_words: Optional[int] = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text."),
-        seq_len: int = typer.Option(128, "--seq-len"),
-        pool: str = typer.Option("last", "--pool", help="last | mean"),
-        skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
-        batch_size: int = typer.Option(16, "--batch-size"),
+        n_samples: int = NSamplesOption,
+        max_words: Optional[int] = MaxWordsOption,
+        seq_len: int = SeqLenOption,
+        pool: str = PoolOption,
+        skip_first: bool = SkipFirstOption,
+        batch_size: int = BatchSizeOption,
         layers: str = typer.Option("all", "--layers"),
         k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
         ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
@@ -416,9 +427,9 @@ def register(app: typer.Typer) -> None:
         probe_test_fraction: float = typer.Option(0.25, "--probe-test-fraction"),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/diagnose"), "--out", "-o"),
-        report: Optional[Path] = typer.Option(None, "--report", help="Also copy the tables and plots into this directory."),
+        report: Optional[Path] = ReportOption,
         address: Optional[str] = cli.AddressOption,
-        num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+        num_cpus: Optional[int] = NumCpusOption,
     ):
         """Per-layer diagnostics: z at several CCR ranks, spectral metrics, PC1 readout share, loss beside geometry, probes."""
         try:
@@ -430,14 +441,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def converge(
         model: list[str] = typer.Option(..., "--model", "-m", help="Two or more models (name or name@revision), all run on the same texts."),
-        revision: list[str] = typer.Option(["main"], "--revision", "-r"),
+        revision: list[str] = RevisionOption,
         corpus: str = typer.Option("bbc", "--corpus", "-c"),
-        n_samples: int = typer.Option(500, "--n-samples", "-n"),
-        max_words: Optional[int] = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text."),
-        seq_len: int = typer.Option(128, "--seq-len"),
-        pool: str = typer.Option("last", "--pool"),
-        skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
-        batch_size: int = typer.Option(16, "--batch-size"),
+        n_samples: int = NSamplesOption,
+        max_words: Optional[int] = MaxWordsOption,
+        seq_len: int = SeqLenOption,
+        pool: str = PoolOption,
+        skip_first: bool = SkipFirstOption,
+        batch_size: int = BatchSizeOption,
         layers: str = typer.Option("all", "--layers", help="Layers to extract in every model."),
         depths: Optional[int] = typer.Option(None, "--depths", help="Compare only the layers nearest this many evenly spaced relative depths."),
         k: int = typer.Option(100, "--k"),
@@ -446,9 +457,9 @@ def register(app: typer.Typer) -> None:
         null_chunks: int = typer.Option(4, "--null-chunks"),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/converge"), "--out", "-o"),
-        report: Optional[Path] = typer.Option(None, "--report"),
+        report: Optional[Path] = ReportOption,
         address: Optional[str] = cli.AddressOption,
-        num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+        num_cpus: Optional[int] = NumCpusOption,
     ):
         """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
         try:
@@ -460,21 +471,21 @@ def register(app: typer.Typer) -> None:
     @app.command("probe")
     def probe_command(
         model: list[str] = ModelsOption,
-        revision: list[str] = typer.Option(["main"], "--revision", "-r"),
+        revision: list[str] = RevisionOption,
         corpus: str = typer.Option("bbc", "--corpus", "-c", help="Needs labels: 'bbc', a JSONL/Parquet file with 'label', or hf:ag_news."),
-        n_samples: int = typer.Option(500, "--n-samples", "-n"),
-        max_words: Optional[int] = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text."),
-        seq_len: int = typer.Option(128, "--seq-len"),
-        pool: str = typer.Option("last", "--pool"),
-        skip_first: bool = typer.Option(True, "--skip-first/--keep-first"),
-        batch_size: int = typer.Option(16, "--batch-size"),
+        n_samples: int = NSamplesOption,
+        max_words: Optional[int] = MaxWordsOption,
+        seq_len: int = SeqLenOption,
+        pool: str = PoolOption,
+        skip_first: bool = SkipFirstOption,
+        batch_size: int = BatchSizeOption,
         layers: str = typer.Option("all", "--layers"),
         test_fraction: float = typer.Option(0.25, "--test-fraction"),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/probe"), "--out", "-o"),
-        report: Optional[Path] = typer.Option(None, "--report"),
+        report: Optional[Path] = ReportOption,
         address: Optional[str] = cli.AddressOption,
-        num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
+        num_cpus: Optional[int] = NumCpusOption,
     ):
         """Linear probes (multinomial logistic regression, fixed stratified split) on every layer."""
         try:
