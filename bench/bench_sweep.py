@@ -5,7 +5,8 @@
 
 Each run is a fresh subprocess with its own local Ray (loopback), with worker processes warmed up
 first (imports, one model build), so the time is the sweep itself. Runs alternate between 1 and 2
-workers and the medians are compared. Results of all runs must be identical.
+workers and the medians are compared. Results of all runs must be identical. With
+RAYGEOM_BENCH_TIMELINE=PREFIX each run also writes Ray's task timeline to PREFIX-<workers>.json.
 """
 
 from __future__ import annotations

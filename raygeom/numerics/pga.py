@@ -194,6 +194,7 @@ class PairLayout:
             self.diagonals.append((start, stop, offset))
             offset += (stop - start) * (stop - start - 1) // 2
         assert offset == self.n_pairs
+        self._scratch: dict = {}
 
     @property
     def pdist_index(self) -> np.ndarray:
@@ -215,17 +216,27 @@ class PairLayout:
         for start, stop, offset in self.rectangles:
             size = (stop - start) * (n - stop)
             torch.matmul(left[start:stop], right[stop:].T, out=out[offset:offset + size].view(stop - start, n - stop))
-        width = self.blocks[0][1] - self.blocks[0][0]
-        square = torch.empty(width * width, dtype=out.dtype, device=out.device)
-        upper = {}
+        square, upper = self._diagonal_scratch(out.dtype, out.device)
         for start, stop, offset in self.diagonals:
             size = stop - start
-            if size not in upper:
-                rows, cols = torch.triu_indices(size, size, 1, device=out.device)
-                upper[size] = rows * size + cols
             block = torch.matmul(left[start:stop], right[start:stop].T, out=square[: size * size].view(size, size))
             torch.index_select(block.view(-1), 0, upper[size], out=out[offset:offset + upper[size].numel()])
         return out
+
+    def _diagonal_scratch(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """One diagonal block's buffer and the flat indices of its strict upper triangle, made once per
+        layout and device: ``fill`` runs once per subspace."""
+        key = (dtype, device)
+        if key not in self._scratch:
+            width = self.blocks[0][1] - self.blocks[0][0]
+            upper = {}
+            for start, stop, _ in self.diagonals:
+                size = stop - start
+                if size not in upper:
+                    rows, cols = torch.triu_indices(size, size, 1, device=device)
+                    upper[size] = rows * size + cols
+            self._scratch[key] = (torch.empty(width * width, dtype=dtype, device=device), upper)
+        return self._scratch[key]
 
 
 @dataclass(frozen=True)
