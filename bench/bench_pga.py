@@ -114,7 +114,7 @@ def main() -> None:
     print(f"raygeom, one process ({device}):                 {t_fast:8.2f} s   z = {z_fast:+.4f}   "
           f"x{t_naive / t_fast:.1f}   |dz| = {abs(z_fast - z_naive):.4f}")
 
-    from raygeom.ray_env import prepare_local_ray_environment
+    from raygeom.engine.ray_env import prepare_local_ray_environment
 
     prepare_local_ray_environment()
     import ray

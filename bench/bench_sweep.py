@@ -39,17 +39,17 @@ def setup(directory: Path, n_texts: int) -> Path:
 
 
 def child(workers: int, corpus: str, out: str, n: int) -> None:
-    from raygeom.ray_env import prepare_local_ray_environment
+    from raygeom.engine.ray_env import prepare_local_ray_environment
 
     prepare_local_ray_environment()
     import ray
 
-    from raygeom import orchestrate
-    from raygeom.corpus import load_corpus
-    from raygeom.extract import ExtractionSettings
-    from raygeom.models import resolve_model
+    from raygeom.engine import orchestrate
+    from raygeom.sources.corpus import load_corpus
+    from raygeom.replica.extract import ExtractionSettings
+    from raygeom.sources.models import resolve_model
     from raygeom.params import PGAParams
-    from raygeom.store import Store
+    from raygeom.store.tree import Store
 
     orchestrate.start_ray(num_cpus=workers)
 
@@ -59,7 +59,7 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
         a sweep of 154 revisions amortises them, a benchmark of 8 would count them once per worker."""
         import numpy as np
 
-        from raygeom.models import load_model
+        from raygeom.sources.models import load_model
         from raygeom.numerics import pga
 
         model, tokenizer = load_model(resolve_model("EleutherAI/pythia-14m", "step0"), device="cpu")
@@ -149,8 +149,8 @@ def estimate() -> None:
     import numpy as np
     import torch
 
-    from raygeom import revisions as pythia
-    from raygeom import sweep
+    from raygeom.sources import revisions as pythia
+    from raygeom.analyses import sweep
     from raygeom.numerics import pga
 
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """raygeom: how language models organise hidden-state geometry for prediction.
 
 Numerics (pure, arrays in and out) live in :mod:`raygeom.numerics`; the
-notebook API in :mod:`raygeom.api`; Ray orchestration in :mod:`raygeom.orchestrate`.
+notebook API in :mod:`raygeom.api`; Ray orchestration in :mod:`raygeom.engine.orchestrate`.
 """
 
 from raygeom.api import layer_activations, pga_by_layer, unembedding_matrix

@@ -5,16 +5,16 @@
     layers = raygeom.layer_activations(model, tokenizer, texts)  # an HF model you have
     table = raygeom.pga_by_layer(model, tokenizer, texts, k=100)
 
-No Ray is started here; use the CLI (or raygeom.orchestrate) to fan work out.
+No Ray is started here; use the CLI (or raygeom.engine.orchestrate) to fan work out.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from raygeom import model_surgery
+from raygeom.sources import model_surgery
 from raygeom.errors import InputError
-from raygeom.extract import ExtractionSettings, extract_batch
+from raygeom.replica.extract import ExtractionSettings, extract_batch
 from raygeom.numerics import pga
 
 

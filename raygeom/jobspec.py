@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
-from raygeom.extract import ExtractionSettings
+from raygeom.replica.extract import ExtractionSettings
 from raygeom.params import PGAParams
 
 
@@ -138,7 +138,7 @@ SWEEP_KEYS = {"sizes", "deduped", "revisions", *(f.name for f in fields(SweepSet
 
 
 def _expand(revisions, path: Path) -> list[str]:
-    from raygeom.revisions import expand_revisions
+    from raygeom.sources.revisions import expand_revisions
 
     try:
         return expand_revisions(revisions)
@@ -149,7 +149,7 @@ def _expand(revisions, path: Path) -> list[str]:
 def _sweep(section: dict, path: Path) -> tuple[SweepSettings, list[ModelEntry]]:
     """[sweep]: ``sizes`` (Pythia sizes), ``deduped`` (false | true: also the -deduped models | "only"),
     ``revisions`` (all | log | linear | every:N | stepA:stepB | a list) and the SweepSettings fields."""
-    from raygeom.revisions import repo_id
+    from raygeom.sources.revisions import repo_id
 
     _known(section, SWEEP_KEYS, "sweep", path)
     sizes = section.get("sizes", [])

@@ -15,7 +15,7 @@ os.environ["HF_HUB_CACHE"] = str(_SESSION_DIR / "hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from raygeom.ray_env import prepare_local_ray_environment  # noqa: E402
+from raygeom.engine.ray_env import prepare_local_ray_environment  # noqa: E402
 
 prepare_local_ray_environment()
 
@@ -33,7 +33,7 @@ def hub_cache() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    from raygeom import orchestrate
+    from raygeom.engine import orchestrate
 
     orchestrate.start_ray(num_cpus=2)
     yield

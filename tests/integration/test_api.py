@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import raygeom
-from raygeom.models import load_model, resolve_model
+from raygeom.sources.models import load_model, resolve_model
 from tests import reference
 
 pytestmark = pytest.mark.integration

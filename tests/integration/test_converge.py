@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from raygeom import converge
+from raygeom.analyses import converge
 from raygeom.errors import RaygeomError
 from raygeom.numerics.convergence import convergence
-from raygeom.store import Store
+from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_depths_restrict_the_grid_and_bad_requests_fail_clearly(planted, tmp_pat
 
 
 def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_local, tiny_corpus, tmp_path):
-    from raygeom.cli import app
+    from raygeom.cli.root import app
     from raygeom.testing import write_tiny_pythia
 
     # A repo id no other test writes, so its width cannot depend on which test ran first.
@@ -126,7 +126,7 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
 
 
 def test_cli_needs_two_models(hub_cache, tiny_corpus, tmp_path):
-    from raygeom.cli import app
+    from raygeom.cli.root import app
 
     result = CliRunner().invoke(app, ["converge", "-m", "EleutherAI/pythia-14m", "-c", str(tiny_corpus), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "at least two models" in result.output and "Traceback" not in result.output

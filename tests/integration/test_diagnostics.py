@@ -8,13 +8,14 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from raygeom import diagnostics, orchestrate
-from raygeom.corpus import load_corpus
+from raygeom.analyses import diagnostics
+from raygeom.engine import orchestrate
+from raygeom.sources.corpus import load_corpus
 from raygeom.errors import RaygeomError
-from raygeom.extract import ExtractionSettings
-from raygeom.models import resolve_model
+from raygeom.replica.extract import ExtractionSettings
+from raygeom.sources.models import resolve_model
 from raygeom.numerics import layer_geometry, pga, probe, spectral
-from raygeom.store import Store
+from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +145,7 @@ def labelled_corpus(tmp_path):
 
 
 def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_corpus, tmp_path):
-    from raygeom.cli import app
+    from raygeom.cli.root import app
 
     out, report = tmp_path / "out", tmp_path / "report"
     result = CliRunner().invoke(app, ["diagnose", "-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(labelled_corpus),
@@ -179,7 +180,7 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
     (["--k", "0"], "k must be positive"),
 ])
 def test_cli_bad_input_is_one_line_and_writes_nothing(hub_cache, labelled_corpus, tmp_path, args, message):
-    from raygeom.cli import app
+    from raygeom.cli.root import app
 
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["diagnose", "-m", "EleutherAI/pythia-14m", "-c", str(labelled_corpus), "-n", "20",
@@ -190,7 +191,7 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(hub_cache, labelled_corpus
 
 
 def test_probe_needs_labels(hub_cache, tmp_path):
-    from raygeom.cli import app
+    from raygeom.cli.root import app
 
     corpus = tmp_path / "plain.txt"
     corpus.write_text("\n".join(f"line {i} of text" for i in range(30)))

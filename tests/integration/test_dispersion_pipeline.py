@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from raygeom import dispersion_pipeline as dp
-from raygeom.corpus import load_corpus
-from raygeom.models import load_model, resolve_model
+from raygeom.analyses import dispersion as dp
+from raygeom.sources.corpus import load_corpus
+from raygeom.sources.models import load_model, resolve_model
 from raygeom.numerics.dispersion import dispersion, dispersion_gap
-from raygeom.store import Store
-from raygeom.token_extract import domain_token_ids, make_chunks, token_features
+from raygeom.store.tree import Store
+from raygeom.replica.tokens import domain_token_ids, make_chunks, token_features
 
 pytestmark = pytest.mark.integration
 SETTINGS = dp.DispersionSettings(chunk_len=32, chunks_per_domain=6, batch_size=4, layers="all", domain_tokens="digits", seed=3)
@@ -106,7 +106,7 @@ def test_plots_are_written(finished, tmp_path):
 def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", "--chunk-len", "1", "-o", str(out)],
+    done = subprocess.run([sys.executable, "-m", "raygeom.cli.root", "dispersion", "--chunk-len", "1", "-o", str(out)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert "chunk-len must be at least 2" in done.stderr and "Traceback" not in done.stderr

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = textwrap.dedent('''
     import json, subprocess, sys, threading, time
     from pathlib import Path
-    from raygeom.ray_env import prepare_local_ray_environment
+    from raygeom.engine.ray_env import prepare_local_ray_environment
 
     prepare_local_ray_environment()
     import ray
@@ -41,7 +41,7 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     from rich.console import Console
 
     from raygeom.jobspec import load_job
-    from raygeom.pipeline import run_sweep_job
+    from raygeom.engine.pipeline import run_sweep_job
 
     job_file, report_path = sys.argv[1], sys.argv[2]
     report = {}
@@ -88,9 +88,9 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     report["alive_after"] = len([n for n in ray.nodes() if n["Alive"]])
 
     # Fake GPUs: a node with 2 GPUs and no CPUs; replicas go there by their num_gpus alone.
-    from raygeom import orchestrate
-    from raygeom.pipeline import replica_gpus
-    from raygeom.revisions import PYTHIA_SIZES
+    from raygeom.engine import orchestrate
+    from raygeom.engine.pipeline import replica_gpus
+    from raygeom.sources.revisions import PYTHIA_SIZES
 
     gpu_node = cluster.add_node(num_cpus=0, num_gpus=2, resources={"gpu_node": 1})
     cluster.wait_for_nodes()
@@ -206,13 +206,13 @@ def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, r
 
 
 def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep_setup, tmp_path, ray_tmp):
-    from raygeom.pipeline import run_sweep_job
+    from raygeom.engine.pipeline import run_sweep_job
 
     root, corpus, reference = sweep_setup
     out = tmp_path / "out"
     job_file = write_sweep_job(tmp_path, out, corpus)
     results = out / "results" / "pga"
-    driver = subprocess.Popen([sys.executable, "-m", "raygeom.cli", "run", str(job_file), "--num-cpus", "2"],
+    driver = subprocess.Popen([sys.executable, "-m", "raygeom.cli.root", "run", str(job_file), "--num-cpus", "2"],
                               env=subprocess_env(ray_tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
@@ -268,7 +268,7 @@ def test_the_documented_ray_job_submit_runs_a_sweep_on_a_started_head_and_resubm
                    "env_vars": {"HF_HUB_CACHE": os.environ["HF_HUB_CACHE"], "HF_HUB_OFFLINE": "1"}}
     submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--working-dir", str(ROOT),
               "--runtime-env-json", json.dumps(runtime_env), "--",
-              "python", "-m", "raygeom.cli", "run", str(job_file), "--address", "auto", "--out", str(out)]
+              "python", "-m", "raygeom.cli.root", "run", str(job_file), "--address", "auto", "--out", str(out)]
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         deadline = time.time() + 90

@@ -4,11 +4,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from raygeom import knn
-from raygeom.corpus import Corpus, load_corpus
+from raygeom.analyses import knn
+from raygeom.sources.corpus import Corpus, load_corpus
 from raygeom.errors import RaygeomError
-from raygeom.models import resolve_model
-from raygeom.store import Store
+from raygeom.sources.models import resolve_model
+from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
 LAYERS = ["embed", "block_00", "block_01", "block_02", "final_norm", "attn_last"]

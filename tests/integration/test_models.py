@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from raygeom import model_surgery
+from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
-from raygeom.extract import ExtractionSettings, extract_batch
-from raygeom.models import load_model, resolve_model, weight_fingerprint
+from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.sources.models import load_model, resolve_model, weight_fingerprint
 from tests.conftest import TINY_REVISIONS
 
 pytestmark = pytest.mark.integration

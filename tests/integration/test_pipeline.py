@@ -9,14 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from raygeom import orchestrate
-from raygeom.corpus import load_corpus
-from raygeom.extract import ExtractionSettings
+from raygeom.engine import orchestrate
+from raygeom.sources.corpus import load_corpus
+from raygeom.replica.extract import ExtractionSettings
 from raygeom.jobspec import JobSpec, ModelEntry
-from raygeom.models import resolve_model
+from raygeom.sources.models import resolve_model
 from raygeom.params import PGAParams
-from raygeom.pipeline import run_pga_job
-from raygeom.store import Store, column_to_matrix
+from raygeom.engine.pipeline import run_pga_job
+from raygeom.store.tree import Store, column_to_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +71,8 @@ def test_activation_store_reads_in_pandas_polars_duckdb_and_ray_data(finished_jo
 
 
 def test_stored_layer_matches_a_direct_forward_pass(finished_job, hub_cache):
-    from raygeom.extract import extract_batch
-    from raygeom.models import load_model
+    from raygeom.replica.extract import extract_batch
+    from raygeom.sources.models import load_model
 
     root, corpus, _ = finished_job
     texts = load_corpus(str(corpus)).sample(40, 0).texts

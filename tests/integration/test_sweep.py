@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from raygeom import sweep
+from raygeom.analyses import sweep
 from raygeom.jobspec import load_job
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ def tidy(path):
 def first_run(hub_cache, tmp_path_factory):
     """One uninterrupted sweep per session: these tests inspect it, the fault tests compare against it."""
     if not _FIRST_RUN:
-        from raygeom.pipeline import run_sweep_job
+        from raygeom.engine.pipeline import run_sweep_job
 
         add_sweep_models(hub_cache)
         root = tmp_path_factory.mktemp("sweep")
@@ -91,7 +91,7 @@ def swept(hub_cache, ray_local, tmp_path_factory):
 
 
 def invoke(*args):
-    from raygeom.cli import app
+    from raygeom.cli.root import app
 
     result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
     return result
@@ -156,7 +156,7 @@ def test_plan_of_a_fresh_store_estimates_from_measured_units(swept, tmp_path):
 
 
 def test_rerun_recomputes_nothing(swept):
-    from raygeom.pipeline import run_sweep_job
+    from raygeom.engine.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted((root / "out" / "activations").rglob("_COMPLETE.json"))
@@ -167,7 +167,7 @@ def test_rerun_recomputes_nothing(swept):
 
 
 def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
-    from raygeom.pipeline import run_sweep_job
+    from raygeom.engine.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -184,7 +184,7 @@ def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
 
 
 def test_dropped_activations_do_not_force_recomputation(swept):
-    from raygeom.pipeline import run_sweep_job
+    from raygeom.engine.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -208,10 +208,10 @@ def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
 
 
 def test_sweep_tasks_and_the_laptop_actor_path_extract_identical_activations(swept, tmp_path):
-    from raygeom import orchestrate
-    from raygeom.corpus import load_corpus
-    from raygeom.models import resolve_model
-    from raygeom.store import Store
+    from raygeom.engine import orchestrate
+    from raygeom.sources.corpus import load_corpus
+    from raygeom.sources.models import resolve_model
+    from raygeom.store.tree import Store
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -240,7 +240,7 @@ def test_bad_sweep_jobs_fail_with_one_line(tmp_path):
 
 
 def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
-    from raygeom import revisions as pythia
+    from raygeom.sources import revisions as pythia
 
     job = load_job(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "pythia-sweep.toml"))
     assert [m.source for m in job.models] == [f"EleutherAI/pythia-{s}" for s in pythia.PYTHIA_SIZES]

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from raygeom.corpus import Corpus
-from raygeom.diagnostics_cli import depth_matched, diagnostics_markdown, truncate_words
-from raygeom.diagnostics import DiagnosticsParams
+from raygeom.sources.corpus import Corpus
+from raygeom.cli.diagnostics import depth_matched, diagnostics_markdown, truncate_words
+from raygeom.analyses.diagnostics import DiagnosticsParams
 from raygeom.errors import RaygeomError
 
 

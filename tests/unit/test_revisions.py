@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from raygeom import revisions as pythia
+from raygeom.sources import revisions as pythia
 from raygeom.errors import RaygeomError
-from raygeom.sweep import _step_edges, collapse_zones, layer_names, select_layers
+from raygeom.analyses.sweep import _step_edges, collapse_zones, layer_names, select_layers
 
 
 def test_the_154_pythia_revisions():

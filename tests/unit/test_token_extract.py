@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from raygeom import model_surgery, token_extract
+from raygeom.sources import model_surgery
+from raygeom.replica import tokens as token_extract
 from raygeom.errors import RaygeomError
 from raygeom.numerics.dispersion import dispersion, dispersion_gap, token_dispersion
 from raygeom.testing import TINY_TEXT, tiny_gpt_neox, tiny_tokenizer

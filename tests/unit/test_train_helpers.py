@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from raygeom import train
+from raygeom.analyses import train
 from raygeom.testing import TINY_TEXT
 
 

@@ -31,10 +31,10 @@ import pyarrow as pa
 import ray
 from scipy.stats import spearmanr
 
-from raygeom.corpus import Corpus
+from raygeom.sources.corpus import Corpus
 from raygeom.errors import RaygeomError
-from raygeom.models import ModelSpec
-from raygeom.store import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
+from raygeom.sources.models import ModelSpec
+from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
 KNN_VERSION = 1
 MARKER = "_COMPLETE.json"
@@ -124,7 +124,7 @@ def _features_dir(store: Store, spec: ModelSpec, key: str) -> Path:
 
 def _write_features(directory: Path, worker, train_chunks: np.ndarray, test_chunks: np.ndarray, layers: list[str],
                     batch_size: int, progress) -> None:
-    from raygeom.dispersion_pipeline import _get
+    from raygeom.analyses.dispersion import _get
 
     parts: dict[str, dict[str, list]] = {"train": {}, "test": {}}
     tokens: dict[str, list] = {"train": [], "test": []}
@@ -230,7 +230,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     With ``test_corpus`` the datastore is built from all of ``corpus`` and the
     held-out text comes from ``test_corpus``; otherwise ``corpus`` is split by article.
     """
-    from raygeom.dispersion_pipeline import _get, start_worker
+    from raygeom.analyses.dispersion import _get, start_worker
 
     train_text, test_text = (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
     key = content_key("knn", KNN_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(), test_text.fingerprint(),
@@ -243,7 +243,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None)
         try:
             selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
-            from raygeom.orchestrate import select_layers
+            from raygeom.engine.orchestrate import select_layers
 
             layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
             train = _get(worker.chunks_of.remote(train_text.texts, settings.chunk_len, settings.train_chunks, settings.seed))
@@ -276,7 +276,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
 
 def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     """kNN-LM held-out perplexity and datastore dispersion per candidate layer."""
-    from raygeom.dispersion_pipeline import _pyplot, _save
+    from raygeom.analyses.dispersion import _pyplot, _save
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8), dpi=110)

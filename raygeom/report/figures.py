@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from raygeom.store import atomic_write_table
+from raygeom.store.tree import atomic_write_table
 
 
 def pga_table(rows: list[dict], title: str) -> Table:

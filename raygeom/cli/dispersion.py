@@ -1,4 +1,4 @@
-"""CLI commands for the dispersion analyses (registered by raygeom.cli): dispersion, select, knn, train."""
+"""CLI commands for the dispersion analyses (registered by raygeom.cli.root): dispersion, select, knn, train."""
 
 from __future__ import annotations
 
@@ -26,15 +26,15 @@ def _fail(message: str) -> None:
 
 
 def _prepare(address: Optional[str]) -> None:
-    """Must run before anything imports ray (see raygeom.ray_env)."""
+    """Must run before anything imports ray (see raygeom.engine.ray_env)."""
     if address is None:
-        from raygeom.ray_env import prepare_local_ray_environment
+        from raygeom.engine.ray_env import prepare_local_ray_environment
 
         prepare_local_ray_environment()
 
 
 def _start(address: Optional[str], num_cpus: Optional[int]) -> None:
-    from raygeom.orchestrate import start_ray
+    from raygeom.engine.orchestrate import start_ray
 
     with console.status("starting Ray" + (f" at {address}" if address else " locally")):
         start_ray(address, num_cpus)
@@ -56,13 +56,13 @@ def _table(rows: list[dict], columns: list[str], title: str) -> Table:
 
 
 def _specs(models: list[str], revisions: list[str]):
-    from raygeom.models import resolve_model
+    from raygeom.sources.models import resolve_model
 
     return [resolve_model(m, r) for m in models for r in revisions]
 
 
 def _progress():
-    from raygeom.pipeline import progress_bar
+    from raygeom.engine.pipeline import progress_bar
 
     return progress_bar(console)
 
@@ -87,12 +87,12 @@ def dispersion(
     num_cpus: Optional[int] = NumCpusOption,
 ):
     """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap."""
-    from raygeom.corpus import load_corpus
-    from raygeom.store import Store, check_writable
+    from raygeom.sources.corpus import load_corpus
+    from raygeom.store.tree import Store, check_writable
 
     try:
         _prepare(address)
-        from raygeom.dispersion_pipeline import AnalysisSettings, DispersionSettings
+        from raygeom.analyses.dispersion import AnalysisSettings, DispersionSettings
 
         settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, layers, domain_tokens, seed)
         analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer)
@@ -101,7 +101,7 @@ def dispersion(
         check_writable(store.root)
         text = load_corpus(corpus)
         _start(address, num_cpus)
-        from raygeom import dispersion_pipeline as dp
+        from raygeom.analyses import dispersion as dp
 
         with _progress() as bar:
             def factory(label, _):
@@ -142,16 +142,16 @@ def select(
     num_cpus: Optional[int] = NumCpusOption,
 ):
     """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free."""
-    from raygeom.corpus import load_corpus
-    from raygeom.store import Store, check_writable
+    from raygeom.sources.corpus import load_corpus
+    from raygeom.store.tree import Store, check_writable
 
     try:
         _prepare(address)
-        from raygeom.dispersion_pipeline import DispersionSettings
+        from raygeom.analyses.dispersion import DispersionSettings
 
         if job is not None:
             from raygeom.jobspec import load_job
-            from raygeom.pipeline import job_models
+            from raygeom.engine.pipeline import job_models
 
             spec_job = load_job(job)
             specs, corpus, root = job_models(spec_job), spec_job.corpus, out or Path(spec_job.out)
@@ -164,7 +164,7 @@ def select(
         check_writable(store.root)
         text = load_corpus(corpus)
         _start(address, num_cpus)
-        from raygeom.dispersion_pipeline import rank_by_gap
+        from raygeom.analyses.dispersion import rank_by_gap
 
         rows = rank_by_gap(store, specs, text, settings, layer)
         console.print(_table(rows, ["rank", "model", "revision", "gap", "domain_dispersion", "generic_dispersion", "n_domain",
@@ -195,12 +195,12 @@ def knn(
     num_cpus: Optional[int] = NumCpusOption,
 ):
     """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
-    from raygeom.corpus import load_corpus
-    from raygeom.store import Store, check_writable
+    from raygeom.sources.corpus import load_corpus
+    from raygeom.store.tree import Store, check_writable
 
     try:
         _prepare(address)
-        from raygeom.knn import KnnSettings
+        from raygeom.analyses.knn import KnnSettings
 
         settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=layers, k=k,
                                temperature=temperature, temperature_scales=temperature_scales, lams=lam, batch_size=batch_size, seed=seed, gpus_per_task=gpus_per_task)
@@ -209,7 +209,7 @@ def knn(
         check_writable(store.root)
         text = load_corpus(corpus)
         _start(address, num_cpus)
-        from raygeom import knn as knn_module
+        from raygeom.analyses import knn as knn_module
 
         with _progress() as bar:
             task = bar.add_task(f"kNN-LM {spec.name}", total=None)
@@ -250,11 +250,11 @@ def train(
     num_cpus: Optional[int] = NumCpusOption,
 ):
     """Push-away training with Ray Train: a small GPT-NeoX from scratch, L = L_LM - lambda * D_batch."""
-    from raygeom.store import Store, check_writable
+    from raygeom.store.tree import Store, check_writable
 
     try:
         _prepare(address)
-        from raygeom.train import TrainSettings
+        from raygeom.analyses.train import TrainSettings
 
         try:
             seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -269,7 +269,7 @@ def train(
         store = Store(out)
         check_writable(store.root)
         _start(address, num_cpus)
-        from raygeom import train as train_module
+        from raygeom.analyses import train as train_module
 
         rows = []
         for settings in grid:

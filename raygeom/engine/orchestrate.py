@@ -1,6 +1,6 @@
 """Ray orchestration: extraction actors, PGA fan-out tasks. The only module that imports Ray.
 
-Call :func:`raygeom.ray_env.prepare_local_ray_environment` before importing
+Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local (the CLI does).
 """
 
@@ -18,16 +18,16 @@ from typing import Callable
 import numpy as np
 import ray
 
-from raygeom import model_surgery
-from raygeom.corpus import Corpus, text_sha1
+from raygeom.sources import model_surgery
+from raygeom.sources.corpus import Corpus, text_sha1
 from raygeom.errors import RaygeomError
-from raygeom.extract import ExtractionSettings, extract_batch
-from raygeom.models import ModelSpec, load_model, weight_fingerprint
+from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
 from raygeom.numerics import pga
 from raygeom.params import PGAParams
-from raygeom.store import Store, content_key
-# Unit keys and requests are pure and live in raygeom.sweep, so plan/status need no Ray; re-exported here.
-from raygeom.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
+from raygeom.store.tree import Store, content_key
+# Unit keys and requests are pure and live in raygeom.analyses.sweep, so plan/status need no Ray; re-exported here.
+from raygeom.analyses.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
                            pga_unit_key, select_layers)
 
 # Prepared layers alive at once in the object store; bounds memory, keeps both stages busy.
@@ -342,7 +342,7 @@ def _load_tokenizer(spec: ModelSpec):
 @ray.remote(max_retries=3, num_cpus=1)
 def _tokenise_corpus(spec: ModelSpec, texts: list[str], settings: ExtractionSettings) -> list[dict] | None:
     """Every revision of a Pythia model shares its tokenizer, so the corpus is tokenised once per model."""
-    from raygeom.extract import tokenize
+    from raygeom.replica.extract import tokenize
 
     _quiet_transformers()
     tokenizer = _load_tokenizer(spec)

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from raygeom import model_surgery
+from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
-from raygeom.extract import LOGIT_CHUNK_ELEMENTS, capture_layers
+from raygeom.replica.extract import LOGIT_CHUNK_ELEMENTS, capture_layers
 from raygeom.numerics.dispersion import DispersionGap, token_dispersion
 
 ATTENTION_LAYER = "attn_last"

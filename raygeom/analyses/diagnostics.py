@@ -6,7 +6,7 @@ For one complete extraction (model, revision) in the store, and each chosen laye
   the PC1 readout share ``||V_k^T u_1||^2`` beside its chance level k/d, and
   PC1's share of the variance;
 - ``pga`` at CCR-r for every r in ``ccr_ranks`` (the restoration analysis),
-  through :func:`raygeom.orchestrate.run_pga`, so units are shared with ``raygeom pga``;
+  through :func:`raygeom.engine.orchestrate.run_pga`, so units are shared with ``raygeom pga``;
 - ``sample_geometry``: per sample, the share of its CCR-r corrected vector's
   energy in the readout subspace, next to that sample's mean next-token NLL,
   and their rank correlation across samples;
@@ -15,7 +15,7 @@ For one complete extraction (model, revision) in the store, and each chosen laye
 
 Each (metric, layer) is one Ray task and one Parquet unit under
 ``results/<metric>/``; a unit already there is read back, not recomputed.
-Call :func:`raygeom.ray_env.prepare_local_ray_environment` before importing
+Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local.
 """
 
@@ -27,11 +27,11 @@ from typing import Callable
 import numpy as np
 import ray
 
-from raygeom import orchestrate
+from raygeom.engine import orchestrate
 from raygeom.errors import RaygeomError
 from raygeom.numerics import layer_geometry, probe, spectral
 from raygeom.params import PGAParams
-from raygeom.store import Store, content_key
+from raygeom.store.tree import Store, content_key
 
 DIAGNOSTICS_VERSION = 1
 DEFAULT_CCR_RANKS = (0, 1, 5, 10)

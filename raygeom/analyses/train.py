@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.errors import RaygeomError
-from raygeom.store import Store, atomic_write_table, content_key, read_table
+from raygeom.store.tree import Store, atomic_write_table, content_key, read_table
 
 TRAIN_VERSION = 1
 DATA_SEED = 0
@@ -127,7 +127,7 @@ def sequences(tokenizer, texts: list[str], seq_len: int) -> np.ndarray:
 @lru_cache(maxsize=4)
 def prepare_data(data_fields: tuple) -> TrainData:
     """The fixed article split, tokenizer and sequences shared by every run with these data settings."""
-    from raygeom.corpus import load_corpus
+    from raygeom.sources.corpus import load_corpus
 
     corpus_name, seq_len, vocab_size, eval_sequences, heldout_fraction, max_texts = data_fields
     corpus = load_corpus(corpus_name)
@@ -161,7 +161,7 @@ def build_model(settings: TrainSettings, vocab_size: int, eos_id: int):
 def lm_and_dispersion(model, core, batch, layer: str, over: str):
     """(mean next-token NLL, D_batch of ``layer``) from one forward pass; both carry gradients."""
     from raygeom.numerics.dispersion import push_away_loss
-    from raygeom.token_extract import capture_token_layers
+    from raygeom.replica.tokens import capture_token_layers
 
     captured = {}
     with capture_token_layers(core, [layer], lambda name, hidden: captured.__setitem__(name, hidden)):
@@ -174,7 +174,7 @@ def evaluate(core, heldout, layer: str, batch_size: int = 16) -> dict:
     import torch
 
     from raygeom.numerics.dispersion import token_dispersion
-    from raygeom.token_extract import capture_token_layers
+    from raygeom.replica.tokens import capture_token_layers
 
     was_training = core.training
     core.eval()
@@ -205,7 +205,7 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
     import torch
     import torch.distributed as dist
 
-    from raygeom.token_extract import token_layer_names
+    from raygeom.replica.tokens import token_layer_names
 
     if not settings.use_gpu:
         torch.set_num_threads(max(1, int(settings.cpus_per_worker)))
@@ -336,7 +336,7 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
     atomic_write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "cached"} for r in rows]),
                        store.root / "results" / "train_runs.parquet")
     atomic_write_table(pa.Table.from_pylist(summary), table)
-    from raygeom.dispersion_pipeline import _pyplot, _save
+    from raygeom.analyses.dispersion import _pyplot, _save
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), dpi=110)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raygeom import model_surgery
+from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
 from raygeom.params import check_types
 

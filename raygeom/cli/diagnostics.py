@@ -1,4 +1,4 @@
-"""CLI commands for the diagnostics analyses (registered by raygeom.cli): ``diagnose``, ``converge``, ``probe``.
+"""CLI commands for the diagnostics analyses (registered by raygeom.cli.root): ``diagnose``, ``converge``, ``probe``.
 
 Each command extracts the models it names (or reuses a complete extraction with
 the same settings in ``--out``), runs its analysis on Ray, then writes Parquet
@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from raygeom.report import save_figure as _save
+from raygeom.report.figures import save_figure as _save
 from raygeom.errors import RaygeomError
 
 Z_METRICS = (  # (column, label, log scale)
@@ -29,7 +29,7 @@ Z_METRICS = (  # (column, label, log scale)
 
 
 def _cli():
-    from raygeom import cli
+    from raygeom.cli import root as cli
 
     return cli
 
@@ -46,7 +46,7 @@ def _parse_ranks(text: str) -> tuple[int, ...]:
 
 def _model_entries(models: list[str], revisions: list[str]):
     """``name`` or ``name@revision``; plain names get every ``--revision``."""
-    from raygeom.models import resolve_model
+    from raygeom.sources.models import resolve_model
 
     specs = []
     for model in models:
@@ -66,7 +66,7 @@ def truncate_words(corpus, max_words: Optional[int]):
     words; cutting the text itself first makes every model read, and pool the
     last token of, exactly the same text.
     """
-    from raygeom.corpus import Corpus
+    from raygeom.sources.corpus import Corpus
 
     if max_words is None:
         return corpus
@@ -78,10 +78,10 @@ def truncate_words(corpus, max_words: Optional[int]):
 def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console,
                  max_words: Optional[int] = None):
     """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos)."""
-    from raygeom import orchestrate
-    from raygeom.corpus import load_corpus
-    from raygeom.pipeline import progress_bar
-    from raygeom.store import Store
+    from raygeom.engine import orchestrate
+    from raygeom.sources.corpus import load_corpus
+    from raygeom.engine.pipeline import progress_bar
+    from raygeom.store.tree import Store
 
     corpus = truncate_words(load_corpus(corpus_name).sample(n_samples, seed), max_words)
     store = Store(out)
@@ -100,11 +100,11 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
 
 
 def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console):
-    from raygeom.store import check_writable
+    from raygeom.store.tree import check_writable
 
     check_writable(out)
     _cli()._prepare_ray(address)
-    from raygeom import orchestrate
+    from raygeom.engine import orchestrate
 
     with console.status("starting Ray" + (f" at {address}" if address else " locally")):
         try:
@@ -114,7 +114,7 @@ def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console
 
 
 def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
-    from raygeom.extract import ExtractionSettings
+    from raygeom.replica.extract import ExtractionSettings
 
     if max_words is not None and max_words < 1:
         raise RaygeomError(f"--max-words must be positive, got {max_words}")
@@ -140,7 +140,7 @@ def _fmt(value, spec=".3f") -> str:
 
 
 def _write_text(text: str, path: Path) -> Path:
-    from raygeom.store import atomic_write_text
+    from raygeom.store.tree import atomic_write_text
 
     atomic_write_text(text, path)
     return path
@@ -496,7 +496,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _check_labels(corpus_name: str) -> None:
-    from raygeom.corpus import load_corpus
+    from raygeom.sources.corpus import load_corpus
 
     if load_corpus(corpus_name).labels is None:
         raise RaygeomError(f"corpus '{corpus_name}' has no labels, so there is nothing to probe "
@@ -505,7 +505,7 @@ def _check_labels(corpus_name: str) -> None:
 
 def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
               null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus):
-    from raygeom.report import write_rows
+    from raygeom.report.figures import write_rows
 
     cli = _cli()
     console = cli.console
@@ -516,8 +516,8 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     if probe:
         _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
-    from raygeom import diagnostics
-    from raygeom.pipeline import progress_bar
+    from raygeom.analyses import diagnostics
+    from raygeom.engine.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
@@ -551,7 +551,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
 
 def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
               null_chunks, seed, out, report, address, num_cpus):
-    from raygeom.report import write_rows
+    from raygeom.report.figures import write_rows
 
     cli = _cli()
     console = cli.console
@@ -561,8 +561,8 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
         raise RaygeomError("converge needs at least two models (--model A --model B)")
     params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths)
     _prepare(out, address, num_cpus, console)
-    from raygeom import converge as converge_module
-    from raygeom.pipeline import progress_bar
+    from raygeom.analyses import converge as converge_module
+    from raygeom.engine.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
@@ -587,7 +587,7 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
            report, address, num_cpus):
     from rich.table import Table
 
-    from raygeom.report import write_rows
+    from raygeom.report.figures import write_rows
 
     cli = _cli()
     console = cli.console
@@ -597,8 +597,8 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
     specs = _model_entries(model, revision)
     _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
-    from raygeom import diagnostics
-    from raygeom.pipeline import progress_bar
+    from raygeom.analyses import diagnostics
+    from raygeom.engine.pipeline import progress_bar
 
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     rows = []

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from raygeom.report import save_figure as _save
-from raygeom import revisions as pythia
-from raygeom.corpus import Corpus
+from raygeom.report.figures import save_figure as _save
+from raygeom.sources import revisions as pythia
+from raygeom.sources.corpus import Corpus
 from raygeom.errors import RaygeomError
-from raygeom.extract import ExtractionSettings
-from raygeom.models import ModelSpec, resolve_model
+from raygeom.replica.extract import ExtractionSettings
+from raygeom.sources.models import ModelSpec, resolve_model
 from raygeom.params import PGAParams
-from raygeom.store import Store, atomic_write_text, content_key, read_table
+from raygeom.store.tree import Store, atomic_write_text, content_key, read_table
 
 EXTRACTION_VERSION = 1
 PGA_VERSION = 1
@@ -130,7 +130,7 @@ def _cached_config(spec: ModelSpec) -> dict | None:
         found = try_to_load_from_cache(spec.source, "config.json", revision=spec.revision)
         path = Path(found) if isinstance(found, str) else None
     else:
-        from raygeom.models import known_config
+        from raygeom.sources.models import known_config
 
         return known_config(spec)
     if path is None or not path.is_file():
@@ -170,7 +170,7 @@ def corpus_fingerprint(job, store: Store) -> str:
                 return manifest["fingerprint"]
         except (OSError, json.JSONDecodeError, KeyError):
             pass
-    from raygeom.corpus import load_corpus
+    from raygeom.sources.corpus import load_corpus
 
     return load_corpus(job.corpus).sample(job.n_samples, job.sample_seed).fingerprint()
 
@@ -487,7 +487,7 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
 
 def write_outputs(plan: SweepPlan, threshold: float = 0.0, positive_z: float = 2.0, plots: bool = True) -> dict:
     """The tidy table, the collapse table and the plots, all from the store."""
-    from raygeom.store import atomic_write_table
+    from raygeom.store.tree import atomic_write_table
 
     report = integrity(plan)
     table = tidy_table(plan, report)

@@ -34,13 +34,13 @@ _local_ray = {"started": False}
 def _prepare_ray(address: Optional[str]) -> None:
     if address is None:
         _local_ray["started"] = True
-        from raygeom.ray_env import prepare_local_ray_environment
+        from raygeom.engine.ray_env import prepare_local_ray_environment
 
         prepare_local_ray_environment()
 
 
 def _run(job, address, num_cpus):
-    from raygeom.pipeline import run_pga_job, run_sweep_job
+    from raygeom.engine.pipeline import run_pga_job, run_sweep_job
 
     _prepare_ray(address)
     if job.sweep is not None:  # a job file with a [sweep] section
@@ -89,7 +89,7 @@ def pga(
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
 ):
     """Subspace PGA of one model (one or more revisions) on one corpus, configured by flags."""
-    from raygeom.extract import ExtractionSettings
+    from raygeom.replica.extract import ExtractionSettings
     from raygeom.jobspec import JobSpec, ModelEntry
     from raygeom.params import PGAParams
 
@@ -104,7 +104,7 @@ def pga(
 
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
-for _module in ("raygeom.sweep_cli", "raygeom.diagnostics_cli", "raygeom.dispersion_cli"):
+for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion"):
     __import__(_module, fromlist=["register"]).register(app)
 
 

@@ -41,7 +41,7 @@ from raygeom.errors import RaygeomError
 from raygeom.numerics import convergence_grid, layer_geometry
 from raygeom.numerics.pga import MIN_SAMPLES
 from raygeom.params import PGAParams
-from raygeom.store import Store, content_key
+from raygeom.store.tree import Store, content_key
 
 CONVERGE_VERSION = 1
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from raygeom import report
-from raygeom.corpus import load_corpus
+from raygeom.report.figures import figures as report
+from raygeom.sources.corpus import load_corpus
 from raygeom.jobspec import JobSpec
-from raygeom.models import ModelSpec, resolve_model
-from raygeom.store import Store, check_writable
+from raygeom.sources.models import ModelSpec, resolve_model
+from raygeom.store.tree import Store, check_writable
 
 
 @dataclass
@@ -38,7 +38,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     specs = job_models(job)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
 
-    from raygeom import orchestrate
+    from raygeom.engine import orchestrate
 
     with console.status("starting Ray" + (f" at {address}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
@@ -72,7 +72,7 @@ class SweepOutputs:
 
 def replica_gpus(spec: ModelSpec, job: JobSpec, cluster_gpus: float, params: int | None) -> float:
     """GPUs one extraction replica asks Ray for; 0 on a cluster without GPUs."""
-    from raygeom.revisions import gpus_per_model
+    from raygeom.sources.revisions import gpus_per_model
 
     if cluster_gpus < 1:
         return 0.0
@@ -85,7 +85,7 @@ def replica_gpus(spec: ModelSpec, job: JobSpec, cluster_gpus: float, params: int
 def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> SweepOutputs:
     """Every (model, revision) of the job: extraction on GPU (or CPU) tasks, PGA per layer, then the tidy
     table, collapse zones, plots and the integrity report, all from the store."""
-    from raygeom import sweep
+    from raygeom.analyses import sweep
 
     store = Store(job.out)
     check_writable(store.root)
@@ -93,7 +93,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     plan = sweep.build_plan(job, store, corpus.fingerprint())
     sweep.write_manifest(store, job, corpus)
 
-    from raygeom import orchestrate
+    from raygeom.engine import orchestrate
 
     with console.status("starting Ray" + (f" at {address}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)

@@ -8,7 +8,7 @@ store under ``dispersion/`` and ``results/dispersion_*``; the per-layer summary
 is written last and is what marks a unit complete. The driver then runs the
 authors' group protocol, the difficulty slices and the gap from those files.
 
-Call :func:`raygeom.ray_env.prepare_local_ray_environment` before importing
+Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local (the CLI does).
 """
 
@@ -24,14 +24,14 @@ import pyarrow as pa
 import ray
 from scipy.stats import pearsonr, spearmanr
 
-from raygeom.report import save_figure as _save
-from raygeom.corpus import Corpus
+from raygeom.report.figures import save_figure as _save
+from raygeom.sources.corpus import Corpus
 from raygeom.errors import RaygeomError
-from raygeom.models import ModelSpec, load_model, weight_fingerprint
+from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
 from raygeom.numerics.dispersion import (dispersion, dispersion_by_slice, kmeans_slices, perplexity_groups,
                                          rank_agreement)
-from raygeom.orchestrate import select_layers
-from raygeom.store import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column
+from raygeom.engine.orchestrate import select_layers
+from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column
 
 DISPERSION_VERSION = 1
 
@@ -86,8 +86,8 @@ class TokenWorker:
             self.error = error
 
     def describe(self) -> dict:
-        from raygeom import model_surgery
-        from raygeom.token_extract import token_layer_names
+        from raygeom.sources import model_surgery
+        from raygeom.replica.tokens import token_layer_names
 
         if self.error is not None:
             raise self.error
@@ -97,13 +97,13 @@ class TokenWorker:
                 "fingerprint": weight_fingerprint(self.model)}
 
     def make_chunks(self, texts: list[str], labels: list[str] | None, chunk_len: int, per_domain: int, seed: int) -> list[str]:
-        from raygeom.token_extract import make_chunks
+        from raygeom.replica.tokens import make_chunks
 
         self.chunks, domains = make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
         return domains
 
     def chunks_of(self, texts: list[str], chunk_len: int, n: int, seed: int) -> np.ndarray:
-        from raygeom.token_extract import make_chunks
+        from raygeom.replica.tokens import make_chunks
 
         return make_chunks(self.tokenizer, texts, None, chunk_len, n, seed)[0]
 
@@ -111,7 +111,7 @@ class TokenWorker:
         """Token dispersion, pooled vectors and NLL of chunks [start, stop), and this batch's gap sums."""
         import torch
 
-        from raygeom.token_extract import GapAccumulator, chunk_statistics, domain_token_ids
+        from raygeom.replica.tokens import GapAccumulator, chunk_statistics, domain_token_ids
 
         gaps = None
         if gap_spec:
@@ -125,13 +125,13 @@ class TokenWorker:
     def features(self, chunks: np.ndarray, layers: list[str]):
         import torch
 
-        from raygeom.token_extract import token_features
+        from raygeom.replica.tokens import token_features
 
         return token_features(self.model, torch.from_numpy(chunks), layers)
 
 
 def start_worker(spec: ModelSpec, gpus: float | None = None):
-    from raygeom.orchestrate import cluster_gpus
+    from raygeom.engine.orchestrate import cluster_gpus
 
     gpus = (1.0 if cluster_gpus() >= 1 else 0.0) if gpus is None else gpus
     worker = TokenWorker.options(num_gpus=gpus, num_cpus=1).remote(spec, "cuda" if gpus > 0 else "cpu")

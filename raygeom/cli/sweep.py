@@ -1,4 +1,4 @@
-"""CLI commands for sweeps: `raygeom plan JOB` and `raygeom status JOB` (registered by raygeom.cli).
+"""CLI commands for sweeps: `raygeom plan JOB` and `raygeom status JOB` (registered by raygeom.cli.root).
 
 Both read the job file and the store only: no Ray, no model weights. `raygeom run JOB` runs a sweep.
 """
@@ -25,9 +25,9 @@ def _fail(message: str) -> None:
 
 
 def _load(job_file: Path, out: Optional[Path]):
-    from raygeom import sweep
+    from raygeom.analyses import sweep
     from raygeom.jobspec import load_job
-    from raygeom.store import Store
+    from raygeom.store.tree import Store
 
     job = load_job(job_file).with_overrides(out=str(out) if out else None)
     store = Store(job.out)
@@ -40,9 +40,9 @@ def _revision_span(revisions) -> str:
 
 
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
-    from raygeom import sweep
+    from raygeom.analyses import sweep
     from raygeom.jobspec import SweepSettings
-    from raygeom.revisions import gpus_per_model
+    from raygeom.sources.revisions import gpus_per_model
 
     job, plan = _load(job_file, out)
     settings = job.sweep or SweepSettings()
@@ -86,7 +86,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
 
 
 def show_status(job_file: Path, out: Optional[Path]) -> None:
-    from raygeom import sweep
+    from raygeom.analyses import sweep
 
     job, plan = _load(job_file, out)
     report = sweep.integrity(plan)

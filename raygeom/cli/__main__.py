@@ -1,0 +1,3 @@
+from raygeom.cli.root import main
+
+main()
