@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from raygeom.report.figures import figures as report
+from raygeom.report import figures as report
 from raygeom.sources.corpus import load_corpus
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec, resolve_model
