@@ -9,12 +9,19 @@ from pathlib import Path
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.params import PGAParams
+from raygeom.sources.checkpoints import is_run_directory
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     source: str
     revisions: tuple[str, ...] = ("main",)
+    run_dir: bool = False  # source is a training run's directory: its checkpoints are the revisions
+
+    def specs(self):
+        from raygeom.sources.models import resolve_models
+
+        return resolve_models(self.source, self.revisions, self.run_dir)
 
 
 @dataclass(frozen=True)
@@ -101,15 +108,22 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"{path}: needs at least one [[models]] entry with an 'id'")
     entries = []
     for entry in models:
+        if isinstance(entry, dict) and isinstance(entry.get("run_dir"), str) and "id" not in entry:
+            entry = {**entry, "id": entry["run_dir"], "run_dir": True}
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise RaygeomError(f"{path}: every [[models]] entry needs a string 'id'")
-        _known(entry, {"id", "revisions"}, "models", path)
-        revisions = entry.get("revisions", ["main"])
-        if sweep_section is not None and isinstance(revisions, str):
+            raise RaygeomError(f"{path}: every [[models]] entry needs a string 'id' (or a 'run_dir')")
+        _known(entry, {"id", "revisions", "run_dir"}, "models", path)
+        if entry.get("run_dir", False) not in (True, False):
+            raise RaygeomError(f"{path}: 'run_dir' of a [[models]] entry is a path (or true with an 'id')")
+        run_dir = bool(entry.get("run_dir")) or is_run_directory(entry["id"])
+        revisions = entry.get("revisions", "all" if run_dir else ["main"])
+        if run_dir and isinstance(revisions, str):
+            revisions = [revisions]  # all, a label or stepN: resolved against the directory when the job runs
+        elif sweep_section is not None and isinstance(revisions, str):
             revisions = _expand(revisions, path)
         if not isinstance(revisions, list) or not all(isinstance(r, str) for r in revisions) or not revisions:
             raise RaygeomError(f"{path}: 'revisions' of model {entry['id']} must be a non-empty list of strings")
-        entries.append(ModelEntry(entry["id"], tuple(revisions)))
+        entries.append(ModelEntry(entry["id"], tuple(revisions), run_dir))
     sweep = None
     if sweep_section is not None:
         sweep, generated = _sweep(_section(data, "sweep", path), path)

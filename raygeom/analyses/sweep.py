@@ -22,7 +22,7 @@ from raygeom.sources import revisions as pythia
 from raygeom.sources.corpus import Corpus
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
-from raygeom.sources.models import ModelSpec, resolve_model
+from raygeom.sources.models import ModelSpec
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, atomic_write_text, content_key, read_table
 
@@ -122,8 +122,8 @@ class SweepPlan:
 
 
 def _cached_config(spec: ModelSpec) -> dict | None:
-    if spec.kind == "local":
-        path = Path(spec.source) / "config.json"
+    if spec.kind in ("local", "checkpoint"):
+        path = spec.path / "config.json"
     elif spec.kind == "hub":
         from huggingface_hub import try_to_load_from_cache
 
@@ -176,7 +176,7 @@ def corpus_fingerprint(job, store: Store) -> str:
 
 
 def job_specs(job) -> list[ModelSpec]:
-    return [resolve_model(entry.source, revision) for entry in job.models for revision in entry.revisions]
+    return [spec for entry in job.models for spec in entry.specs()]
 
 
 def build_plan(job, store: Store | None = None, fingerprint: str | None = None) -> SweepPlan:
@@ -218,6 +218,7 @@ class IntegrityReport:
     duplicates: dict[str, list[list[str]]]  # model -> groups of revisions with identical weights
     partial: dict[str, dict[str, tuple[str, float]]]  # model -> revision -> (other, share of tensors)
     notes: dict[tuple[str, str], str]  # (model, revision) -> known-bad note from the Pythia issues
+    steps: dict[tuple[str, str], int | None] = field(default_factory=dict)  # (model, revision) -> training step
 
     def flag(self, model: str, revision: str) -> str | None:
         for group in self.duplicates.get(model, []):
@@ -233,27 +234,31 @@ class IntegrityReport:
         out = []
         for model in sorted(set(self.duplicates) | set(self.partial)):
             revisions = {r for g in self.duplicates.get(model, []) for r in g} | set(self.partial.get(model, {}))
-            for revision in sorted(revisions, key=lambda r: (pythia.step_of(r) or -1, r)):
+            step = lambda r: self.steps.get((model, r), pythia.step_of(r))  # noqa: E731
+            for revision in sorted(revisions, key=lambda r: (step(r) if step(r) is not None else -1, r)):
                 out.append((model, revision, self.flag(model, revision)))
         return out
 
 
 def integrity(plan: SweepPlan) -> IntegrityReport:
     """Compare the weight fingerprints recorded when each revision was loaded, within each model."""
-    duplicates, partial, notes = {}, {}, {}
+    duplicates, partial, notes, all_steps = {}, {}, {}, {}
     for model, revisions in plan.by_model().items():
         markers = {r.spec.revision: r.marker for r in revisions if r.marker}
-        groups = pythia.duplicate_groups({rev: m["fingerprint"] for rev, m in markers.items() if m.get("fingerprint")})
+        steps = {r.spec.revision: r.spec.step for r in revisions}
+        all_steps.update({(model, rev): step for rev, step in steps.items()})
+        groups = pythia.duplicate_groups({rev: m["fingerprint"] for rev, m in markers.items() if m.get("fingerprint")}, steps)
         if groups:
             duplicates[model] = groups
-        shared = pythia.shared_tensors({rev: m["tensor_fingerprints"] for rev, m in markers.items() if m.get("tensor_fingerprints")})
+        shared = pythia.shared_tensors({rev: m["tensor_fingerprints"] for rev, m in markers.items() if m.get("tensor_fingerprints")},
+                                       steps=steps)
         if shared:
             partial[model] = shared
         for r in revisions:
             note = pythia.known_bad_note(r.spec.source, r.spec.revision)
             if note:
                 notes[(model, r.spec.revision)] = note
-    return IntegrityReport(duplicates, partial, notes)
+    return IntegrityReport(duplicates, partial, notes, all_steps)
 
 
 # ------------------------------------------------------------------------------------ estimates
@@ -363,7 +368,7 @@ def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Tab
         size = pythia.size_of(spec.source)
         out.append({**{c: row.get(c) for c in TIDY_COLUMNS}, "repo": spec.source,
                     "size": size.name if size else None, "deduped": spec.source.endswith("-deduped"),
-                    "params": revision.params, "step": pythia.step_of(spec.revision),
+                    "params": revision.params, "step": spec.step,
                     "weights_flag": report.flag(spec.name, spec.revision),
                     "known_bad_note": report.notes.get((spec.name, spec.revision))})
     out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"]))
@@ -392,7 +397,7 @@ def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float =
         low = [r for r in late if r["z"] < threshold]
         early_max = max((r["z"] for r in early), default=float("nan"))
         collapsed = bool(low) and early_max > positive_z
-        out.append({"model": model, "revision": revision, "step": pythia.step_of(revision), "collapsed": collapsed,
+        out.append({"model": model, "revision": revision, "step": group[0].get("step"), "collapsed": collapsed,
                     "zone_layers": ",".join(r["layer"] for r in low) if collapsed else "",
                     "zone_start_depth": low[0]["relative_depth"] if collapsed else None,
                     "zone_end_depth": low[-1]["relative_depth"] if collapsed else None,
@@ -412,8 +417,21 @@ def _step_edges(steps: list[int]) -> np.ndarray:
     return np.exp(np.concatenate([[x[0] - (mid[0] - x[0])], mid, [x[-1] + (x[-1] - mid[-1])]]))
 
 
+def _step_ticks(steps: list[int]) -> list[int]:
+    """0, the powers of ten inside the range, and the last step."""
+    ticks = [t for t in (0, *(10**i for i in range(9))) if steps[0] <= t <= steps[-1]]
+    if steps[-1] not in ticks and (not ticks or np.log(steps[-1] + 1) - np.log(ticks[-1] + 1) > 0.35):
+        ticks.append(steps[-1])
+    return ticks
+
+
+def _step_label(step: int) -> str:
+    return f"{step / 1000:g}k" if step >= 1000 else str(step)
+
+
 def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
-    """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched."""
+    """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched.
+    A model with revisions that have no training step gets one column per revision, labelled by name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,36 +439,45 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.ticker import NullLocator
 
-    rows = [r for r in table.to_pylist() if r["step"] is not None]
+    rows = table.to_pylist()
     paths = []
     for model in sorted({r["model"] for r in rows}):
         group = [r for r in rows if r["model"] == model]
-        steps = sorted({r["step"] for r in group})
+        by_step = all(r["step"] is not None for r in group)
+        if by_step:
+            columns = sorted({r["step"] for r in group})
+            column_of = lambda r: r["step"]  # noqa: E731
+        else:
+            columns = list(dict.fromkeys(r["revision"] for r in group))
+            column_of = lambda r: r["revision"]  # noqa: E731
         layers = sorted({(r["layer_index"], r["layer"]) for r in group})
-        grid = np.full((len(layers), len(steps)), np.nan)
+        grid = np.full((len(layers), len(columns)), np.nan)
         for r in group:
-            grid[layers.index((r["layer_index"], r["layer"])), steps.index(r["step"])] = r["z"]
+            grid[layers.index((r["layer_index"], r["layer"])), columns.index(column_of(r))] = r["z"]
         finite = grid[np.isfinite(grid)]
         bound = max(1e-6, float(np.abs(finite).max())) if finite.size else 1.0
         fig, ax = plt.subplots(figsize=(9, max(3.0, 0.22 * len(layers) + 1.5)), dpi=110)
-        mesh = ax.pcolormesh(_step_edges(steps), np.arange(len(layers) + 1) - 0.5, grid, cmap="RdBu_r",
+        edges = _step_edges(columns) if by_step else np.arange(len(columns) + 1) - 0.5
+        mesh = ax.pcolormesh(edges, np.arange(len(layers) + 1) - 0.5, grid, cmap="RdBu_r",
                              norm=TwoSlopeNorm(0.0, -bound, bound), shading="flat")
-        ax.set_xscale("log")
-        ticks = [t for t in (0, 1, 10, 100, 1000, 10_000, 143_000) if steps[0] <= t <= steps[-1]]
-        ax.set_xticks([t + 1 for t in ticks], [f"{t // 1000}k" if t >= 1000 else str(t) for t in ticks])
-        ax.xaxis.set_minor_locator(NullLocator())
+        if by_step:
+            ax.set_xscale("log")
+            ticks = _step_ticks(columns)
+            ax.set_xticks([t + 1 for t in ticks], [_step_label(t) for t in ticks])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel("training step (log scale; hatched: weights duplicate another revision's)")
+        else:
+            ax.set_xticks(range(len(columns)), columns, rotation=45, ha="right", fontsize=7)
+            ax.set_xlabel("revision (no training step known; hatched: weights duplicate another revision's)")
         ax.set_yticks(range(len(layers)), [name for _, name in layers], fontsize=6)
-        flagged = sorted({r["step"] for r in group if r["weights_flag"]})
-        for step in flagged:
-            i = steps.index(step)
-            edges = _step_edges(steps)
+        for column in sorted({column_of(r) for r in group if r["weights_flag"]}, key=columns.index):
+            i = columns.index(column)
             ax.axvspan(edges[i], edges[i + 1], fill=False, hatch="xx", edgecolor="black", lw=0)
-        ax.set_xlabel("training step (log scale; hatched: weights duplicate another revision's)")
         ax.set_ylabel("layer")
         ax.set_title(f"Subspace PGA z over training: {model}")
         fig.colorbar(mesh, ax=ax, label="z")
         fig.tight_layout()
-        paths.append(_save(fig, directory / f"heatmap_{model}.png"))
+        paths.append(_save(fig, directory / f"heatmap_{model.replace('/', '--')}.png"))
     return paths
 
 
@@ -465,7 +492,8 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
     params = sorted({r["params"] or 0 for r in rows})
     colour = plt.get_cmap("viridis")
     paths = []
-    for revision in sorted({r["revision"] for r in rows}, key=lambda v: (pythia.step_of(v) or -1, v)):
+    steps = {r["revision"]: r["step"] for r in rows}
+    for revision in sorted(steps, key=lambda v: (steps[v] if steps[v] is not None else -1, v)):
         fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         group = [r for r in rows if r["revision"] == revision]
         for model in sorted({r["model"] for r in group}, key=lambda m: next(r["params"] or 0 for r in group if r["model"] == m)):

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raygeom.report import figures as report
 from raygeom.sources.corpus import load_corpus
 from raygeom.jobspec import JobSpec
-from raygeom.sources.models import ModelSpec, resolve_model
+from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, check_writable
 
 
@@ -28,7 +28,7 @@ def progress_bar(console: Console) -> Progress:
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
-    return [resolve_model(entry.source, revision) for entry in job.models for revision in entry.revisions]
+    return [spec for entry in job.models for spec in entry.specs()]
 
 
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:

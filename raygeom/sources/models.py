@@ -39,22 +39,60 @@ def cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model as the user named it, classified. ``revision`` only applies to hub models."""
+    """A model as the user named it, classified. ``revision`` is a hub revision, or for a checkpoint
+    (``kind="checkpoint"``, ``source`` its run directory) the checkpoint directory's name."""
 
     source: str
-    kind: str  # builtin | gguf | local | hub
+    kind: str  # builtin | gguf | local | hub | checkpoint
     revision: str = "main"
 
     @property
     def name(self) -> str:
+        if self.kind == "checkpoint":
+            from raygeom.sources.checkpoints import GENERIC_NAMES
+
+            root = Path(self.source)
+            return root.parent.name if root.name.lower() in GENERIC_NAMES else root.name
         if self.kind in ("gguf", "local"):
             return Path(self.source).name
         return self.source
 
     @property
+    def path(self) -> Path | None:
+        """The directory the weights load from, for local models and checkpoints."""
+        if self.kind == "checkpoint":
+            return Path(self.source) / self.revision
+        return Path(self.source) if self.kind == "local" else None
+
+    @property
+    def step(self) -> int | None:
+        """The training step: a checkpoint's, or a hub ``stepN`` revision's; ``main`` is step 143000 only
+        for Pythia. None otherwise: a revision without a step keeps its label and gets no made-up step."""
+        from raygeom.sources import revisions
+
+        if self.kind == "checkpoint":
+            from raygeom.sources.checkpoints import step_of_name
+
+            return step_of_name(self.revision)
+        if self.kind != "hub" or (self.revision == "main" and revisions.size_of(self.source) is None):
+            return None
+        return revisions.step_of(self.revision)
+
+    @property
     def slug(self) -> str:
         """The model's name as a path segment (Hive partition value)."""
         return self.name.replace("/", "--")
+
+
+def resolve_models(source: str, revisions=("main",), run_dir: bool = False) -> list[ModelSpec]:
+    """Every (model, revision) a job entry names: a training run's directory gives one spec per selected
+    checkpoint (``revisions``: all, labels or stepN); anything else one spec per revision."""
+    from raygeom.sources import checkpoints
+
+    if run_dir or checkpoints.is_run_directory(source):
+        run = checkpoints.discover(source)
+        return [ModelSpec(str(run.root), "checkpoint", c.label) for c in run.select(revisions)]
+    return [resolve_model(source, revision) for revision in ([revisions] if isinstance(revisions, str) else revisions)]
 
 
 def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
@@ -68,6 +106,12 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
         return ModelSpec(str(path.resolve()), "gguf", "main")
     if path.is_dir():
         if not (path / "config.json").is_file():
+            from raygeom.sources import checkpoints
+
+            if checkpoints.is_run_directory(path):
+                run = checkpoints.discover(path)
+                chosen = run.select(revision) if revision not in (None, "main", "all") else [run.checkpoints[-1]]
+                return ModelSpec(str(run.root), "checkpoint", chosen[0].label)
             raise RaygeomError(f"{source} is a directory but holds no config.json, so it is not a model")
         return ModelSpec(str(path.resolve()), "local", "main")
     if source.count("/") != 1 or source.startswith((".", "/")):
@@ -149,16 +193,24 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.
     """Return ``(model, tokenizer)`` in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tokenizer_directory = None
     if spec.kind in ("builtin", "gguf"):
         gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
         directory, revision = str(_dequantised_copy(gguf)), None
+    elif spec.kind == "checkpoint":
+        from raygeom.sources.checkpoints import has_tokenizer
+
+        # HF Trainer saves the tokenizer into each checkpoint only when it was given one; the run's root
+        # (its final save_pretrained) is where it is otherwise.
+        directory, revision = str(spec.path), None
+        tokenizer_directory = directory if has_tokenizer(spec.path) else spec.source
     else:
         directory, revision = spec.source, (spec.revision if spec.kind == "hub" else None)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_directory or directory, revision=revision)
         model = AutoModelForCausalLM.from_pretrained(directory, revision=revision, dtype=dtype, device_map=device_map)
     except (OSError, ValueError) as error:
-        where = f"'{spec.source}'" + (f" at revision '{spec.revision}'" if spec.kind == "hub" else "")
+        where = f"'{spec.source}'" + (f" at revision '{spec.revision}'" if spec.kind in ("hub", "checkpoint") else "")
         reason = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if _offline() else str(error).splitlines()[0]
         raise RaygeomError(f"cannot load model {where}: {reason}") from None
     if device_map is None:

@@ -141,21 +141,28 @@ def gpus_per_model(params: int, gpu_memory_gib: float, gpus_per_node: int, bytes
     return float(gpus)
 
 
-def duplicate_groups(fingerprints: dict[str, str]) -> list[list[str]]:
-    """Revisions (in step order) that share a whole-model weight fingerprint, groups of two or more."""
+def _order(steps: dict[str, int | None] | None):
+    step = (lambda r: steps.get(r)) if steps is not None else step_of
+    return lambda r: (step(r) if step(r) is not None else -1, r)
+
+
+def duplicate_groups(fingerprints: dict[str, str], steps: dict[str, int | None] | None = None) -> list[list[str]]:
+    """Revisions (in step order; ``steps`` gives each revision's step, else its Pythia name does) that share
+    a whole-model weight fingerprint, groups of two or more."""
     groups: dict[str, list[str]] = {}
     for revision, fingerprint in fingerprints.items():
         groups.setdefault(fingerprint, []).append(revision)
-    order = lambda r: (step_of(r) if step_of(r) is not None else -1, r)  # noqa: E731
+    order = _order(steps)
     return sorted((sorted(g, key=order) for g in groups.values() if len(g) > 1), key=lambda g: order(g[0]))
 
 
-def shared_tensors(tensors: dict[str, dict[str, str]], threshold: float = 0.1) -> dict[str, tuple[str, float]]:
+def shared_tensors(tensors: dict[str, dict[str, str]], threshold: float = 0.1,
+                   steps: dict[str, int | None] | None = None) -> dict[str, tuple[str, float]]:
     """Revisions that share at least ``threshold`` of their tensors (by per-tensor fingerprint) with another
     revision without being identical: a mixed checkpoint such as one serving another's first shard.
     Returns revision -> (the other revision, fraction of tensors shared)."""
     found: dict[str, tuple[str, float]] = {}
-    revisions = sorted(tensors, key=lambda r: (step_of(r) if step_of(r) is not None else -1, r))
+    revisions = sorted(tensors, key=_order(steps))
     index: dict[tuple[str, str], list[str]] = {}
     for revision in revisions:
         for name, digest in tensors[revision].items():

@@ -1,0 +1,117 @@
+"""A user's own training run (HF Trainer-style checkpoint-N/ directories) swept exactly like hub revisions:
+steps parsed into every table, resume, weight-duplicate flags, plan/status and the heatmap."""
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from raygeom.jobspec import load_job
+
+pytestmark = pytest.mark.integration
+
+STEPS = (10, 20, 30, 40)  # checkpoint-40 is a copy of checkpoint-30
+LAYERS = 5  # embed, 3 blocks, final_norm
+
+
+def write_trainer_run(root):
+    """What transformers.Trainer leaves behind: checkpoint-N/ with weights, trainer state and optimizer,
+    the tokenizer only at the run's root (a Trainer not given the tokenizer saves none per checkpoint)."""
+    from raygeom.testing import tiny_gpt_neox, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(root)
+    for seed, step in enumerate(STEPS[:-1]):
+        directory = root / f"checkpoint-{step}"
+        tiny_gpt_neox(len(tokenizer), 500 + seed).save_pretrained(directory)
+        (directory / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (directory / "optimizer.pt").write_bytes(b"not read")
+    shutil.copytree(root / f"checkpoint-{STEPS[-2]}", root / f"checkpoint-{STEPS[-1]}")
+    (root / "runs").mkdir()  # TensorBoard logs sit beside the checkpoints
+    return root
+
+
+def write_job(directory, run_dir, out, corpus):
+    path = directory / "trajectory.toml"
+    path.write_text(f"""
+[job]
+name = "own-run"
+out = "{out}"
+[sweep]
+pga_threads = 2
+[[models]]
+run_dir = "{run_dir}"
+[corpus]
+name = "{corpus}"
+n_samples = 40
+[extract]
+seq_len = 32
+batch_size = 8
+[pga]
+k = 8
+n_null = 12
+null_chunks = 2
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def swept(ray_local, tmp_path_factory):
+    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.testing import TINY_TEXT
+
+    root = tmp_path_factory.mktemp("own-run")
+    run = write_trainer_run(root / "my-run")
+    sentences = [s for s in TINY_TEXT.split(" . ") if s]
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(2 * i + 1) % 5]}" for i in range(50)))
+    job_file = write_job(root, run, root / "out", corpus)
+    first = run_sweep_job(load_job(job_file), Console(quiet=True))
+    return job_file, first
+
+
+def test_every_checkpoint_is_a_revision_with_its_step(swept):
+    _, outputs = swept
+    assert outputs.computed_units == outputs.rows == len(STEPS) * LAYERS
+    table = pq.read_table(outputs.table).to_pylist()
+    assert {r["model"] for r in table} == {"my-run"}
+    assert sorted({(r["revision"], r["step"]) for r in table}) == [(f"checkpoint-{s}", s) for s in STEPS]
+    assert [r["step"] for r in table if r["layer"] == "final_norm"] == list(STEPS)  # in step order
+    zones = pq.read_table(outputs.collapse).to_pylist()
+    assert sorted(z["step"] for z in zones) == list(STEPS)
+    assert any(p.name == "heatmap_my-run.png" for p in outputs.plots)
+
+
+def test_a_copied_checkpoint_is_flagged_and_the_others_are_not(swept):
+    _, outputs = swept
+    flags = {r["revision"]: r["weights_flag"] for r in pq.read_table(outputs.table).to_pylist()}
+    assert flags == {"checkpoint-10": None, "checkpoint-20": None, "checkpoint-30": "same weights as checkpoint-40",
+                     "checkpoint-40": "same weights as checkpoint-30"}
+    assert [f[1] for f in outputs.flagged] == ["checkpoint-30", "checkpoint-40"]
+
+
+def test_rerun_computes_nothing_and_status_plan_read_the_store(swept):
+    from raygeom.cli.root import app
+    from raygeom.engine.pipeline import run_sweep_job
+
+    job_file, first = swept
+    again = run_sweep_job(load_job(job_file), Console(quiet=True))
+    assert again.computed_units == 0 and again.rows == first.rows
+    runner = CliRunner()
+    status = runner.invoke(app, ["status", str(job_file)], env={"COLUMNS": "200"})
+    assert status.exit_code == 0, status.output
+    assert "20/20" in status.output and "my-run@checkpoint-30: same weights as checkpoint-40" in status.output
+    plan = runner.invoke(app, ["plan", str(job_file)], env={"COLUMNS": "200"})
+    assert plan.exit_code == 0, plan.output
+    assert "4: checkpoint-10 .. checkpoint-40" in plan.output and "0 to compute" in plan.output
+
+
+def test_a_job_naming_a_missing_run_directory_fails_with_one_line(tmp_path):
+    from raygeom.cli.root import app
+
+    job_file = write_job(tmp_path, tmp_path / "never-trained", tmp_path / "out", "bbc")
+    result = CliRunner().invoke(app, ["plan", str(job_file)])
+    assert result.exit_code == 2 and "run directory not found" in result.output
