@@ -189,9 +189,9 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
 
 # Each analysis task returns (value, its own compute seconds): the seconds feed `raygeom plan`'s estimates.
 @ray.remote(max_retries=3, num_returns=2)
-def _prepare_layer(root: str, model: str, revision: str, layer: str, r: int) -> tuple[pga.PreparedLayer, float]:
+def _prepare_layer(root: str, model: str, revision: str, layer: str, r: int, key: str | None = None) -> tuple[pga.PreparedLayer, float]:
     start = time.perf_counter()
-    _, h = Store(root).read_layer(model, revision, layer)
+    _, h = Store(root).read_layer(model, revision, layer, key=key)
     return pga.prepare_layer(h, r), time.perf_counter() - start
 
 
@@ -223,7 +223,7 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
         raise RaygeomError(f"n-null must be at least 2, got {params.n_null}")
     if info["n_samples"] < pga.MIN_SAMPLES:
         raise RaygeomError(f"need at least {pga.MIN_SAMPLES} samples, got N={info['n_samples']}")
-    basis, _ = store.read_readout(model, revision)
+    basis, _ = store.read_readout(model, revision, key=info["key"])
     if params.k > basis.shape[1]:
         raise RaygeomError(f"k={params.k} exceeds the {basis.shape[1]} readout components stored for {model}")
     basis_ref = ray.put(np.ascontiguousarray(basis[:, :params.k]))
@@ -246,7 +246,7 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
     in_flight: dict = {}
 
     def submit(layer: str, key: str) -> None:
-        prepared, prepare_seconds = _prepare_layer.remote(str(store.root), model, revision, layer, params.r)
+        prepared, prepare_seconds = _prepare_layer.remote(str(store.root), model, revision, layer, params.r, info["key"])
         readout = _readout_rho.options(**options).remote(prepared, basis_ref, device)
         nulls = [_null_chunk.options(**options).remote(prepared, params.k, params.seed, c, device) for c in chunks]
         in_flight[readout] = (layer, -1)
@@ -277,8 +277,7 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
                 rows[layer] = _pga_row(model, revision, layer, info, relative[layer], params, np.nan, np.array([np.nan]),
                                        note=str(error.cause))
                 rows[layer].update(unit_key=parts[layer]["key"], cpu_seconds=0.0)
-                store.write_result("pga", parts[layer]["key"], rows[layer])
-                active.discard(layer)
+                active.discard(layer)  # not stored: a NaN must never read back as a finished unit
                 continue
             if isinstance(error.cause, RaygeomError):
                 raise RaygeomError(f"{model}@{revision} {layer}: {error.cause}") from None
@@ -297,7 +296,8 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
             rows[layer] = _pga_row(model, revision, layer, info, relative[layer], params, part["readout"], nulls)
             rows[layer]["unit_key"] = part["key"]
             rows[layer]["cpu_seconds"] = part["seconds"] + ray.get(part["prepare_seconds"])
-            store.write_result("pga", part["key"], rows[layer])
+            if not rows[layer]["note"]:  # a degenerate layer is reported, never stored as done
+                store.write_result("pga", part["key"], rows[layer])
             active.discard(layer)
     return [rows[layer] for layer in layers]
 
@@ -309,6 +309,8 @@ def _pga_row(model, revision, layer, info, depth, params: PGAParams, rho, nulls,
         stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
     else:
         stats = pga.summarize_null(rho, nulls)
+        if not np.isfinite(stats["z"]):
+            note = "the null rhos have zero spread, so z is undefined"
     return {"model": model, "revision": revision, "layer": layer, "layer_index": info["all_layers"].index(layer),
             "relative_depth": depth, "k": params.k, "r": params.r, "n": info["n_samples"], "n_null": params.n_null,
             "seed": params.seed, "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"],

@@ -12,18 +12,25 @@
         one row per finished unit (model, revision, layer, parameters)
 
 Every file is written to a hidden temporary name in its directory and renamed
-into place, so a reader never sees half a file. An extraction counts only once
-its ``_COMPLETE.json`` exists and its key matches.
+into place, so a reader never sees half a file, and gets a hidden sidecar
+``.<name>.sha256`` with the SHA-256 of its bytes; every read checks it. An
+extraction counts only once its ``_COMPLETE.json`` exists, its key matches, and
+every file it lists (with its hash) has those bytes. ``model``/``revision``
+values are percent-encoded (pyarrow's Hive partitioning decodes them back).
+One process at a time writes a store (``<root>/.lock``, see ``lock_store``).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
@@ -51,36 +58,126 @@ def column_to_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return column.values.to_numpy(zero_copy_only=False).reshape(-1, width)
 
 
-def atomic_write_table(table: pa.Table, path: Path) -> None:
+CHECKSUM_SUFFIX = ".sha256"
+
+
+class CorruptFile(RaygeomError):
+    """A stored file whose bytes do not match the checksum recorded when it was written."""
+
+
+def file_digest(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def checksum_path(path: Path) -> Path:
+    """The sidecar holding a file's content hash. Hidden, so Hive/Parquet dataset readers skip it."""
+    return path.with_name(f".{path.name}{CHECKSUM_SUFFIX}")
+
+
+def encode_segment(value: str) -> str:
+    """A user string (model name, revision) as one path segment, reversibly: percent-encoding as
+    pyarrow's Hive partitioning decodes it (``segment_encoding="uri"``), with leading dots encoded
+    too, so '..', '/', '=' and '%' can never make a segment point elsewhere."""
+    if not value:
+        raise RaygeomError("an empty name cannot be stored")
+    encoded = quote(value, safe="-_~+@,")
+    stripped = encoded.lstrip(".")
+    return "%2E" * (len(encoded) - len(stripped)) + stripped
+
+
+def decode_segment(segment: str) -> str:
+    return unquote(segment)
+
+
+def _write_replacing(data: bytes | memoryview, path: Path) -> str:
+    """Write ``data`` and its checksum sidecar, each under a hidden temporary name renamed into place.
+    A crash between the two renames leaves a mismatch, which reads as 'not done', never as data."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    digest = file_digest(data)
+    sidecar = checksum_path(path)
+    written = []
     try:
-        # Dictionary encoding only slows down float vectors.
-        pq.write_table(table, temporary, use_dictionary=False, compression="zstd")
-        os.replace(temporary, path)
+        for target, payload in ((path, data), (sidecar, digest.encode())):
+            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.", suffix=".tmp")
+            written.append(temporary)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+        os.replace(written[0], path)
+        os.replace(written[1], sidecar)
+    except OSError as error:
+        for temporary in written:
+            Path(temporary).unlink(missing_ok=True)
+        raise _os_error(error, f"cannot write {path}") from None
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        for temporary in written:
+            Path(temporary).unlink(missing_ok=True)
         raise
+    return digest
 
 
-def atomic_write_text(text: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+def _os_error(error: OSError, what: str) -> RaygeomError:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return RaygeomError(f"{what}: the disk is full (nothing partial was kept; free space and rerun to resume)")
+    return RaygeomError(f"{what}: {error.strerror or error}")
 
 
-def read_table(path: Path) -> pa.Table:
+def atomic_write_table(table: pa.Table, path: Path) -> str:
+    """Write a Parquet file atomically with its checksum sidecar; return the content hash."""
+    sink = pa.BufferOutputStream()
+    # Dictionary encoding only slows down float vectors.
+    pq.write_table(table, sink, use_dictionary=False, compression="zstd")
+    return _write_replacing(memoryview(sink.getvalue()), Path(path))
+
+
+def atomic_write_text(text: str, path: Path) -> str:
+    return _write_replacing(text.encode(), Path(path))
+
+
+def recorded_digest(path: Path) -> str | None:
     try:
-        return pq.read_table(path)
+        return checksum_path(Path(path)).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def read_verified(path: Path, expected: str | None = None) -> bytes:
+    """The bytes of ``path``, checked against ``expected`` (e.g. from a completion marker) or else
+    against its sidecar. A file without a recorded hash cannot be trusted and is refused too."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RaygeomError(f"cannot read {path}: {error.strerror or error}") from None
+    expected = expected or recorded_digest(path)
+    if expected is None:
+        raise CorruptFile(f"{path} has no recorded checksum (written by an older raygeom or damaged); delete it and rerun")
+    if file_digest(data) != expected:
+        raise CorruptFile(f"{path} does not match the checksum recorded when it was written (corrupt, or changed by another run)")
+    return data
+
+
+def verified(path: Path, expected: str | None = None) -> bool:
+    """True when ``path`` exists and its bytes match its recorded checksum."""
+    try:
+        read_verified(path, expected)
+        return True
+    except RaygeomError:
+        return False
+
+
+def read_table(path: Path, expected: str | None = None) -> pa.Table:
+    data = read_verified(path, expected)
+    try:
+        return pq.read_table(pa.BufferReader(data))
     except (OSError, pa.ArrowInvalid) as error:
-        raise RaygeomError(f"corrupt or unreadable Parquet file {path}: {error}") from None
+        raise CorruptFile(f"corrupt or unreadable Parquet file {path}: {error}") from None
 
 
 def check_writable(root: Path) -> None:
-    """Fail early, with one line, when the output directory cannot be written."""
+    """Fail early, with one line, when the output directory cannot be written or another run writes it.
+
+    The calling process becomes the store's one writer until it exits (see :func:`lock_store`)."""
+    root = Path(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
@@ -88,18 +185,71 @@ def check_writable(root: Path) -> None:
         os.unlink(probe)
     except OSError as error:
         raise RaygeomError(f"output directory {root} is not writable: {error.strerror or error}") from None
+    lock_store(root)
+
+
+LOCK_FILE = ".lock"
+_held_locks: dict[str, int] = {}
+
+
+def lock_store(root: Path) -> None:
+    """Make this process the one writer of the store at ``root``, until it exits or calls :func:`unlock_store`.
+
+    An advisory ``flock`` on ``<root>/.lock``: the kernel drops it when the process dies, however it
+    dies, so a killed run never leaves a stale lock. Reentrant within one process (its Ray workers
+    write on its behalf and take no lock)."""
+    root = Path(root)
+    name = str(root.resolve())
+    if name in _held_locks:
+        return
+    path = root / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise RaygeomError(f"cannot create the store lock {path}: {error.strerror or error}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RaygeomError(f"store {root} is in use by another raygeom run ({holder}); wait for it to finish "
+                           f"or choose another --out") from None
+    try:
+        command = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = ""
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}: {' '.join(command.split())[:300]}".encode())
+    _held_locks[name] = fd
+
+
+def unlock_store(root: Path) -> None:
+    fd = _held_locks.pop(str(Path(root).resolve()), None)
+    if fd is not None:
+        os.close(fd)
 
 
 class Store:
+    """The one place that writes and verifies stored files (see the module docstring for the layout).
+
+    Every write records the file's content hash (a sidecar; for an extraction also its completion
+    marker), every read checks it: a damaged or replaced file reads as 'not done' (``is_complete``,
+    ``has_result``) or, where it cannot be recomputed, raises one-line :class:`CorruptFile`.
+    Model names and revisions are percent-encoded into one path segment each."""
+
     def __init__(self, root: str | Path):
         self.root = Path(root)
+        self._digests: dict[Path, str] = {}  # files this instance wrote: the marker records these hashes
 
     def _partition(self, kind: str, model: str, revision: str) -> Path:
-        return self.root / kind / f"model={model}" / f"revision={revision}"
+        return self.root / kind / f"model={encode_segment(model)}" / f"revision={encode_segment(revision)}"
+
+    def _write(self, table: pa.Table, path: Path) -> None:
+        self._digests[path] = atomic_write_table(table, path)
 
     # activations
     def layer_path(self, model: str, revision: str, layer: str) -> Path:
-        return self._partition("activations", model, revision) / f"layer={layer}" / "part-0.parquet"
+        return self._partition("activations", model, revision) / f"layer={encode_segment(layer)}" / "part-0.parquet"
 
     def write_layer(self, model: str, revision: str, layer: str, layer_index: int, sample_ids: np.ndarray, vectors: np.ndarray) -> None:
         table = pa.table(
@@ -109,41 +259,66 @@ class Store:
                 "vector": vector_column(vectors.astype(np.float32)),
             }
         )
-        atomic_write_table(table, self.layer_path(model, revision, layer))
+        self._write(table, self.layer_path(model, revision, layer))
 
-    def read_layer(self, model: str, revision: str, layer: str) -> tuple[np.ndarray, np.ndarray]:
+    def _expected(self, model: str, revision: str, path: Path, key: str | None) -> str | None:
+        """The hash the completion marker recorded for ``path``; with ``key``, the marker must be that
+        extraction's, so an analysis never reads activations made for other settings."""
+        marker = self.completion(model, revision)
+        if key is not None and (marker is None or marker.get("key") != key):
+            found = "none" if marker is None else f"settings key {marker.get('key')}"
+            raise RaygeomError(f"the stored extraction of {model}@{revision} in {self.root} is not the one this run "
+                               f"made (expected settings key {key}, found {found}); another run may be writing this store")
+        if marker is None:
+            return None
+        return marker.get("files", {}).get(self._relative(path))
+
+    def _relative(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def read_layer(self, model: str, revision: str, layer: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         path = self.layer_path(model, revision, layer)
         if not path.is_file():
             raise RaygeomError(f"no activations for {model}@{revision} layer {layer} in {self.root}")
-        table = read_table(path)
+        table = read_table(path, self._expected(model, revision, path, key))
         order = np.argsort(table["sample_id"].to_numpy())
         return table["sample_id"].to_numpy()[order], column_to_matrix(table["vector"])[order]
 
+    def marker_path(self, model: str, revision: str) -> Path:
+        return self._partition("activations", model, revision) / COMPLETE_MARKER
+
     def completion(self, model: str, revision: str) -> dict | None:
-        marker = self._partition("activations", model, revision) / COMPLETE_MARKER
+        """The completion marker, or None when there is none or it does not match its checksum."""
+        marker = self.marker_path(model, revision)
         if not marker.is_file():
             return None
         try:
-            return json.loads(marker.read_text())
-        except (OSError, json.JSONDecodeError):
+            info = json.loads(read_verified(marker))
+        except (RaygeomError, json.JSONDecodeError, UnicodeDecodeError):
             return None
+        return info if isinstance(info, dict) else None
 
     def is_complete(self, model: str, revision: str, key: str) -> bool:
-        """Complete means: the marker matches ``key`` and every layer file it lists reads back whole."""
+        """Complete means: the marker matches ``key`` and every file it lists has the bytes it recorded."""
         marker = self.completion(model, revision)
-        if not marker or marker.get("key") != key:
+        if not marker or marker.get("key") != key or not isinstance(marker.get("files"), dict):
             return False
-        for layer in marker["layers"]:
-            path = self.layer_path(model, revision, layer)
-            try:
-                if pq.ParquetFile(path).metadata.num_rows != marker["n_samples"]:
-                    return False
-            except (OSError, pa.ArrowInvalid):
-                return False
-        return True
+        expected = {self._relative(self.layer_path(model, revision, layer)) for layer in marker.get("layers", [])}
+        if not expected <= set(marker["files"]):
+            return False
+        return all(verified(self.root / name, digest) for name, digest in marker["files"].items())
 
     def mark_complete(self, model: str, revision: str, info: dict) -> None:
-        atomic_write_text(json.dumps(info, indent=2, sort_keys=True), self._partition("activations", model, revision) / COMPLETE_MARKER)
+        """Write the marker last; it records the content hash of every layer, readout and samples file."""
+        paths = [self.layer_path(model, revision, layer) for layer in info.get("layers", [])]
+        paths += [p for p in (self.readout_path(model, revision), self.samples_path(model, revision)) if p.is_file()]
+        files = {}
+        for path in paths:
+            digest = self._digests.get(path) or recorded_digest(path)
+            if digest is None:
+                raise CorruptFile(f"cannot mark {model}@{revision} complete: {path} has no recorded checksum")
+            files[self._relative(path)] = digest
+        atomic_write_text(json.dumps({**info, "files": files}, indent=2, sort_keys=True), self.marker_path(model, revision))
 
     def drop_activations(self, model: str, revision: str) -> None:
         """Delete one revision's layer files once its analysis is done; marker, readout and samples stay."""
@@ -157,19 +332,24 @@ class Store:
         found = []
         for revision_dir in sorted((self.root / "activations").glob("model=*/revision=*")):
             if not (revision_dir / COMPLETE_MARKER).is_file() and any(revision_dir.glob("layer=*")):
-                found.append((revision_dir.parent.name.split("=", 1)[1], revision_dir.name.split("=", 1)[1]))
+                found.append((decode_segment(revision_dir.parent.name.split("=", 1)[1]),
+                              decode_segment(revision_dir.name.split("=", 1)[1])))
         return found
 
     def invalidate(self, model: str, revision: str) -> None:
         """Before this revision is extracted again: it stops counting as complete, and the hidden
         temporaries of a write that was killed before its rename (possibly GBs of layer data) go."""
-        marker = self._partition("activations", model, revision) / COMPLETE_MARKER
+        marker = self.marker_path(model, revision)
         marker.unlink(missing_ok=True)
+        checksum_path(marker).unlink(missing_ok=True)
         for kind in ("activations", "readout", "samples"):
             for leftover in self._partition(kind, model, revision).rglob(".*.tmp"):
                 leftover.unlink(missing_ok=True)
 
     # readout basis
+    def readout_path(self, model: str, revision: str) -> Path:
+        return self._partition("readout", model, revision) / "part-0.parquet"
+
     def write_readout(self, model: str, revision: str, basis: np.ndarray, singular_values: np.ndarray) -> None:
         table = pa.table(
             {
@@ -178,39 +358,38 @@ class Store:
                 "vector": vector_column(basis.T.astype(np.float64)),
             }
         )
-        atomic_write_table(table, self._partition("readout", model, revision) / "part-0.parquet")
+        self._write(table, self.readout_path(model, revision))
 
-    def read_readout(self, model: str, revision: str) -> tuple[np.ndarray, np.ndarray]:
-        table = read_table(self._partition("readout", model, revision) / "part-0.parquet")
+    def read_readout(self, model: str, revision: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        path = self.readout_path(model, revision)
+        table = read_table(path, self._expected(model, revision, path, key))
         return column_to_matrix(table["vector"]).T.copy(), table["singular_value"].to_numpy()
 
     # per-sample data
-    def write_samples(self, model: str, revision: str, columns: dict[str, np.ndarray | list]) -> None:
-        atomic_write_table(pa.table(columns), self._partition("samples", model, revision) / "part-0.parquet")
+    def samples_path(self, model: str, revision: str) -> Path:
+        return self._partition("samples", model, revision) / "part-0.parquet"
 
-    def read_samples(self, model: str, revision: str) -> pa.Table:
-        return read_table(self._partition("samples", model, revision) / "part-0.parquet")
+    def write_samples(self, model: str, revision: str, columns: dict[str, np.ndarray | list]) -> None:
+        self._write(pa.table(columns), self.samples_path(model, revision))
+
+    def read_samples(self, model: str, revision: str, key: str | None = None) -> pa.Table:
+        path = self.samples_path(model, revision)
+        return read_table(path, self._expected(model, revision, path, key))
 
     # unit results
     def result_path(self, metric: str, key: str) -> Path:
-        return self.root / "results" / metric / f"{key}.parquet"
+        return self.root / "results" / encode_segment(metric) / f"{encode_segment(key)}.parquet"
 
     def has_result(self, metric: str, key: str) -> bool:
-        path = self.result_path(metric, key)
-        if not path.is_file():
-            return False
-        try:
-            pq.ParquetFile(path)
-            return True
-        except (OSError, pa.ArrowInvalid):
-            return False
+        """Done means: the unit's file is there and matches the checksum recorded when it was written."""
+        return verified(self.result_path(metric, key))
 
     def write_result(self, metric: str, key: str, rows: list[dict] | dict) -> None:
         rows = [rows] if isinstance(rows, dict) else rows
-        atomic_write_table(pa.Table.from_pylist(rows), self.result_path(metric, key))
+        self._write(pa.Table.from_pylist(rows), self.result_path(metric, key))
 
     def read_results(self, metric: str, keys: Iterable[str] | None = None) -> pa.Table:
-        directory = self.root / "results" / metric
+        directory = self.root / "results" / encode_segment(metric)
         paths = sorted(directory.glob("*.parquet")) if keys is None else [self.result_path(metric, k) for k in keys]
         tables = [read_table(p) for p in paths if p.is_file()]
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})

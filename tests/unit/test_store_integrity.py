@@ -1,0 +1,239 @@
+"""The store verifies what it reads: content checksums, keyed activation reads, one writer, safe names.
+
+No Ray and no models: stores are built from arrays here. The CLI-level faults are in
+tests/integration/test_reliability.py.
+"""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from raygeom.errors import RaygeomError
+from raygeom.store import tree
+from raygeom.store.tree import CorruptFile, Store, checksum_path, decode_segment, encode_segment
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ["embed", "block_00", "final_norm"]
+
+
+def build(root: Path, model="m", revision="main", key="k1", n=12, d=8) -> Store:
+    rng = np.random.default_rng(0)
+    store = Store(root)
+    for index, layer in enumerate(LAYERS):
+        store.write_layer(model, revision, layer, index, np.arange(n), rng.standard_normal((n, d)))
+    store.write_readout(model, revision, np.linalg.qr(rng.standard_normal((d, 4)))[0], np.arange(4, 0, -1.0))
+    store.write_samples(model, revision, {"sample_id": np.arange(n, dtype=np.int32), "nll": rng.uniform(size=n)})
+    store.mark_complete(model, revision, {"key": key, "layers": LAYERS, "all_layers": LAYERS, "n_samples": n, "d": d})
+    return store
+
+
+def flip(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    offset = len(data) // 2 if offset is None else offset
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_every_written_file_has_its_hash_and_the_marker_lists_them(tmp_path):
+    store = build(tmp_path)
+    marker = store.completion("m", "main")
+    files = marker["files"]
+    assert len(files) == len(LAYERS) + 2  # layers, readout, samples
+    for name, digest in files.items():
+        path = tmp_path / name
+        assert tree.file_digest(path.read_bytes()) == digest == checksum_path(path).read_text()
+    assert store.is_complete("m", "main", "k1")
+    assert not store.is_complete("m", "main", "other-key")
+
+
+@pytest.mark.parametrize("target", ["layer", "readout", "samples", "marker", "sidecar"])
+def test_a_flipped_byte_anywhere_in_an_extraction_makes_it_incomplete(tmp_path, target):
+    store = build(tmp_path)
+    path = {"layer": store.layer_path("m", "main", "block_00"), "readout": store.readout_path("m", "main"),
+            "samples": store.samples_path("m", "main"), "marker": store.marker_path("m", "main"),
+            "sidecar": checksum_path(store.marker_path("m", "main"))}[target]
+    flip(path)
+    assert not store.is_complete("m", "main", "k1")
+
+
+def test_the_marker_not_a_layer_sidecar_is_what_an_extraction_is_checked_against(tmp_path):
+    store = build(tmp_path)
+    before = store.read_layer("m", "main", "embed", key="k1")[1]
+    flip(checksum_path(store.layer_path("m", "main", "embed")))
+    assert store.is_complete("m", "main", "k1")
+    np.testing.assert_array_equal(store.read_layer("m", "main", "embed", key="k1")[1], before)
+
+
+def test_a_truncated_readout_or_samples_file_is_noticed(tmp_path):
+    store = build(tmp_path)
+    for path, read in ((store.readout_path("m", "main"), store.read_readout), (store.samples_path("m", "main"), store.read_samples)):
+        good = path.read_bytes()
+        path.write_bytes(good[: len(good) // 2])
+        assert not store.is_complete("m", "main", "k1")
+        with pytest.raises(CorruptFile, match="checksum"):
+            read("m", "main")
+        path.write_bytes(good)
+    assert store.is_complete("m", "main", "k1")
+
+
+def test_reads_refuse_a_damaged_file_with_one_line(tmp_path):
+    store = build(tmp_path)
+    reference = store.read_layer("m", "main", "block_00")[1]
+    flip(store.layer_path("m", "main", "block_00"), offset=40)  # inside the data pages: parses, wrong numbers
+    with pytest.raises(CorruptFile) as caught:
+        store.read_layer("m", "main", "block_00")
+    assert "\n" not in str(caught.value)
+    np.testing.assert_array_equal(store.read_layer("m", "main", "embed")[1].shape, reference.shape)
+
+
+def test_keyed_reads_refuse_activations_made_for_other_settings(tmp_path):
+    store = build(tmp_path, key="n45")
+    store.read_layer("m", "main", "embed", key="n45")
+    # A second run with other settings replaces the files and the marker: the first run's reads refuse.
+    build(tmp_path, key="n40", n=10)
+    with pytest.raises(RaygeomError, match="not the one this run made"):
+        store.read_layer("m", "main", "embed", key="n45")
+    with pytest.raises(RaygeomError, match="not the one this run made"):
+        store.read_readout("m", "main", key="n45")
+    assert store.read_layer("m", "main", "embed", key="n40")[1].shape == (10, 8)
+
+
+def test_a_layer_replaced_after_the_marker_is_refused_even_with_a_valid_sidecar(tmp_path):
+    store = build(tmp_path)
+    other = Store(tmp_path)  # another writer replaces one layer (file + its own sidecar) but not the marker
+    other.write_layer("m", "main", "embed", 0, np.arange(12), np.ones((12, 8)))
+    assert not store.is_complete("m", "main", "k1")
+    with pytest.raises(CorruptFile):
+        store.read_layer("m", "main", "embed", key="k1")
+
+
+def test_unit_results_verify_and_a_damaged_unit_is_not_done(tmp_path):
+    store = Store(tmp_path)
+    store.write_result("pga", "abc", {"z": 4.327277, "layer": "embed"})
+    assert store.has_result("pga", "abc")
+    assert store.read_results("pga", ["abc"]).to_pylist() == [{"z": 4.327277, "layer": "embed"}]
+    flip(store.result_path("pga", "abc"), offset=10)
+    assert not store.has_result("pga", "abc")
+    with pytest.raises(CorruptFile):
+        store.read_results("pga", ["abc"])
+    store.write_result("pga", "abc", {"z": 4.327277, "layer": "embed"})  # recomputed
+    assert store.has_result("pga", "abc")
+    checksum_path(store.result_path("pga", "abc")).unlink()  # no recorded hash: cannot be trusted
+    assert not store.has_result("pga", "abc")
+
+
+def test_tables_written_through_the_store_helpers_are_verified(tmp_path):
+    import pyarrow as pa
+
+    path = tmp_path / "results" / "pga.parquet"
+    tree.atomic_write_table(pa.table({"z": [1.0, 2.0]}), path)
+    assert tree.read_table(path)["z"].to_pylist() == [1.0, 2.0]
+    flip(path, offset=8)
+    with pytest.raises(CorruptFile):
+        tree.read_table(path)
+
+
+def test_a_full_disk_leaves_no_partial_file_and_says_so_in_one_line(tmp_path, monkeypatch):
+    store = Store(tmp_path)
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tree.os, "fdopen", lambda fd, mode="r": Full(real_fdopen(fd, mode)))
+    with pytest.raises(RaygeomError) as caught:
+        store.write_result("pga", "abc", {"z": 1.0})
+    assert "disk is full" in str(caught.value) and "\n" not in str(caught.value)
+    assert not store.has_result("pga", "abc")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("value", ["pr/1", "../", "../../escape", "..", ".", "a=b", "100%", "[/red]x", "step1000",
+                                   "refs/pr/1", ".hidden", "a b"])
+def test_names_are_one_reversible_segment(value):
+    segment = encode_segment(value)
+    assert "/" not in segment and segment not in (".", "..") and not segment.startswith(".")
+    assert decode_segment(segment) == value
+
+
+def test_hostile_revisions_stay_inside_the_store_and_read_back_through_hive(tmp_path):
+    out = tmp_path / "out"
+    revisions = ["pr/1", "../../escape", "..", "a=b%2F"]
+    for revision in revisions:
+        build(out, model="org--model", revision=revision, key=revision)
+    inside = out.resolve()
+    for path in tmp_path.rglob("*"):
+        assert path.resolve().is_relative_to(inside) or path == out, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    for revision in revisions:
+        assert Store(out).is_complete("org--model", revision, revision)
+    dataset = ds.dataset(out / "readout", format="parquet", partitioning="hive")
+    assert sorted(set(dataset.to_table()["revision"].to_pylist())) == sorted(revisions)
+    assert set(dataset.to_table()["model"].to_pylist()) == {"org--model"}
+
+
+def test_partial_extractions_decode_names(tmp_path):
+    store = Store(tmp_path)
+    store.write_layer("org--m", "pr/1", "embed", 0, np.arange(3), np.ones((3, 2)))
+    assert store.partial_extractions() == [("org--m", "pr/1")]
+
+
+LOCKER = """
+import sys, time
+from raygeom.store.tree import check_writable
+check_writable(sys.argv[1])
+print("locked", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_second_writer_on_one_store_gets_one_line_naming_the_first(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    first = subprocess.Popen([sys.executable, "-c", LOCKER, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "locked"
+        with pytest.raises(RaygeomError) as caught:
+            tree.check_writable(tmp_path)
+        message = str(caught.value)
+        assert f"pid {first.pid}" in message and "in use by another raygeom run" in message and "\n" not in message
+    finally:
+        first.kill()
+        first.wait()
+    tree.check_writable(tmp_path)  # the kernel dropped the dead run's lock
+    tree.check_writable(tmp_path)  # and this process may take it again (reentrant)
+    tree.unlock_store(tmp_path)
+
+
+def test_hash_cost_on_a_2000_by_2048_layer_is_small_next_to_reading_it(tmp_path):
+    """The figure quoted in docs/reliability.md: verification hashes bytes the read loads anyway."""
+    import time
+
+    store = Store(tmp_path)
+    h = np.random.default_rng(0).standard_normal((2000, 2048)).astype(np.float32)
+    store.write_layer("m", "main", "embed", 0, np.arange(2000), h)
+    path = store.layer_path("m", "main", "embed")
+    data = path.read_bytes()
+    start = time.perf_counter()
+    tree.file_digest(data)
+    hashing = time.perf_counter() - start
+    start = time.perf_counter()
+    store.read_layer("m", "main", "embed")
+    reading = time.perf_counter() - start
+    assert hashing < reading  # the check never costs more than the read it guards
