@@ -1,4 +1,4 @@
-"""Ray orchestration of cross-model convergence (METRICS.md, "Cross-model convergence").
+"""Cross-model convergence as units of the engine (METRICS.md, "Cross-model convergence").
 
 For every pair of models (each a complete extraction in one store) and every
 pair of their layers, the Spearman correlation of the two models' pairwise
@@ -22,8 +22,8 @@ notes any text that still reached ``seq_len``).
 
 Work split. The ranks of a layer's distances in a given space do not depend
 on the other model's layer (see :mod:`raygeom.numerics.convergence_grid`), so
-each layer is prepared once (CCR-r) as a Ray task, and the null draws of a
-model pair fan out as ``null_chunks`` Ray tasks that each score their draws
+each layer is prepared once (CCR-r) as a prepare step, and the null draws of a
+model pair fan out as ``null_chunks`` parts that each score their draws
 for the whole layer grid. Results are identical however the draws are split.
 One Parquet unit per model pair under ``results/converge/``.
 """
@@ -35,7 +35,8 @@ from itertools import combinations
 from typing import Callable
 
 import numpy as np
-import ray
+
+from raygeom.engine.contract import PREPARED, Step, Unit
 
 from raygeom.errors import RaygeomError
 from raygeom.numerics import convergence_grid, layer_geometry
@@ -98,20 +99,21 @@ def _side(store: Store, model: str, revision: str, depths: int | None, k: int) -
                      [samples["text_sha1"].to_pylist()[i] for i in order])
 
 
-@ray.remote(max_retries=3)
-def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int) -> np.ndarray:
-    ids, h = Store(root).read_layer(model, revision, layer)
+def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int,
+             key: str) -> np.ndarray:
+    from raygeom.analyses.pga import read_keyed_layer
+
+    h = read_keyed_layer(root, model, revision, layer, key)
+    ids = Store(root).read_layer(model, revision, layer)[0]
     if not np.array_equal(ids, sample_ids):
         raise RaygeomError(f"{model}@{revision} layer {layer} holds different sample ids than its samples table")
     return convergence_grid.prepare_layer(h[rows], r)
 
 
-@ray.remote(max_retries=3)
 def _observed(n_a: int, basis_a: np.ndarray, basis_b: np.ndarray, k: int, *layers) -> dict:
     return convergence_grid.observed_grid(layers[:n_a], layers[n_a:], basis_a, basis_b, k)
 
 
-@ray.remote(max_retries=3)
 def _nulls(n_a: int, k: int, seed: int, indices: list[int], *layers) -> np.ndarray:
     return convergence_grid.null_grids(layers[:n_a], layers[n_a:], k, seed, indices)
 
@@ -147,56 +149,29 @@ def model_sides(store: Store, models: list[tuple[str, str]], params: ConvergePar
 def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergeParams,
                  progress: Callable[[int], None] | None = None) -> list[dict]:
     """Convergence rows for every pair of ``models`` (``(slug, revision)``) and every pair of their layers."""
+    from raygeom.engine.units import run_units
+
     sides = model_sides(store, models, params)
     root = str(store.root)
     chunks = [list(map(int, c)) for c in np.array_split(np.arange(params.n_null), min(params.null_chunks, params.n_null))]
-    results: list[dict] = []
-    pending: dict = {}
-    jobs: dict[str, dict] = {}
+    units = []
     for a, b in combinations(sides, 2):
         rows_a, rows_b = align(a, b)
-        key = pair_key(a, b, rows_a, rows_b, params)
-        if store.has_result("converge", key):
-            results += store.read_results("converge", [key]).to_pylist()
-            if progress:
-                progress(len(a.layers) + len(b.layers) + 1 + len(chunks))
-            continue
-        prepared = [_prepare.remote(root, a.model, a.revision, layer, a.sample_ids, rows_a, params.r) for layer in a.layers]
-        prepared += [_prepare.remote(root, b.model, b.revision, layer, b.sample_ids, rows_b, params.r) for layer in b.layers]
+        prepare = [Step(_prepare, (root, side.model, side.revision, layer, side.sample_ids, rows, params.r, side.info["key"]))
+                   for side, rows in ((a, rows_a), (b, rows_b)) for layer in side.layers]
         basis_a = store.read_readout(a.model, a.revision)[0][:, :params.k]
         basis_b = store.read_readout(b.model, b.revision)[0][:, :params.k]
         n_a = len(a.layers)
-        job = {"a": a, "b": b, "n": len(rows_a), "observed": None, "nulls": {}, "remaining": 1 + len(chunks)}
-        jobs[key] = job
-        pending[_observed.remote(n_a, basis_a, basis_b, params.k, *prepared)] = (key, -1)
-        for index, chunk in enumerate(chunks):
-            pending[_nulls.remote(n_a, params.k, params.seed, chunk, *prepared)] = (key, index)
-        if progress:
-            # Preparation is not tracked task by task; it finishes before any grid task can start.
-            progress(len(prepared))
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        key, index = pending.pop(done[0])
-        job = jobs[key]
-        try:
-            value = ray.get(done[0])
-        except ray.exceptions.RayTaskError as error:
-            cause = error.cause
-            if isinstance(cause, (RaygeomError, ValueError)):
-                raise RaygeomError(f"convergence {job['a'].label} vs {job['b'].label}: {cause}") from None
-            raise
-        if index < 0:
-            job["observed"] = value
-        else:
-            job["nulls"][index] = value
-        job["remaining"] -= 1
-        if progress:
-            progress(1)
-        if job["remaining"] == 0:
-            nulls = np.concatenate([job["nulls"][i] for i in range(len(chunks))])
-            rows = _rows(job["a"], job["b"], job["n"], job["observed"], nulls, params)
-            store.write_result("converge", key, rows)
-            results += rows
+
+        def finish(values, a=a, b=b, n=len(rows_a)) -> list[dict]:
+            return _rows(a, b, n, values[0], np.concatenate(values[1:]), params)
+
+        units.append(Unit(analysis="converge", key=pair_key(a, b, rows_a, rows_b, params), label=f"convergence {a.label} vs {b.label}",
+                          prepare=prepare,
+                          parts=[Step(_observed, (n_a, basis_a, basis_b, params.k, PREPARED))]
+                                + [Step(_nulls, (n_a, params.k, params.seed, chunk, PREPARED)) for chunk in chunks],
+                          finish=finish))
+    results = run_units(store, units, progress)
     order = {(m, rev): i for i, (m, rev) in enumerate(models)}
     return sorted(results, key=lambda r: (order.get((r["model_a"], r["revision_a"]), 0), order.get((r["model_b"], r["revision_b"]), 0),
                                           r["layer_index_a"], r["layer_index_b"]))

@@ -6,17 +6,15 @@ For one complete extraction (model, revision) in the store, and each chosen laye
   the PC1 readout share ``||V_k^T u_1||^2`` beside its chance level k/d, and
   PC1's share of the variance;
 - ``pga`` at CCR-r for every r in ``ccr_ranks`` (the restoration analysis),
-  through :func:`raygeom.engine.orchestrate.run_pga`, so units are shared with ``raygeom pga``;
+  through the same units as ``raygeom pga`` (raygeom.analyses.pga), so they are shared;
 - ``sample_geometry``: per sample, the share of its CCR-r corrected vector's
   energy in the readout subspace, next to that sample's mean next-token NLL,
   and their rank correlation across samples;
 - ``probe``: a multinomial logistic-regression probe on the layer with the
   corpus labels, fixed stratified split.
 
-Each (metric, layer) is one Ray task and one Parquet unit under
-``results/<metric>/``; a unit already there is read back, not recomputed.
-Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
-this module when the cluster is local.
+Each (metric, layer) is one unit of the engine (raygeom.engine.units) and one Parquet file under
+``results/<metric>/``; a unit already there is read back, not recomputed. No Ray here.
 """
 
 from __future__ import annotations
@@ -25,9 +23,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import ray
 
-from raygeom.engine import orchestrate
+from raygeom.analyses import pga as pga_analysis
+from raygeom.analyses.pga import read_keyed_layer
+from raygeom.engine.contract import Step, Unit
 from raygeom.errors import RaygeomError
 from raygeom.numerics import layer_geometry, probe, spectral
 from raygeom.params import PGAParams
@@ -63,27 +62,25 @@ class DiagnosticsParams:
         return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks)
 
 
-def _raise_cause(error: ray.exceptions.RayTaskError, where: str):
-    cause = error.cause
-    if isinstance(cause, (RaygeomError, ValueError)):
-        raise RaygeomError(f"{where}: {cause}") from None
-    raise error
+def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None) -> list[dict]:
+    from raygeom.engine.units import run_units
+
+    return run_units(store, units, progress)
 
 
-@ray.remote(max_retries=3)
-def _spectral_task(root: str, model: str, revision: str, layer: str, k: int) -> dict:
+def _spectral_task(root: str, model: str, revision: str, layer: str, k: int, key: str) -> dict:
     store = Store(root)
-    _, h = store.read_layer(model, revision, layer)
+    h = read_keyed_layer(root, model, revision, layer, key)
     basis, _ = store.read_readout(model, revision)
     summary = spectral.spectral_summary(h, basis[:, :k])
     summary["pc1_variance_fraction"] = layer_geometry.pc1_variance_fraction(h)
     return summary
 
 
-@ray.remote(max_retries=3)
-def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: int, r: int) -> tuple[dict, dict]:
+def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: int, r: int, key: str) -> tuple[dict, dict]:
     store = Store(root)
-    ids, h = store.read_layer(model, revision, layer)
+    h = read_keyed_layer(root, model, revision, layer, key)
+    ids = store.read_layer(model, revision, layer)[0]
     basis, _ = store.read_readout(model, revision)
     samples = store.read_samples(model, revision)
     order = np.argsort(samples["sample_id"].to_numpy())
@@ -99,10 +96,11 @@ def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: i
             "nll_mean": float(np.mean(nll))}, per_sample
 
 
-@ray.remote(max_retries=3)
-def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float) -> dict:
+def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float,
+                key: str) -> dict:
     store = Store(root)
-    ids, h = store.read_layer(model, revision, layer)
+    h = read_keyed_layer(root, model, revision, layer, key)
+    ids = store.read_layer(model, revision, layer)[0]
     samples = store.read_samples(model, revision)
     if "label" not in samples.column_names:
         raise RaygeomError("the corpus of this extraction has no labels, so there is nothing to probe")
@@ -117,34 +115,15 @@ def _base_row(model: str, revision: str, layer: str, info: dict) -> dict:
             "fingerprint": info["fingerprint"]}
 
 
-def _fan_out(store: Store, metric: str, info: dict, model: str, revision: str, layers: list[str],
-             key_parts: tuple, submit: Callable[[str], ray.ObjectRef], finish: Callable[[str, object], list[dict] | dict],
-             progress: Callable[[int], None] | None) -> list[dict]:
-    """One Ray task per layer; unit results are cached in the store under ``results/<metric>/<key>``."""
-    rows: dict[str, list[dict]] = {}
-    in_flight: dict = {}
-    for layer in layers:
-        key = content_key(metric, DIAGNOSTICS_VERSION, info["key"], layer, *key_parts)
-        if store.has_result(metric, key):
-            rows[layer] = store.read_results(metric, [key]).to_pylist()
-            if progress:
-                progress(1)
-        else:
-            in_flight[submit(layer)] = (layer, key)
-    while in_flight:
-        done, _ = ray.wait(list(in_flight), num_returns=1)
-        layer, key = in_flight.pop(done[0])
-        try:
-            value = ray.get(done[0])
-        except ray.exceptions.RayTaskError as error:
-            _raise_cause(error, f"{model}@{revision} {layer} ({metric})")
-        produced = finish(layer, value)
-        produced = [produced] if isinstance(produced, dict) else produced
-        store.write_result(metric, key, produced)
-        rows[layer] = produced
-        if progress:
-            progress(1)
-    return [row for layer in layers for row in rows[layer]]
+def _layer_units(store: Store, metric: str, info: dict, model: str, revision: str, layers: list[str],
+                 key_parts: tuple, task: Callable, args: tuple, finish: Callable[[str, object], list[dict] | dict]) -> list[Unit]:
+    """One unit per layer: ``task(root, model, revision, layer, *args, extraction key)``, rows from ``finish``."""
+    root = str(store.root)
+    return [Unit(analysis=metric, key=content_key(metric, DIAGNOSTICS_VERSION, info["key"], layer, *key_parts),
+                 label=f"{model}@{revision} {layer} ({metric})",
+                 parts=[Step(task, (root, model, revision, layer, *args, info["key"]))],
+                 finish=lambda values, layer=layer: finish(layer, values[0]))
+            for layer in layers]
 
 
 def _complete(store: Store, model: str, revision: str) -> dict:
@@ -166,10 +145,9 @@ def run_spectral(store: Store, model: str, revision: str, layers: list[str], k: 
                  progress: Callable[[int], None] | None = None) -> list[dict]:
     info = _complete(store, model, revision)
     _check_k(info, k, model)
-    root = str(store.root)
-    return _fan_out(store, "spectral", info, model, revision, layers, (k,),
-                    lambda layer: _spectral_task.remote(root, model, revision, layer, k),
-                    lambda layer, value: {**_base_row(model, revision, layer, info), "k": k, **value}, progress)
+    return _run(store, _layer_units(store, "spectral", info, model, revision, layers, (k,), _spectral_task, (k,),
+                                    lambda layer, value: {**_base_row(model, revision, layer, info), "k": k, **value}),
+                progress)
 
 
 def run_sample_geometry(store: Store, model: str, revision: str, layers: list[str], k: int, r: int = 1,
@@ -177,7 +155,6 @@ def run_sample_geometry(store: Store, model: str, revision: str, layers: list[st
     """Per-layer summary rows; the per-sample rows go to ``results/sample_geometry_samples/``."""
     info = _complete(store, model, revision)
     _check_k(info, k, model)
-    root = str(store.root)
 
     def finish(layer: str, value) -> dict:
         summary, per_sample = value
@@ -189,8 +166,8 @@ def run_sample_geometry(store: Store, model: str, revision: str, layers: list[st
             for i, loss, share in zip(per_sample["sample_id"], per_sample["nll"], per_sample["readout_share"])])
         return {**base, "k": k, "r": r, **summary}
 
-    return _fan_out(store, "sample_geometry", info, model, revision, layers, (k, r),
-                    lambda layer: _sample_geometry_task.remote(root, model, revision, layer, k, r), finish, progress)
+    return _run(store, _layer_units(store, "sample_geometry", info, model, revision, layers, (k, r), _sample_geometry_task,
+                                    (k, r), finish), progress)
 
 
 def run_probes(store: Store, model: str, revision: str, layers: list[str], seed: int = 0, test_fraction: float = 0.25,
@@ -200,11 +177,10 @@ def run_probes(store: Store, model: str, revision: str, layers: list[str], seed:
     if "label" not in samples.column_names:
         raise RaygeomError(f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
                            "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
-    root = str(store.root)
-    return _fan_out(store, "probe", info, model, revision, layers, (seed, test_fraction, c),
-                    lambda layer: _probe_task.remote(root, model, revision, layer, test_fraction, seed, c),
-                    lambda layer, value: {**_base_row(model, revision, layer, info), "seed": seed,
-                                          "test_fraction": test_fraction, "c": c, **value}, progress)
+    return _run(store, _layer_units(store, "probe", info, model, revision, layers, (seed, test_fraction, c), _probe_task,
+                                    (test_fraction, seed, c),
+                                    lambda layer, value: {**_base_row(model, revision, layer, info), "seed": seed,
+                                                          "test_fraction": test_fraction, "c": c, **value}), progress)
 
 
 def run_restoration(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
@@ -215,10 +191,9 @@ def run_restoration(store: Store, model: str, revision: str, layers: list[str], 
     too_big = [r for r in params.ccr_ranks if r >= limit]
     if too_big:
         raise RaygeomError(f"CCR rank(s) {too_big} must be below min(N, d) = {limit} for {model}")
-    rows = []
-    for r in params.ccr_ranks:
-        rows += orchestrate.run_pga(store, model, revision, layers, params.pga(r), progress=progress)
-    return rows
+    basis = store.read_readout(model, revision)[0]
+    return _run(store, [unit for r in params.ccr_ranks
+                        for unit in pga_analysis.units(store, model, revision, layers, params.pga(r), info, basis)], progress)
 
 
 def read_sample_rows(store: Store, model: str, revision: str, layers: list[str], k: int, r: int) -> list[dict]:
@@ -230,8 +205,8 @@ def read_sample_rows(store: Store, model: str, revision: str, layers: list[str],
 
 def units(layers: list[str], params: DiagnosticsParams) -> int:
     """Progress units :func:`run_diagnostics` reports for one extraction."""
-    chunks = min(params.null_chunks, params.n_null) + 1
-    return len(layers) * (len(params.ccr_ranks) * chunks + 2 + (1 if params.probe else 0))
+    per_pga = pga_analysis.progress_units(1, params.pga(0))
+    return len(layers) * (len(params.ccr_ranks) * per_pga + 2 + (1 if params.probe else 0))
 
 
 def run_diagnostics(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,

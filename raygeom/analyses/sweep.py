@@ -23,11 +23,11 @@ from raygeom.sources.corpus import Corpus
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.sources.models import ModelSpec
+from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, atomic_write_text, content_key, read_table
 
 EXTRACTION_VERSION = 1
-PGA_VERSION = 1
 READOUT_COMPONENTS = 256
 MANIFEST = "sweep/manifest.json"
 
@@ -36,10 +36,6 @@ def extraction_key(spec: ModelSpec, corpus_fingerprint: str, settings: Extractio
                    readout_components: int) -> str:
     return content_key("extract", EXTRACTION_VERSION, spec.kind, spec.source, spec.revision, corpus_fingerprint,
                        asdict(settings), layer_selection, readout_components)
-
-
-def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
-    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, params.n_null, params.seed)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import hashlib
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,14 +24,11 @@ from raygeom.replica.extract import ExtractionSettings, extract_batch
 from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
 from raygeom.numerics import pga
 from raygeom.params import PGAParams
+from raygeom.engine.units import UnitRunner, run_units
 from raygeom.store.tree import Store, content_key
 # Unit keys and requests are pure and live in raygeom.analyses.sweep, so plan/status need no Ray; re-exported here.
 from raygeom.analyses.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
                            pga_unit_key, select_layers)
-
-# Prepared layers alive at once in the object store; bounds memory, keeps both stages busy.
-LAYERS_IN_FLIGHT = 4
-
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
@@ -187,134 +183,12 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         ray.kill(worker)
 
 
-# Each analysis task returns (value, its own compute seconds): the seconds feed `raygeom plan`'s estimates.
-@ray.remote(max_retries=3, num_returns=2)
-def _prepare_layer(root: str, model: str, revision: str, layer: str, r: int, key: str | None = None) -> tuple[pga.PreparedLayer, float]:
-    start = time.perf_counter()
-    _, h = Store(root).read_layer(model, revision, layer, key=key)
-    return pga.prepare_layer(h, r), time.perf_counter() - start
-
-
-@ray.remote(max_retries=3)
-def _readout_rho(layer: pga.PreparedLayer, basis: np.ndarray, device: str | None) -> tuple[float, float]:
-    start = time.perf_counter()
-    return pga.subspace_rho(layer, basis, device), time.perf_counter() - start
-
-
-@ray.remote(max_retries=3)
-def _null_chunk(layer: pga.PreparedLayer, k: int, seed: int, indices: list[int], device: str | None) -> tuple[np.ndarray, float]:
-    start = time.perf_counter()
-    return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
-
-
 def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
-            progress: Callable[[int], None] | None = None) -> list[dict]:
-    """PGA for every layer of one extraction; nulls fan out as Ray tasks in ``null_chunks`` chunks per layer.
+            progress: Callable[[int], None] | None = None, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """PGA for every layer of one extraction, through the unit engine (finished layers are read back)."""
+    from raygeom.analyses import pga as pga_analysis
 
-    Null ``i`` is seeded by (seed, i), so z is identical however the chunks are split.
-    Finished layers are read back from the store instead of recomputed.
-    """
-    info = store.completion(model, revision)
-    if info is None:
-        raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
-    if not 0 < params.k < info["d"]:
-        raise RaygeomError(f"k must satisfy 0 < k < d; got k={params.k}, d={info['d']} for {model}")
-    if params.n_null < 2:
-        raise RaygeomError(f"n-null must be at least 2, got {params.n_null}")
-    if info["n_samples"] < pga.MIN_SAMPLES:
-        raise RaygeomError(f"need at least {pga.MIN_SAMPLES} samples, got N={info['n_samples']}")
-    basis, _ = store.read_readout(model, revision, key=info["key"])
-    if params.k > basis.shape[1]:
-        raise RaygeomError(f"k={params.k} exceeds the {basis.shape[1]} readout components stored for {model}")
-    basis_ref = ray.put(np.ascontiguousarray(basis[:, :params.k]))
-    device = "cuda" if params.gpus_per_task > 0 else "cpu"
-    options = {"num_gpus": params.gpus_per_task} if params.gpus_per_task > 0 else {}
-    chunks = [list(map(int, c)) for c in np.array_split(np.arange(params.n_null), max(1, min(params.null_chunks, params.n_null)))]
-    relative = {name: i / (len(info["all_layers"]) - 1) for i, name in enumerate(info["all_layers"])}
-
-    rows: dict[str, dict] = {}
-    todo = []
-    for layer in layers:
-        key = pga_unit_key(info["key"], layer, params)
-        if store.has_result("pga", key):
-            rows[layer] = store.read_results("pga", [key]).to_pylist()[0]
-            if progress:
-                progress(len(chunks) + 1)
-        else:
-            todo.append((layer, key))
-
-    in_flight: dict = {}
-
-    def submit(layer: str, key: str) -> None:
-        prepared, prepare_seconds = _prepare_layer.remote(str(store.root), model, revision, layer, params.r, info["key"])
-        readout = _readout_rho.options(**options).remote(prepared, basis_ref, device)
-        nulls = [_null_chunk.options(**options).remote(prepared, params.k, params.seed, c, device) for c in chunks]
-        in_flight[readout] = (layer, -1)
-        for index, ref in enumerate(nulls):
-            in_flight[ref] = (layer, index)
-        parts[layer]["prepare_seconds"] = prepare_seconds
-
-    parts: dict[str, dict] = {}
-    queue = list(todo)
-    active: set[str] = set()
-    while queue or in_flight:
-        while queue and len(active) < LAYERS_IN_FLIGHT:
-            layer, key = queue.pop(0)
-            active.add(layer)
-            parts[layer] = {"key": key, "readout": None, "nulls": {}, "remaining": len(chunks) + 1}
-            submit(layer, key)
-        done, _ = ray.wait(list(in_flight), num_returns=1)
-        ref = done[0]
-        layer, chunk_index = in_flight.pop(ref)
-        try:
-            value, seconds = ray.get(ref)
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, pga.InputError):
-                # A degenerate layer (e.g. every text ends in the same token at the embedding) has no
-                # geometry to score; record why and go on with the other layers.
-                for other in [r for r, (name, _) in in_flight.items() if name == layer]:
-                    in_flight.pop(other)
-                rows[layer] = _pga_row(model, revision, layer, info, relative[layer], params, np.nan, np.array([np.nan]),
-                                       note=str(error.cause))
-                rows[layer].update(unit_key=parts[layer]["key"], cpu_seconds=0.0)
-                active.discard(layer)  # not stored: a NaN must never read back as a finished unit
-                continue
-            if isinstance(error.cause, RaygeomError):
-                raise RaygeomError(f"{model}@{revision} {layer}: {error.cause}") from None
-            raise
-        part = parts[layer]
-        part["seconds"] = part.get("seconds", 0.0) + seconds
-        if chunk_index >= 0:
-            part["nulls"][chunk_index] = value
-        else:
-            part["readout"] = value
-        part["remaining"] -= 1
-        if progress:
-            progress(1)
-        if part["remaining"] == 0:
-            nulls = np.concatenate([part["nulls"][i] for i in range(len(chunks))])
-            rows[layer] = _pga_row(model, revision, layer, info, relative[layer], params, part["readout"], nulls)
-            rows[layer]["unit_key"] = part["key"]
-            rows[layer]["cpu_seconds"] = part["seconds"] + ray.get(part["prepare_seconds"])
-            if not rows[layer]["note"]:  # a degenerate layer is reported, never stored as done
-                store.write_result("pga", part["key"], rows[layer])
-            active.discard(layer)
-    return [rows[layer] for layer in layers]
-
-
-def _pga_row(model, revision, layer, info, depth, params: PGAParams, rho, nulls, note: str = "") -> dict:
-    if not note and (not np.isfinite(rho) or not np.isfinite(nulls).all()):
-        note = f"distances are constant after CCR-{params.r}, so rank correlation is undefined"
-    if note:
-        stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
-    else:
-        stats = pga.summarize_null(rho, nulls)
-        if not np.isfinite(stats["z"]):
-            note = "the null rhos have zero spread, so z is undefined"
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": info["all_layers"].index(layer),
-            "relative_depth": depth, "k": params.k, "r": params.r, "n": info["n_samples"], "n_null": params.n_null,
-            "seed": params.seed, "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"],
-            "note": note}
+    return run_units(store, pga_analysis.units(store, model, revision, layers, params), progress, warn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,7 +291,7 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
     """Extract every item not already complete and run PGA on every layer of every item.
 
     Extraction tasks go to Ray as resources allow, at most ``max_in_flight`` submitted at once; each
-    finished revision's PGA starts at once on a driver thread (its tasks run on the CPUs), so
+    finished revision's PGA units join the one unit engine at once (their tasks run on the CPUs), so
     extraction never waits for analysis. ``progress(kind, n)`` gets kind ``extract`` or ``pga``.
     """
     progress = progress or (lambda kind, n: None)
@@ -430,15 +304,25 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
     tokens: dict[tuple, ray.ObjectRef] = {}
     pending: dict[ray.ObjectRef, SweepItem] = {}
     queue: list[SweepItem] = []
-    futures = []
-    executor = ThreadPoolExecutor(max_workers=pga_threads, thread_name_prefix="pga")
+    # One driver loop: a revision's PGA units join the engine the moment its extraction lands, and
+    # run while the next revisions extract (each revision used to get its own driver thread).
+    runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads)
+    revision_units: dict[tuple[str, str], list[str]] = {}
 
-    def analyse(item: SweepItem, info: dict) -> list[dict]:
+    def analyse(item: SweepItem, info: dict) -> None:
         spec = item.request.spec
-        rows = run_pga(store, spec.slug, spec.revision, info["layers"], params, progress=lambda n: progress("pga", n))
-        if not keep_activations:
-            store.drop_activations(spec.slug, spec.revision)
-        return rows
+        from raygeom.analyses import pga as pga_analysis
+
+        units = pga_analysis.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
+        revision_units[(spec.slug, spec.revision)] = [unit.key for unit in units]
+        runner.add(units)
+
+    def drop_finished() -> None:
+        for (slug, revision), keys in list(revision_units.items()):
+            if all(key in runner.rows for key in keys):
+                del revision_units[(slug, revision)]
+                if not keep_activations:
+                    store.drop_activations(slug, revision)
 
     for item in items:
         spec = item.request.spec
@@ -448,7 +332,7 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
             store.has_result("pga", pga_unit_key(key, layer, params)) for layer in info["layers"])
         if done_units or store.is_complete(spec.slug, spec.revision, key):
             progress("extract", 1)
-            futures.append(executor.submit(analyse, item, info))
+            analyse(item, info)
         else:
             queue.append(item)
 
@@ -467,14 +351,13 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
     # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
     # days-long sweep: the rest finishes, then one error names every failed revision.
     failed: list[str] = []
-    try:
-        while queue or pending:
-            while queue and len(pending) < max_in_flight:
-                submit(queue.pop(0))
-            done, _ = ray.wait(list(pending), num_returns=1)
-            item = pending.pop(done[0])
+    while queue or pending or runner.busy:
+        while queue and len(pending) < max_in_flight:
+            submit(queue.pop(0))
+        for ref in runner.step(list(pending)):
+            item = pending.pop(ref)
             try:
-                info = ray.get(done[0])
+                info = ray.get(ref)
             except ray.exceptions.RayTaskError as error:
                 if isinstance(error.cause, RaygeomError):
                     failed.append(str(error.cause))
@@ -482,12 +365,10 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
                     continue
                 raise
             progress("extract", 1)
-            futures.append(executor.submit(analyse, item, info))
-            for future in [f for f in futures if f.done()]:
-                future.result()  # surface analysis errors early
-        rows = [row for future in futures for row in future.result()]
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+            analyse(item, info)
+        drop_finished()
+    drop_finished()
+    rows = [row for unit_rows in runner.rows.values() for row in unit_rows]
     if failed:
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         raise RaygeomError(f"{len(failed)} of {len(items)} revisions failed, the others are stored; first: {failed[0]}{more}")

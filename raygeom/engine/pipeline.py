@@ -43,14 +43,15 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     with console.status("starting Ray" + (f" at {address}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
     rows: list[dict] = []
-    chunks = min(job.pga.null_chunks, job.pga.n_null) + 1
+    from raygeom.analyses.pga import progress_units
+
     with progress_bar(console) as progress:
         for spec in specs:
             label = f"{spec.name}@{spec.revision}"
             extract_task = progress.add_task(f"extract {label}", total=len(corpus.texts))
             request = orchestrate.ExtractionRequest(spec, corpus, job.extraction, job.layers)
             info = orchestrate.extract(store, request, progress=lambda n: progress.advance(extract_task, n))
-            pga_task = progress.add_task(f"PGA     {label}", total=len(info["layers"]) * chunks)
+            pga_task = progress.add_task(f"PGA     {label}", total=progress_units(len(info["layers"]), job.pga))
             rows += orchestrate.run_pga(store, spec.slug, spec.revision, info["layers"], job.pga,
                                         progress=lambda n: progress.advance(pga_task, n))
     table = report.write_rows(rows, store.root / "results" / "pga.parquet")
@@ -111,8 +112,9 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     counter = {"pga": 0}
     with progress_bar(console) as progress:
         extract_task = progress.add_task("extract revisions", total=len(items))
-        chunks = min(job.pga.null_chunks, job.pga.n_null) + 1
-        pga_task = progress.add_task("PGA tasks", total=plan.n_units * chunks)
+        from raygeom.analyses.pga import progress_units
+
+        pga_task = progress.add_task("PGA tasks", total=progress_units(plan.n_units, job.pga))
 
         def advance(kind: str, n: int) -> None:
             if kind == "pga":

@@ -1,0 +1,122 @@
+"""Subspace PGA as units of the engine: one unit per (extraction, layer, parameters).
+
+A unit's steps: prepare the layer (centring + CCR-r, exact full-space ranks) from the store, then the
+readout rho and the null chunks in parallel. Null ``i`` is seeded by ``(seed, i)``, so z is the same
+however the nulls are split into chunks or tasks. No Ray here: the engine runs the steps.
+"""
+
+from __future__ import annotations
+
+import time
+import numpy as np
+
+from raygeom.engine.contract import PREPARED, Step, Unit
+from raygeom.errors import InputError, RaygeomError
+from raygeom.numerics import pga
+from raygeom.params import PGAParams
+from raygeom.store.tree import Store, content_key
+
+PGA_VERSION = 1
+
+
+def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
+    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, params.n_null, params.seed)
+
+
+def read_keyed_layer(root: str, model: str, revision: str, layer: str, extraction_key: str) -> np.ndarray:
+    """The layer's vectors, only if the store still holds the extraction this unit was planned on (verified bytes)."""
+    return Store(root).read_layer(model, revision, layer, key=extraction_key)[1]
+
+
+def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str):
+    start = time.perf_counter()
+    prepared = pga.prepare_layer(read_keyed_layer(root, model, revision, layer, extraction_key), r)
+    return prepared, time.perf_counter() - start
+
+
+def readout_step(prepared, basis: np.ndarray, device: str | None) -> tuple[float, float]:
+    layer, prepare_seconds = prepared
+    start = time.perf_counter()
+    return pga.subspace_rho(layer, basis, device), time.perf_counter() - start + prepare_seconds
+
+
+def null_step(prepared, k: int, seed: int, indices: list[int], device: str | None) -> tuple[np.ndarray, float]:
+    layer, _ = prepared
+    start = time.perf_counter()
+    return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
+
+
+def null_chunks(params: PGAParams) -> list[list[int]]:
+    return [list(map(int, c)) for c in np.array_split(np.arange(params.n_null), max(1, min(params.null_chunks, params.n_null)))]
+
+
+def check_params(info: dict, params: PGAParams, model: str, readout_components: int) -> None:
+    """Everything that would make every layer fail, refused before any work."""
+    if not 0 < params.k < info["d"]:
+        raise RaygeomError(f"k must satisfy 0 < k < d; got k={params.k}, d={info['d']} for {model}")
+    if params.k > readout_components:
+        raise RaygeomError(f"k={params.k} exceeds the {readout_components} readout components stored for {model}")
+    if info["n_samples"] < pga.MIN_SAMPLES:
+        raise RaygeomError(f"need at least {pga.MIN_SAMPLES} samples, got N={info['n_samples']}")
+    if params.r >= min(info["n_samples"], info["d"]):
+        raise RaygeomError(f"ccr={params.r} must be below min(N, d) = {min(info['n_samples'], info['d'])} for {model}")
+
+
+def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
+        note: str = "") -> dict:
+    if note:
+        stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
+    else:
+        stats = pga.summarize_null(rho, nulls)
+    names = info["all_layers"]
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
+            "relative_depth": names.index(layer) / max(1, len(names) - 1), "k": params.k, "r": params.r,
+            "n": info["n_samples"], "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
+            "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"], "note": note}
+
+
+def units(store: Store, model: str, revision: str, layers: list[str], params: PGAParams, info: dict | None = None,
+          basis: np.ndarray | None = None) -> list[Unit]:
+    """One unit per layer of one complete extraction."""
+    info = info or store.completion(model, revision)
+    if info is None:
+        raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
+    if basis is None:
+        basis = store.read_readout(model, revision, key=info["key"])[0]
+    check_params(info, params, model, basis.shape[1])
+    basis = np.ascontiguousarray(basis[:, :params.k])
+    device = "cuda" if params.gpus_per_task > 0 else "cpu"
+    options = {"num_gpus": params.gpus_per_task} if params.gpus_per_task > 0 else {}
+    chunks = null_chunks(params)
+    root = str(store.root)
+    out = []
+    for layer in layers:
+        key = pga_unit_key(info["key"], layer, params)
+
+        def finish(values, layer=layer, key=key) -> dict:
+            (rho, seconds), *null_parts = values
+            nulls = np.concatenate([part[0] for part in null_parts])
+            if not np.isfinite(rho) or not np.isfinite(nulls).all() or float(np.std(nulls)) == 0.0:
+                raise InputError(f"distances are constant after CCR-{params.r} or the nulls have no spread, "
+                                 "so z is undefined")
+            result = row(model, revision, layer, info, params, rho, nulls)
+            result.update(unit_key=key, cpu_seconds=seconds + sum(part[1] for part in null_parts))
+            return result
+
+        def degenerate(reason: str, layer=layer, key=key) -> dict:
+            return {**row(model, revision, layer, info, params, float("nan"), np.array([np.nan]), note=reason),
+                    "unit_key": key, "cpu_seconds": 0.0}
+
+        out.append(Unit(
+            analysis="pga", key=key, label=f"{model}@{revision} {layer}",
+            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"]))],
+            parts=[Step(readout_step, (PREPARED, basis, device), options)]
+                  + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks],
+            finish=finish, degenerate=degenerate))
+    return out
+
+
+def progress_units(n_layers: int, params: PGAParams) -> int:
+    """What the engine's progress counts for ``n_layers`` PGA units."""
+    return n_layers * (len(null_chunks(params)) + 2)
+

@@ -1,0 +1,38 @@
+"""What an analysis hands the engine: units of pure steps. No Ray here, so analyses import only this."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+PREPARED = object()  # placeholder in a part's arguments for the values of the unit's prepare steps
+
+
+@dataclass(frozen=True)
+class Step:
+    fn: Callable
+    args: tuple = ()
+    options: Mapping[str, Any] = field(default_factory=dict)  # Ray options, e.g. num_gpus
+
+
+@dataclass(frozen=True)
+class More:
+    """``finish`` wants these parts too before it can decide (their values are appended)."""
+
+    parts: tuple[Step, ...]
+
+
+@dataclass
+class Unit:
+    analysis: str  # rows go to results/<analysis>/<key>.parquet
+    key: str  # content key of (inputs, analysis, parameters): resume and provenance
+    label: str  # what a person calls it, e.g. "smollm2@main block_05"
+    parts: Sequence[Step]
+    finish: Callable[[list], list[dict] | dict | More]
+    prepare: Sequence[Step] = ()
+    degenerate: Callable[[str], list[dict] | dict] | None = None  # rows to show (never stored) for an InputError
+    store_rows: bool = True
+
+    @property
+    def cost(self) -> int:
+        return len(self.prepare) + len(self.parts)
