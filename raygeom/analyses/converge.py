@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, Step, Unit
 
 from raygeom.errors import RaygeomError
@@ -182,6 +183,7 @@ def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray,
     if not np.isfinite(grid["rho_full"]).all():
         raise RaygeomError(f"{a.label} vs {b.label}: some layer's distances are constant after CCR-{params.r}")
     rows = []
+    shared = {name: value for name, value in extraction_columns(a.info).items() if name not in ("step", "n")}
     span_a, span_b = max(1, len(a.info["all_layers"]) - 1), max(1, len(b.info["all_layers"]) - 1)
     for i, layer_a in enumerate(a.layers):
         index_a = a.info["all_layers"].index(layer_a)
@@ -192,6 +194,7 @@ def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray,
                 "layer_a": layer_a, "layer_b": layer_b, "layer_index_a": index_a, "layer_index_b": index_b,
                 "relative_depth_a": index_a / span_a, "relative_depth_b": index_b / span_b,
                 **{name: float(values[i, j]) for name, values in grid.items()},
+                **shared, "step_a": a.info.get("step"), "step_b": b.info.get("step"),
                 "k": params.k, "r": params.r, "n": n, "n_null": int(nulls.shape[0]), "seed": params.seed,
                 "d_a": a.info["d"], "d_b": b.info["d"],
             })

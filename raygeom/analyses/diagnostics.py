@@ -26,6 +26,7 @@ import numpy as np
 
 from raygeom.analyses import pga as pga_analysis
 from raygeom.analyses.pga import read_keyed_layer
+from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import RaygeomError
 from raygeom.numerics import layer_geometry, probe, spectral
@@ -111,8 +112,8 @@ def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction:
 def _base_row(model: str, revision: str, layer: str, info: dict) -> dict:
     names = info["all_layers"]
     return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
-            "relative_depth": names.index(layer) / max(1, len(names) - 1), "n": info["n_samples"], "d": info["d"],
-            "fingerprint": info["fingerprint"]}
+            "relative_depth": names.index(layer) / max(1, len(names) - 1), "d": info["d"],
+            "fingerprint": info["fingerprint"], **extraction_columns(info)}
 
 
 def _layer_units(store: Store, metric: str, info: dict, model: str, revision: str, layers: list[str],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import numpy as np
 
+from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, Step, Unit
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics import pga
@@ -71,8 +72,9 @@ def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rh
     names = info["all_layers"]
     return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
             "relative_depth": names.index(layer) / max(1, len(names) - 1), "k": params.k, "r": params.r,
-            "n": info["n_samples"], "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
-            "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"], "note": note}
+            "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
+            "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"], "note": note,
+            **extraction_columns(info)}
 
 
 def units(store: Store, model: str, revision: str, layers: list[str], params: PGAParams, info: dict | None = None,

@@ -346,9 +346,19 @@ def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, 
 
 # ------------------------------------------------------------------------------- tidy table, plots
 
-TIDY_COLUMNS = ("model", "repo", "size", "deduped", "params", "d", "revision", "step", "layer", "layer_index",
-                "relative_depth", "k", "r", "n", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z",
-                "fingerprint", "weights_flag", "known_bad_note", "unit_key")
+# Column -> type of the sweep's tidy table: identity, the settings that made the row (provenance), the numbers
+# with their uncertainty, and the integrity flags.
+TIDY_SCHEMA = pa.schema([
+    ("model", pa.string()), ("repo", pa.string()), ("size", pa.string()), ("deduped", pa.bool_()), ("params", pa.int64()),
+    ("d", pa.int64()), ("revision", pa.string()), ("step", pa.int64()), ("layer", pa.string()), ("layer_index", pa.int64()),
+    ("relative_depth", pa.float64()), ("corpus", pa.string()), ("corpus_fingerprint", pa.string()), ("n", pa.int64()),
+    ("seq_len", pa.int64()), ("pool", pa.string()), ("skip_first", pa.bool_()), ("max_words", pa.int64()),
+    ("k", pa.int64()), ("r", pa.int64()), ("n_null", pa.int64()), ("seed", pa.int64()), ("raygeom_version", pa.string()),
+    ("rho_readout", pa.float64()), ("null_mean", pa.float64()), ("null_std", pa.float64()), ("z", pa.float64()),
+    ("z_se", pa.float64()), ("z_lo", pa.float64()), ("z_hi", pa.float64()), ("p_upper", pa.float64()),
+    ("p_lower", pa.float64()), ("z_texts_lo", pa.float64()), ("z_texts_hi", pa.float64()),
+    ("fingerprint", pa.string()), ("weights_flag", pa.string()), ("known_bad_note", pa.string()), ("unit_key", pa.string())])
+TIDY_COLUMNS = tuple(TIDY_SCHEMA.names)
 
 
 def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Table:
@@ -368,14 +378,7 @@ def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Tab
                     "weights_flag": report.flag(spec.name, spec.revision),
                     "known_bad_note": report.notes.get((spec.name, spec.revision))})
     out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"]))
-    schema = pa.schema([("model", pa.string()), ("repo", pa.string()), ("size", pa.string()), ("deduped", pa.bool_()),
-                        ("params", pa.int64()), ("d", pa.int64()), ("revision", pa.string()), ("step", pa.int64()),
-                        ("layer", pa.string()), ("layer_index", pa.int64()), ("relative_depth", pa.float64()),
-                        ("k", pa.int64()), ("r", pa.int64()), ("n", pa.int64()), ("n_null", pa.int64()), ("seed", pa.int64()),
-                        ("rho_readout", pa.float64()), ("null_mean", pa.float64()), ("null_std", pa.float64()),
-                        ("z", pa.float64()), ("fingerprint", pa.string()), ("weights_flag", pa.string()),
-                        ("known_bad_note", pa.string()), ("unit_key", pa.string())])
-    return pa.Table.from_pylist(out, schema=schema)
+    return pa.Table.from_pylist(out, schema=TIDY_SCHEMA)
 
 
 def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float = 2.0, final_layers: int = 2) -> list[dict]:

@@ -172,6 +172,7 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         if request.corpus.labels is not None:
             columns["label"] = list(request.corpus.labels)
         extra = {"model": request.spec.name, "revision": request.spec.revision, "corpus": request.corpus.name,
+                 "corpus_fingerprint": request.corpus.fingerprint(), "step": request.spec.step,
                  "settings": asdict(request.settings)}
         return ray.get(worker.write.remote(str(store.root), request.spec.revision, key, layers,
                                            list(range(len(texts))), columns, request.readout_components, extra))
@@ -266,6 +267,7 @@ def _extract_revision(root: str, request: ExtractionRequest, key: str, device: s
         if request.corpus.labels is not None:
             columns["label"] = list(request.corpus.labels)
         extra = {"model": request.spec.name, "revision": request.spec.revision, "corpus": request.corpus.name,
+                 "corpus_fingerprint": request.corpus.fingerprint(), "step": request.spec.step,
                  "settings": asdict(request.settings), "device": device, "gpus": torch.cuda.device_count() if device == "cuda" else 0,
                  "load_seconds": loaded - start, "forward_seconds": computed - loaded,
                  "tokens": int(sum(int(b.n_tokens.sum()) for b in batches))}

@@ -54,7 +54,9 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
             pga_task = progress.add_task(f"PGA     {label}", total=progress_units(len(info["layers"]), job.pga))
             rows += orchestrate.run_pga(store, spec.slug, spec.revision, info["layers"], job.pga,
                                         progress=lambda n: progress.advance(pga_task, n))
-    table = report.write_rows(rows, store.root / "results" / "pga.parquet")
+    from raygeom.engine.units import accumulated_rows
+
+    table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
     plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
     report.print_pga(console, rows)
     console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}")

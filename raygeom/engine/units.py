@@ -195,3 +195,11 @@ def run_units(store: Store, units: Sequence[Unit], progress: Callable[[int], Non
     runner.add(units)
     runner.run()
     return [row for unit in units for row in runner.rows[unit.key]]
+
+
+def accumulated_rows(store: Store, analysis: str, job_rows: Sequence[dict]) -> list[dict]:
+    """Every stored unit row of ``analysis`` (all jobs on this store), then this job's rows that were not
+    stored (degenerate units); each row carries the settings that made it, so they can be told apart."""
+    stored = store.read_results(analysis).to_pylist()
+    keys = {row.get("unit_key") for row in stored}
+    return stored + [row for row in job_rows if row.get("unit_key") not in keys]

@@ -337,11 +337,16 @@ class Store:
         return found
 
     def invalidate(self, model: str, revision: str) -> None:
-        """Before this revision is extracted again: it stops counting as complete, and the hidden
-        temporaries of a write that was killed before its rename (possibly GBs of layer data) go."""
+        """Before this revision is extracted again: it stops counting as complete, its old layer files go
+        (a store reused with other settings must never hold layers of two settings side by side, where a
+        glob over activations/ would mix them), and so do the hidden temporaries of a killed write."""
+        import shutil
+
         marker = self.marker_path(model, revision)
         marker.unlink(missing_ok=True)
         checksum_path(marker).unlink(missing_ok=True)
+        for layer_dir in self._partition("activations", model, revision).glob("layer=*"):
+            shutil.rmtree(layer_dir, ignore_errors=True)
         for kind in ("activations", "readout", "samples"):
             for leftover in self._partition(kind, model, revision).rglob(".*.tmp"):
                 leftover.unlink(missing_ok=True)

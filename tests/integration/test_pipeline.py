@@ -152,3 +152,29 @@ def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub
     assert all(np.isfinite(rows[name]["z"]) and rows[name]["note"] == "" for name in rows if name != "embed")
     table = pq.read_table(tmp_path / "out" / "results" / "pga.parquet")
     assert table.num_rows == 5 and "note" in table.column_names
+
+
+def test_a_store_reused_with_another_pooling_holds_one_pooling_per_layer(finished_job, hub_cache, ray_local, tmp_path):
+    """The README's duckdb glob over a store first filled with mean pooling, then with last pooling."""
+    import dataclasses
+
+    import duckdb
+
+    _, corpus, _ = finished_job
+    out = tmp_path / "reused"
+    job = tiny_job(out, corpus)
+    job = dataclasses.replace(job, models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),), layers="embed,block_00,block_01",
+                              extraction=dataclasses.replace(job.extraction, pool="mean"))
+    run_pga_job(job, Console(quiet=True))
+    last = dataclasses.replace(job, extraction=dataclasses.replace(job.extraction, pool="last"), layers="embed,block_01")
+    rows = run_pga_job(last, Console(quiet=True)).rows
+    glob = f"{out}/activations/**/*.parquet"
+    counts = duckdb.sql(f"select layer, count(*) as n from read_parquet('{glob}', hive_partitioning=true) "
+                        "group by layer order by layer").fetchall()
+    assert counts == [("block_01", 40), ("embed", 40)]  # block_00 of the mean-pooled run is gone
+    stored = Store(out).read_layer("EleutherAI--pythia-14m", "step1000", "block_01")[1]
+    marker = Store(out).completion("EleutherAI--pythia-14m", "step1000")
+    assert marker["settings"]["pool"] == "last" and stored.shape == (40, 64)
+    assert {r["pool"] for r in rows} == {"last"}
+    table = pq.read_table(out / "results" / "pga.parquet").to_pylist()
+    assert {(r["pool"], r["layer"]) for r in table} >= {("mean", "block_00"), ("last", "block_01")}  # every job's rows, told apart

@@ -1,0 +1,21 @@
+"""The settings that produced a row, read from the extraction's completion marker: every tidy table
+carries them, so rows from different jobs in one store can always be told apart."""
+
+from __future__ import annotations
+
+import re
+
+WORDS = re.compile(r"\[:(\d+)w\]$")
+
+
+def extraction_columns(info: dict) -> dict:
+    """model, revision, step, corpus and its fingerprint, n, seq_len, pool, skip_first, max_words, raygeom version."""
+    from raygeom import __version__
+
+    settings = info.get("settings") or {}
+    corpus = info.get("corpus")
+    words = WORDS.search(corpus or "")
+    return {"step": info.get("step"), "corpus": corpus, "corpus_fingerprint": info.get("corpus_fingerprint"),
+            "n": info.get("n_samples"), "seq_len": settings.get("seq_len"), "pool": settings.get("pool"),
+            "skip_first": settings.get("skip_first"), "max_words": int(words.group(1)) if words else None,
+            "raygeom_version": __version__}
