@@ -106,7 +106,7 @@ def test_plots_are_written(finished, tmp_path):
 def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli.root", "dispersion", "--chunk-len", "1", "-o", str(out)],
+    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", "--chunk-len", "1", "-o", str(out)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert "chunk-len must be at least 2" in done.stderr and "Traceback" not in done.stderr

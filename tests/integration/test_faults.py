@@ -212,7 +212,7 @@ def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep
     out = tmp_path / "out"
     job_file = write_sweep_job(tmp_path, out, corpus)
     results = out / "results" / "pga"
-    driver = subprocess.Popen([sys.executable, "-m", "raygeom.cli.root", "run", str(job_file), "--num-cpus", "2"],
+    driver = subprocess.Popen([sys.executable, "-m", "raygeom.cli", "run", str(job_file), "--num-cpus", "2"],
                               env=subprocess_env(ray_tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
@@ -268,7 +268,7 @@ def test_the_documented_ray_job_submit_runs_a_sweep_on_a_started_head_and_resubm
                    "env_vars": {"HF_HUB_CACHE": os.environ["HF_HUB_CACHE"], "HF_HUB_OFFLINE": "1"}}
     submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--working-dir", str(ROOT),
               "--runtime-env-json", json.dumps(runtime_env), "--",
-              "python", "-m", "raygeom.cli.root", "run", str(job_file), "--address", "auto", "--out", str(out)]
+              "python", "-m", "raygeom.cli", "run", str(job_file), "--address", "auto", "--out", str(out)]
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         deadline = time.time() + 90
