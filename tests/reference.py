@@ -4,7 +4,7 @@ Nothing here imports raygeom: expected values never come from the code under tes
 """
 
 import numpy as np
-from scipy.spatial.distance import pdist
+from scipy.spatial.distance import pdist, squareform
 from scipy.stats import spearmanr
 
 
@@ -26,12 +26,33 @@ def null_subspace(d, k, seed, i):
     return q * np.sign(np.diag(r))
 
 
+def tie_groups(h):
+    """First row of each group of identical rows of ``h``, and each row's group."""
+    _, first, inverse = np.unique(np.asarray(h), axis=0, return_index=True, return_inverse=True)
+    return first, np.asarray(inverse).ravel()
+
+
+def cosine_distances(x, groups):
+    """pdist(x, "cosine"), with the distances that are equal in exact arithmetic made equal floats.
+
+    Rows that are identical in the input H (``groups`` from :func:`tie_groups`) are identical
+    after any linear map: their pairs have distance 0 and pair (i, j) equals pair (rep i, rep j).
+    So the distances of the representatives are computed once and spread out; without
+    duplicates this is plain pdist.
+    """
+    first, inverse = groups
+    square = squareform(pdist(x[first], "cosine"))  # zero diagonal: a row and its copy
+    return square[np.ix_(inverse, inverse)][np.triu_indices(len(inverse), 1)]
+
+
 def pga(h, w_u, k=100, r=1, n_null=100, seed=0):
     corrected = ccr(h, r)
-    d_full = pdist(corrected, "cosine")
-    rho = spearmanr(d_full, pdist(corrected @ readout(w_u, k), "cosine"))[0]
+    groups = tie_groups(h)
+    d_full = cosine_distances(corrected, groups)
+    rho = spearmanr(d_full, cosine_distances(corrected @ readout(w_u, k), groups))[0]
     nulls = np.array(
-        [spearmanr(d_full, pdist(corrected @ null_subspace(h.shape[1], k, seed, i), "cosine"))[0] for i in range(n_null)]
+        [spearmanr(d_full, cosine_distances(corrected @ null_subspace(h.shape[1], k, seed, i), groups))[0]
+         for i in range(n_null)]
     )
     return {"rho_readout": rho, "null_mean": nulls.mean(), "null_std": nulls.std(ddof=1),
             "z": (rho - nulls.mean()) / nulls.std(ddof=1), "nulls": nulls}
@@ -77,9 +98,10 @@ def pc1_readout_share(h, basis):
 def convergence(h_a, h_b, basis_a, basis_b, k, r=1, n_null=100, seed=0):
     """Model B's null i is drawn with seed + 2**32 (the documented derivation)."""
     a, b = ccr(h_a, r), ccr(h_b, r)
+    groups_a, groups_b = tie_groups(h_a), tie_groups(h_b)
 
     def rho(x, y):
-        return spearmanr(pdist(x, "cosine"), pdist(y, "cosine"))[0]
+        return spearmanr(cosine_distances(x, groups_a), cosine_distances(y, groups_b))[0]
 
     nulls = np.array([
         rho(a @ null_subspace(a.shape[1], k, seed, i), b @ null_subspace(b.shape[1], k, seed + 2**32, i))

@@ -10,6 +10,11 @@ So the ranks of each layer are computed once and every cell of the
 ``L_a x L_b`` grid is a dot product: ``L_a + L_b`` rankings per space instead
 of ``L_a * L_b``. The values equal :func:`convergence`'s cell by cell (same
 float32 similarities, same exact average ranks); a test checks that.
+
+Identical rows: :func:`prepare_layer` makes rows that are identical in ``H``
+bitwise identical after CCR, and each layer's groups of identical rows are found
+once per call (byte equality of the corrected rows), so exact ties share their
+rank as in :mod:`raygeom.numerics.convergence`.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import numpy as np
 import torch
 
 from raygeom.errors import InputError
-from raygeom.numerics.convergence import _check_seed, null_subspaces
-from raygeom.numerics.pga import MIN_SAMPLES, _check_k, _check_matrix, _exact_average_ranks, ccr
+from raygeom.numerics.convergence import DistanceRanker, _check_seed, null_subspaces, tied_ccr
+from raygeom.numerics.pga import MIN_SAMPLES, _check_k, _check_matrix
+from raygeom.numerics.ties import duplicate_groups
 
 
 @dataclass(frozen=True)
@@ -34,31 +40,30 @@ class LayerRanks:
 
 
 def prepare_layer(h: np.ndarray, r: int = 1) -> np.ndarray:
-    """CCR-r corrected ``H`` as float32, exactly as :func:`convergence.prepare_pair` makes each side."""
+    """CCR-r corrected ``H`` as float32, exactly as :func:`convergence.prepare_pair` makes each side
+    (rows identical in ``H`` are bitwise identical here)."""
     h = _check_matrix("H", h)
     if h.shape[0] < MIN_SAMPLES:
         raise InputError(f"need at least {MIN_SAMPLES} samples, got N={h.shape[0]}")
-    return ccr(h, r).astype(np.float32)
+    return tied_ccr(h, r)[0]
 
 
-class _Ranker:
-    def __init__(self, n: int, device: str = "cpu"):
-        self.device = torch.device(device)
-        rows, cols = torch.triu_indices(n, n, 1, device=self.device)
-        self.pair_index = rows * n + cols
-        self.mean_rank = (self.pair_index.numel() + 1) / 2.0
-        self.gram = torch.empty((n, n), device=self.device)
+class _Rankers:
+    """One :class:`DistanceRanker` per layer of a model, built once per call."""
 
-    def ranks(self, corrected: np.ndarray, basis: np.ndarray | None = None) -> LayerRanks:
-        x = torch.from_numpy(np.array(corrected, dtype=np.float32)).to(self.device)  # a copy: Ray hands out read-only arrays
-        if basis is not None:
-            x = x @ torch.from_numpy(np.ascontiguousarray(basis, dtype=np.float32)).to(self.device)
-        norms = x.norm(dim=1, keepdim=True)
-        unit = (x / torch.where(norms > 0, norms, torch.ones_like(norms))).float()
-        torch.matmul(unit, unit.T, out=self.gram)
-        similarities = torch.index_select(self.gram.view(-1), 0, self.pair_index)
-        centred = _exact_average_ranks(similarities.neg_()) - self.mean_rank
-        return LayerRanks(centred.cpu().numpy(), float(torch.sqrt(torch.dot(centred, centred))))
+    def __init__(self, layers: Sequence[np.ndarray], device: str = "cpu", scratch: dict | None = None):
+        self.scratch = {} if scratch is None else scratch
+        self.rankers = []
+        for x in layers:
+            x = np.asarray(x, dtype=np.float32)
+            self.rankers.append(DistanceRanker(x, duplicate_groups(x), torch.device(device), self.scratch))
+
+    def ranks(self, basis: np.ndarray | None = None) -> list[LayerRanks]:
+        out = []
+        for ranker in self.rankers:
+            centred, norm = ranker.centred_ranks(ranker.project(basis))
+            out.append(LayerRanks(centred.cpu().numpy(), norm))
+        return out
 
 
 def _grid(ranks_a: Sequence[LayerRanks], ranks_b: Sequence[LayerRanks]) -> np.ndarray:
@@ -95,9 +100,10 @@ def observed_grid(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray]
         basis = _check_matrix(f"basis_{name}", basis)
         if basis.shape[0] != d or basis.shape[1] < k:
             raise InputError(f"readout basis of model {name} is {basis.shape}; need {d} rows and at least k={k} columns")
-    ranker = _Ranker(n_a, device)
-    full = _grid([ranker.ranks(x) for x in layers_a], [ranker.ranks(x) for x in layers_b])
-    readout = _grid([ranker.ranks(x, basis_a[:, :k]) for x in layers_a], [ranker.ranks(x, basis_b[:, :k]) for x in layers_b])
+    rankers_a = _Rankers(layers_a, device)
+    rankers_b = _Rankers(layers_b, device, rankers_a.scratch)
+    full = _grid(rankers_a.ranks(), rankers_b.ranks())
+    readout = _grid(rankers_a.ranks(basis_a[:, :k]), rankers_b.ranks(basis_b[:, :k]))
     return {"rho_full": full, "rho_readout": readout}
 
 
@@ -109,11 +115,12 @@ def null_grids(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], k
     if n_a != n_b:
         raise InputError(f"both models must hold the same N inputs; got N={n_a} and N={n_b}")
     _check_seed(seed)
-    ranker = _Ranker(n_a, device)
+    rankers_a = _Rankers(layers_a, device)
+    rankers_b = _Rankers(layers_b, device, rankers_a.scratch)
     grids = []
     for index in indices:
         q_a, q_b = null_subspaces(d_a, d_b, k, seed, index)
-        grids.append(_grid([ranker.ranks(x, q_a) for x in layers_a], [ranker.ranks(x, q_b) for x in layers_b]))
+        grids.append(_grid(rankers_a.ranks(q_a), rankers_b.ranks(q_b)))
     return np.stack(grids) if grids else np.empty((0, len(layers_a), len(layers_b)))
 
 

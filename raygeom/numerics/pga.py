@@ -4,9 +4,19 @@ The fast path ranks each projected distance vector with a counting sort over
 value bins instead of a comparison sort. Values that share a bin share their
 average rank, so the result is the exact Spearman correlation of slightly
 quantised distances. Bins are fine enough that a bin holds a handful of pairs;
-when one holds more than ``MAX_PAIRS_PER_BIN`` (heavy clustering or true
-ties) that vector falls back to exact average ranks. Ranks of the full-space
-distances, used by every subspace, are always exact and computed once.
+when one holds more than ``MAX_PAIRS_PER_BIN`` (heavy clustering) that vector
+falls back to exact average ranks, and so does any vector of at most
+``EXACT_RANK_PAIRS`` values, where a comparison sort costs next to nothing.
+Ranks of the full-space distances, used by every subspace, are always exact
+and computed once.
+
+Exact ties (see :mod:`raygeom.numerics.ties`): when ``H`` has identical rows,
+every distance is computed once per pair of distinct rows, and the N(N-1)/2
+pairs are represented by those values with integer weights (how many pairs
+share each), plus one weighted entry of distance exactly 0 per group of
+identical rows. Both the counting sort and the exact fallback rank weighted
+values, so pairs that are equal in exact arithmetic always share one rank.
+Without duplicates nothing of this runs.
 """
 
 from __future__ import annotations
@@ -21,8 +31,10 @@ from scipy.linalg import eigh
 from threadpoolctl import threadpool_limits
 
 from raygeom.errors import InputError
+from raygeom.numerics.ties import Groups, duplicate_groups
 
 MAX_PAIRS_PER_BIN = 256
+EXACT_RANK_PAIRS = 1 << 14
 MIN_SAMPLES = 3
 
 
@@ -131,12 +143,18 @@ def pairwise_cosine_distances(x: np.ndarray) -> np.ndarray:
     return 1.0 - (unit @ unit.T)[np.triu_indices(len(x), 1)]
 
 
-def average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks (float64); tied values share the mean of their ranks, as ``rankdata(method="average")``."""
+def average_ranks(values: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """1-based ranks (float64); tied values share the mean of their ranks, as ``rankdata(method="average")``.
+
+    With ``weights`` (positive integers), value ``i`` stands for ``weights[i]`` tied copies of itself:
+    the result is the average rank those copies would get in the expanded vector.
+    """
     values = np.asarray(values).ravel()
     n = values.size
     if n == 0:
         return np.empty(0)
+    if weights is not None:
+        return _weighted_average_ranks(values, np.asarray(weights, dtype=np.float64).ravel())
     order = np.argsort(values)
     sorted_values = values[order]
     starts_group = np.empty(n, dtype=bool)
@@ -152,6 +170,20 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def _weighted_average_ranks(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts_group = np.empty(values.size, dtype=bool)
+    starts_group[0] = True
+    np.not_equal(sorted_values[1:], sorted_values[:-1], out=starts_group[1:])
+    group = np.cumsum(starts_group) - 1
+    group_weight = np.bincount(group, weights=weights[order])
+    group_rank = np.cumsum(group_weight) - (group_weight - 1.0) * 0.5
+    ranks = np.empty(values.size)
+    ranks[order] = group_rank[group]
+    return ranks
+
+
 def _n_bins(n_values: int) -> int:
     return int(min(1 << 24, max(1 << 10, 1 << int(np.ceil(np.log2(max(n_values, 2) / 8))))))
 
@@ -162,6 +194,18 @@ def _exact_average_ranks(values: torch.Tensor) -> torch.Tensor:
     _, inverse, counts = torch.unique_consecutive(sorted_values, return_inverse=True, return_counts=True)
     group_ranks = torch.cumsum(counts, 0).double() - (counts.double() - 1.0) * 0.5
     ranks = torch.empty_like(group_ranks[inverse])
+    ranks[order] = group_ranks[inverse]
+    return ranks
+
+
+def _exact_weighted_average_ranks(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """:func:`_exact_average_ranks` where value ``i`` stands for ``weights[i]`` (float64) tied copies."""
+    order = torch.argsort(values)
+    _, inverse, counts = torch.unique_consecutive(values[order], return_inverse=True, return_counts=True)
+    group_weight = torch.zeros(counts.numel(), dtype=torch.float64, device=values.device)
+    group_weight.index_add_(0, inverse, weights[order])
+    group_ranks = torch.cumsum(group_weight, 0) - (group_weight - 1.0) * 0.5
+    ranks = torch.empty_like(group_weight[inverse])
     ranks[order] = group_ranks[inverse]
     return ranks
 
@@ -239,19 +283,56 @@ class PairLayout:
         return self._scratch[key]
 
 
+class TiedPairs:
+    """The pairs of a layer with identical rows, held once per pair of distinct rows.
+
+    Values are the :class:`PairLayout` pairs of the ``G`` representative rows,
+    then one entry per group of two or more identical rows (its pairs all have
+    distance exactly 0). ``weights`` (float64, exact integers) says how many of
+    the N(N-1)/2 pairs each value stands for; they sum to N(N-1)/2.
+    """
+
+    def __init__(self, groups: Groups):
+        self.groups = groups
+        sizes = groups.sizes.astype(np.float64)
+        self.layout = PairLayout(groups.n_groups)
+        self.within = np.flatnonzero(groups.sizes >= 2)
+        self.n_values = self.layout.n_pairs + self.within.size
+        between = np.outer(sizes, sizes)[np.triu_indices(groups.n_groups, 1)][self.layout.pdist_index]
+        self.weights = np.concatenate([between, sizes[self.within] * (sizes[self.within] - 1.0) * 0.5])
+        n = groups.labels.size
+        self.n_pairs = n * (n - 1) // 2
+
+    def fill_negated_similarities(self, unit: torch.Tensor, out: torch.Tensor, within: torch.Tensor) -> torch.Tensor:
+        """Minus the cosine similarity of every value, from the ``G`` unit representative rows.
+
+        A pair inside a group is exactly -1 (distance 0), or 0 for a zero row, which has no
+        direction; values are clipped to [-1, 1] as ``scipy.spatial.distance.cosine`` does.
+        """
+        pairs = self.layout.n_pairs
+        self.layout.fill(unit.neg(), unit, out[:pairs])
+        rows = unit.index_select(0, within)
+        out[pairs:] = -(rows.abs().amax(dim=1) > 0).to(out.dtype)
+        return out.clamp_(-1.0, 1.0)
+
+
 @dataclass(frozen=True)
 class PreparedLayer:
     """One layer, corrected and with its full-space distance ranks computed once.
 
-    ``corrected`` is float32 (N x d). ``centred_full_ranks`` are the exact average
-    ranks of the full-space cosine distances minus their mean, as float32 (exact
-    half-integers up to N of about 5,800), in :class:`PairLayout` order.
+    ``corrected`` is float32 (N x d); rows that were identical in ``H`` are bitwise
+    identical here. ``centred_full_ranks`` are the exact average ranks of the
+    full-space cosine distances minus their mean, as float32 (exact half-integers
+    up to N of about 5,800), in :class:`PairLayout` order, or in
+    :class:`TiedPairs` order when ``groups`` (the group label of each row of ``H``
+    by byte equality) is set because ``H`` has identical rows.
     """
 
     corrected: np.ndarray
     centred_full_ranks: np.ndarray
     full_ranks_norm: float
     ccr_rank: int
+    groups: np.ndarray | None = None
 
     @property
     def n_samples(self) -> int:
@@ -266,14 +347,24 @@ def prepare_layer(h: np.ndarray, r: int = 1) -> PreparedLayer:
     h = _check_matrix("H", h)
     if h.shape[0] < MIN_SAMPLES:
         raise InputError(f"need at least {MIN_SAMPLES} samples, got N={h.shape[0]}")
+    labels = duplicate_groups(h)
     corrected = ccr(h, r).astype(np.float32)
-    unit = torch.from_numpy(_unit_rows(corrected).astype(np.float32))
-    layout = PairLayout(len(corrected))
-    similarities = layout.fill(unit, unit, torch.empty(layout.n_pairs))
-    # Cosine distance is 1 - similarity, so ranking distances is ranking -similarity.
-    ranks = average_ranks(similarities.neg_().numpy())
-    centred = ranks - ranks.mean()
-    return PreparedLayer(corrected, centred.astype(np.float32), float(np.sqrt(np.dot(centred, centred))), r)
+    if labels is None:
+        unit = torch.from_numpy(_unit_rows(corrected).astype(np.float32))
+        layout = PairLayout(len(corrected))
+        similarities = layout.fill(unit, unit, torch.empty(layout.n_pairs))
+        # Cosine distance is 1 - similarity, so ranking distances is ranking -similarity.
+        ranks = average_ranks(similarities.neg_().numpy())
+        centred = ranks - ranks.mean()
+        return PreparedLayer(corrected, centred.astype(np.float32), float(np.sqrt(np.dot(centred, centred))), r)
+    groups = Groups.of(labels)
+    corrected = groups.snap(corrected)
+    tied = TiedPairs(groups)
+    unit = torch.from_numpy(_unit_rows(corrected[groups.representatives]).astype(np.float32))
+    values = tied.fill_negated_similarities(unit, torch.empty(tied.n_values), torch.from_numpy(tied.within))
+    centred = average_ranks(values.numpy(), tied.weights) - (tied.n_pairs + 1) / 2.0
+    norm = float(np.sqrt(np.dot(tied.weights * centred, centred)))
+    return PreparedLayer(corrected, centred.astype(np.float32), norm, r, labels)
 
 
 def default_device() -> str:
@@ -287,50 +378,82 @@ class _SubspaceScorer:
     one buffer, a counting sort over value bins ranks them, and two bincounts give
     the Spearman sums without a per-pair gather. The per-pair buffers are allocated
     once and reused by every subspace: on CPU, fresh multi-megabyte allocations
-    cost more than the arithmetic.
+    cost more than the arithmetic. With identical rows, only the distinct rows are
+    projected and the values carry weights (:class:`TiedPairs`).
     """
 
     def __init__(self, layer: PreparedLayer, device: str | None = None):
         self.layer = layer
         self.device = torch.device(device or default_device())
-        self.x = torch.from_numpy(layer.corrected).to(self.device)
         self.reference = torch.from_numpy(layer.centred_full_ranks).to(self.device)
-        self.layout = PairLayout(layer.n_samples)
-        n_pairs = self.layout.n_pairs
-        self.n_bins = _n_bins(n_pairs)
-        self.mean_rank = (n_pairs + 1) / 2.0
-        self.values = torch.empty(n_pairs, device=self.device)
-        self.scaled = torch.empty(n_pairs, device=self.device)
-        self.keys = torch.empty(n_pairs, dtype=torch.int32, device=self.device)
+        if layer.groups is None:
+            self.tied = None
+            self.x = torch.from_numpy(layer.corrected).to(self.device)
+            self.layout = PairLayout(layer.n_samples)
+            n_values = self.layout.n_pairs
+            self.mean_rank = (n_values + 1) / 2.0
+        else:
+            self.tied = TiedPairs(Groups.of(layer.groups))
+            self.x = torch.from_numpy(layer.corrected[self.tied.groups.representatives]).to(self.device)
+            self.within = torch.from_numpy(self.tied.within).to(self.device)
+            self.weights = torch.from_numpy(self.tied.weights).to(self.device)
+            self.weighted_reference = self.weights * self.reference.double()
+            n_values = self.tied.n_values
+            self.mean_rank = (self.tied.n_pairs + 1) / 2.0
+        self.n_bins = _n_bins(n_values)
+        self.exact_only = n_values <= EXACT_RANK_PAIRS
+        self.values = torch.empty(n_values, device=self.device)
+        self.scaled = torch.empty(n_values, device=self.device)
+        self.keys = torch.empty(n_values, dtype=torch.int32, device=self.device)
 
     def rho_of_projection(self, projected: torch.Tensor) -> float:
         norms = projected.norm(dim=1, keepdim=True)
         # A zero row has no direction; it gets cosine 0 (distance 1) to everything.
         unit = (projected / torch.where(norms > 0, norms, torch.ones_like(norms))).float()
         # Cosine distance is 1 - similarity, so ranking distances is ranking -similarity.
-        self.layout.fill(unit.neg(), unit, self.values)
+        if self.tied is None:
+            self.layout.fill(unit.neg(), unit, self.values)
+        else:
+            self.tied.fill_negated_similarities(unit, self.values, self.within)
         return self._spearman(self.values)
 
     def _spearman(self, values: torch.Tensor) -> float:
         lo, hi = torch.aminmax(values)
         if not bool(hi > lo) or self.layer.full_ranks_norm == 0.0:
             return float("nan")
+        if self.exact_only:
+            return self._exact_spearman(values)
         scaled = torch.sub(values, lo, out=self.scaled)
         scaled.mul_((self.n_bins - 1) / (hi - lo))
         keys = self.keys.copy_(scaled)
         counts = torch.bincount(keys, minlength=self.n_bins)
         if int(counts.max()) > MAX_PAIRS_PER_BIN:
-            ranks = _exact_average_ranks(values)
-            centred = ranks - self.mean_rank
+            return self._exact_spearman(values)
+        if self.tied is None:
+            counts = counts.double()
+            reference_per_bin = torch.bincount(keys, weights=self.reference, minlength=self.n_bins)
+        else:
+            # A bin holds a few distinct values, each standing for `weight` tied pairs.
+            counts = torch.bincount(keys, weights=self.weights, minlength=self.n_bins)
+            reference_per_bin = torch.bincount(keys, weights=self.weighted_reference, minlength=self.n_bins)
+        centred_bins = torch.cumsum(counts, 0) - (counts - 1.0) * 0.5 - self.mean_rank
+        sum_sq = torch.dot(counts, centred_bins * centred_bins)
+        # sum over pairs of rank * reference = sum over bins of bin rank * (reference summed in the bin)
+        cross = torch.dot(centred_bins, reference_per_bin.double())
+        return self._rho(cross, sum_sq)
+
+    def _exact_spearman(self, values: torch.Tensor) -> float:
+        if self.tied is None:
+            centred = _exact_average_ranks(values) - self.mean_rank
             sum_sq = torch.dot(centred, centred)
             cross = torch.dot(centred, self.reference.double())
         else:
-            counts = counts.double()
-            centred_bins = torch.cumsum(counts, 0) - (counts - 1.0) * 0.5 - self.mean_rank
-            sum_sq = torch.dot(counts, centred_bins * centred_bins)
-            # sum over pairs of rank * reference = sum over bins of bin rank * (reference summed in the bin)
-            reference_per_bin = torch.bincount(keys, weights=self.reference, minlength=self.n_bins)
-            cross = torch.dot(centred_bins, reference_per_bin.double())
+            centred = _exact_weighted_average_ranks(values, self.weights) - self.mean_rank
+            sum_sq = torch.dot(self.weights * centred, centred)
+            cross = torch.dot(centred, self.weighted_reference)
+        return self._rho(cross, sum_sq)
+
+    def _rho(self, cross: torch.Tensor, sum_sq: torch.Tensor) -> float:
         if float(sum_sq) == 0.0:
             return float("nan")
         return float(cross / (self.layer.full_ranks_norm * torch.sqrt(sum_sq)))
