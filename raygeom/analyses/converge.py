@@ -15,10 +15,11 @@ text stored beside each sample (``samples/.../text_sha1``), never by
 position, and the j-th copy of a duplicated text in A with the j-th copy in
 B; texts only one model saw are dropped, and the number matched is reported
 as ``n``. A text longer than ``seq_len`` tokens is cut at a different place
-by each tokenizer, so the "last token" would be a different word in each
-model; ``raygeom converge --max-words`` cuts the texts themselves first so
-that both models read, and pool the end of, exactly the same text (the CLI
-notes any text that still reached ``seq_len``).
+by each tokenizer, so the "last token" would end different text in each
+model; ``raygeom converge`` therefore first cuts every text at the longest
+character prefix that every model's tokenizer reads within ``seq_len`` tokens
+(raygeom.sources.align), so that all models pool the end of exactly the same
+text (``--max-words`` still cuts by words first).
 
 Work split. The ranks of a layer's distances in a given space do not depend
 on the other model's layer (see :mod:`raygeom.numerics.convergence_grid`), so

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-WORDS = re.compile(r"\[:(\d+)w\]$")
+WORDS = re.compile(r"\[:(\d+)w\]")
 
 
 def extraction_columns(info: dict) -> dict:

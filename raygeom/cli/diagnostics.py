@@ -76,14 +76,26 @@ def truncate_words(corpus, max_words: Optional[int]):
 
 
 def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console,
-                 max_words: Optional[int] = None):
-    """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos)."""
+                 max_words: Optional[int] = None, align: bool = False):
+    """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos).
+
+    With ``align``, every text is first cut where all the models' tokenizers still read it whole, so each
+    model pools the last token of exactly the same text."""
     from raygeom.engine import orchestrate
     from raygeom.sources.corpus import load_corpus
     from raygeom.engine.pipeline import progress_bar
     from raygeom.store.tree import Store
 
     corpus = truncate_words(load_corpus(corpus_name).sample(n_samples, seed), max_words)
+    if align:
+        from raygeom.sources.align import common_prefix
+        from raygeom.sources.models import load_tokenizer
+
+        tokenizers = {f"{spec.name}@{spec.revision}": load_tokenizer(spec) for spec in specs}
+        corpus, n_cut = common_prefix(corpus, tokenizers, settings.seq_len)
+        console.print(f"aligned: {n_cut} of {len(corpus.texts)} texts cut at the longest character prefix that every "
+                      f"tokenizer reads within {settings.seq_len} tokens, so every model pools the same text end",
+                      highlight=False, markup=False)
     store = Store(out)
     infos = []
     with progress_bar(console) as progress:
@@ -91,7 +103,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
             task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
             request = orchestrate.ExtractionRequest(spec, corpus, settings, layers)
             infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
-    for spec, _ in infos:
+    for spec, _ in ([] if align else infos):
         cut = int(np.sum(store.read_samples(spec.slug, spec.revision)["n_tokens"].to_numpy() >= settings.seq_len))
         if cut:
             console.print(f"note: {cut} of {len(corpus.texts)} texts reached --seq-len {settings.seq_len} tokens in {spec.name}, "
@@ -565,7 +577,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     from raygeom.engine.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, align=True)
     models = [(spec.slug, spec.revision) for spec, _ in infos]
     sides = converge_module.model_sides(store, models, params)
     with progress_bar(console) as progress:

@@ -189,30 +189,49 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
-def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.float32, device_map: str | None = None):
-    """Return ``(model, tokenizer)`` in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer_directory = None
+def _locations(spec: ModelSpec) -> tuple[str, str | None, str]:
+    """(model directory or hub id, hub revision or None, tokenizer directory) of a spec."""
     if spec.kind in ("builtin", "gguf"):
         gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
-        directory, revision = str(_dequantised_copy(gguf)), None
-    elif spec.kind == "checkpoint":
+        directory = str(_dequantised_copy(gguf))
+        return directory, None, directory
+    if spec.kind == "checkpoint":
         from raygeom.sources.checkpoints import has_tokenizer
 
         # HF Trainer saves the tokenizer into each checkpoint only when it was given one; the run's root
         # (its final save_pretrained) is where it is otherwise.
-        directory, revision = str(spec.path), None
-        tokenizer_directory = directory if has_tokenizer(spec.path) else spec.source
-    else:
-        directory, revision = spec.source, (spec.revision if spec.kind == "hub" else None)
+        directory = str(spec.path)
+        return directory, None, directory if has_tokenizer(spec.path) else spec.source
+    return spec.source, (spec.revision if spec.kind == "hub" else None), spec.source
+
+
+def _cannot_load(spec: ModelSpec, error: Exception, what: str = "model") -> RaygeomError:
+    where = f"'{spec.source}'" + (f" at revision '{spec.revision}'" if spec.kind in ("hub", "checkpoint") else "")
+    reason = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if _offline() else str(error).splitlines()[0]
+    return RaygeomError(f"cannot load {what} {where}: {reason}")
+
+
+def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of"):
+    """The model's tokenizer alone (no weights), from the same place :func:`load_model` takes it."""
+    from transformers import AutoTokenizer
+
+    _, revision, tokenizer_directory = _locations(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_directory or directory, revision=revision)
+        return AutoTokenizer.from_pretrained(tokenizer_directory, revision=revision)
+    except (OSError, ValueError) as error:
+        raise _cannot_load(spec, error, what) from None
+
+
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.float32, device_map: str | None = None):
+    """Return ``(model, tokenizer)`` in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    directory, revision, _ = _locations(spec)
+    tokenizer = load_tokenizer(spec, what="model")
+    try:
         model = AutoModelForCausalLM.from_pretrained(directory, revision=revision, dtype=dtype, device_map=device_map)
     except (OSError, ValueError) as error:
-        where = f"'{spec.source}'" + (f" at revision '{spec.revision}'" if spec.kind in ("hub", "checkpoint") else "")
-        reason = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if _offline() else str(error).splitlines()[0]
-        raise RaygeomError(f"cannot load model {where}: {reason}") from None
+        raise _cannot_load(spec, error) from None
     if device_map is None:
         model = model.to(device)
     model.eval()
