@@ -381,9 +381,22 @@ def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Tab
     return pa.Table.from_pylist(out, schema=TIDY_SCHEMA)
 
 
+def _lower(row: dict) -> float:
+    value = row.get("z_lo")
+    return row["z"] if value is None or value != value else value
+
+
+def _upper(row: dict) -> float:
+    value = row.get("z_hi")
+    return row["z"] if value is None or value != value else value
+
+
 def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float = 2.0, final_layers: int = 2) -> list[dict]:
     """Per (model, revision): late (relative depth > 0.5), non-final (not the last ``final_layers``) layers
-    whose z is below ``threshold`` while some earlier non-embedding layer has z > ``positive_z``."""
+    whose z is below ``threshold`` while some earlier non-embedding layer has z > ``positive_z``.
+
+    Decided on intervals where rows carry them (z_lo, z_hi): a layer is low only when its whole interval
+    is below ``threshold``, and an early layer is organised only when its whole interval is above ``positive_z``."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["model"], row["revision"]), []).append(row)
@@ -393,9 +406,9 @@ def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float =
         candidates = group[:-final_layers] if final_layers else group
         early = [r for r in group if 0 < r["relative_depth"] <= 0.5]
         late = [r for r in candidates if r["relative_depth"] > 0.5]
-        low = [r for r in late if r["z"] < threshold]
+        low = [r for r in late if _upper(r) < threshold]
         early_max = max((r["z"] for r in early), default=float("nan"))
-        collapsed = bool(low) and early_max > positive_z
+        collapsed = bool(low) and max((_lower(r) for r in early), default=float("nan")) > positive_z
         out.append({"model": model, "revision": revision, "step": group[0].get("step"), "collapsed": collapsed,
                     "zone_layers": ",".join(r["layer"] for r in low) if collapsed else "",
                     "zone_start_depth": low[0]["relative_depth"] if collapsed else None,
@@ -472,6 +485,14 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         for column in sorted({column_of(r) for r in group if r["weights_flag"]}, key=columns.index):
             i = columns.index(column)
             ax.axvspan(edges[i], edges[i + 1], fill=False, hatch="xx", edgecolor="black", lw=0)
+        # A dot marks a cell whose 95 % interval of z crosses 0: its sign is not established.
+        unsure = [r for r in group if r.get("z_lo") is not None and r.get("z_hi") is not None and r["z_lo"] <= 0 <= r["z_hi"]]
+        if unsure:
+            centres = [(edges[columns.index(column_of(r))] * edges[columns.index(column_of(r)) + 1]) ** 0.5 if by_step
+                       else columns.index(column_of(r)) for r in unsure]
+            ax.scatter(centres, [layers.index((r["layer_index"], r["layer"])) for r in unsure], s=4, c="black",
+                       marker="o", lw=0, label="95 % interval of z crosses 0")
+            ax.legend(loc="upper left", bbox_to_anchor=(0, -0.12), fontsize=6, frameon=False)
         ax.set_ylabel("layer")
         ax.set_title(f"Subspace PGA z over training: {model}")
         fig.colorbar(mesh, ax=ax, label="z")

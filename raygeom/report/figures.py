@@ -10,15 +10,26 @@ from rich.table import Table
 from raygeom.store.tree import atomic_write_table
 
 
+def _interval(row: dict) -> tuple[float, float] | None:
+    lo, hi = row.get("z_lo"), row.get("z_hi")
+    return (lo, hi) if lo is not None and hi is not None and lo == lo and hi == hi else None
+
+
 def pga_table(rows: list[dict], title: str) -> Table:
+    """z with the 95 % half-width of its Monte-Carlo interval (from the finite null) and the empirical p-value."""
     table = Table(title=title, title_justify="left")
-    for name in ("layer", "rho_readout", "null mean", "null std", "z"):
+    for name in ("layer", "rho_readout", "null mean", "null std", "z ± 95%", "p (upper)", "nulls"):
         table.add_column(name, justify="left" if name == "layer" else "right")
     for row in rows:
         z = row["z"]
-        style = "green" if z > 2 else "red" if z < -2 else ""
+        interval = _interval(row)
+        # Coloured only when the whole interval is past +-2, not just the point.
+        low, high = interval or (z, z)
+        style = "green" if low > 2 else "red" if high < -2 else ""
+        text = f"{z:+.2f}" + (f" ± {(high - low) / 2:.2f}" if interval else "")
+        p = row.get("p_upper")
         table.add_row(row["layer"], f"{row['rho_readout']:.4f}", f"{row['null_mean']:.4f}", f"{row['null_std']:.4f}",
-                      f"[{style}]{z:+.2f}[/]" if style else f"{z:+.2f}")
+                      f"[{style}]{text}[/]" if style else text, "" if p is None else f"{p:.3g}", str(row.get("n_null", "")))
     return table
 
 
@@ -44,12 +55,16 @@ def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     for label, group in sorted(groups.items()):
         group = sorted(group, key=lambda r: r["relative_depth"])
-        ax.plot([r["relative_depth"] for r in group], [r["z"] for r in group], marker="o", ms=3, label=label)
+        depth = [r["relative_depth"] for r in group]
+        line, = ax.plot(depth, [r["z"] for r in group], marker="o", ms=3, label=label)
+        intervals = [_interval(r) for r in group]
+        if all(intervals):
+            ax.fill_between(depth, [i[0] for i in intervals], [i[1] for i in intervals], color=line.get_color(), alpha=0.2, lw=0)
     ax.axhline(0, color="black", lw=0.8)
     for level in (-2, 2):
         ax.axhline(level, color="grey", lw=0.6, ls="--")
     ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
-    ax.set_ylabel("z = (rho_readout - null mean) / null std")
+    ax.set_ylabel("z = (rho_readout - null mean) / null std\n(band: 95 % interval from the finite null)")
     ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -120,3 +120,16 @@ def test_heatmap_cells_on_a_log_step_axis_have_positive_ordered_edges():
     edges = _step_edges([0, 1, 2, 4, 512, 1000, 2000, 143000])
     assert len(edges) == 9 and edges[0] > 0 and all(b > a for a, b in zip(edges, edges[1:]))
     assert math.isclose(edges[1], math.sqrt(1 * 2))  # between step0 (x=1) and step1 (x=2)
+
+
+def test_collapse_zones_decide_on_the_interval_of_z_not_its_point():
+    profile = _profile([0.5, 5, 6, 7, 6, 3, -1.5, -0.5, 4, 8])
+    for row in profile:
+        row.update(z_lo=row["z"] - 0.3, z_hi=row["z"] + 0.3)
+    zones = collapse_zones(profile)[0]
+    assert zones["collapsed"] and zones["zone_layers"] == "L6,L7"
+    profile[7].update(z_lo=-1.0, z_hi=0.2)  # L7's interval reaches above 0: not shown to be low
+    assert collapse_zones(profile)[0]["zone_layers"] == "L6"
+    for row in profile[1:6]:
+        row.update(z_lo=row["z"] - 10, z_hi=row["z"] + 10)  # no early layer is surely above 2
+    assert not collapse_zones(profile)[0]["collapsed"]
