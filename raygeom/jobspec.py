@@ -43,6 +43,23 @@ class SweepSettings:
 
 
 @dataclass(frozen=True)
+class TrainJob:
+    """[train]: train a model first, saving checkpoints into ``run_dir`` on a Pythia-like schedule
+    (``raygeom.analyses.train.checkpoint_steps``); skipped when they exist and match."""
+
+    settings: object  # raygeom.analyses.train.TrainSettings
+    run_dir: str
+    save_every: int
+    log_until: int = 512
+
+    def plan(self):
+        from raygeom.analyses.train import CheckpointPlan, checkpoint_steps
+
+        return CheckpointPlan(str(Path(self.run_dir).expanduser().resolve()),
+                              checkpoint_steps(self.settings.steps, self.save_every, self.log_until))
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     out: str
@@ -54,6 +71,8 @@ class JobSpec:
     extraction: ExtractionSettings = field(default_factory=ExtractionSettings)
     pga: PGAParams = field(default_factory=PGAParams)
     sweep: SweepSettings | None = None
+    train: TrainJob | None = None
+    trajectory: object | None = None  # raygeom.analyses.trajectory.TrajectorySettings
 
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
@@ -93,7 +112,8 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"job file not found: {path}") from None
     except tomllib.TOMLDecodeError as error:
         raise RaygeomError(f"{path}: malformed TOML: {error}") from None
-    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "dispersion"}, "top level", path)
+    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "dispersion", "train", "trajectory"},
+           "top level", path)
     job = _section(data, "job", path)
     corpus = _section(data, "corpus", path)
     extract = _section(data, "extract", path)
@@ -103,8 +123,10 @@ def load_job(path: str | Path) -> JobSpec:
     _known(extract, {"seq_len", "pool", "skip_first", "batch_size", "layers"}, "extract", path)
     _known(analysis, {f.name for f in fields(PGAParams)}, "pga", path)
     sweep_section = data.get("sweep")
-    models = data.get("models", [] if sweep_section is not None else None)
-    if not isinstance(models, list) or (not models and sweep_section is None):
+    train = _train(_section(data, "train", path), path) if "train" in data else None
+    trajectory = _trajectory(_section(data, "trajectory", path), path) if "trajectory" in data else None
+    models = data.get("models", [] if sweep_section is not None or train is not None else None)
+    if not isinstance(models, list) or (not models and sweep_section is None and train is None):
         raise RaygeomError(f"{path}: needs at least one [[models]] entry with an 'id'")
     entries = []
     for entry in models:
@@ -124,25 +146,34 @@ def load_job(path: str | Path) -> JobSpec:
         if not isinstance(revisions, list) or not all(isinstance(r, str) for r in revisions) or not revisions:
             raise RaygeomError(f"{path}: 'revisions' of model {entry['id']} must be a non-empty list of strings")
         entries.append(ModelEntry(entry["id"], tuple(revisions), run_dir))
+    if train is not None and not any(e.run_dir and _same_path(e.source, train.run_dir) for e in entries):
+        entries.append(ModelEntry(train.run_dir, ("all",), True))  # what [train] writes is what the job sweeps
     sweep = None
     if sweep_section is not None:
         sweep, generated = _sweep(_section(data, "sweep", path), path)
         entries += [e for e in generated if e.source not in {x.source for x in entries}]
         if not entries:
             raise RaygeomError(f"{path}: [sweep] needs 'sizes' or at least one [[models]] entry")
+    corpus_name = str(corpus.get("name", "bbc"))
+    if corpus_name == "heldout":
+        if train is None:
+            raise RaygeomError(f"{path}: corpus 'heldout' means the held-out articles of [train]; this job has no [train]")
+        corpus_name = str(Path(train.run_dir) / "heldout.jsonl")
     try:
         layers = extract.pop("layers", "all")
         return JobSpec(
             name=str(job.get("name", path.stem)),
             out=str(job.get("out", f"runs/{path.stem}")),
             models=tuple(entries),
-            corpus=str(corpus.get("name", "bbc")),
+            corpus=corpus_name,
             n_samples=int(corpus.get("n_samples", 500)),
             sample_seed=int(corpus.get("seed", 0)),
             layers=str(layers),
             extraction=ExtractionSettings(**extract),
             pga=PGAParams(**analysis),
             sweep=sweep,
+            train=train,
+            trajectory=trajectory,
         )
     except (TypeError, ValueError) as error:
         raise RaygeomError(f"{path}: {error}") from None
@@ -182,3 +213,40 @@ def _sweep(section: dict, path: Path) -> tuple[SweepSettings, list[ModelEntry]]:
     except TypeError as error:
         raise RaygeomError(f"{path}: [sweep] {error}") from None
     return settings, entries
+
+
+def _same_path(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+TRAIN_KEYS = {"run_dir", "save_every", "log_until"}
+
+
+def _train(section: dict, path: Path) -> TrainJob:
+    """[train]: the TrainSettings fields, plus run_dir (where checkpoints go), save_every and log_until."""
+    from raygeom.analyses.train import TrainSettings
+
+    _known(section, TRAIN_KEYS | {f.name for f in fields(TrainSettings)}, "train", path)
+    if not isinstance(section.get("run_dir"), str) or not isinstance(section.get("save_every"), int):
+        raise RaygeomError(f"{path}: [train] needs run_dir (a directory) and save_every (steps between checkpoints after the log-spaced ones)")
+    try:
+        settings = TrainSettings(**{k: v for k, v in section.items() if k not in TRAIN_KEYS})
+        job = TrainJob(settings, section["run_dir"], section["save_every"], int(section.get("log_until", 512)))
+        job.plan()  # validates the schedule
+        return job
+    except RaygeomError as error:
+        raise RaygeomError(f"{path}: [train] {error}") from None
+    except (TypeError, ValueError) as error:
+        raise RaygeomError(f"{path}: [train] {error}") from None
+
+
+def _trajectory(section: dict, path: Path):
+    from raygeom.analyses.trajectory import TrajectorySettings
+
+    _known(section, {f.name for f in fields(TrajectorySettings)}, "trajectory", path)
+    try:
+        return TrajectorySettings(**section)
+    except RaygeomError as error:
+        raise RaygeomError(f"{path}: [trajectory] {error}") from None
+    except (TypeError, ValueError) as error:
+        raise RaygeomError(f"{path}: [trajectory] {error}") from None

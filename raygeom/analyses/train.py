@@ -15,11 +15,21 @@ a byte-level BPE tokenizer is trained on the training articles, and both
 sides are cut into ``seq_len``-token sequences. Rank 0 evaluates held-out
 perplexity and held-out dispersion every ``eval_every`` steps and writes the
 per-step log (loss, perplexity, dispersion) as Parquet.
+
+Trajectories: given a :class:`CheckpointPlan`, rank 0 also saves the model and
+tokenizer (``save_pretrained``, loadable by ``from_pretrained``) as
+``<run_dir>/step<N>/`` on a Pythia-like schedule (:func:`checkpoint_steps`),
+each with its held-out evaluation, and the driver writes the held-out articles
+as ``<run_dir>/heldout.jsonl``: the run directory is a sweep source
+(raygeom.sources.checkpoints).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -29,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.errors import RaygeomError
-from raygeom.store.tree import Store, atomic_write_table, content_key, read_table
+from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, content_key, read_table
 
 TRAIN_VERSION = 1
 DATA_SEED = 0
@@ -97,6 +107,52 @@ class TrainData:
     heldout: np.ndarray  # (m, seq_len) int64
     vocab_size: int
     eos_id: int
+    tokenizer: object = None  # what checkpoints save beside the weights
+    heldout_texts: tuple = ()  # the held-out articles, whole, with their labels
+    heldout_labels: tuple | None = None
+
+
+LOG_SAVES_UNTIL = 512
+RUN_MARKER = "raygeom_run.json"
+CHECKPOINT_INFO = "raygeom_checkpoint.json"
+
+
+def checkpoint_steps(steps: int, save_every: int, log_until: int = LOG_SAVES_UNTIL) -> tuple[int, ...]:
+    """Pythia's schedule fitted to a run of ``steps``: step 0, the powers of two up to ``log_until``
+    (1, 2, 4, ..., 512), then every ``save_every`` steps after that, and the last step."""
+    if steps < 1 or save_every < 1 or log_until < 0:
+        raise RaygeomError("checkpoint schedule: steps and save-every must be positive, log-until non-negative")
+    chosen = {0}
+    power = 1
+    while power <= min(log_until, steps):
+        chosen.add(power)
+        power *= 2
+    start = max(chosen)
+    chosen.update(range((start // save_every + 1) * save_every, steps + 1, save_every))
+    chosen.add(steps)
+    return tuple(sorted(chosen))
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    run_dir: str  # absolute: Ray Train workers do not run in the driver's working directory
+    steps: tuple[int, ...]
+
+    def key(self, settings: "TrainSettings") -> str:
+        return content_key("trajectory", settings.key(), list(self.steps))
+
+
+def _write_checkpoint(run_dir: Path, step: int, core, tokenizer, info: dict) -> None:
+    """``<run_dir>/step<N>/`` written under a temporary name and renamed into place."""
+    final = run_dir / f"step{step}"
+    staging = run_dir / f".staging-step{step}"
+    shutil.rmtree(staging, ignore_errors=True)
+    core.save_pretrained(staging, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging)
+    (staging / CHECKPOINT_INFO).write_text(json.dumps(info, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -137,13 +193,15 @@ def prepare_data(data_fields: tuple) -> TrainData:
     n_heldout = max(1, int(round(heldout_fraction * len(order))))
     if len(order) - n_heldout < 1:
         raise RaygeomError(f"corpus '{corpus_name}' has too few texts to hold some out")
-    heldout_texts = [corpus.texts[i] for i in sorted(order[:n_heldout])]
+    heldout_index = sorted(order[:n_heldout])
+    heldout_texts = [corpus.texts[i] for i in heldout_index]
     train_texts = [corpus.texts[i] for i in sorted(order[n_heldout:])]
     tokenizer = train_tokenizer(train_texts, vocab_size)
     train, heldout = sequences(tokenizer, train_texts, seq_len), sequences(tokenizer, heldout_texts, seq_len)[:eval_sequences]
     if len(train) < 2 or len(heldout) < 1:
         raise RaygeomError(f"corpus '{corpus_name}' gives too little text for {seq_len}-token sequences")
-    return TrainData(train, heldout, len(tokenizer), tokenizer.eos_token_id)
+    labels = tuple(corpus.labels[i] for i in heldout_index) if corpus.labels is not None else None
+    return TrainData(train, heldout, len(tokenizer), tokenizer.eos_token_id, tokenizer, tuple(heldout_texts), labels)
 
 
 def build_model(settings: TrainSettings, vocab_size: int, eos_id: int):
@@ -196,11 +254,13 @@ def evaluate(core, heldout, layer: str, batch_size: int = 16) -> dict:
             "heldout_dispersion": float(np.nanmean(np.concatenate(dispersions)))}
 
 
-def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1, prepare=None, report=None) -> list[dict]:
+def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1, prepare=None, report=None,
+        checkpoints: CheckpointPlan | None = None) -> list[dict]:
     """The training loop, shared by the Ray Train workers and in-process use; returns the per-step log.
 
     ``prepare`` wraps the model for data parallelism (Ray Train's ``prepare_model``),
-    ``report`` receives the metrics every ``eval_every`` steps on every rank.
+    ``report`` receives the metrics every ``eval_every`` steps on every rank; with
+    ``checkpoints``, rank 0 saves and evaluates the model at each of its steps (0 = the initial weights).
     """
     import torch
     import torch.distributed as dist
@@ -233,6 +293,17 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
     rng = np.random.default_rng([settings.seed, 0xDA7A])
     per_worker = settings.batch_size // world
     history = []
+    saves = set(checkpoints.steps) if checkpoints is not None and rank == 0 else set()
+    plan_key = checkpoints.key(settings) if saves else None
+
+    def save(step: int, evaluation: dict | None = None) -> dict:
+        evaluation = evaluation or evaluate(core, heldout, settings.push_layer)
+        _write_checkpoint(Path(checkpoints.run_dir), step, core, data.tokenizer,
+                          {"key": plan_key, "step": step, "lam": settings.lam, "seed": settings.seed, **evaluation})
+        return evaluation
+
+    if 0 in saves:
+        save(0)
     model.train()
     for step in range(1, settings.steps + 1):
         indices = rng.integers(0, len(train), settings.batch_size)[rank * per_worker:(rank + 1) * per_worker]
@@ -252,8 +323,10 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
                "dispersion": float(values[2]), "lr": float(scheduler.get_last_lr()[0]),
                "heldout_loss": None, "heldout_perplexity": None, "heldout_dispersion": None}
         due = step % settings.eval_every == 0 or step == settings.steps
-        if rank == 0 and due:
+        if rank == 0 and (due or step in saves):
             row.update(evaluate(core, heldout, settings.push_layer))
+        if step in saves:
+            save(step, {k: row[k] for k in ("heldout_loss", "heldout_perplexity", "heldout_dispersion")})
         history.append(row)
         if report and due:
             report({k: v for k, v in row.items() if v is not None})
@@ -267,17 +340,46 @@ def _train_loop(config: dict) -> None:
 
     context = ray.train.get_context()
     rank = context.get_world_rank()
+    plan = config.get("checkpoints")
     history = fit(TrainSettings(**config["settings"]), config["data"], rank, context.get_world_size(),
-                  prepare=ray.train.torch.prepare_model, report=ray.train.report)
+                  prepare=ray.train.torch.prepare_model, report=ray.train.report,
+                  checkpoints=CheckpointPlan(plan["run_dir"], tuple(plan["steps"])) if plan else None)
     if rank == 0:
         atomic_write_table(pa.Table.from_pylist(history), Path(config["history_path"]))
 
 
-def run_training(store: Store, settings: TrainSettings) -> dict:
-    """One Ray Train run (cached by its settings' key); returns its summary row."""
-    key = settings.key()
-    if store.has_result("train_runs", key):
+def trajectory_complete(plan: CheckpointPlan, key: str) -> bool:
+    """The run directory holds every checkpoint of this plan, written by a run with this key."""
+    root = Path(plan.run_dir)
+    try:
+        marker = json.loads((root / RUN_MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return marker.get("key") == key and all((root / f"step{s}" / "config.json").is_file() for s in plan.steps)
+
+
+def _claim_run_dir(plan: CheckpointPlan, key: str) -> None:
+    """Refuse to overwrite checkpoints another run (other settings, or not raygeom's) left there."""
+    root = Path(plan.run_dir)
+    for child in sorted(root.glob("*/config.json")):
+        try:
+            owner = json.loads((child.parent / CHECKPOINT_INFO).read_text()).get("key")
+        except (OSError, json.JSONDecodeError):
+            owner = None
+        if owner != key:
+            raise RaygeomError(f"{root} already holds checkpoints of another run ({child.parent.name}); "
+                               "remove them or give this run another run directory")
+    (root / RUN_MARKER).unlink(missing_ok=True)
+
+
+def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None) -> dict:
+    """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row."""
+    key = settings.key() if checkpoints is None else checkpoints.key(settings)
+    if store.has_result("train_runs", key) and (checkpoints is None or trajectory_complete(checkpoints, key)):
         return {**store.read_results("train_runs", [key]).to_pylist()[0], "cached": True}
+    if checkpoints is not None:
+        Path(checkpoints.run_dir).mkdir(parents=True, exist_ok=True)
+        _claim_run_dir(checkpoints, key)
     data = prepare_data(settings.data_fields())
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -286,7 +388,8 @@ def run_training(store: Store, settings: TrainSettings) -> dict:
     resources = {"CPU": settings.cpus_per_worker} | ({"GPU": 1} if settings.use_gpu else {})
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={"settings": asdict(settings), "data": data, "history_path": str(history_path.resolve())},
+        train_loop_config={"settings": asdict(settings), "data": data, "history_path": str(history_path.resolve()),
+                           "checkpoints": asdict(checkpoints) if checkpoints else None},
         scaling_config=ScalingConfig(num_workers=settings.workers, use_gpu=settings.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(name=f"push-away-{key}", storage_path=str((store.root / "ray_train").resolve())),
     )
@@ -307,8 +410,28 @@ def run_training(store: Store, settings: TrainSettings) -> dict:
            "heldout_perplexity": last["heldout_perplexity"], "heldout_dispersion": last["heldout_dispersion"],
            "n_train_sequences": int(len(data.train)), "n_heldout_sequences": int(len(data.heldout)), "wall_s": wall,
            "history": str(history_path)}
+    if checkpoints is not None:
+        root = Path(checkpoints.run_dir)
+        atomic_write_text("".join(json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
+                                  for i, t in enumerate(data.heldout_texts)), root / "heldout.jsonl")
+        if data.tokenizer is not None:
+            data.tokenizer.save_pretrained(root)
+        atomic_write_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings)}, indent=2),
+                          root / RUN_MARKER)
+        row.update(run_dir=str(root), n_checkpoints=len(checkpoints.steps))
     store.write_result("train_runs", key, row)
     return row
+
+
+def checkpoint_evaluations(run_dir: str | Path) -> list[dict]:
+    """Each saved checkpoint's held-out evaluation (loss, perplexity, dispersion), in step order."""
+    rows = []
+    for path in Path(run_dir).glob(f"step*/{CHECKPOINT_INFO}"):
+        try:
+            rows.append({"revision": path.parent.name, **json.loads(path.read_text())})
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(rows, key=lambda r: r["step"])
 
 
 def summarise(rows: list[dict]) -> list[dict]:

@@ -244,6 +244,11 @@ def train(
     workers: int = typer.Option(1, "--workers", help="Data-parallel Ray Train workers."),
     use_gpu: bool = typer.Option(False, "--gpu/--cpu", help="One GPU per worker."),
     cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker"),
+    save_every: int = typer.Option(0, "--save-every", help="Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... "
+                                   "--log-until, then every N steps. 0: no checkpoints."),
+    log_until: int = typer.Option(512, "--log-until", help="Last log-spaced checkpoint step."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where checkpoints go (one run only); default "
+                                           "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ..."),
     out: Path = typer.Option(Path("runs/train"), "--out", "-o"),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Where the PNG goes (default: <out>/plots)."),
     address: Optional[str] = AddressOption,
@@ -266,6 +271,19 @@ def train(
         grid = [base.with_run(lam=l, seed=s) for l in lam for s in seed_list]
         if not grid:
             raise RaygeomError("no runs: give at least one --lam and one seed")
+        if save_every < 0:
+            raise RaygeomError(f"--save-every must be 0 (no checkpoints) or positive, got {save_every}")
+        if run_dir is not None and (len(grid) > 1 or not save_every):
+            raise RaygeomError("--run-dir needs --save-every and a single run (one --lam, one seed)")
+        from raygeom.analyses.train import CheckpointPlan, checkpoint_steps
+
+        def plan_of(settings):
+            if not save_every:
+                return None
+            directory = run_dir or out / "checkpoints" / f"lam{settings.lam:g}-seed{settings.seed}"
+            return CheckpointPlan(str(directory.expanduser().resolve()), checkpoint_steps(settings.steps, save_every, log_until))
+
+        plan_of(grid[0])  # a bad schedule fails before Ray starts
         store = Store(out)
         check_writable(store.root)
         _start(address, num_cpus)
@@ -274,8 +292,10 @@ def train(
         rows = []
         for settings in grid:
             with console.status(f"training lambda={settings.lam} seed={settings.seed} ({settings.steps} steps)"):
-                row = train_module.run_training(store, settings)
+                row = train_module.run_training(store, settings, plan_of(settings))
             rows.append(row)
+            if row.get("run_dir"):
+                console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", highlight=False)
             console.print(f"lambda={row['lam']:<6g} seed={row['seed']}  held-out perplexity {row['heldout_perplexity']:.3f}  "
                           f"held-out dispersion {row['heldout_dispersion']:.4f}  ({row['wall_s']:.0f}s{', cached' if row.get('cached') else ''})")
         summary = train_module.summarise(rows)

@@ -43,6 +43,10 @@ def _run(job, address, num_cpus):
     from raygeom.engine.pipeline import run_pga_job, run_sweep_job
 
     _prepare_ray(address)
+    if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
+        from raygeom.analyses.trajectory import run_trajectory_job
+
+        return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
     if job.sweep is not None:  # a job file with a [sweep] section
         return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
     return run_pga_job(job, console, address=address, num_cpus=num_cpus)

@@ -34,7 +34,7 @@ def write_trainer_run(root):
     return root
 
 
-def write_job(directory, run_dir, out, corpus):
+def write_job(directory, run_dir, out, corpus, extra: str = ""):
     path = directory / "trajectory.toml"
     path.write_text(f"""
 [job]
@@ -54,7 +54,7 @@ batch_size = 8
 k = 8
 n_null = 12
 null_chunks = 2
-""")
+""" + extra)
     return path
 
 

@@ -1,0 +1,341 @@
+"""A training trajectory end to end: train (checkpoints), sweep PGA over step x layer, dispersion over steps,
+and the dispersion gap's checkpoint ranking set against the ranking by held-out perplexity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raygeom.errors import RaygeomError
+
+
+@dataclass(frozen=True)
+class TrajectorySettings:
+    """[trajectory]: the dispersion side of a trajectory job, and where its report goes."""
+
+    chunk_len: int = 128  # tokens per chunk; at most the trained model's context
+    chunks_per_domain: int = 40
+    batch_size: int = 8
+    domain_tokens: str = "digits"
+    gap_layer: str = "final_norm"
+    group_size: int = 10
+    n_groups: int = 20
+    late_from: int = 512  # checkpoints from this step on are "late": ranked again among themselves
+    bootstrap: int = 2000
+    seed: int = 0
+    report: str = ""  # a Markdown file regenerated from the store, e.g. docs/results/trajectory.md
+
+    def __post_init__(self):
+        if self.chunk_len < 2 or self.chunks_per_domain < 1 or self.batch_size < 1 or self.bootstrap < 100:
+            raise RaygeomError("chunk_len >= 2, chunks_per_domain and batch_size >= 1, bootstrap >= 100")
+
+
+# ------------------------------------------------------------------------------------------- tables
+
+def _settings_columns(job, settings: TrajectorySettings) -> dict:
+    return {"corpus": job.corpus, "chunk_len": settings.chunk_len, "chunks_per_domain": settings.chunks_per_domain,
+            "domain_tokens": settings.domain_tokens, "gap_layer": settings.gap_layer}
+
+
+def checkpoint_table(ranking: list[dict], evaluations: list[dict], steps: dict[str, int | None],
+                     flags: dict[str, str | None], extra: dict) -> list[dict]:
+    """One row per checkpoint: its step, G and select's rank, the held-out perplexity (the trainer's evaluation
+    where the run was trained here, else the perplexity of the chunks G was measured on) and its rank."""
+    trainer = {e["revision"]: e for e in evaluations}
+    rows = []
+    for r in ranking:
+        evaluation = trainer.get(r["revision"], {})
+        rows.append({"model": r["model"], "revision": r["revision"], "step": steps.get(r["revision"]), "gap": r["gap"],
+                     "select_rank": r["rank"], "domain_dispersion": r["domain_dispersion"],
+                     "generic_dispersion": r["generic_dispersion"], "n_domain": r["n_domain"],
+                     "chunk_perplexity": r["perplexity"], "trainer_heldout_perplexity": evaluation.get("heldout_perplexity"),
+                     "weights_flag": flags.get(r["revision"]), **extra})
+    source = "trainer" if rows and all(r["trainer_heldout_perplexity"] is not None for r in rows) else "chunks"
+    for r in rows:
+        r["heldout_perplexity"] = r["trainer_heldout_perplexity"] if source == "trainer" else r["chunk_perplexity"]
+        r["perplexity_source"] = source
+    for rank, r in enumerate(sorted(rows, key=lambda r: (r["heldout_perplexity"], r["revision"])), 1):
+        r["perplexity_rank"] = rank
+    return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["revision"]))
+
+
+def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[dict]:
+    """Spearman(G, -held-out perplexity) with Fisher-z and bootstrap intervals, over every checkpoint and over the
+    late ones; and whether select's top checkpoint is the lowest-perplexity one."""
+    import numpy as np
+
+    from raygeom.numerics.rank_interval import spearman_with_ci
+
+    out = []
+    subsets = [("all checkpoints", rows), (f"steps >= {late_from}", [r for r in rows if (r["step"] or 0) >= late_from])]
+    for name, part in subsets:
+        row = {"subset": name, "n": len(part)}
+        if len(part) >= 4:
+            result = spearman_with_ci([r["gap"] for r in part], [-r["heldout_perplexity"] for r in part], n_boot=n_boot, seed=seed)
+            row.update(spearman=result.rho, fisher_lo=result.fisher_lo, fisher_hi=result.fisher_hi, boot_lo=result.boot_lo,
+                       boot_hi=result.boot_hi, n_boot=result.n_boot)
+        else:
+            row.update(spearman=float("nan"), fisher_lo=float("nan"), fisher_hi=float("nan"), boot_lo=float("nan"),
+                       boot_hi=float("nan"), n_boot=0)
+        if part:
+            by_gap = max(part, key=lambda r: r["gap"])
+            by_ppl = min(part, key=lambda r: r["heldout_perplexity"])
+            top3 = {r["revision"] for r in sorted(part, key=lambda r: -r["gap"])[:3]}
+            row.update(select_pick=by_gap["revision"], select_pick_perplexity=by_gap["heldout_perplexity"],
+                       best_by_perplexity=by_ppl["revision"], best_perplexity=by_ppl["heldout_perplexity"],
+                       pick_is_best=by_gap["revision"] == by_ppl["revision"], best_in_select_top3=by_ppl["revision"] in top3,
+                       pick_perplexity_rank=int(np.searchsorted(sorted(r["heldout_perplexity"] for r in part),
+                                                                by_gap["heldout_perplexity"]) + 1))
+        out.append(row)
+    return out
+
+
+def dispersion_by_step(layer_rows: list[dict], steps: dict[str, int | None]) -> list[dict]:
+    """The dispersion analysis' per-layer rows, with each checkpoint's step."""
+    keep = ("model", "revision", "layer", "layer_index", "relative_depth", "token_dispersion", "sample_dispersion",
+            "perplexity", "n_chunks", "gap")
+    rows = [{**{k: r.get(k) for k in keep}, "step": steps.get(r["revision"])} for r in layer_rows]
+    return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["layer_index"]))
+
+
+def pick_layers(layers: list[str]) -> dict[str, str]:
+    """Early, middle and late blocks, and the final norm, of a model's layer list (embed ... final_norm)."""
+    blocks = [name for name in layers if name.startswith("block_")]
+    if not blocks:
+        return {"final": layers[-1]}
+    return {"early": blocks[0], "middle": blocks[len(blocks) // 2], "late": blocks[-1], "final": layers[-1]}
+
+
+def organisation_summary(z_rows: list[dict], layers: dict[str, str]) -> list[dict]:
+    """Per picked layer: z at the first and last checkpoint, its peak and where, and the first step at which
+    z reached half of its peak (how early organisation is set)."""
+    out = []
+    for role, layer in layers.items():
+        series = sorted((r for r in z_rows if r["layer"] == layer and r["z"] == r["z"]), key=lambda r: r["step"])
+        if not series:
+            continue
+        peak = max(series, key=lambda r: r["z"])
+        half = next((r["step"] for r in series if peak["z"] > 0 and r["z"] >= peak["z"] / 2), None)
+        out.append({"role": role, "layer": layer, "z_first": series[0]["z"], "z_last": series[-1]["z"], "z_peak": peak["z"],
+                    "peak_step": peak["step"], "half_peak_step": half, "last_step": series[-1]["step"],
+                    "drop_from_peak": peak["z"] - series[-1]["z"]})
+    return out
+
+
+# -------------------------------------------------------------------------------------------- plots
+
+def _log_step_axis(ax, steps: list[int]) -> None:
+    from matplotlib.ticker import NullLocator
+
+    from raygeom.analyses.sweep import _step_label, _step_ticks
+
+    ax.set_xscale("log")
+    ticks = _step_ticks(sorted(set(steps)))
+    ax.set_xticks([t + 1 for t in ticks], [_step_label(t) for t in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("training step (log scale of step + 1)")
+
+
+def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str):
+    """z against step for the early, middle and late blocks and the final norm; a band where z_lo/z_hi exist."""
+    from raygeom.analyses.dispersion import _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    for role, layer in layers.items():
+        series = sorted((r for r in z_rows if r["layer"] == layer), key=lambda r: r["step"])
+        x = [r["step"] + 1 for r in series]
+        line, = ax.plot(x, [r["z"] for r in series], marker="o", ms=3, label=f"{role}: {layer}")
+        if series and all(r.get("z_lo") is not None and r.get("z_hi") is not None for r in series):
+            ax.fill_between(x, [r["z_lo"] for r in series], [r["z_hi"] for r in series], color=line.get_color(), alpha=0.2, lw=0)
+    flagged = sorted({r["step"] for r in z_rows if r.get("weights_flag")})
+    for step in flagged:
+        ax.axvline(step + 1, color="grey", ls=":", lw=0.8)
+    ax.axhline(0, color="black", lw=0.7)
+    _log_step_axis(ax, [r["step"] for r in z_rows])
+    ax.set_ylabel("Subspace PGA z")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, title: str):
+    from raygeom.analyses.dispersion import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
+    for role, layer in layers.items():
+        series = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["step"])
+        for ax, name in zip(axes, ("token_dispersion", "sample_dispersion")):
+            ax.plot([r["step"] + 1 for r in series], [r[name] for r in series], marker="o", ms=3, label=f"{role}: {layer}")
+    for ax, name in zip(axes, ("token-level dispersion (within chunks)", "sample-level dispersion (pooled chunks)")):
+        _log_step_axis(ax, [r["step"] for r in rows])
+        ax.set_title(name, fontsize=9)
+    axes[0].set_ylabel("mean cosine distance")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_gap_against_perplexity(rows: list[dict], path, title: str):
+    from raygeom.analyses.dispersion import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
+    steps = [r["step"] + 1 for r in rows]
+    axes[0].plot(steps, [r["gap"] for r in rows], marker="o", ms=3, color="tab:blue")
+    axes[0].set_ylabel("dispersion gap G", color="tab:blue")
+    twin = axes[0].twinx()
+    twin.plot(steps, [r["heldout_perplexity"] for r in rows], marker="s", ms=3, color="tab:red")
+    twin.set_ylabel("held-out perplexity", color="tab:red")
+    _log_step_axis(axes[0], [r["step"] for r in rows])
+    axes[1].scatter([r["heldout_perplexity"] for r in rows], [r["gap"] for r in rows], s=18)
+    for r in rows:
+        axes[1].annotate(str(r["step"]), (r["heldout_perplexity"], r["gap"]), fontsize=6)
+    perplexities = [r["heldout_perplexity"] for r in rows]
+    if perplexities and max(perplexities) > 10 * min(perplexities):
+        from matplotlib.ticker import NullFormatter
+
+        for ax in (twin, axes[1]):
+            (ax.set_yscale if ax is twin else ax.set_xscale)("log")
+        twin.yaxis.set_minor_formatter(NullFormatter())
+        axes[1].xaxis.set_minor_formatter(NullFormatter())
+    axes[1].set_xlabel("held-out perplexity (labels: step)")
+    axes[1].set_ylabel("dispersion gap G")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# --------------------------------------------------------------------------------------------- run
+
+def train_stage(job, store, console, address=None, num_cpus=None) -> dict:
+    """[train]: run it, or reuse its checkpoints when they exist and match its settings and schedule."""
+    from raygeom.analyses import train as train_module
+
+    plan = job.train.plan()
+    settings = job.train.settings
+    key = plan.key(settings)
+    if store.has_result("train_runs", key) and train_module.trajectory_complete(plan, key):
+        row = {**store.read_results("train_runs", [key]).to_pylist()[0], "cached": True}
+        console.print(f"train: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
+                      f"(trained in {row['wall_s'] / 60:.1f} min)")
+        return row
+    from raygeom.engine import orchestrate
+
+    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+        orchestrate.start_ray(address, num_cpus)
+    with console.status(f"training d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; "
+                        f"{len(plan.steps)} checkpoints into {plan.run_dir}"):
+        row = train_module.run_training(store, settings, plan)
+    console.print(f"train: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity {row['heldout_perplexity']:.2f}; "
+                  f"{len(plan.steps)} checkpoints in {plan.run_dir}")
+    return row
+
+
+def run_trajectory_job(job, console, address: str | None = None, num_cpus: int | None = None) -> dict:
+    """Train (when the job has [train]), sweep PGA over every checkpoint, then the [trajectory] analyses and report."""
+    import time
+    from dataclasses import replace
+
+    import pyarrow as pa
+
+    from raygeom.analyses import sweep
+    from raygeom.engine.pipeline import progress_bar, run_sweep_job
+    from raygeom.jobspec import SweepSettings
+    from raygeom.store.tree import Store, atomic_write_table, check_writable, read_table
+
+    started = time.perf_counter()
+    store = Store(job.out)
+    check_writable(store.root)
+    trained = train_stage(job, store, console, address, num_cpus) if job.train is not None else None
+    if job.sweep is None:
+        job = replace(job, sweep=SweepSettings())
+    swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus)
+    outputs = {"trained": trained, "swept": swept, "computed_dispersion_units": 0}
+    settings = job.trajectory
+    if settings is None:
+        return outputs
+
+    from raygeom.analyses import dispersion as dp
+    from raygeom.sources.corpus import load_corpus
+
+    specs = sweep.job_specs(job)
+    corpus = load_corpus(job.corpus)
+    dsettings = dp.DispersionSettings(settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all",
+                                      settings.domain_tokens, settings.seed)
+    analysis = dp.AnalysisSettings(settings.group_size, settings.n_groups, 8, settings.gap_layer)
+    missing = [s for s in specs if not store.has_result("dispersion_layers", dp.unit_key(s, corpus, dsettings))]
+    with progress_bar(console) as progress:
+        def factory(label, _):
+            task = progress.add_task(f"dispersion {label}", total=len(set(corpus.labels or ["all"])) * settings.chunks_per_domain)
+            return lambda n: progress.advance(task, n)
+
+        result = dp.run_dispersion(store, specs, corpus, dsettings, analysis, factory)
+    ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer)
+    outputs["computed_dispersion_units"] = len(missing)
+
+    steps = {s.revision: s.step for s in specs}
+    table = read_table(swept.table).to_pylist()
+    flags = {r["revision"]: r["weights_flag"] for r in table}
+    evaluations = []
+    if job.train is not None:
+        from raygeom.analyses.train import checkpoint_evaluations
+
+        evaluations = checkpoint_evaluations(job.train.plan().run_dir)
+    extra = _settings_columns(job, settings)
+    rows = checkpoint_table(ranking, evaluations, steps, flags, extra)
+    summary = [{**row, **extra, "perplexity_source": rows[0]["perplexity_source"] if rows else None}
+               for row in agreement(rows, settings.late_from, settings.bootstrap, settings.seed)]
+    by_step = [{**r, **extra} for r in dispersion_by_step(result["layers"], steps)]
+    results = store.root / "results"
+    atomic_write_table(pa.Table.from_pylist(rows), results / "trajectory_checkpoints.parquet")
+    atomic_write_table(pa.Table.from_pylist(summary), results / "trajectory_agreement.parquet")
+    atomic_write_table(pa.Table.from_pylist(by_step), results / "trajectory_dispersion.parquet")
+
+    model = specs[0].name if specs else job.name
+    layer_list = sorted({(r["layer_index"], r["layer"]) for r in table})
+    picked = pick_layers([name for _, name in layer_list])
+    plots = store.root / "plots"
+    figures = {
+        "heatmap": next((p for p in swept.plots if p.name.startswith("heatmap_")), None),
+        "z_vs_step": plot_z_vs_step(table, picked, plots / "trajectory_z_vs_step.png", f"Subspace PGA z over training: {model}"),
+        "dispersion_vs_step": plot_dispersion_vs_step(by_step, picked, plots / "trajectory_dispersion_vs_step.png",
+                                                      f"Dispersion over training: {model} (held-out chunks)"),
+        "gap_vs_perplexity": plot_gap_against_perplexity(rows, plots / "trajectory_gap_vs_perplexity.png",
+                                                         f"Dispersion gap G ({settings.domain_tokens}) and held-out perplexity: {model}"),
+    }
+    organisation = organisation_summary(table, picked)
+    _print(console, rows, summary, organisation)
+    wall = time.perf_counter() - started
+    outputs.update(rows=rows, summary=summary, organisation=organisation, figures=figures, wall_s=wall)
+    if settings.report:
+        from raygeom.analyses.trajectory_report import write_report
+
+        path = write_report(settings.report, job, outputs, by_step, table, picked)
+        console.print(f"report: {path}")
+    console.print(f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
+                  f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
+                  f"trajectory_dispersion.parquet\nplots:  {plots}")
+    return outputs
+
+
+def _print(console, rows: list[dict], summary: list[dict], organisation: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table(title="checkpoints: dispersion gap G (select's rank) against held-out perplexity", title_justify="left")
+    for name in ("revision", "step", "G", "select rank", "held-out ppl", "ppl rank", "weights"):
+        table.add_column(name, justify="left" if name in ("revision", "weights") else "right")
+    for r in rows:
+        table.add_row(r["revision"], str(r["step"]), f"{r['gap']:+.4f}", str(r["select_rank"]), f"{r['heldout_perplexity']:.2f}",
+                      str(r["perplexity_rank"]), r["weights_flag"] or "")
+    console.print(table)
+    for s in summary:
+        console.print(f"Spearman(G, -perplexity) over {s['subset']} (n={s['n']}): {s['spearman']:+.3f}  "
+                      f"95% Fisher [{s['fisher_lo']:+.3f}, {s['fisher_hi']:+.3f}]  bootstrap [{s['boot_lo']:+.3f}, {s['boot_hi']:+.3f}]"
+                      + (f"; select picks {s['select_pick']} (perplexity rank {s['pick_perplexity_rank']}), "
+                         f"lowest perplexity: {s['best_by_perplexity']}" if s.get("select_pick") else ""), highlight=False)
+    for o in organisation:
+        console.print(f"z {o['role']:>6} {o['layer']}: first {o['z_first']:+.2f}, peak {o['z_peak']:+.2f} at step {o['peak_step']}, "
+                      f"half-peak by step {o['half_peak_step']}, last {o['z_last']:+.2f}", highlight=False)
