@@ -348,14 +348,16 @@ def _train_loop(config: dict) -> None:
         atomic_write_table(pa.Table.from_pylist(history), Path(config["history_path"]))
 
 
-def trajectory_complete(plan: CheckpointPlan, key: str) -> bool:
-    """The run directory holds every checkpoint of this plan, written by a run with this key."""
+def completed_trajectory(plan: CheckpointPlan, key: str) -> dict | None:
+    """The run's summary row when its directory holds every checkpoint of this plan, written by a run with
+    this key (the checkpoints are the artefact: a store that lost its row does not retrain them)."""
     root = Path(plan.run_dir)
     try:
         marker = json.loads((root / RUN_MARKER).read_text())
     except (OSError, json.JSONDecodeError):
-        return False
-    return marker.get("key") == key and all((root / f"step{s}" / "config.json").is_file() for s in plan.steps)
+        return None
+    complete = marker.get("key") == key and all((root / f"step{s}" / "config.json").is_file() for s in plan.steps)
+    return marker.get("row") if complete and isinstance(marker.get("row"), dict) else None
 
 
 def _claim_run_dir(plan: CheckpointPlan, key: str) -> None:
@@ -375,7 +377,13 @@ def _claim_run_dir(plan: CheckpointPlan, key: str) -> None:
 def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None) -> dict:
     """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row."""
     key = settings.key() if checkpoints is None else checkpoints.key(settings)
-    if store.has_result("train_runs", key) and (checkpoints is None or trajectory_complete(checkpoints, key)):
+    if checkpoints is not None:
+        done = completed_trajectory(checkpoints, key)
+        if done is not None:
+            if not store.has_result("train_runs", key):
+                store.write_result("train_runs", key, done)
+            return {**done, "cached": True}
+    elif store.has_result("train_runs", key):
         return {**store.read_results("train_runs", [key]).to_pylist()[0], "cached": True}
     if checkpoints is not None:
         Path(checkpoints.run_dir).mkdir(parents=True, exist_ok=True)
@@ -416,10 +424,11 @@ def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointP
                                   for i, t in enumerate(data.heldout_texts)), root / "heldout.jsonl")
         if data.tokenizer is not None:
             data.tokenizer.save_pretrained(root)
-        atomic_write_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings)}, indent=2),
-                          root / RUN_MARKER)
         row.update(run_dir=str(root), n_checkpoints=len(checkpoints.steps))
     store.write_result("train_runs", key, row)
+    if checkpoints is not None:  # last: it is what marks the trajectory complete
+        atomic_write_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings), "row": row},
+                                     indent=2), Path(checkpoints.run_dir) / RUN_MARKER)
     return row
 
 
