@@ -117,7 +117,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     for o in organisation:
         lines.append(f"| {o['layer']} | {o['role']} | {_f(o['z_first'], 2, True)} | {_f(o['z_peak'], 2, True)} | {o['peak_step']} | "
                      f"{o['half_peak_step'] if o['half_peak_step'] is not None else 'n/a'} | {_f(o['z_last'], 2, True)} |")
-    uncertainty = "z_lo" in (z_rows[0] if z_rows else {})
+    uncertainty = bool(z_rows) and all(r.get("z_lo") is not None and r.get("z_hi") is not None for r in z_rows)
     lines += ["", ("Bands are the z intervals stored with each unit." if uncertainty else
                    f"No per-unit uncertainty columns existed in the sweep table when this page was generated; with {job.pga.n_null} "
                    f"nulls the Monte-Carlo standard error of z is roughly sqrt((1 + z^2/2)/{job.pga.n_null}), about "
