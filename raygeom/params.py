@@ -37,3 +37,9 @@ class PGAParams:
             raise RaygeomError(f"n-null must be at least 2, got {self.n_null}")
         if self.null_chunks < 1:
             raise RaygeomError(f"null-chunks must be at least 1, got {self.null_chunks}")
+
+
+# The one rule of every --layers option (raygeom.analyses.sweep.select_layers implements it).
+LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
+               "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "
+               "e.g. embed,5,-1,final_norm.")

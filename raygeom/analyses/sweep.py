@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,21 +52,34 @@ class ExtractionRequest:
 
 
 def select_layers(all_layers: list[str], selection: str) -> list[str]:
-    """``all``, or comma-separated names, indices (negative allowed) and ``a:b`` index ranges."""
+    """The layers a ``--layers`` value names (the rule is LAYERS_HELP in raygeom/params.py): ``all``, or
+    comma-separated layer names, block numbers (``5`` is ``block_05``, ``-1`` the last block) and ``a:b``
+    block ranges (blocks a to b-1, as Python slices). Integers count blocks only, so ``embed`` and
+    ``final_norm`` (and any other named layer) are chosen by name."""
     if selection.strip() in ("", "all"):
         return list(all_layers)
+    blocks = [name for name in all_layers if re.fullmatch(r"block_\d+", name)]
+    by_number = {int(name[len("block_"):]): name for name in blocks}
     chosen: list[str] = []
     for part in (p.strip() for p in selection.split(",")):
+        number = re.fullmatch(r"block_(\d+)", part)
         try:
             if part in all_layers:
                 picks = [part]
+            elif number:  # block_5 and block_005 both mean block_05
+                picks = [by_number[int(number.group(1))]]
             elif ":" in part:
                 start, _, stop = part.partition(":")
-                picks = all_layers[slice(int(start) if start else None, int(stop) if stop else None)]
+                picks = blocks[slice(int(start) if start else None, int(stop) if stop else None)]
+                if not picks:
+                    raise IndexError(part)
             else:
-                picks = [all_layers[int(part)]]
-        except (ValueError, IndexError):
-            raise RaygeomError(f"layer '{part}' not found; this model has {len(all_layers)} layers: {all_layers[0]} ... {all_layers[-1]}") from None
+                picks = [blocks[int(part)]]
+        except (ValueError, IndexError, KeyError):
+            names = ", ".join(name for name in all_layers if name not in blocks)
+            span = f"{len(blocks)} blocks (block numbers 0 to {len(blocks) - 1})" if blocks else "no blocks"
+            raise RaygeomError(f"layer '{part}' not found: integers count blocks (5 = block_05, -1 = the last block, "
+                               f"a:b = blocks a to b-1) and this model has {span}; other layers by name: {names}") from None
         chosen.extend(p for p in picks if p not in chosen)
     return sorted(chosen, key=all_layers.index)
 

@@ -17,6 +17,7 @@ import typer
 
 from raygeom.report.figures import save_figure as _save
 from raygeom.errors import RaygeomError
+from raygeom.params import LAYERS_HELP
 
 Z_METRICS = (  # (column, label, log scale)
     ("rankme", "RankMe", False),
@@ -429,7 +430,7 @@ def register(app: typer.Typer) -> None:
         pool: str = PoolOption,
         skip_first: bool = SkipFirstOption,
         batch_size: int = BatchSizeOption,
-        layers: str = typer.Option("all", "--layers"),
+        layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
         k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
         ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
         n_null: int = typer.Option(100, "--n-null"),
@@ -461,7 +462,7 @@ def register(app: typer.Typer) -> None:
         pool: str = PoolOption,
         skip_first: bool = SkipFirstOption,
         batch_size: int = BatchSizeOption,
-        layers: str = typer.Option("all", "--layers", help="Layers to extract in every model."),
+        layers: str = typer.Option("all", "--layers", help="Layers to extract in every model: " + LAYERS_HELP),
         depths: Optional[int] = typer.Option(None, "--depths", help="Compare only the layers nearest this many evenly spaced relative depths."),
         k: int = typer.Option(100, "--k"),
         ccr: int = typer.Option(1, "--ccr"),
@@ -491,7 +492,7 @@ def register(app: typer.Typer) -> None:
         pool: str = PoolOption,
         skip_first: bool = SkipFirstOption,
         batch_size: int = BatchSizeOption,
-        layers: str = typer.Option("all", "--layers"),
+        layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
         test_fraction: float = typer.Option(0.25, "--test-fraction"),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/probe"), "--out", "-o"),

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raygeom.errors import RaygeomError
+from raygeom.params import LAYERS_HELP
 
 # Wide tables stay readable when the output goes to a log file.
 console = Console(width=None if sys.stdout.isatty() else 170)
@@ -74,7 +75,7 @@ def dispersion(
     chunk_len: int = typer.Option(512, "--chunk-len", help="Tokens per chunk."),
     chunks_per_domain: int = typer.Option(40, "--chunks-per-domain"),
     batch_size: int = typer.Option(4, "--batch-size", help="Chunks per forward pass."),
-    layers: str = typer.Option("all", "--layers", help="all, or names/indices/ranges; attn_last is always added."),
+    layers: str = typer.Option("all", "--layers", help=LAYERS_HELP + " attn_last is always added."),
     domain_tokens: str = typer.Option("digits", "--domain-tokens", help="Gap token set: digits, or comma-separated token texts."),
     group_size: int = typer.Option(100, "--group-size", help="Chunks per perplexity group (authors: 100)."),
     n_groups: int = typer.Option(100, "--n-groups", help="Groups kept, evenly spaced in mean perplexity."),
@@ -178,7 +179,7 @@ def knn(
     model: str = typer.Option("smollm2", "--model", "-m"),
     revision: str = typer.Option("main", "--revision", "-r"),
     corpus: str = typer.Option("bbc", "--corpus", "-c"),
-    layers: str = typer.Option("all", "--layers", help="Candidate layers (attn_last is always added)."),
+    layers: str = typer.Option("all", "--layers", help="Candidate layers: " + LAYERS_HELP + " attn_last is always added."),
     chunk_len: int = typer.Option(512, "--chunk-len"),
     train_chunks: int = typer.Option(40, "--train-chunks", help="Chunks of datastore text."),
     test_chunks: int = typer.Option(8, "--test-chunks", help="Chunks of held-out text (other articles)."),

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from raygeom.errors import RaygeomError
+from raygeom.params import LAYERS_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure how a language model organises its hidden-state geometry for prediction.")
@@ -82,7 +83,7 @@ def pga(
     pool: str = typer.Option("last", "--pool", help="last | mean"),
     skip_first: bool = typer.Option(True, "--skip-first/--keep-first", help="With --pool mean, drop each text's first token."),
     batch_size: int = typer.Option(16, "--batch-size"),
-    layers: str = typer.Option("all", "--layers", help="all, or names/indices/ranges: embed,block_05,-1,10:20"),
+    layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
     k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
     ccr: int = typer.Option(1, "--ccr", help="Top principal components removed after centring."),
     n_null: int = typer.Option(100, "--n-null", help="Random subspaces in the null."),

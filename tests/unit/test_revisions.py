@@ -97,7 +97,9 @@ def test_layer_names_and_selection_match_model_surgery():
     assert layer_names(3) == ["embed", "block_00", "block_01", "block_02", "final_norm"]
     assert layer_names(36)[-2:] == ["block_35", "final_norm"] and len(layer_names(36)) == 38
     assert layer_names(120)[1] == "block_000"
-    assert select_layers(layer_names(6), "0,-1,2:4") == ["embed", "block_01", "block_02", "final_norm"]
+    # Integers count blocks (embed and final_norm are named): the old index rule read "0,-1" as embed, final_norm.
+    assert select_layers(layer_names(6), "embed,0,-1,2:4,final_norm") == ["embed", "block_00", "block_02", "block_03",
+                                                                          "block_05", "final_norm"]
 
 
 def _profile(z_by_layer, model="m", revision="step1000"):
