@@ -16,6 +16,7 @@ import numpy as np
 import typer
 
 from raygeom.report.figures import save_figure as _save
+from raygeom.report.html import announce_report
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
 
@@ -560,6 +561,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     _print_layers(console, merged, params.ccr_ranks)
     _copy_reports([p for p in written if p.suffix in (".png", ".md", ".parquet")], report)
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
+    announce_report(store.root, console)
 
 
 def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
@@ -594,6 +596,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     console.print("\n".join(text), markup=False, highlight=False)
     _copy_reports(written, report)
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
+    announce_report(store.root, console)
 
 
 def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
@@ -631,3 +634,4 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
     console.print(table)
     _copy_reports(written, report)
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
+    announce_report(store.root, console)

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
+from raygeom.report.html import announce_report
 
 # Wide tables stay readable when the output goes to a log file.
 console = Console(width=None if sys.stdout.isatty() else 170)
@@ -123,6 +124,7 @@ def dispersion(
         dp.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png")
         console.print(_table(result["domains"], ["model", "domain", "token_dispersion", "perplexity"], f"per domain at {model_layer}"))
         console.print(f"tables: {store.root / 'results'}\nplots:  {plot_dir}")
+        announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
 
@@ -171,6 +173,7 @@ def select(
         console.print(_table(rows, ["rank", "model", "revision", "gap", "domain_dispersion", "generic_dispersion", "n_domain",
                                     "perplexity"], f"dispersion gap at {layer}, domain tokens: {domain_tokens}"))
         console.print(f"table: {store.root / 'results' / 'dispersion_select.parquet'}")
+        announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
 
@@ -224,6 +227,7 @@ def knn(
                       f"Spearman(dispersion, -perplexity) over layers: {result['spearman']:+.3f}")
         knn_module.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
         console.print(f"table: {result['table']}")
+        announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
 
@@ -304,6 +308,7 @@ def train(
                                        "paired_delta_mean", "paired_delta_std"], "push-away vs plain (held-out, over seeds)"))
         paths = train_module.write_report(store, rows, summary, plots)
         console.print(f"tables: {paths['table']}\nplots:  {paths['plot']}")
+        announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
 

@@ -109,7 +109,7 @@ def pga(
 
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
-for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion"):
+for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report"):
     __import__(_module, fromlist=["register"]).register(app)
 
 

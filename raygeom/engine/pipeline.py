@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from raygeom.report import figures as report
+from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
@@ -60,6 +61,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
     report.print_pga(console, rows)
     console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}")
+    announce_report(store.root, console)
     return JobOutputs(rows, table, plot)
 
 
@@ -135,5 +137,6 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
     console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
                   f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}\nstore:   {store.root}")
+    announce_report(store.root, console)
     return SweepOutputs(outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"],
                         final.n_done - plan.n_done, report.flagged)

@@ -1,0 +1,774 @@
+"""One self-contained, interactive HTML report of everything a store holds.
+
+``write_report(store_root)`` reads the store's Parquet tables (never its activations), builds plotly
+figures and writes ``<store>/report.html``: plotly's JavaScript is inlined once, every figure is
+interactive (hover values, click a legend entry to show or hide a model or revision), and the only
+links out of the file are relative links to the store's own Parquet files. Sections appear only for
+what the store holds:
+
+- PGA z against depth per model (one trace per revision and setting; an uncertainty band where the
+  rows carry ``z_lo``/``z_hi``);
+- sweep heatmaps, z over (revision x layer), with cells whose interval crosses 0 marked;
+- diagnostics panels and CCR restoration; linear probes;
+- convergence heatmaps per pair of models;
+- dispersion profiles, perplexity groups, domains and the gap ranking; kNN-LM layers;
+- training curves of the push-away runs;
+- a settings table per run (each distinct combination of the settings columns).
+
+Big grids stay a file a browser opens: a model's revisions beyond ``VISIBLE_REVISIONS`` start hidden
+(one click shows them; the data is all there), and hover text is built by plotly templates from
+numeric arrays rather than stored per point as strings.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from raygeom.errors import RaygeomError
+
+# pyarrow, plotly and the store are imported where used: every CLI command imports this module.
+
+REPORT_NAME = "report.html"
+VISIBLE_REVISIONS = 8  # per model, evenly spaced over training; the others start hidden ("legendonly")
+MAX_TABLE_ROWS = 400
+
+# Columns that say how a row was produced (the rest are measurements or identifiers). A "run" is one
+# distinct combination of the ones a table has; provenance columns added later are picked up by name.
+SETTING_COLUMNS = ("corpus", "corpus_fingerprint", "n_samples", "sample_seed", "n", "seq_len", "pool", "skip_first",
+                   "max_words", "batch_size", "k", "r", "n_null", "seed", "ccr_ranks", "sample_ccr", "chunk_len",
+                   "domain_tokens", "temperature", "steps", "lr", "over", "push_layer", "workers", "raygeom_version",
+                   "version", "settings_key", "extraction_key")
+# Settings that split one model's z profiles into separate traces when a store holds several.
+VARIANT_COLUMNS = ("k", "r", "n", "n_null", "seed", "pool", "seq_len", "skip_first", "max_words", "corpus",
+                   "corpus_fingerprint")
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+# ----------------------------------------------------------------------------------- reading
+
+def _read(path: Path) -> list[dict]:
+    from raygeom.store.tree import read_table
+
+    try:
+        return read_table(path).to_pylist()
+    except RaygeomError:
+        return []
+
+
+def _read_dir(directory: Path) -> list[dict]:
+    import pyarrow as pa
+
+    from raygeom.store.tree import read_table
+
+    paths = sorted(directory.glob("*.parquet")) if directory.is_dir() else []
+    tables = []
+    for path in paths:
+        try:
+            tables.append(read_table(path))
+        except RaygeomError:
+            continue  # a unit being rewritten or a damaged file: the report shows the rest
+    if not tables:
+        return []
+    return pa.concat_tables(tables, promote_options="permissive").to_pylist()
+
+
+def _step(revision: str) -> int | None:
+    from raygeom.sources.revisions import step_of
+
+    return step_of(revision)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _num(rows: list[dict], column: str) -> np.ndarray:
+    return np.array([r.get(column) if _finite(r.get(column)) else np.nan for r in rows], dtype=float)
+
+
+def _revision_order(revisions) -> list[str]:
+    return sorted(set(revisions), key=lambda v: (_step(v) is None, _step(v) or 0, v))
+
+
+def pga_rows(root: Path) -> list[dict]:
+    """Every PGA row the store holds: the per-unit rows, the job table and the sweep's tidy table, one row
+    per unit (the sweep table's row wins: it adds step, size and the weights flag)."""
+    merged: dict = {}
+    sources = [_read_dir(root / "results" / "pga"), _read(root / "results" / "pga.parquet"),
+               _read(root / "results" / "sweep_pga.parquet")]
+    for rows in sources:
+        for row in rows:
+            if row.get("z") is None and row.get("rho_readout") is None:
+                continue
+            key = row.get("unit_key") or tuple(row.get(c) for c in ("model", "revision", "layer", *VARIANT_COLUMNS))
+            merged[key] = {**merged.get(key, {}), **{k: v for k, v in row.items() if v is not None}}
+    return list(merged.values())
+
+
+# ----------------------------------------------------------------------------------- building blocks
+
+@dataclass
+class Section:
+    anchor: str
+    title: str
+    intro: str = ""
+    figures: list = field(default_factory=list)  # plotly Figures
+    tables: list[str] = field(default_factory=list)  # HTML fragments
+    files: list[Path] = field(default_factory=list)  # Parquet files the section was built from
+
+
+def _fig(title: str, height: int = 420, **layout):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height, template="plotly_white",
+                      margin={"l": 60, "r": 20, "t": 50, "b": 50}, hovermode="closest",
+                      legend={"font": {"size": 10}, "groupclick": "togglegroup"}, **layout)
+    return fig
+
+
+def _colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def _variants(rows: list[dict]) -> list[str]:
+    """The setting columns that take more than one value across ``rows``."""
+    return [c for c in VARIANT_COLUMNS if len({json.dumps(r.get(c), default=str) for r in rows}) > 1]
+
+
+def _variant_label(row: dict, columns: list[str]) -> str:
+    names = {"r": "CCR", "n_null": "nulls"}
+    return ", ".join(f"{names.get(c, c)}={row.get(c)}" for c in columns)
+
+
+def _visible_revisions(revisions: list[str], keep: int = VISIBLE_REVISIONS) -> set[str]:
+    if len(revisions) <= keep:
+        return set(revisions)
+    picks = np.unique(np.round(np.linspace(0, len(revisions) - 1, keep)).astype(int))
+    return {revisions[i] for i in picks}
+
+
+def _band(fig, x, lo, hi, colour: str, group: str, visible) -> None:
+    """A filled interval behind a line, in the line's legend group so one click hides both."""
+    import plotly.graph_objects as go
+
+    keep = np.isfinite(lo) & np.isfinite(hi)
+    if not keep.any():
+        return
+    x, lo, hi = np.asarray(x)[keep], lo[keep], hi[keep]
+    fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
+                             line={"width": 0}, fillcolor=colour, opacity=0.18, hoverinfo="skip", showlegend=False,
+                             legendgroup=group, visible=visible))
+
+
+def _zero_lines(fig, levels=(-2.0, 2.0)) -> None:
+    fig.add_hline(y=0, line={"color": "black", "width": 1})
+    for level in levels:
+        fig.add_hline(y=level, line={"color": "grey", "width": 0.8, "dash": "dash"})
+
+
+def _table_html(rows: list[dict], columns: list[str] | None = None, limit: int = MAX_TABLE_ROWS) -> str:
+    if not rows:
+        return ""
+    columns = columns or list(dict.fromkeys(c for r in rows for c in r))
+
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return "-" if not math.isfinite(value) else f"{value:.4g}"
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, default=str)
+        return html.escape("" if value is None else str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows[:limit])
+    more = f"<p class='note'>{len(rows) - limit:,} more rows in the Parquet file.</p>" if len(rows) > limit else ""
+    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}"
+
+
+def settings_runs(rows: list[dict], by: tuple[str, ...] = ("model", "revision")) -> list[dict]:
+    """One row per run: each distinct combination of the settings columns ``rows`` have, with what it covers."""
+    columns = [c for c in SETTING_COLUMNS if any(c in r for r in rows)]
+    runs: dict = {}
+    for row in rows:
+        key = tuple(json.dumps(row.get(c), default=str) for c in columns)
+        run = runs.setdefault(key, {"settings": {c: row.get(c) for c in columns}, "rows": 0, "cover": {b: set() for b in by}})
+        run["rows"] += 1
+        for b in by:
+            if row.get(b) is not None:
+                run["cover"][b].add(str(row[b]))
+    out = []
+    for run in runs.values():
+        cover = {}
+        for b, values in run["cover"].items():
+            values = _revision_order(values) if b.startswith("revision") else sorted(values)
+            cover[b] = ", ".join(values) if len(values) <= 4 else f"{len(values)}: {values[0]} .. {values[-1]}"
+        out.append({**cover, **run["settings"], "rows": run["rows"]})
+    return out
+
+
+def _settings_block(rows: list[dict], by: tuple[str, ...] = ("model", "revision"), title: str = "Settings per run") -> str:
+    runs = settings_runs(rows, by)
+    if not runs:
+        return ""
+    return f"<h4>{html.escape(title)}</h4>" + _table_html(runs)
+
+
+# ----------------------------------------------------------------------------------- sections
+
+def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
+    import plotly.graph_objects as go
+
+    rows = [r for r in rows if r.get("relative_depth") is not None]
+    if not rows:
+        return None
+    has_band = any(_finite(r.get("z_lo")) and _finite(r.get("z_hi")) for r in rows)
+    section = Section("pga", "Subspace PGA: z against depth", files=files,
+                      intro="One panel per model, one line per revision (and per setting where the store holds several). "
+                            "Click a legend entry to show or hide it, double-click to isolate it. "
+                            + ("The band is the interval [z_lo, z_hi] of each layer. " if has_band else
+                               "These rows carry no interval for z (no z_lo/z_hi columns), so no band is drawn. ")
+                            + f"Models with more than {VISIBLE_REVISIONS} revisions start with {VISIBLE_REVISIONS} of them "
+                            "shown, evenly spaced over training.")
+    variants = _variants(rows)
+    models = sorted({r["model"] for r in rows}, key=lambda m: (min((r.get("params") or 0) for r in rows if r["model"] == m), m))
+    finals = []
+    for model in models:
+        group = [r for r in rows if r["model"] == model]
+        revisions = _revision_order(r["revision"] for r in group)
+        visible = _visible_revisions(revisions)
+        fig = _fig(f"{model}: Subspace PGA z by depth", xaxis_title="relative depth (embedding = 0, final norm = 1)",
+                   yaxis_title="z")
+        traces = {}
+        for row in group:
+            label = row["revision"] + (f" ({_variant_label(row, variants)})" if variants else "")
+            traces.setdefault(label, []).append(row)
+        colour_of = {rev: _colour(i) for i, rev in enumerate(revisions)}
+        if len(revisions) > len(PALETTE):
+            from plotly.colors import sample_colorscale
+
+            colour_of = dict(zip(revisions, sample_colorscale("Viridis", list(np.linspace(0, 1, len(revisions))))))
+        order = {rev: i for i, rev in enumerate(revisions)}
+        for label, line in sorted(traces.items(), key=lambda kv: (order[kv[1][0]["revision"]], kv[0])):
+            line = sorted(line, key=lambda r: r["relative_depth"])
+            shown = True if line[0]["revision"] in visible else "legendonly"
+            colour = colour_of[line[0]["revision"]]
+            x = _num(line, "relative_depth")
+            if has_band:
+                _band(fig, x, _num(line, "z_lo"), _num(line, "z_hi"), colour, label, shown)
+            extra = np.stack([_num(line, c) for c in ("rho_readout", "null_mean", "null_std", "z_lo", "z_hi", "n")], axis=1)
+            hover = ("<b>%{text}</b> " + html.escape(label) + "<br>z = %{y:.2f}"
+                     + (" [%{customdata[3]:.2f}, %{customdata[4]:.2f}]" if has_band else "")
+                     + "<br>rho_readout = %{customdata[0]:.4f}<br>null %{customdata[1]:.4f} ± %{customdata[2]:.4f}"
+                     "<br>N = %{customdata[5]}<extra></extra>")
+            fig.add_trace(go.Scatter(x=x, y=_num(line, "z"), mode="lines+markers", marker={"size": 4}, line={"color": colour},
+                                     name=label, legendgroup=label, visible=shown, text=[r["layer"] for r in line],
+                                     customdata=extra, hovertemplate=hover))
+        _zero_lines(fig)
+        section.figures.append(fig)
+        last = revisions[-1]
+        finals += [r for r in group if r["revision"] == last]
+    if len(models) > 1:
+        fig = _fig("Every model at its last revision", xaxis_title="relative depth", yaxis_title="z")
+        for i, model in enumerate(models):
+            line = sorted((r for r in finals if r["model"] == model), key=lambda r: r["relative_depth"])
+            label = f"{model}@{line[0]['revision']}"
+            if has_band:
+                _band(fig, _num(line, "relative_depth"), _num(line, "z_lo"), _num(line, "z_hi"), _colour(i), label, True)
+            fig.add_trace(go.Scatter(x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
+                                     legendgroup=label, line={"color": _colour(i)}, marker={"size": 4},
+                                     text=[r["layer"] for r in line], hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(label) + "</extra>"))
+        _zero_lines(fig)
+        section.figures.append(fig)
+    section.tables.append(_settings_block(rows))
+    return section
+
+
+def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | None:
+    """Heatmaps of z over (revision x layer), one per model and setting, for models with several revisions."""
+    import plotly.graph_objects as go
+
+    variants = _variants(rows)
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row["model"], _variant_label(row, variants)), []).append(row)
+    groups = {k: g for k, g in groups.items() if len({r["revision"] for r in g}) > 1}
+    if not groups:
+        return None
+    has_band = any(_finite(r.get("z_lo")) and _finite(r.get("z_hi")) for r in rows)
+    section = Section("sweep", "Sweep: z over training (revision x layer)", files=files,
+                      intro="One heatmap per model: revisions ordered by training step (columns), layers by depth (rows). "
+                            "Hover a cell for its values. "
+                            + ("Cells marked with a ring have an interval [z_lo, z_hi] that contains 0 (z not distinguishable "
+                               "from the null there); the marks toggle from the legend. " if has_band else
+                               "No interval columns (z_lo/z_hi) in these rows, so no cell is marked as crossing 0. ")
+                            + "A diamond above a column marks a revision whose weights duplicate another's.")
+    for (model, variant), group in sorted(groups.items(), key=lambda kv: (min((r.get("params") or 0) for r in kv[1]), kv[0])):
+        revisions = _revision_order(r["revision"] for r in group)
+        layers = [name for _, name in sorted({(r.get("layer_index", 0), r["layer"]) for r in group})]
+        ci, li = {v: i for i, v in enumerate(revisions)}, {v: i for i, v in enumerate(layers)}
+        z = np.full((len(layers), len(revisions)), np.nan)
+        extra = np.full((len(layers), len(revisions), 3), np.nan)
+        for r in group:
+            i, j = li[r["layer"]], ci[r["revision"]]
+            z[i, j] = r["z"] if _finite(r.get("z")) else np.nan
+            extra[i, j] = [r.get(c) if _finite(r.get(c)) else np.nan for c in ("z_lo", "z_hi", "rho_readout")]
+        finite = z[np.isfinite(z)]
+        bound = float(np.abs(finite).max()) if finite.size else 1.0
+        steps = [_step(v) for v in revisions]
+        title = f"{model}: z over training" + (f" ({variant})" if variant else "")
+        fig = _fig(title, height=max(320, 14 * len(layers) + 140), xaxis_title="revision (ordered by training step)",
+                   yaxis_title="layer")
+        hover = ("%{y} @ %{x}<br>z = %{z:.2f}" + (" [%{customdata[0]:.2f}, %{customdata[1]:.2f}]" if has_band else "")
+                 + "<br>rho_readout = %{customdata[2]:.4f}<extra></extra>")
+        fig.add_trace(go.Heatmap(z=z, x=revisions, y=layers, customdata=extra, colorscale="RdBu", reversescale=True, zmid=0,
+                                 zmin=-bound, zmax=bound, colorbar={"title": {"text": "z"}}, hovertemplate=hover,
+                                 hoverongaps=False, name="z"))
+        if has_band:
+            crossing = np.isfinite(extra[..., 0]) & (extra[..., 0] <= 0) & (extra[..., 1] >= 0)
+            ii, jj = np.nonzero(crossing)
+            fig.add_trace(go.Scatter(x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
+                                     marker={"symbol": "circle-open", "size": 6, "color": "black", "line": {"width": 1}},
+                                     name="interval contains 0", hoverinfo="skip", showlegend=True))
+        flags = {r["revision"]: r.get("weights_flag") for r in group if r.get("weights_flag")}
+        if flags:
+            fig.add_trace(go.Scatter(x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
+                                     marker={"symbol": "diamond", "size": 9, "color": "gold", "line": {"color": "black", "width": 1}},
+                                     text=list(flags.values()), hovertemplate="%{x}: %{text}<extra></extra>"))
+        fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 8},
+                         categoryorder="array", categoryarray=revisions,
+                         tickvals=[revisions[i] for i in _tick_positions(steps)])
+        fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": 8})
+        fig.update_layout(legend={"orientation": "h", "y": 1.02, "x": 0.5})
+        section.figures.append(fig)
+    collapse = _read(root / "results" / "collapse.parquet")
+    zones = [c for c in collapse if c.get("collapsed")]
+    if collapse:
+        section.files.append(root / "results" / "collapse.parquet")
+        section.tables.append(f"<h4>Collapse zones: {len(zones)} of {len(collapse)} (model, revision) profiles</h4>"
+                              + _table_html(zones, ["model", "revision", "step", "zone_layers", "zone_start_depth",
+                                                    "zone_end_depth", "zone_min_z", "early_max_z"]))
+    return section
+
+
+def _tick_positions(steps: list[int | None], most: int = 24) -> list[int]:
+    """Column indices worth a tick label: at most ``most``, evenly spaced."""
+    n = len(steps)
+    if n <= most:
+        return list(range(n))
+    return sorted(set(np.round(np.linspace(0, n - 1, most)).astype(int).tolist()))
+
+
+def diagnostics_section(root: Path) -> Section | None:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    path = root / "results" / "diagnostics_layers.parquet"
+    rows = _read(path)
+    probe_path = root / "results" / "probe.parquet"
+    probes = _read(probe_path)
+    if not rows and not probes:
+        return None
+    section = Section("diagnostics", "Diagnostics: spectral metrics, PC1, probes, CCR restoration",
+                      files=[p for p in (path, probe_path) if p.is_file()],
+                      intro="z beside the spectral metrics of each layer; one colour per model and revision "
+                            "(a legend click hides it in every panel).")
+    if rows:
+        metrics = [("rankme", "RankMe"), ("alpha_req", "alpha-ReQ"), ("condition_number", "condition number"),
+                   ("isotropy", "isotropy"), ("pc1_readout_share", "PC1 readout share"),
+                   ("pc1_variance_fraction", "PC1 variance"), ("probe_accuracy", "probe accuracy"),
+                   ("loss_share_spearman", "loss ~ share rho")]
+        metrics = [m for m in metrics if any(_finite(r.get(m[0])) for r in rows)]
+        ranks = sorted({int(c[len("z_ccr"):]) for r in rows for c in r if c.startswith("z_ccr") and c[len("z_ccr"):].isdigit()})
+        z_rank = 1 if 1 in ranks else (ranks[0] if ranks else None)
+        panels = ([(f"z_ccr{z_rank}", f"z (CCR-{z_rank})")] if z_rank is not None else []) + metrics
+        fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.025,
+                            subplot_titles=[label for _, label in panels])
+        labels = sorted({f"{r['model']}@{r['revision']}" for r in rows})
+        for i, label in enumerate(labels):
+            group = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+            for p, (column, name) in enumerate(panels, start=1):
+                fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
+                                         marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
+                                         showlegend=p == 1, text=[r["layer"] for r in group],
+                                         hovertemplate="%{text}: " + name + " = %{y:.4g}<extra>" + html.escape(label) + "</extra>"),
+                              row=p, col=1)
+                if column == "pc1_readout_share" and any(_finite(r.get("pc1_readout_chance")) for r in group):
+                    fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
+                                             line={"color": _colour(i), "dash": "dot", "width": 1}, legendgroup=label,
+                                             showlegend=False, name=f"{label} chance k/d", hoverinfo="skip"), row=p, col=1)
+        if any(m[0] == "condition_number" for m in panels):
+            fig.update_yaxes(type="log", row=1 + [m[0] for m in panels].index("condition_number"), col=1)
+        fig.update_xaxes(title_text="relative depth", row=len(panels), col=1)
+        fig.update_layout(title={"text": "Per-layer diagnostics", "x": 0.01}, height=190 * len(panels) + 120,
+                          template="plotly_white", legend={"font": {"size": 10}}, margin={"l": 60, "r": 20, "t": 60, "b": 50})
+        section.figures.append(fig)
+        if len(ranks) > 1:
+            fig = _fig("CCR restoration: z at CCR-r", xaxis_title="relative depth", yaxis_title="z")
+            for i, label in enumerate(labels):
+                group = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+                for j, rank in enumerate(ranks):
+                    name = f"{label} CCR-{rank}"
+                    fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
+                                             marker={"size": 4, "symbol": j}, line={"color": _colour(i * len(ranks) + j)},
+                                             name=name, text=[r["layer"] for r in group],
+                                             hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(name) + "</extra>"))
+            _zero_lines(fig)
+            section.figures.append(fig)
+        section.tables.append(_settings_block(rows))
+    if probes:
+        fig = _fig("Linear probe accuracy by depth (dotted: majority class)", xaxis_title="relative depth",
+                   yaxis_title="test accuracy", yaxis_range=[0, 1.02])
+        labels = sorted({f"{r['model']}@{r['revision']}" for r in probes})
+        for i, label in enumerate(labels):
+            group = sorted((r for r in probes if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+            fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
+                                     name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
+                                     hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))
+            fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
+                                     showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip"))
+        section.figures.append(fig)
+        section.tables.append(_settings_block(probes, title="Probe settings per run"))
+    return section
+
+
+def converge_section(root: Path) -> Section | None:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    path = root / "results" / "converge.parquet"
+    rows = _read(path) or _read_dir(root / "results" / "converge")
+    if not rows:
+        return None
+    section = Section("converge", "Cross-model convergence", files=[path] if path.is_file() else [],
+                      intro="Spearman correlation of the two models' distance structures for every pair of layers: in the "
+                            "full space, each in its own readout subspace, in random subspaces (mean over nulls), and z.")
+    pairs: dict = {}
+    for row in rows:
+        pairs.setdefault((row["model_a"], row["revision_a"], row["model_b"], row["revision_b"]), []).append(row)
+    titles = {"rho_full": "full space", "rho_readout": "readout subspaces", "null_mean": "random subspaces (mean)", "z": "z"}
+    for (ma, ra, mb, rb), group in pairs.items():
+        a_layers = [n for _, n in sorted({(r["layer_index_a"], r["layer_a"]) for r in group})]
+        b_layers = [n for _, n in sorted({(r["layer_index_b"], r["layer_b"]) for r in group})]
+        ia, ib = {n: i for i, n in enumerate(a_layers)}, {n: j for j, n in enumerate(b_layers)}
+        grids = {name: np.full((len(a_layers), len(b_layers)), np.nan) for name in titles}
+        for r in group:
+            for name in grids:
+                grids[name][ia[r["layer_a"]], ib[r["layer_b"]]] = r[name] if _finite(r.get(name)) else np.nan
+        fig = make_subplots(rows=2, cols=2, subplot_titles=list(titles.values()), horizontal_spacing=0.14, vertical_spacing=0.14)
+        rho = np.concatenate([grids[n][np.isfinite(grids[n])] for n in ("rho_full", "rho_readout", "null_mean")])
+        low, high = (float(rho.min()), float(rho.max())) if rho.size else (0.0, 1.0)
+        zf = grids["z"][np.isfinite(grids["z"])]
+        bound = float(np.abs(zf).max()) if zf.size else 1.0
+        for n, (name, label) in enumerate(titles.items()):
+            row, col = n // 2 + 1, n % 2 + 1
+            is_z = name == "z"
+            fig.add_trace(go.Heatmap(z=grids[name], x=b_layers, y=a_layers, colorscale="RdBu" if is_z else "Viridis",
+                                     reversescale=is_z, zmin=-bound if is_z else low, zmax=bound if is_z else high,
+                                     showscale=n in (0, 3), name=label,
+                                     colorbar={"len": 0.42, "y": 0.79 if n == 0 else 0.21, "title": {"text": "z" if is_z else "rho"}},
+                                     hovertemplate=f"{ma}@{ra} %{{y}} vs {mb}@{rb} %{{x}}<br>{label}: %{{z:.3f}}<extra></extra>"),
+                          row=row, col=col)
+            fig.update_xaxes(title_text=f"{mb}@{rb} layer", tickfont={"size": 7}, row=row, col=col)
+            fig.update_yaxes(title_text=f"{ma}@{ra} layer", tickfont={"size": 7}, row=row, col=col)
+        fig.update_layout(title={"text": f"{ma}@{ra} vs {mb}@{rb} (k={group[0].get('k')}, CCR-{group[0].get('r')}, "
+                                         f"N={group[0].get('n')}, {group[0].get('n_null')} nulls)", "x": 0.01},
+                          height=820, template="plotly_white", margin={"l": 80, "r": 20, "t": 70, "b": 60})
+        section.figures.append(fig)
+    section.tables.append(_settings_block(rows, by=("model_a", "model_b")))
+    return section
+
+
+def dispersion_section(root: Path) -> Section | None:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    results = root / "results"
+    layers = _read(results / "dispersion_layers.parquet")
+    groups = _read(results / "dispersion_groups.parquet")
+    domains = _read(results / "dispersion_domains.parquet")
+    select = _read(results / "dispersion_select.parquet")
+    if not (layers or groups or domains or select):
+        return None
+    files = [results / f"dispersion_{n}.parquet" for n in ("layers", "groups", "domains", "slices", "select")]
+    section = Section("dispersion", "Representation dispersion", files=[f for f in files if f.is_file()],
+                      intro="Mean pairwise cosine distance of hidden states against perplexity.")
+    if layers:
+        fig = make_subplots(rows=1, cols=3, subplot_titles=["token dispersion", "sample dispersion", "dispersion gap"],
+                            horizontal_spacing=0.07)
+        models = list(dict.fromkeys(r["model"] for r in layers))
+        for i, model in enumerate(models):
+            part = sorted((r for r in layers if r["model"] == model and r["layer"] != "attn_last"), key=lambda r: r["relative_depth"])
+            for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
+                fig.add_trace(go.Scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
+                                         marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
+                                         showlegend=c == 1, text=[r["layer"] for r in part],
+                                         hovertemplate="%{text}: %{y:.4f}<extra>" + html.escape(model) + "</extra>"), row=1, col=c)
+            fig.update_xaxes(title_text="relative depth")
+        fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400, template="plotly_white",
+                          margin={"l": 60, "r": 20, "t": 60, "b": 50})
+        section.figures.append(fig)
+        columns = ["model", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
+                   "domain_agreement_sample", "domain_agreement_token", "kmeans_agreement_sample", "kmeans_agreement_token", "gap"]
+        section.tables.append("<h4>Per layer</h4>" + _table_html(layers, [c for c in columns if any(c in r for r in layers)]))
+    if groups:
+        for model in dict.fromkeys(r["model"] for r in groups):
+            part = [r for r in groups if r["model"] == model]
+            names = [n for n in dict.fromkeys(r["layer"] for r in part)]
+            shown = {names[len(names) // 2], names[-1], *(n for n in names if n in ("final_norm", "attn_last"))}
+            fig = _fig(f"{model}: perplexity groups (mean dispersion against mean perplexity)",
+                       xaxis_title="group mean perplexity", yaxis_title="group mean token dispersion", xaxis_type="log")
+            for i, layer in enumerate(names):
+                line = sorted((r for r in part if r["layer"] == layer), key=lambda r: r["mean_perplexity"])
+                fig.add_trace(go.Scatter(x=_num(line, "mean_perplexity"), y=_num(line, "mean_dispersion"), mode="markers",
+                                         marker={"size": 5, "color": _colour(i)}, name=layer, visible=True if layer in shown else "legendonly",
+                                         hovertemplate="perplexity %{x:.2f}, dispersion %{y:.4f}<extra>" + html.escape(layer) + "</extra>"))
+            section.figures.append(fig)
+    if domains:
+        fig = _fig("Per domain: dispersion against perplexity", xaxis_title="perplexity", yaxis_title="token dispersion")
+        for i, model in enumerate(dict.fromkeys(r["model"] for r in domains)):
+            part = [r for r in domains if r["model"] == model]
+            fig.add_trace(go.Scatter(x=_num(part, "perplexity"), y=_num(part, "token_dispersion"), mode="markers+text",
+                                     text=[r.get("domain") for r in part], textposition="top center", marker={"size": 8, "color": _colour(i)},
+                                     name=model, hovertemplate="%{text}: perplexity %{x:.2f}, dispersion %{y:.4f}<extra>"
+                                     + html.escape(model) + "</extra>"))
+        section.figures.append(fig)
+    if select:
+        select = sorted(select, key=lambda r: r.get("rank", 0))
+        labels = [f"{r['model']}@{r['revision']}" for r in select]
+        fig = _fig(f"Dispersion gap at {select[0].get('layer')} (domain tokens: {select[0].get('domain_tokens')})",
+                   xaxis_title="candidate", yaxis_title="gap G (domain minus generic dispersion)")
+        fig.add_trace(go.Bar(x=labels, y=_num(select, "gap"), name="gap", customdata=_num(select, "perplexity"),
+                             hovertemplate="%{x}<br>gap %{y:.4f}<br>perplexity %{customdata:.2f}<extra></extra>"))
+        section.figures.append(fig)
+        section.tables.append("<h4>Checkpoint selection by the gap</h4>" + _table_html(select))
+    return section
+
+
+def knn_section(root: Path) -> Section | None:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    directory = root / "results" / "knn_layers"
+    rows = _read_dir(directory) or _read(root / "results" / "knn.parquet")
+    if not rows:
+        return None
+    section = Section("knn", "kNN-LM layer selection", files=sorted(directory.glob("*.parquet")) if directory.is_dir() else [],
+                      intro="Held-out perplexity of the kNN-LM built on each layer (lower is better) beside the dispersion "
+                            "of that layer's datastore keys.")
+    for label in dict.fromkeys(f"{r['model']}@{r['revision']}" for r in rows):
+        part = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: (r.get("layer_index", 0), r["layer"]))
+        names = [r["layer"] for r in part]
+        fig = make_subplots(specs=[[{"secondary_y": True}]])
+        fig.add_trace(go.Scatter(x=names, y=_num(part, "knn_perplexity"), mode="lines+markers", name="kNN-LM perplexity",
+                                 customdata=np.stack([_num(part, "lam"), _num(part, "temperature")], axis=1),
+                                 hovertemplate="%{x}: %{y:.3f} (lambda %{customdata[0]:.2f}, T %{customdata[1]:.3g})<extra></extra>"),
+                      secondary_y=False)
+        fig.add_trace(go.Scatter(x=names, y=_num(part, "base_perplexity"), mode="lines", line={"dash": "dash"},
+                                 name="base LM perplexity", hovertemplate="%{y:.3f}<extra>base</extra>"), secondary_y=False)
+        fig.add_trace(go.Scatter(x=names, y=_num(part, "dispersion"), mode="lines+markers", name="datastore dispersion",
+                                 marker={"symbol": "square", "size": 5}, hovertemplate="%{x}: %{y:.4f}<extra>dispersion</extra>"),
+                      secondary_y=True)
+        fig.update_yaxes(title_text="held-out perplexity", secondary_y=False)
+        fig.update_yaxes(title_text="dispersion of keys", secondary_y=True)
+        fig.update_xaxes(type="category", tickangle=-60)
+        fig.update_layout(title={"text": f"kNN-LM {label}", "x": 0.01}, height=420, template="plotly_white",
+                          margin={"l": 60, "r": 60, "t": 50, "b": 90})
+        section.figures.append(fig)
+    section.tables.append(_table_html(rows, [c for c in ("model", "revision", "layer", "dispersion", "temperature", "lam",
+                                                         "knn_perplexity", "base_perplexity", "improvement", "n_keys", "n_test")
+                                             if any(c in r for r in rows)]))
+    section.tables.append(_settings_block(rows))
+    return section
+
+
+def train_section(root: Path) -> Section | None:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    runs_path = root / "results" / "train_runs.parquet"
+    runs = {r.get("key"): r for r in _read_dir(root / "results" / "train_runs") + _read(runs_path) if r.get("key")}
+    if not runs:
+        return None
+    summary_path = root / "results" / "train_summary.parquet"
+    section = Section("train", "Push-away training", files=[p for p in (runs_path, summary_path) if p.is_file()],
+                      intro="Per run (lambda, seed): training LM loss, D_batch and held-out perplexity against step.")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=["training LM loss (nats)", "D_batch", "held-out perplexity"],
+                        horizontal_spacing=0.07)
+    lams = sorted({r["lam"] for r in runs.values()})
+    for run in sorted(runs.values(), key=lambda r: (r["lam"], r["seed"])):
+        history_path = root / "train" / f"history-{run['key']}.parquet"
+        history = _read(history_path) if history_path.is_file() else _read(Path(run.get("history", "")))
+        if not history:
+            continue
+        label = f"lambda={run['lam']:g} seed={run['seed']}"
+        colour = _colour(lams.index(run["lam"]))
+        steps = _num(history, "step")
+        evals = [h for h in history if _finite(h.get("heldout_perplexity"))]
+        for c, (x, y) in enumerate([(steps, _num(history, "lm_loss")), (steps, _num(history, "dispersion")),
+                                    (_num(evals, "step"), _num(evals, "heldout_perplexity"))], start=1):
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if c == 3 else "lines", line={"color": colour, "width": 1},
+                                     marker={"size": 4}, name=label, legendgroup=label, showlegend=c == 1,
+                                     hovertemplate="step %{x}: %{y:.4g}<extra>" + html.escape(label) + "</extra>"), row=1, col=c)
+        section.files.append(history_path)
+    if not fig.data:
+        return None
+    fig.update_yaxes(type="log", row=1, col=3)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title={"text": "Training curves", "x": 0.01}, height=420, template="plotly_white",
+                      margin={"l": 60, "r": 20, "t": 60, "b": 50})
+    section.figures.append(fig)
+    summary = _read(summary_path)
+    if summary:
+        section.tables.append("<h4>Held-out results over seeds</h4>" + _table_html(summary))
+    section.tables.append("<h4>Runs</h4>" + _table_html(list(runs.values()), [c for c in (
+        "lam", "seed", "steps", "workers", "push_layer", "over", "final_train_loss", "heldout_perplexity", "heldout_dispersion",
+        "wall_s", "key") if any(c in r for r in runs.values())]))
+    return section
+
+
+def extraction_section(root: Path) -> Section | None:
+    """Settings of every extraction (the completion markers) and the sweep's corpus manifest."""
+    from raygeom.store.tree import COMPLETE_MARKER
+
+    rows = []
+    for marker in sorted((root / "activations").glob(f"model=*/revision=*/{COMPLETE_MARKER}")):
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        settings = info.get("settings") or {}
+        rows.append({"model": info.get("model") or marker.parent.parent.name.split("=", 1)[1],
+                     "revision": info.get("revision") or marker.parent.name.split("=", 1)[1], "corpus": info.get("corpus"),
+                     "n_samples": info.get("n_samples"), **settings, "d": info.get("d"), "n_blocks": info.get("n_blocks"),
+                     "layers stored": len(info.get("layers", [])), "params": info.get("params"), "device": info.get("device"),
+                     "fingerprint": (info.get("fingerprint") or "")[:12], "key": info.get("key")})
+    manifest_path = root / "sweep" / "manifest.json"
+    manifest = None
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            manifest = None
+    if not rows and not manifest:
+        return None
+    section = Section("settings", "Extractions and their settings",
+                      intro="One row per (model, revision) extraction in the store, from its completion marker.")
+    if manifest:
+        section.tables.append("<h4>Sweep corpus (sweep/manifest.json)</h4>" + _table_html([manifest]))
+    if rows:
+        rows.sort(key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"]))
+        section.tables.append(_table_html(rows, limit=2000))
+    return section
+
+
+# ----------------------------------------------------------------------------------- the page
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1280px; padding: 0 18px 40px; color: #222; }
+h1 { font-size: 22px; margin: 18px 0 4px; } h2 { font-size: 18px; margin-top: 34px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+h4 { margin: 14px 0 6px; font-size: 14px; } p, li { font-size: 14px; line-height: 1.45; } .note { color: #666; font-size: 12px; }
+nav a { margin-right: 14px; font-size: 14px; } .figure { margin: 10px 0 18px; border: 1px solid #eee; }
+.scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; border: 1px solid #eee; }
+table { border-collapse: collapse; font-size: 12px; } th, td { padding: 3px 7px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+th { background: #f6f6f6; position: sticky; top: 0; } td:first-child, th:first-child { text-align: left; }
+code { font-size: 12px; }
+"""
+
+
+def build_sections(root: Path) -> list[Section]:
+    root = Path(root)
+    pga = pga_rows(root)
+    pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
+    sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
+                converge_section(root), dispersion_section(root), knn_section(root), train_section(root), extraction_section(root)]
+    return [s for s in sections if s is not None]
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+
+
+def render(sections: list[Section], root: Path, out: Path) -> str:
+    import plotly
+    import plotly.offline
+
+    from raygeom import __version__
+
+    config = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"format": "png", "scale": 2}}
+    counter = 0
+    body = []
+    for section in sections:
+        parts = [f"<section id='{section.anchor}'><h2>{html.escape(section.title)}</h2>"]
+        if section.intro:
+            parts.append(f"<p>{html.escape(section.intro)}</p>")
+        if section.files:
+            links = " ".join(f"<a href='{html.escape(_relative(f, out.parent))}'><code>{html.escape(_relative(f, root))}</code></a>"
+                             for f in dict.fromkeys(section.files) if f.is_file())
+            if links:
+                parts.append(f"<p class='note'>Data: {links}</p>")
+        for fig in section.figures:
+            counter += 1
+            parts.append("<div class='figure'>" + fig.to_html(full_html=False, include_plotlyjs=False, config=config,
+                                                               div_id=f"fig-{counter}", default_width="100%",
+                                                               default_height=f"{fig.layout.height or 420}px") + "</div>")
+        parts += [t for t in section.tables if t]
+        parts.append("</section>")
+        body.append("".join(parts))
+    results = sorted((root / "results").rglob("*.parquet")) if (root / "results").is_dir() else []
+    tables = [p for p in results if p.parent == root / "results"]
+    unit_dirs = sorted({p.parent for p in results if p.parent != root / "results"})
+    files = "".join(f"<li><a href='{html.escape(_relative(p, out.parent))}'><code>{html.escape(_relative(p, root))}</code></a></li>"
+                    for p in tables)
+    files += "".join(f"<li><code>{html.escape(_relative(d, root))}/</code>: {len(list(d.glob('*.parquet'))):,} unit files</li>"
+                     for d in unit_dirs)
+    nav = " ".join(f"<a href='#{s.anchor}'>{html.escape(s.title.split(':')[0])}</a>" for s in sections)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>raygeom report: {html.escape(root.name)}</title><style>{STYLE}</style>"
+            f"<script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script></head><body>"
+            f"<h1>raygeom report: <code>{html.escape(str(root))}</code></h1>"
+            f"<p class='note'>Written {stamp} by raygeom {__version__} with plotly {plotly.__version__}; "
+            f"{counter} figures. Works offline: everything is in this file.</p><nav>{nav} <a href='#files'>Files</a></nav>"
+            + "".join(body)
+            + f"<section id='files'><h2>Files</h2><p>The store's Parquet tables, which this report was built from:</p><ul>{files}</ul></section>"
+            "</body></html>")
+
+
+def write_report(store_root: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of everything under ``store_root`` (default ``<store>/report.html``); return its path."""
+    root = Path(store_root)
+    if not root.is_dir():
+        raise RaygeomError(f"store {root} is not a directory")
+    out = Path(out) if out is not None else root / REPORT_NAME
+    from raygeom.store.tree import atomic_write_text
+
+    sections = build_sections(root)
+    if not sections:
+        raise RaygeomError(f"nothing to report in {root}: no result tables under {root / 'results'} and no extractions")
+    page = render(sections, root, out)
+    try:
+        atomic_write_text(page, out)
+    except OSError as error:
+        raise RaygeomError(f"cannot write the report to {out}: {error.strerror or error}") from None
+    return out
+
+
+def announce_report(store_root: str | Path, console) -> Path | None:
+    """For the end of a run command: write the report and print its path. The run's results are already
+    written by then, so a report that cannot be written is said, not raised."""
+    try:
+        path = write_report(store_root)
+    except Exception as error:  # noqa: BLE001 - any failure here must not turn a finished run into a failed one
+        console.print(f"[yellow]report: not written ({type(error).__name__}: {error})[/]", highlight=False)
+        return None
+    console.print(f"report:  {path}", highlight=False)
+    return path

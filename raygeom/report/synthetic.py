@@ -1,0 +1,58 @@
+"""A synthetic store of the full Pythia sweep's tidy table (10 sizes x 154 revisions x every layer =
+32,956 PGA units), to measure how big the HTML report of the largest grid gets and to render it in a
+browser. The z values are made up (a smooth depth profile plus noise); only the shape is real.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from raygeom.sources import revisions as pythia
+from raygeom.store.tree import atomic_write_table
+
+
+def pythia_grid_rows(sizes: list[str] | None = None, revisions: list[str] | None = None, seed: int = 0,
+                     intervals: bool = True) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    sizes = sizes or list(pythia.PYTHIA_SIZES)
+    revisions = revisions or list(pythia.PYTHIA_REVISIONS)
+    rows = []
+    for size_name in sizes:
+        size = pythia.PYTHIA_SIZES[size_name]
+        repo = pythia.repo_id(size_name)
+        names = ["embed", *[f"block_{i:02d}" for i in range(size.n_blocks)], "final_norm"]
+        for revision in revisions:
+            step = pythia.step_of(revision)
+            progress = np.log1p(step) / np.log1p(143_000)
+            depth = np.linspace(0.0, 1.0, len(names))
+            # Readout alignment grows with training, dips late in the network (a "collapse zone"), recovers at the end.
+            z = progress * (12 * np.sin(np.pi * depth) - 18 * np.exp(-((depth - 0.8) / 0.08) ** 2) + 10 * depth ** 8)
+            z = z + rng.normal(0.0, 1.0, len(names))
+            se = np.sqrt((1 + z ** 2 / 2) / 100)
+            for index, (layer, value, error) in enumerate(zip(names, z, se)):
+                row = {"model": repo.replace("/", "--"), "repo": repo, "size": size_name, "deduped": False,
+                       "params": size.params, "d": size.d, "revision": revision, "step": step, "layer": layer,
+                       "layer_index": index, "relative_depth": float(depth[index]), "k": 100, "r": 1, "n": 2000,
+                       "n_null": 100, "seed": 0, "rho_readout": float(0.3 + 0.01 * value), "null_mean": 0.3, "null_std": 0.01,
+                       "z": float(value), "fingerprint": f"{size_name}-{revision}", "weights_flag": None,
+                       "known_bad_note": None, "unit_key": f"{size_name}-{revision}-{layer}"}
+                if intervals:
+                    row.update(z_lo=float(value - 1.96 * error), z_hi=float(value + 1.96 * error), z_se=float(error))
+                if size_name == "2.8b" and 0 < (step or 0) <= 512:
+                    row["weights_flag"] = "same weights as step143000"
+                rows.append(row)
+    return rows
+
+
+def write_pythia_grid_store(root: str | Path, **kwargs) -> Path:
+    """A store holding only ``results/sweep_pga.parquet`` (and a manifest), as a finished sweep leaves it."""
+    root = Path(root)
+    rows = pythia_grid_rows(**kwargs)
+    atomic_write_table(pa.Table.from_pylist(rows), root / "results" / "sweep_pga.parquet")
+    (root / "sweep").mkdir(parents=True, exist_ok=True)
+    (root / "sweep" / "manifest.json").write_text('{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, '
+                                                  '"fingerprint": "synthetic"}')
+    return root
