@@ -1,13 +1,15 @@
 # Two set-up commands, each self-contained on a fresh machine:
 #   make demo   - the laptop job: real SmolLM2-135M on BBC News, every layer, Subspace PGA, on a local Ray
-#   make test   - the whole test suite (what CI runs)
+#   make test   - the whole test suite (what CI runs); installs headless Chromium (Debian's package) for the report's browser test
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-unit bench results install
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: demo test test-unit bench results install browser
 
 $(STAMP):
 	python3 -m venv $(VENV)
@@ -21,10 +23,18 @@ $(STAMP):
 
 install: $(STAMP)
 
+# The report's browser test opens the HTML in headless Chromium. Debian's package (run as root); Playwright's
+# own browser download cannot work offline.
+$(CHROMIUM):
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+browser: $(CHROMIUM)
+
 demo: $(STAMP)
 	$(VENV)/bin/raygeom run jobs/laptop.toml
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q tests
 
 test-unit: $(STAMP)

@@ -28,6 +28,7 @@ class PageVisit:
     errors: list[str] = field(default_factory=list)  # uncaught exceptions, console.error, error log entries
     requests: list[str] = field(default_factory=list)  # every URL the page asked for
     probe: object = None
+    after_click: object = None
     screenshot: bytes = b""
 
 
@@ -82,9 +83,11 @@ class _Pipe:
                     return message
 
 
-def visit(path: Path, probe: str = "null", width: int = 1280, height: int = 2400, settle: float = 1.0,
-          timeout: float = 120) -> PageVisit:
-    """Load ``path`` (a local file) and return its errors, requests, ``probe`` (a JS expression) and a PNG."""
+def visit(path: Path, probe: str = "null", click: str | None = None, after_click: str = "null", width: int = 1280,
+          height: int = 2400, settle: float = 1.0, timeout: float = 120) -> PageVisit:
+    """Load ``path`` (a local file) and return its errors, requests, ``probe`` (a JS expression) and a PNG.
+    With ``click`` (a CSS selector), a real mouse click on that element's centre follows the probe, then
+    ``after_click`` is evaluated."""
     profile = tempfile.mkdtemp(prefix="raygeom-chromium-")
     to_chrome_r, to_chrome_w = os.pipe()
     from_chrome_r, from_chrome_w = os.pipe()
@@ -117,8 +120,21 @@ def visit(path: Path, probe: str = "null", width: int = 1280, height: int = 2400
         pipe.call("Page.navigate", {"url": Path(path).resolve().as_uri()}, session=session, timeout=timeout)
         pipe.wait_event("Page.loadEventFired", timeout=timeout)
         time.sleep(settle)  # plots render right after load; let any late error arrive
-        result.probe = pipe.call("Runtime.evaluate", {"expression": probe, "returnByValue": True, "awaitPromise": True},
-                                 session=session, timeout=timeout).get("result", {}).get("value")
+        def evaluate(expression):
+            reply = pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True},
+                              session=session, timeout=timeout)
+            return reply.get("result", {}).get("value")
+
+        result.probe = evaluate(probe)
+        if click:
+            box = evaluate(f"(() => {{ const e = document.querySelector({json.dumps(click)}); e.scrollIntoView({{block: 'center'}});"
+                           " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+            for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+                pipe.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},
+                          session=session, timeout=timeout)
+            time.sleep(settle)
+            result.after_click = evaluate(after_click)
+            evaluate("window.scrollTo(0, 0)")
         shot = pipe.call("Page.captureScreenshot", {"format": "png"}, session=session, timeout=timeout)
         result.screenshot = base64.b64decode(shot["data"])
         for event in pipe.events:

@@ -101,7 +101,8 @@ def _revision_order(revisions) -> list[str]:
 
 def pga_rows(root: Path) -> list[dict]:
     """Every PGA row the store holds: the per-unit rows, the job table and the sweep's tidy table, one row
-    per unit (the sweep table's row wins: it adds step, size and the weights flag)."""
+    per measurement (the sweep table's row wins: it adds step, size and the weights flag). Two units with the
+    same settings and the same rho (e.g. `pga` and `diagnose` on one extraction) are one measurement."""
     merged: dict = {}
     sources = [_read_dir(root / "results" / "pga"), _read(root / "results" / "pga.parquet"),
                _read(root / "results" / "sweep_pga.parquet")]
@@ -109,7 +110,9 @@ def pga_rows(root: Path) -> list[dict]:
         for row in rows:
             if row.get("z") is None and row.get("rho_readout") is None:
                 continue
-            key = row.get("unit_key") or tuple(row.get(c) for c in ("model", "revision", "layer", *VARIANT_COLUMNS))
+            rho = row.get("rho_readout")
+            key = (*(json.dumps(row.get(c), default=str) for c in ("model", "revision", "layer", *VARIANT_COLUMNS)),
+                   round(rho, 9) if _finite(rho) else row.get("unit_key"))
             merged[key] = {**merged.get(key, {}), **{k: v for k, v in row.items() if v is not None}}
     return list(merged.values())
 

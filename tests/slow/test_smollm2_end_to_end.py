@@ -36,3 +36,10 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     samples = pq.read_table(out / "samples" / "model=smollm2-135m" / "revision=main" / "part-0.parquet")
     assert samples.num_rows == 24 and np.isfinite(samples["nll"].to_numpy()).all()
     assert set(samples["label"].to_pylist()) <= {"business", "entertainment", "politics", "sports", "tech"}
+    # The run ends with the store's HTML report, which renders in headless Chromium without errors.
+    from tests.browser import pixel_spread, visit
+
+    report = out / "report.html"
+    assert "report:" in result.stdout and report.is_file()
+    page = visit(report, probe="document.querySelectorAll('.plotly-graph-div .main-svg').length")
+    assert page.errors == [] and page.probe >= 1 and pixel_spread(page.screenshot)[0] > 10

@@ -1,0 +1,144 @@
+"""The HTML report from synthetic stores: one file, plotly's JavaScript once, links only to the store's
+Parquet files, the values a reader hovers are the rows' values, intervals drawn only where they exist."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from raygeom.errors import RaygeomError
+from raygeom.report import html as report
+from raygeom.report.synthetic import pythia_grid_rows, write_pythia_grid_store
+from raygeom.store.tree import atomic_write_table
+
+SIZES, REVISIONS = ["14m", "70m"], ["step0", "step512", "step1000", "step143000"]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = write_pythia_grid_store(tmp_path_factory.mktemp("grid"), sizes=SIZES, revisions=REVISIONS, seed=3)
+    return root, report.write_report(root)
+
+
+def figures_of(root):
+    return {s.anchor: s for s in report.build_sections(root)}
+
+
+def test_one_file_with_plotly_inlined_once_and_no_outside_links(grid):
+    import plotly.offline
+
+    root, path = grid
+    assert path == root / "report.html"
+    text = path.read_text()
+    assert text.count(plotly.offline.get_plotlyjs()[:300]) == 1
+    text = text.replace(plotly.offline.get_plotlyjs(), "")  # the library's own strings (map attributions) are not links
+    assert not re.search(r"<script[^>]+src=", text) and "<link" not in text and "<iframe" not in text
+    assert text.count("Plotly.newPlot(") == len(SIZES) + 1 + len(SIZES)  # z by depth per model, all models, heatmaps
+    hrefs = re.findall(r"href='([^']*)'", text)
+    assert hrefs
+    for href in hrefs:
+        if href.startswith("#"):
+            assert f"id='{href[1:]}'" in text, href
+        else:
+            assert href.endswith(".parquet") and "://" not in href and (path.parent / href).is_file(), href
+
+
+def test_heatmap_cells_and_interval_marks_are_the_rows_values(grid):
+    root, _ = grid
+    rows = pythia_grid_rows(sizes=SIZES, revisions=REVISIONS, seed=3)
+    sweep = figures_of(root)["sweep"]
+    assert len(sweep.figures) == len(SIZES)
+    for size, fig in zip(SIZES, sweep.figures):
+        heat = fig.data[0]
+        expected = [r for r in rows if r["size"] == size]
+        assert list(heat.x) == REVISIONS  # ordered by training step
+        for r in expected:
+            i, j = list(heat.y).index(r["layer"]), list(heat.x).index(r["revision"])
+            assert heat.z[i][j] == r["z"]
+            assert heat.customdata[i][j][0] == r["z_lo"] and heat.customdata[i][j][1] == r["z_hi"]
+        marks = next(t for t in fig.data if t.name == "interval contains 0")
+        crossing = {(r["revision"], r["layer"]) for r in expected if r["z_lo"] <= 0 <= r["z_hi"]}
+        assert crossing and set(zip(marks.x, marks.y)) == crossing
+
+
+def test_depth_profiles_have_a_band_per_line_when_intervals_exist(grid):
+    root, _ = grid
+    pga = figures_of(root)["pga"]
+    first = pga.figures[0]
+    lines = [t for t in first.data if t.mode == "lines+markers"]
+    bands = [t for t in first.data if t.fill == "toself"]
+    assert [t.name for t in lines] == REVISIONS
+    assert len(bands) == len(lines) and {b.legendgroup for b in bands} == set(REVISIONS)  # one legend click hides both
+    band = next(b for b in bands if b.legendgroup == "step1000")
+    rows = sorted((r for r in pythia_grid_rows(sizes=SIZES, revisions=REVISIONS, seed=3)
+                   if r["size"] == "14m" and r["revision"] == "step1000"), key=lambda r: r["relative_depth"])
+    assert list(band.y) == pytest.approx([r["z_hi"] for r in rows] + [r["z_lo"] for r in rows][::-1])
+
+
+def test_without_interval_columns_nothing_pretends_to_be_one(tmp_path):
+    root = write_pythia_grid_store(tmp_path, sizes=["14m"], revisions=REVISIONS, intervals=False)
+    sections = figures_of(root)
+    assert not [t for fig in sections["pga"].figures for t in fig.data if t.fill == "toself"]
+    assert not [t for fig in sections["sweep"].figures for t in fig.data if t.name == "interval contains 0"]
+    assert "no z_lo/z_hi columns" in sections["pga"].intro
+    report.write_report(root)
+
+
+def test_a_long_training_run_starts_with_a_few_revisions_shown_and_all_in_the_legend(tmp_path):
+    from raygeom.sources.revisions import PYTHIA_REVISIONS
+
+    root = write_pythia_grid_store(tmp_path, sizes=["14m"], intervals=False)
+    lines = [t for t in figures_of(root)["pga"].figures[0].data if t.mode == "lines+markers"]
+    assert len(lines) == len(PYTHIA_REVISIONS) == 154
+    shown = [t.name for t in lines if t.visible is True]
+    assert len(shown) == report.VISIBLE_REVISIONS and shown[0] == "step0" and shown[-1] == "step143000"
+    assert all(t.visible == "legendonly" for t in lines if t.name not in shown)
+
+
+def test_settings_table_has_one_run_per_distinct_setting():
+    rows = [{"model": "m", "revision": f"step{s}", "layer": "embed", "k": k, "n_null": 100, "seed": 0, "z": 1.0}
+            for k in (50, 100) for s in (0, 1000, 2000)]
+    runs = report.settings_runs(rows)
+    assert sorted((r["k"], r["rows"], r["revision"]) for r in runs) == [(50, 3, "step0, step1000, step2000"),
+                                                                         (100, 3, "step0, step1000, step2000")]
+
+
+def test_two_settings_of_one_model_are_separate_lines(tmp_path):
+    rows = pythia_grid_rows(sizes=["14m"], revisions=["step1000"], intervals=False)
+    both = rows + [{**r, "k": 50, "unit_key": r["unit_key"] + "-k50", "z": r["z"] - 1} for r in rows]
+    atomic_write_table(pa.Table.from_pylist(both), tmp_path / "results" / "pga.parquet")
+    lines = [t for t in figures_of(tmp_path)["pga"].figures[0].data if t.mode == "lines+markers"]
+    assert sorted(t.name for t in lines) == ["step1000 (k=100)", "step1000 (k=50)"]
+
+
+def test_unit_rows_and_the_job_table_are_merged_per_unit(tmp_path):
+    rows = pythia_grid_rows(sizes=["14m"], revisions=["step1000"], intervals=False)
+    for r in rows:
+        atomic_write_table(pa.Table.from_pylist([r]), tmp_path / "results" / "pga" / f"{r['unit_key']}.parquet")
+    atomic_write_table(pa.Table.from_pylist(rows[:3]), tmp_path / "results" / "pga.parquet")  # last job: 3 of them
+    merged = report.pga_rows(tmp_path)
+    assert len(merged) == len(rows)
+    assert np.allclose(sorted(r["z"] for r in merged), sorted(r["z"] for r in rows))
+
+
+def test_bad_stores_are_one_clear_error(tmp_path):
+    with pytest.raises(RaygeomError, match="not a directory"):
+        report.write_report(tmp_path / "missing")
+    with pytest.raises(RaygeomError, match="nothing to report"):
+        report.write_report(tmp_path)
+
+
+def test_report_command_writes_the_file_and_fails_cleanly(grid, tmp_path):
+    from typer.testing import CliRunner
+
+    from raygeom.cli.root import app
+
+    root, _ = grid
+    done = CliRunner().invoke(app, ["report", str(root), "--out", str(tmp_path / "r.html")], env={"COLUMNS": "300"})
+    assert done.exit_code == 0 and "r.html" in done.output and (tmp_path / "r.html").stat().st_size > 4_000_000
+    # Links are relative to where the file is written, so they still reach the store's Parquet files.
+    assert "href='../" in (tmp_path / "r.html").read_text() or str(Path(tmp_path).parent) in (tmp_path / "r.html").read_text()
+    failed = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert failed.exit_code == 2 and "Traceback" not in failed.output
