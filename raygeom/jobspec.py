@@ -8,7 +8,7 @@ from pathlib import Path
 
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
-from raygeom.params import PGAParams
+from raygeom.params import PGAParams, n_null_settings
 from raygeom.sources.checkpoints import is_run_directory
 
 
@@ -170,7 +170,7 @@ def load_job(path: str | Path) -> JobSpec:
             sample_seed=int(corpus.get("seed", 0)),
             layers=str(layers),
             extraction=ExtractionSettings(**extract),
-            pga=PGAParams(**analysis),
+            pga=PGAParams(**{**analysis, **n_null_settings(analysis.get("n_null"))}),
             sweep=sweep,
             train=train,
             trajectory=trajectory,

@@ -26,9 +26,16 @@ class PGAParams:
     seed: int = 0
     null_chunks: int = 10
     gpus_per_task: float = 0.0
+    # --n-null auto: nulls are added in blocks of AUTO_NULL_BLOCK until the 95 % half-width of z is at most
+    # z_half_width, or n_null_cap nulls; n_null is then the first block.
+    n_null_auto: bool = False
+    z_half_width: float = 0.25
+    n_null_cap: int = 1000
 
     def __post_init__(self):
         check_types(self)
+        if self.n_null_auto and not (self.z_half_width > 0 and self.n_null_cap >= self.n_null):
+            raise RaygeomError(f"--n-null auto needs a positive half-width target and a cap of at least {self.n_null} nulls")
         if self.k <= 0:
             raise RaygeomError(f"k must be positive, got {self.k}")
         if self.r < 0:
@@ -43,3 +50,21 @@ class PGAParams:
 LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
                "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "
                "e.g. embed,5,-1,final_norm.")
+
+
+AUTO_NULL_BLOCK = 100
+
+
+def n_null_settings(value: str | int | None) -> dict:
+    """``--n-null`` as given on the command line or in a job file: a count, or ``auto``."""
+    if value is None:
+        return {}
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return {"n_null": AUTO_NULL_BLOCK, "n_null_auto": True}
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise RaygeomError(f"n-null must be a whole number or 'auto', got {value!r}") from None
+    if isinstance(value, float) and value != count or isinstance(value, bool):
+        raise RaygeomError(f"n-null must be a whole number or 'auto', got {value!r}")
+    return {"n_null": count, "n_null_auto": False}

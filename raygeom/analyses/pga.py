@@ -11,17 +11,19 @@ import time
 import numpy as np
 
 from raygeom.analyses.provenance import extraction_columns
-from raygeom.engine.contract import PREPARED, Step, Unit
+from raygeom.engine.contract import PREPARED, More, Step, Unit
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics import pga
-from raygeom.params import PGAParams
+from raygeom.numerics.uncertainty import z_uncertainty
+from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
 PGA_VERSION = 1
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
-    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, params.n_null, params.seed)
+    null = ("auto", params.n_null, params.z_half_width, params.n_null_cap) if params.n_null_auto else params.n_null
+    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed)
 
 
 def read_keyed_layer(root: str, model: str, revision: str, layer: str, extraction_key: str) -> np.ndarray:
@@ -47,8 +49,22 @@ def null_step(prepared, k: int, seed: int, indices: list[int], device: str | Non
     return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
 
 
-def null_chunks(params: PGAParams) -> list[list[int]]:
-    return [list(map(int, c)) for c in np.array_split(np.arange(params.n_null), max(1, min(params.null_chunks, params.n_null)))]
+def null_chunks(params: PGAParams, start: int = 0, stop: int | None = None) -> list[list[int]]:
+    """Null indices [start, stop) split into the job's number of chunks (the split never changes a number)."""
+    indices = np.arange(start, params.n_null if stop is None else stop)
+    return [list(map(int, c)) for c in np.array_split(indices, max(1, min(params.null_chunks, len(indices))))]
+
+
+def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[int]]:
+    """``--n-null auto``: the next block of null indices while z's 95 % half-width is above the target.
+
+    Decided only at block boundaries from the nulls so far, so the final count and z do not depend on
+    how the nulls were split into chunks or tasks."""
+    if not params.n_null_auto or len(nulls) >= params.n_null_cap:
+        return []
+    if z_uncertainty(rho, nulls, params.seed)["z_half_width"] <= params.z_half_width:
+        return []
+    return null_chunks(params, len(nulls), min(len(nulls) + AUTO_NULL_BLOCK, params.n_null_cap))
 
 
 def check_params(info: dict, params: PGAParams, model: str, readout_components: int) -> None:
@@ -68,7 +84,7 @@ def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rh
     if note:
         stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
     else:
-        stats = pga.summarize_null(rho, nulls)
+        stats = {**pga.summarize_null(rho, nulls), **z_uncertainty(rho, nulls, params.seed)}
     names = info["all_layers"]
     return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
             "relative_depth": names.index(layer) / max(1, len(names) - 1), "k": params.k, "r": params.r,
@@ -95,12 +111,15 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
     for layer in layers:
         key = pga_unit_key(info["key"], layer, params)
 
-        def finish(values, layer=layer, key=key) -> dict:
+        def finish(values, layer=layer, key=key):
             (rho, seconds), *null_parts = values
             nulls = np.concatenate([part[0] for part in null_parts])
             if not np.isfinite(rho) or not np.isfinite(nulls).all() or float(np.std(nulls)) == 0.0:
                 raise InputError(f"distances are constant after CCR-{params.r} or the nulls have no spread, "
                                  "so z is undefined")
+            extra = more_nulls(params, rho, nulls)
+            if extra:
+                return More(tuple(Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in extra))
             result = row(model, revision, layer, info, params, rho, nulls)
             result.update(unit_key=key, cpu_seconds=seconds + sum(part[1] for part in null_parts))
             return result

@@ -59,15 +59,17 @@ def run(
     out: Optional[Path] = OutOption,
     n_samples: Optional[int] = typer.Option(None, "--n-samples", help="Override the job's number of texts."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len"),
-    n_null: Optional[int] = typer.Option(None, "--n-null"),
+    n_null: Optional[str] = typer.Option(None, "--n-null", help="Random subspaces in the null, or 'auto'."),
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
 ):
     """Run a job file: extract every model and revision, then Subspace PGA for every layer."""
     from raygeom.jobspec import load_job
+    from raygeom.params import n_null_settings
 
     try:
-        job = load_job(job_file).with_overrides(out=str(out) if out else None, n_samples=n_samples, seq_len=seq_len, n_null=n_null)
+        job = load_job(job_file).with_overrides(out=str(out) if out else None, n_samples=n_samples, seq_len=seq_len,
+                                                    **n_null_settings(n_null))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))
@@ -86,7 +88,10 @@ def pga(
     layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
     k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
     ccr: int = typer.Option(1, "--ccr", help="Top principal components removed after centring."),
-    n_null: int = typer.Option(100, "--n-null", help="Random subspaces in the null."),
+    n_null: str = typer.Option("100", "--n-null", help="Random subspaces in the null, or 'auto': blocks of 100 until "
+                               "z's 95% half-width is <= --z-half-width, at most --n-null-cap."),
+    z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
+    n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one layer."),
     null_chunks: int = typer.Option(10, "--null-chunks", help="Ray tasks the nulls of one layer are split into."),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("runs/pga"), "--out", "-o"),
@@ -96,13 +101,14 @@ def pga(
     """Subspace PGA of one model (one or more revisions) on one corpus, configured by flags."""
     from raygeom.replica.extract import ExtractionSettings
     from raygeom.jobspec import JobSpec, ModelEntry
-    from raygeom.params import PGAParams
+    from raygeom.params import PGAParams, n_null_settings
 
     try:
         job = JobSpec(name=f"{model}", out=str(out), models=(ModelEntry(model, tuple(revision)),), corpus=corpus,
                       n_samples=n_samples, sample_seed=seed, layers=layers,
                       extraction=ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size),
-                      pga=PGAParams(k=k, r=ccr, n_null=n_null, seed=seed, null_chunks=null_chunks))
+                      pga=PGAParams(k=k, r=ccr, seed=seed, null_chunks=null_chunks, z_half_width=z_half_width,
+                                    n_null_cap=n_null_cap, **n_null_settings(n_null)))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))

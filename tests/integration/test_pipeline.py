@@ -178,3 +178,23 @@ def test_a_store_reused_with_another_pooling_holds_one_pooling_per_layer(finishe
     assert {r["pool"] for r in rows} == {"last"}
     table = pq.read_table(out / "results" / "pga.parquet").to_pylist()
     assert {(r["pool"], r["layer"]) for r in table} >= {("mean", "block_00"), ("last", "block_01")}  # every job's rows, told apart
+
+
+def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_changes_nothing(finished_job):
+    root = finished_job[0] / "out"
+    store = Store(root)
+    layers = ["block_01", "final_norm"]
+    runs = []
+    for chunks in (1, 3, 7):
+        params = PGAParams(k=8, n_null=100, n_null_auto=True, z_half_width=0.15, n_null_cap=400, null_chunks=chunks, seed=1)
+        for path in (root / "results" / "pga").glob("*.parquet"):
+            path.unlink()
+        runs.append(orchestrate.run_pga(store, "EleutherAI--pythia-14m", "step1000", layers, params))
+    for row in runs[0]:
+        assert row["n_null"] % 100 == 0 and 100 <= row["n_null"] <= 400
+        assert row["z_half_width"] <= 0.15 or row["n_null"] == 400
+        assert row["z_lo"] < row["z"] < row["z_hi"] and 0 < row["p_upper"] <= 1
+    assert max(row["n_null"] for row in runs[0]) > 100  # the target took more than the first block
+    for other in runs[1:]:
+        assert [(r["n_null"], r["z"], r["z_lo"], r["z_hi"]) for r in other] == [
+            (r["n_null"], r["z"], r["z_lo"], r["z_hi"]) for r in runs[0]]

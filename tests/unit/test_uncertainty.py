@@ -1,0 +1,47 @@
+"""z's Monte-Carlo error against its known large-sample law, p-values by counting, determinism."""
+
+import numpy as np
+import pytest
+
+from raygeom.errors import InputError
+from raygeom.numerics.uncertainty import z_delta_se, z_uncertainty
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("z_true", [0.0, 3.0, -20.0])
+def test_bootstrap_se_of_z_matches_the_delta_method_on_gaussian_nulls(seed, z_true):
+    n = 400
+    nulls = np.random.default_rng(seed).normal(0.1, 0.02, n)
+    rho = 0.1 + z_true * 0.02
+    result = z_uncertainty(rho, nulls, seed)
+    z = (rho - nulls.mean()) / nulls.std(ddof=1)
+    assert result["z_se"] == pytest.approx(z_delta_se(z, n), rel=0.15)
+    assert result["z_lo"] < z < result["z_hi"]
+    assert result["z_half_width"] == pytest.approx((result["z_hi"] - result["z_lo"]) / 2)
+
+
+def test_the_interval_covers_the_z_of_an_independent_null_draw_about_95_percent_of_the_time():
+    covered, trials = 0, 300
+    for t in range(trials):
+        rng = np.random.default_rng([7, t])
+        rho = 0.5  # true z = (0.5 - 0.2) / 0.1 = 3 against N(0.2, 0.1^2) nulls
+        result = z_uncertainty(rho, rng.normal(0.2, 0.1, 100), seed=t, n_boot=500)
+        covered += result["z_lo"] <= 3.0 <= result["z_hi"]
+    assert 0.88 <= covered / trials <= 0.99
+
+
+def test_empirical_p_values_count_nulls_at_or_beyond_rho():
+    nulls = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    result = z_uncertainty(0.3, nulls)
+    assert result["p_upper"] == pytest.approx((1 + 3) / 6) and result["p_lower"] == pytest.approx((1 + 3) / 6)
+    extreme = z_uncertainty(0.9, nulls)
+    assert extreme["p_upper"] == pytest.approx(1 / 6) and extreme["p_lower"] == pytest.approx(1.0)
+
+
+def test_same_seed_same_numbers_and_degenerate_nulls_are_refused():
+    nulls = np.random.default_rng(3).normal(size=50)
+    assert z_uncertainty(1.0, nulls, 5) == z_uncertainty(1.0, nulls.copy(), 5)
+    with pytest.raises(InputError):
+        z_uncertainty(1.0, np.full(10, 0.2))
+    with pytest.raises(InputError):
+        z_uncertainty(1.0, [0.1])
