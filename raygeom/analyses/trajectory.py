@@ -244,6 +244,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     from raygeom.analyses import sweep
     from raygeom.engine.pipeline import progress_bar, run_sweep_job
     from raygeom.jobspec import SweepSettings
+    from raygeom.report.html import announce_report
     from raygeom.store.tree import Store, atomic_write_table, check_writable, read_table
 
     started = time.perf_counter()
@@ -318,6 +319,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     console.print(f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
                   f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
                   f"trajectory_dispersion.parquet\nplots:  {plots}")
+    announce_report(store.root, console)
     return outputs
 
 

@@ -12,7 +12,7 @@ what the store holds:
 - diagnostics panels and CCR restoration; linear probes;
 - convergence heatmaps per pair of models;
 - dispersion profiles, perplexity groups, domains and the gap ranking; kNN-LM layers;
-- training curves of the push-away runs;
+- training curves of the push-away runs; a trained trajectory's checkpoints (dispersion and G over steps);
 - a settings table per run (each distinct combination of the settings columns).
 
 Big grids stay a file a browser opens: a model's revisions beyond ``VISIBLE_REVISIONS`` start hidden
@@ -638,6 +638,56 @@ def train_section(root: Path) -> Section | None:
     return section
 
 
+def trajectory_section(root: Path) -> Section | None:
+    """A trained trajectory's checkpoints: dispersion over steps per layer, the gap G beside held-out perplexity."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    results = root / "results"
+    by_step = [r for r in _read(results / "trajectory_dispersion.parquet") if r.get("step") is not None]
+    checkpoints = [r for r in _read(results / "trajectory_checkpoints.parquet") if r.get("step") is not None]
+    agreement = _read(results / "trajectory_agreement.parquet")
+    if not (by_step or checkpoints):
+        return None
+    files = [results / f"trajectory_{n}.parquet" for n in ("dispersion", "checkpoints", "agreement")]
+    section = Section("trajectory", "Trajectory: checkpoints of a training run", files=[f for f in files if f.is_file()],
+                      intro="Steps on a log axis (step + 1). Dispersion of each layer over training (a few layers start "
+                            "shown), and the dispersion gap G that `raygeom select` ranks by, beside held-out perplexity.")
+    if by_step:
+        fig = _fig("Token dispersion over training", xaxis_title="training step + 1", yaxis_title="token dispersion",
+                   xaxis_type="log")
+        layers = [n for _, n in sorted({(r.get("layer_index", 0), r["layer"]) for r in by_step if r["layer"] != "attn_last"})]
+        shown = _visible_revisions(layers, 4)
+        for i, layer in enumerate(layers):
+            line = sorted((r for r in by_step if r["layer"] == layer), key=lambda r: r["step"])
+            fig.add_trace(go.Scatter(x=_num(line, "step") + 1, y=_num(line, "token_dispersion"), mode="lines+markers",
+                                     marker={"size": 4}, line={"color": _colour(i)}, name=layer,
+                                     visible=True if layer in shown else "legendonly", text=[r["revision"] for r in line],
+                                     hovertemplate="%{text}: %{y:.4f}<extra>" + html.escape(layer) + "</extra>"))
+        section.figures.append(fig)
+    if checkpoints:
+        checkpoints.sort(key=lambda r: r["step"])
+        fig = make_subplots(specs=[[{"secondary_y": True}]])
+        x = _num(checkpoints, "step") + 1
+        names = [r["revision"] for r in checkpoints]
+        fig.add_trace(go.Scatter(x=x, y=_num(checkpoints, "gap"), mode="lines+markers", name="gap G", text=names,
+                                 customdata=_num(checkpoints, "select_rank"),
+                                 hovertemplate="%{text}: G = %{y:.4f} (select rank %{customdata})<extra></extra>"), secondary_y=False)
+        fig.add_trace(go.Scatter(x=x, y=_num(checkpoints, "heldout_perplexity"), mode="lines+markers", name="held-out perplexity",
+                                 text=names, line={"dash": "dot"}, hovertemplate="%{text}: %{y:.3f}<extra>perplexity</extra>"),
+                      secondary_y=True)
+        fig.update_xaxes(type="log", title_text="training step + 1")
+        fig.update_yaxes(title_text="dispersion gap G", secondary_y=False)
+        fig.update_yaxes(title_text="held-out perplexity", type="log", secondary_y=True)
+        fig.update_layout(title={"text": "Checkpoint selection: G against held-out perplexity", "x": 0.01}, height=420,
+                          template="plotly_white", margin={"l": 60, "r": 60, "t": 50, "b": 50})
+        section.figures.append(fig)
+    if agreement:
+        section.tables.append("<h4>Does G rank checkpoints like held-out perplexity?</h4>" + _table_html(agreement))
+    section.tables.append(_settings_block(checkpoints or by_step))
+    return section
+
+
 def extraction_section(root: Path) -> Section | None:
     """Settings of every extraction (the completion markers) and the sweep's corpus manifest."""
     from raygeom.store.tree import COMPLETE_MARKER
@@ -692,7 +742,8 @@ def build_sections(root: Path) -> list[Section]:
     pga = pga_rows(root)
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
     sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
-                converge_section(root), dispersion_section(root), knn_section(root), train_section(root), extraction_section(root)]
+                converge_section(root), dispersion_section(root), knn_section(root), train_section(root), trajectory_section(root),
+                extraction_section(root)]
     return [s for s in sections if s is not None]
 
 

@@ -142,3 +142,27 @@ def test_report_command_writes_the_file_and_fails_cleanly(grid, tmp_path):
     assert "href='../" in (tmp_path / "r.html").read_text() or str(Path(tmp_path).parent) in (tmp_path / "r.html").read_text()
     failed = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")])
     assert failed.exit_code == 2 and "Traceback" not in failed.output
+
+
+def test_a_trajectory_store_gets_its_checkpoint_plots(tmp_path):
+    from raygeom.analyses.trajectory import agreement, checkpoint_table, dispersion_by_step
+
+    steps = {f"step{s}": s for s in (0, 1, 2, 4, 8, 16, 100, 200)}
+    ranking = [{"model": "tiny", "revision": rev, "gap": 0.01 * i, "rank": len(steps) - i, "domain_dispersion": 0.5,
+                "generic_dispersion": 0.5 - 0.01 * i, "n_domain": 9, "perplexity": 300.0 / (i + 1)} for i, rev in enumerate(steps)]
+    rows = checkpoint_table(ranking, [], steps, {}, {"corpus": "c", "seed": 0})
+    layers = [{"model": "tiny", "revision": rev, "layer": layer, "layer_index": j, "relative_depth": j / 3,
+               "token_dispersion": 0.1 * j + 0.001 * s, "sample_dispersion": 0.2, "perplexity": 10.0, "n_chunks": 6, "gap": 0.0}
+              for rev, s in steps.items() for j, layer in enumerate(["embed", "block_00", "block_01", "final_norm"])]
+    for name, table in (("checkpoints", rows), ("agreement", agreement(rows, 8, 50, 0)),
+                        ("dispersion", dispersion_by_step(layers, steps))):
+        atomic_write_table(pa.Table.from_pylist(table), tmp_path / "results" / f"trajectory_{name}.parquet")
+    section = figures_of(tmp_path)["trajectory"]
+    dispersion_fig, gap_fig = section.figures
+    assert [t.name for t in dispersion_fig.data] == ["embed", "block_00", "block_01", "final_norm"]
+    final = next(t for t in dispersion_fig.data if t.name == "final_norm")
+    assert list(final.x) == [s + 1 for s in steps.values()]  # log axis: step + 1
+    assert list(final.y) == pytest.approx([0.3 + 0.001 * s for s in steps.values()])
+    assert list(gap_fig.data[0].y) == pytest.approx([r["gap"] for r in ranking])
+    assert "spearman" in "".join(section.tables)
+    report.write_report(tmp_path)
