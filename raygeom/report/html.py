@@ -44,7 +44,7 @@ MAX_TABLE_ROWS = 400
 # distinct combination of the ones a table has; provenance columns added later are picked up by name.
 SETTING_COLUMNS = ("corpus", "corpus_fingerprint", "n_samples", "sample_seed", "n", "seq_len", "pool", "skip_first",
                    "max_words", "batch_size", "k", "r", "n_null", "seed", "ccr_ranks", "sample_ccr", "chunk_len",
-                   "domain_tokens", "temperature", "steps", "lr", "over", "push_layer", "workers", "raygeom_version",
+                   "domain_tokens", "steps", "lr", "over", "push_layer", "workers", "raygeom_version",
                    "version", "settings_key", "extraction_key")
 # Settings that split one model's z profiles into separate traces when a store holds several.
 VARIANT_COLUMNS = ("k", "r", "n", "n_null", "seed", "pool", "seq_len", "skip_first", "max_words", "corpus",

@@ -72,7 +72,7 @@ def every_command_store(hub_cache, ray_local, tmp_path_factory):
     invoke("select", "-m", model, "-r", "step0", "-r", "step1000", *chunks)
     invoke("knn", "-m", model, "-r", "step1000", "-c", text, "--chunk-len", 48, "--train-chunks", 6, "--test-chunks", 4,
            "--k", 8, "--lam", "0.25,0.5", "--out", out)
-    printed = invoke("train", "-c", text, "--lam", 0, "--lam", 0.5, "--steps", 8, "--batch-size", 8, "--seq-len", 32,
+    printed = invoke("train", "-c", text, "--lam", 0.5, "--steps", 8, "--batch-size", 8, "--seq-len", 32,
                      "--hidden-size", 32, "--n-layers", 2, "--vocab-size", 300, "--eval-every", 4, "--out", out)
     assert "report:" in printed
     print(f"every-command store built in {time.perf_counter() - started:.0f} s")
