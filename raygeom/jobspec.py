@@ -74,6 +74,9 @@ class JobSpec:
     train: TrainJob | None = None
     trajectory: object | None = None  # raygeom.analyses.trajectory.TrajectorySettings
 
+    def __post_init__(self):
+        check_layer_selection(self.layers)
+
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
         top, extraction, analysis = {}, {}, {}
@@ -91,6 +94,27 @@ class JobSpec:
         return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis))
 
 
+def check_layer_selection(selection: str) -> None:
+    """Refuse, before any work, a layer selection that picks nothing whatever the model (e.g. ``10:5``)."""
+    if not isinstance(selection, str):
+        raise RaygeomError(f"layers must be a string such as \"all\" or \"0,5:10,-1\", got {selection!r}")
+    parts = [p.strip() for p in selection.split(",")]
+    if selection.strip() in ("", "all"):
+        return
+    if any(not p for p in parts):
+        raise RaygeomError(f"layer selection '{selection}' has an empty item; use e.g. 'embed,5:10,-1'")
+    for part in parts:
+        start, colon, stop = part.partition(":")
+        if not colon:
+            continue
+        try:
+            first, last = int(start) if start.strip() else None, int(stop) if stop.strip() else None
+        except ValueError:
+            raise RaygeomError(f"layer range '{part}' must be two integers like 5:10") from None
+        if first is not None and last is not None and (first >= 0) == (last >= 0) and first >= last:
+            raise RaygeomError(f"layer range '{part}' selects no layer (start must be below stop), so there is nothing to run")
+
+
 def _section(data: dict, name: str, path: Path) -> dict:
     value = data.get(name, {})
     if not isinstance(value, dict):
@@ -106,12 +130,19 @@ def _known(section: dict, allowed: set[str], where: str, path: Path) -> None:
 
 def load_job(path: str | Path) -> JobSpec:
     path = Path(path)
+    if path.is_dir():
+        raise RaygeomError(f"job file {path} is a directory; give a TOML file such as jobs/laptop.toml")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise RaygeomError(f"job file not found: {path}") from None
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        raise RaygeomError(f"{path}: not a text TOML job file (undecodable UTF-8 at line {line})") from None
+    except OSError as error:
+        raise RaygeomError(f"cannot read job file {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
-        raise RaygeomError(f"{path}: malformed TOML: {error}") from None
+        raise RaygeomError(f"{path}: malformed TOML: {str(error).splitlines()[0]}") from None
     _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "dispersion", "train", "trajectory"},
            "top level", path)
     job = _section(data, "job", path)

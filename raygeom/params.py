@@ -45,6 +45,20 @@ class PGAParams:
         if self.null_chunks < 1:
             raise RaygeomError(f"null-chunks must be at least 1, got {self.null_chunks}")
 
+    def check_against(self, n: int, d: int | None = None, readout_components: int | None = None, what: str = "") -> None:
+        """Refuse, before any extraction, sizes that can only give NaN: CCR removing every direction the
+        N samples span, or a readout subspace the store cannot hold."""
+        of = f" for {what}" if what else ""
+        span = n - 1 if d is None else min(n - 1, d)
+        if self.r >= span:
+            raise RaygeomError(f"--ccr {self.r} removes every direction that N={n} samples" + (f" in d={d}" if d else "")
+                               + f" span{of} (at most {span}); use a smaller --ccr or more --n-samples")
+        if d is not None and self.k >= d:
+            raise RaygeomError(f"k must satisfy 0 < k < d; got k={self.k}, d={d}{of}")
+        stored = None if readout_components is None else (readout_components if d is None else min(d - 1, readout_components))
+        if stored is not None and self.k > stored:
+            raise RaygeomError(f"k={self.k} exceeds the {stored} readout components stored{of}; use --k {stored} or less")
+
 
 # The one rule of every --layers option (raygeom.analyses.sweep.select_layers implements it).
 LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "

@@ -54,10 +54,27 @@ class DispersionSettings:
 
 @dataclass(frozen=True)
 class AnalysisSettings:
-    group_size: int = 100
+    group_size: int = 20  # the authors use 100 over far more chunks; 20 gives 10 groups over the CLI's default 200
     n_groups: int = 100
     n_slices: int = 8
     gap_layer: str = "final_norm"
+
+    def __post_init__(self):
+        if self.group_size < 1:
+            raise RaygeomError(f"--group-size must be at least 1, got {self.group_size}")
+        if self.n_groups < 3:
+            raise RaygeomError(f"--n-groups must be at least 3 (a correlation across groups needs 3), got {self.n_groups}")
+        if self.n_slices < 3:
+            raise RaygeomError(f"--n-slices must be at least 3 (a rank agreement across slices needs 3), got {self.n_slices}")
+
+    def check_against(self, n_chunks: int) -> None:
+        """Refuse, before any extraction, sizes that can only give NaN group correlations or no slices."""
+        full = n_chunks // self.group_size
+        if full < 3:
+            raise RaygeomError(f"--group-size {self.group_size} makes {full} full group(s) of the {n_chunks} chunks asked for; "
+                               "group correlations need at least 3: lower --group-size or raise --chunks-per-domain")
+        if self.n_slices > n_chunks:
+            raise RaygeomError(f"--n-slices {self.n_slices} is more than the {n_chunks} chunks asked for; lower it")
 
 
 def _quiet() -> None:

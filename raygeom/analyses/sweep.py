@@ -81,6 +81,8 @@ def select_layers(all_layers: list[str], selection: str) -> list[str]:
             raise RaygeomError(f"layer '{part}' not found: integers count blocks (5 = block_05, -1 = the last block, "
                                f"a:b = blocks a to b-1) and this model has {span}; other layers by name: {names}") from None
         chosen.extend(p for p in picks if p not in chosen)
+    if not chosen:
+        raise RaygeomError(f"layer selection '{selection}' picks none of this model's {len(all_layers)} layers")
     return sorted(chosen, key=all_layers.index)
 
 

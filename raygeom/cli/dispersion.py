@@ -29,10 +29,9 @@ def _fail(message: str) -> None:
 
 def _prepare(address: Optional[str]) -> None:
     """Must run before anything imports ray (see raygeom.engine.ray_env)."""
-    if address is None:
-        from raygeom.engine.ray_env import prepare_local_ray_environment
+    from raygeom.engine.ray_env import prepare_ray_environment
 
-        prepare_local_ray_environment()
+    prepare_ray_environment(address)
 
 
 def _start(address: Optional[str], num_cpus: Optional[int]) -> None:
@@ -78,7 +77,7 @@ def dispersion(
     batch_size: int = typer.Option(4, "--batch-size", help="Chunks per forward pass."),
     layers: str = typer.Option("all", "--layers", help=LAYERS_HELP + " attn_last is always added."),
     domain_tokens: str = typer.Option("digits", "--domain-tokens", help="Gap token set: digits, or comma-separated token texts."),
-    group_size: int = typer.Option(100, "--group-size", help="Chunks per perplexity group (authors: 100)."),
+    group_size: int = typer.Option(20, "--group-size", help="Chunks per perplexity group (authors: 100, over far more chunks)."),
     n_groups: int = typer.Option(100, "--n-groups", help="Groups kept, evenly spaced in mean perplexity."),
     n_slices: int = typer.Option(8, "--n-slices", help="k-means slices for the difficulty analysis."),
     model_layer: str = typer.Option("final_norm", "--model-layer", help="Layer of the cross-model and gap summaries."),
@@ -102,6 +101,7 @@ def dispersion(
         store = Store(out)
         check_writable(store.root)
         text = load_corpus(corpus)
+        analysis.check_against(len(set(text.labels or ["all"])) * chunks_per_domain)
         _start(address, num_cpus)
         from raygeom.analyses import dispersion as dp
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -10,15 +11,28 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape
 
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
 
+class SafeConsole(Console):
+    """A last line of defence: text that is not valid rich markup (a path or model name with '[/x]' in it)
+    prints as plain text instead of raising MarkupError after the work is done. User strings are
+    escaped where they are printed; this catches any that are not."""
+
+    def render_str(self, text, **kwargs):
+        try:
+            return super().render_str(text, **kwargs)
+        except MarkupError:
+            return super().render_str(text, **{**kwargs, "markup": False})
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure how a language model organises its hidden-state geometry for prediction.")
-console = Console()
-errors = Console(stderr=True)
+console = SafeConsole()
+errors = SafeConsole(stderr=True)
 
 AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.")
 OutOption = typer.Option(None, "--out", "-o", help="Output directory (the store).")
@@ -33,16 +47,35 @@ _local_ray = {"started": False}
 
 
 def _prepare_ray(address: Optional[str]) -> None:
+    """Before anything imports ray: loopback for a local cluster and for a loopback address alike."""
+    from raygeom.engine.ray_env import prepare_ray_environment
+
     if address is None:
         _local_ray["started"] = True
-        from raygeom.engine.ray_env import prepare_local_ray_environment
+    prepare_ray_environment(address)
 
-        prepare_local_ray_environment()
+
+def check_num_cpus(num_cpus: Optional[int]) -> None:
+    if num_cpus is not None and num_cpus <= 0:
+        raise RaygeomError(f"--num-cpus must be at least 1, got {num_cpus}")
+
+
+def _check_pga_sizes(job) -> None:
+    """ccr and k against N and each model's d, from its config where that is known without loading it."""
+    from raygeom.analyses.sweep import READOUT_COMPONENTS, _cached_config
+    from raygeom.engine.pipeline import job_models
+
+    for spec in job_models(job):
+        config = _cached_config(spec) or {}
+        d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
+        job.pga.check_against(job.n_samples, d, READOUT_COMPONENTS, what=spec.name)
 
 
 def _run(job, address, num_cpus):
     from raygeom.engine.pipeline import run_pga_job, run_sweep_job
 
+    check_num_cpus(num_cpus)
+    _check_pga_sizes(job)
     _prepare_ray(address)
     if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
         from raygeom.analyses.trajectory import run_trajectory_job
@@ -50,7 +83,12 @@ def _run(job, address, num_cpus):
         return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
     if job.sweep is not None:  # a job file with a [sweep] section
         return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
-    return run_pga_job(job, console, address=address, num_cpus=num_cpus)
+    outputs = run_pga_job(job, console, address=address, num_cpus=num_cpus)
+    for row in outputs.rows:
+        if row.get("note"):
+            errors.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
+                         f"{escape(row['note'])} (not stored; a rerun tries it again)", highlight=False, soft_wrap=True)
+    return outputs
 
 
 @app.command()
@@ -156,6 +194,16 @@ def main() -> None:
     except KeyboardInterrupt:
         errors.print("interrupted; finished units are kept, rerun to resume")
         sys.exit(130)
+    except RaygeomError as error:  # a command that let one through still gets one line
+        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {error.filename}" if error.filename else ""
+        errors.print(f"[bold red]error:[/] the disk is full{escape(where)}; finished units are kept, free space and rerun "
+                     "to resume", highlight=False, soft_wrap=True)
+        sys.exit(2)
     finally:
         _stop_local_ray()
 

@@ -30,14 +30,98 @@ from raygeom.store.tree import Store, content_key
 from raygeom.analyses.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
                            pga_unit_key, select_layers)
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+
+
+def connect_timeout(seconds: float | None = None) -> float:
+    if seconds is None:
+        raw = os.environ.get(CONNECT_TIMEOUT_ENV, "")
+        try:
+            seconds = float(raw) if raw else DEFAULT_CONNECT_TIMEOUT_S
+        except ValueError:
+            raise RaygeomError(f"{CONNECT_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
+    if not seconds > 0:
+        raise RaygeomError(f"the Ray connect timeout must be positive, got {seconds}")
+    return float(seconds)
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s: float | None = None) -> None:
+    """Start a local Ray, or connect to ``address`` within ``timeout_s`` (default 30 s, or
+    $RAYGEOM_CONNECT_TIMEOUT) and otherwise fail with one line; never hang."""
+    if num_cpus is not None and num_cpus <= 0:
+        raise RaygeomError(f"--num-cpus must be at least 1, got {num_cpus}")
     if ray.is_initialized():
         return
+    # Refs of a layer dropped as degenerate are never fetched; Ray would print each one's traceback.
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     if address is None:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=True, logging_level="ERROR")
-    else:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     configure_logging=True, logging_level="ERROR")
+        except Exception as error:  # ray.init raises a bare Exception when the node times out
+            raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
+        return
+    _connect(address, connect_timeout(timeout_s))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """A TCP connect to host:port first: a closed port or a dead host fails in seconds, not in minutes of retries."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return  # 'auto' and the like: Ray resolves it and fails fast by itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout_s, 10.0)):
+            pass
+    except OSError as error:
+        raise RaygeomError(f"cannot reach Ray at {address}: {error.strerror or _first_line(error)}") from None
+
+
+def _connect(address: str, timeout_s: float) -> None:
+    import sys
+
+    _probe(address, timeout_s)
+    outcome: dict = {}
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+            outcome["ok"] = True
+        except BaseException as error:  # noqa: BLE001 - reported below as one line
+            outcome["error"] = error
+
+    # Ray's C++ client logs every failed retry to fd 2 and blocks signals while it retries; it runs on a
+    # thread with fd 2 parked, so the main thread keeps Ctrl-C and the deadline, and stderr stays one line.
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    thread = threading.Thread(target=connect, name="ray-connect", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(0.1)
+    finally:
+        if thread.is_alive():
+            # The stuck thread keeps writing to fd 2; our own messages go to the saved stderr instead.
+            sys.stderr = os.fdopen(saved, "w", buffering=1)
+        else:
+            os.dup2(saved, 2)
+            os.close(saved)
+    if thread.is_alive():
+        raise RaygeomError(f"could not connect to Ray at {address} within {timeout_s:g} s "
+                           f"(set ${CONNECT_TIMEOUT_ENV} to wait longer)")
+    if "error" in outcome:
+        raise RaygeomError(f"could not connect to Ray at {address}: {_first_line(outcome['error'])}")
 
 
 def cluster_gpus() -> float:

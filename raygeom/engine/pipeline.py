@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from raygeom.report import figures as report
@@ -41,7 +42,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
 
     from raygeom.engine import orchestrate
 
-    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+    with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
     rows: list[dict] = []
     from raygeom.analyses.pga import progress_units
@@ -49,10 +50,10 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     with progress_bar(console) as progress:
         for spec in specs:
             label = f"{spec.name}@{spec.revision}"
-            extract_task = progress.add_task(f"extract {label}", total=len(corpus.texts))
+            extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts))
             request = orchestrate.ExtractionRequest(spec, corpus, job.extraction, job.layers)
             info = orchestrate.extract(store, request, progress=lambda n: progress.advance(extract_task, n))
-            pga_task = progress.add_task(f"PGA     {label}", total=progress_units(len(info["layers"]), job.pga))
+            pga_task = progress.add_task(f"PGA     {escape(label)}", total=progress_units(len(info["layers"]), job.pga))
             rows += orchestrate.run_pga(store, spec.slug, spec.revision, info["layers"], job.pga,
                                         progress=lambda n: progress.advance(pga_task, n))
     from raygeom.engine.units import accumulated_rows
@@ -60,7 +61,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
     plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
     report.print_pga(console, rows)
-    console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}")
+    console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}", markup=False)
     announce_report(store.root, console)
     return JobOutputs(rows, table, plot)
 
@@ -100,7 +101,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
 
     from raygeom.engine import orchestrate
 
-    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+    with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
     gpus = orchestrate.cluster_gpus()
     items = []
@@ -111,7 +112,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
             request = sweep.ExtractionRequest(revision.spec, corpus, job.extraction, job.layers)
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
     missing = plan.n_units - plan.n_done
-    console.print(f"sweep {job.name}: {len(plan.revisions)} revisions of {len(by_model)} models, {plan.n_units} units, "
+    console.print(f"sweep {escape(job.name)}: {len(plan.revisions)} revisions of {len(by_model)} models, {plan.n_units} units, "
                   f"{plan.n_done} already done, {missing} to compute; {gpus:g} GPUs in the cluster")
     counter = {"pga": 0}
     with progress_bar(console) as progress:
@@ -132,11 +133,11 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]
     for model, revision, flag in report.flagged:
-        console.print(f"[yellow]weights flag[/] {model}@{revision}: {flag}", highlight=False)
+        console.print(f"[yellow]weights flag[/] {escape(f'{model}@{revision}: {flag}')}", highlight=False)
     collapsed = [z for z in outputs["zones"] if z["collapsed"]]
     console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
     console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
-                  f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}\nstore:   {store.root}")
+                  f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}\nstore:   {store.root}", markup=False)
     announce_report(store.root, console)
     return SweepOutputs(outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"],
                         final.n_done - plan.n_done, report.flagged)

@@ -28,3 +28,43 @@ def prepare_local_ray_environment() -> None:
     ray_tmp = Path(tempfile.gettempdir()) / f"raygeom-ray-{os.getuid()}"
     ray_tmp.mkdir(exist_ok=True)
     os.environ.setdefault("RAY_TMPDIR", str(ray_tmp))
+
+
+LOOPBACK_HOSTS = ("127.", "localhost", "::1", "[::1]")
+
+
+def _address_host(address: str) -> str:
+    address = address.split("://", 1)[-1]
+    if address.startswith("["):
+        return address[: address.find("]") + 1]
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def _resolve_auto(address: str) -> str | None:
+    """Where ``auto`` points, read the way Ray reads it (RAY_ADDRESS, then the last started cluster's file)."""
+    if address != "auto":
+        return address
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    for base in {os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "/tmp"}:
+        try:
+            return (Path(base) / "ray" / "ray_current_cluster").read_text().strip() or None
+        except OSError:
+            continue
+    return None
+
+
+def is_loopback(address: str | None) -> bool:
+    resolved = _resolve_auto(address) if address else None
+    return bool(resolved) and _address_host(resolved).startswith(LOOPBACK_HOSTS)
+
+
+def prepare_ray_environment(address: str | None) -> None:
+    """Before ``import ray``: a local cluster gets the full loopback environment; a cluster at a loopback
+    address (a head started with --node-ip-address=127.0.0.1) needs the driver on loopback too, or Ray
+    rewrites its address to the host's IP and the connection hangs."""
+    if address is None:
+        prepare_local_ray_environment()
+    elif is_loopback(address):
+        for name, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(name, value)

