@@ -31,7 +31,7 @@ from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
 from raygeom.numerics.dispersion import (dispersion, dispersion_by_slice, kmeans_slices, perplexity_groups,
                                          rank_agreement)
 from raygeom.engine.orchestrate import select_layers
-from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column
+from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
 DISPERSION_VERSION = 1
 
@@ -205,7 +205,7 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
     """
     key = unit_key(spec, corpus, settings)
     paths = _paths(store, spec, key)
-    if store.has_result("dispersion_layers", key) and all(p.is_file() for p in paths.values()):
+    if store.has_result("dispersion_layers", key) and all(verified(p) for p in paths.values()):
         table = read_table(paths["layers"])
         if progress and table.num_rows:
             progress(int(table["n_chunks"][0].as_py()))

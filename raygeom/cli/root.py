@@ -66,7 +66,10 @@ def _check_pga_sizes(job) -> None:
     from raygeom.engine.pipeline import job_models
 
     for spec in job_models(job):
-        config = _cached_config(spec) or {}
+        try:
+            config = _cached_config(spec) or {}
+        except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
+            config = {}
         d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
         job.pga.check_against(job.n_samples, d, READOUT_COMPONENTS, what=spec.name)
 

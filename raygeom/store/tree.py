@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote, unquote
@@ -208,18 +209,23 @@ def lock_store(root: Path) -> None:
     except OSError as error:
         raise RaygeomError(f"cannot create the store lock {path}: {error.strerror or error}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise RaygeomError(f"store {root} is in use by another raygeom run ({holder}); wait for it to finish "
-                           f"or choose another --out") from None
-    try:
         command = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         command = ""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = ""
+        for _ in range(10):  # the holder writes its pid just after it takes the lock
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            if holder:
+                break
+            time.sleep(0.1)
+        os.close(fd)
+        raise RaygeomError(f"store {root} is in use by another raygeom run ({holder or 'another process'}); wait for it "
+                           f"to finish or choose another --out") from None
     os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()}: {' '.join(command.split())[:300]}".encode())
+    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(command.split())[:300]}".encode(), 0)
     _held_locks[name] = fd
 
 

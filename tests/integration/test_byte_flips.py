@@ -1,0 +1,84 @@
+"""Property: flip one random byte of one random file of a finished store, rerun, and the run either recomputes
+to the identical numbers or stops with one line (RaygeomError). Never a changed number.
+
+One tiny store is built once; each flip works on a fresh copy. RAYGEOM_FLIPS (default 50) sets the count;
+the seed is fixed so a failure names a reproducible (file, offset, bit).
+"""
+
+import math
+import os
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from raygeom.engine.pipeline import run_pga_job
+from raygeom.errors import RaygeomError
+from raygeom.jobspec import JobSpec, ModelEntry
+from raygeom.params import PGAParams
+from raygeom.replica.extract import ExtractionSettings
+
+pytestmark = pytest.mark.integration
+FLIPS = int(os.environ.get("RAYGEOM_FLIPS", "50"))
+NUMBERS = ("rho_readout", "null_mean", "null_std", "z")
+
+
+def job(out, corpus) -> JobSpec:
+    # embed is degenerate here (every text ends in '.'): it is reported each run and never stored.
+    return JobSpec(name="flips", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),), corpus=str(corpus),
+                   n_samples=16, layers="0,2,-1", extraction=ExtractionSettings(seq_len=16, batch_size=16),
+                   pga=PGAParams(k=8, n_null=4, null_chunks=1))
+
+
+def numbers(rows) -> dict:
+    def same(value):
+        return "nan" if isinstance(value, float) and math.isnan(value) else value
+
+    return {(r["model"], r["revision"], r["layer"]): tuple(same(r[name]) for name in NUMBERS) + (r["n"], r["k"]) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def pristine(hub_cache, ray_local, tmp_path_factory):
+    from raygeom.testing import TINY_TEXT
+
+    root = tmp_path_factory.mktemp("flips")
+    corpus = root / "corpus.txt"
+    sentences = [s.strip() + " ." for s in TINY_TEXT.split(" . ") if s.strip()]
+    corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]}" for i in range(30)) + "\n")
+    outputs = run_pga_job(job(root / "store", corpus), Console(quiet=True))
+    reference = numbers(outputs.rows)
+    assert sum(1 for r in outputs.rows if not r["note"]) >= 2, outputs.rows  # real numbers to protect
+    return root / "store", corpus, reference
+
+
+def test_random_byte_flips_never_change_a_number(pristine, tmp_path):
+    store, corpus, reference = pristine
+    files = sorted(p.relative_to(store) for p in store.rglob("*") if p.is_file() and p.stat().st_size > 0)
+    rng = np.random.default_rng(20261130)
+    outcomes = {"recomputed": 0, "refused": 0}
+    work = tmp_path / "work"
+    for flip in range(FLIPS):
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(store, work)
+        target = work / files[int(rng.integers(len(files)))]
+        data = bytearray(target.read_bytes())
+        offset, bit = int(rng.integers(len(data))), int(rng.integers(8))
+        data[offset] ^= 1 << bit
+        target.write_bytes(bytes(data))
+        where = f"flip {flip}: {target.relative_to(work)} byte {offset} bit {bit}"
+        try:
+            outputs = run_pga_job(job(work, corpus), Console(quiet=True))
+        except RaygeomError as error:
+            assert "\n" not in str(error), where
+            outcomes["refused"] += 1
+            continue
+        assert numbers(outputs.rows) == reference, where
+        assert numbers(pq.read_table(outputs.table).to_pylist()) == reference, where
+        stored = [row for path in (work / "results" / "pga").glob("*.parquet") for row in pq.read_table(path).to_pylist()]
+        assert all(numbers([row]).items() <= reference.items() for row in stored), where
+        assert not any(isinstance(row["z"], float) and math.isnan(row["z"]) for row in stored), where
+        outcomes["recomputed"] += 1
+    assert sum(outcomes.values()) == FLIPS
+    print(f"{FLIPS} flips: {outcomes}")
