@@ -49,6 +49,8 @@ class PGAParams:
         """Refuse, before any extraction, sizes that can only give NaN: CCR removing every direction the
         N samples span, or a readout subspace the store cannot hold."""
         of = f" for {what}" if what else ""
+        if n < 3:
+            raise RaygeomError(f"n-samples must be at least 3 (pairwise geometry needs 3 points), got {n}")
         span = n - 1 if d is None else min(n - 1, d)
         if self.r >= span:
             raise RaygeomError(f"--ccr {self.r} removes every direction that N={n} samples" + (f" in d={d}" if d else "")

@@ -61,7 +61,7 @@ def test_errors_found_by_the_ray_workers(hub_cache, tiny_corpus, tmp_path, args,
 
 def test_nan_activations(nan_model, tiny_corpus, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1")
+    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--k", "8", "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1")
     assert_clean_failure(result, "produced NaN or inf activations", out)
     assert not list(out.glob("activations/**/_COMPLETE.json"))
 
@@ -113,7 +113,7 @@ def test_sigterm_stops_the_local_ray_it_started(hub_cache, tiny_corpus, tmp_path
     import psutil
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--n-null", "200", "--corpus", tiny_corpus,
+    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--k", "8", "--n-null", "200", "--corpus", tiny_corpus,
                                 "--out", tmp_path / "out", "--num-cpus", "1"], env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     parent = psutil.Process(process.pid)
