@@ -400,7 +400,16 @@ class Store:
         self._write(pa.Table.from_pylist(rows), self.result_path(metric, key))
 
     def read_results(self, metric: str, keys: Iterable[str] | None = None) -> pa.Table:
+        """The rows of the named units (a damaged one raises :class:`CorruptFile`), or with ``keys=None`` of
+        every intact unit: a damaged unit is not done, so it is left out until it is recomputed."""
         directory = self.root / "results" / encode_segment(metric)
-        paths = sorted(directory.glob("*.parquet")) if keys is None else [self.result_path(metric, k) for k in keys]
-        tables = [read_table(p) for p in paths if p.is_file()]
+        if keys is None:
+            tables = []
+            for path in sorted(directory.glob("*.parquet")):
+                try:
+                    tables.append(read_table(path))
+                except RaygeomError:
+                    continue
+        else:
+            tables = [read_table(p) for p in (self.result_path(metric, k) for k in keys) if p.is_file()]
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})

@@ -133,7 +133,7 @@ def test_a_revision_for_a_model_without_revisions_is_refused(tmp_path, tiny_corp
 @pytest.mark.parametrize("args, fragments", [
     (["--layers", "10:5"], ["10:5", "selects no layer"]),
     (["--layers", "-1:-3"], ["selects no layer"]),
-    (["--layers", "7:9"], ["picks none of this model's 5 layers"]),
+    (["--layers", "7:9"], ["layer '7:9' not found"]),
     (["--num-cpus", "0"], ["--num-cpus must be at least 1"]),
     (["--num-cpus", "-2"], ["--num-cpus must be at least 1"]),
     (["--ccr", "40", "--n-samples", "40"], ["--ccr 40", "N=40"]),

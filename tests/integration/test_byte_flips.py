@@ -28,7 +28,7 @@ NUMBERS = ("rho_readout", "null_mean", "null_std", "z")
 def job(out, corpus) -> JobSpec:
     # embed is degenerate here (every text ends in '.'): it is reported each run and never stored.
     return JobSpec(name="flips", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),), corpus=str(corpus),
-                   n_samples=16, layers="0,2,-1", extraction=ExtractionSettings(seq_len=16, batch_size=16),
+                   n_samples=16, layers="embed,0,final_norm", extraction=ExtractionSettings(seq_len=16, batch_size=16),
                    pga=PGAParams(k=8, n_null=4, null_chunks=1))
 
 

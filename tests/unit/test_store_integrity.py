@@ -123,6 +123,8 @@ def test_unit_results_verify_and_a_damaged_unit_is_not_done(tmp_path):
     assert not store.has_result("pga", "abc")
     with pytest.raises(CorruptFile):
         store.read_results("pga", ["abc"])
+    store.write_result("pga", "def", {"z": 1.5, "layer": "final_norm"})
+    assert store.read_results("pga").to_pylist() == [{"z": 1.5, "layer": "final_norm"}]  # the damaged unit is left out
     store.write_result("pga", "abc", {"z": 4.327277, "layer": "embed"})  # recomputed
     assert store.has_result("pga", "abc")
     checksum_path(store.result_path("pga", "abc")).unlink()  # no recorded hash: cannot be trusted
