@@ -31,9 +31,13 @@ class PGAParams:
     n_null_auto: bool = False
     z_half_width: float = 0.25
     n_null_cap: int = 1000
+    # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
+    text_halves: int = 10
 
     def __post_init__(self):
         check_types(self)
+        if self.text_halves == 1 or self.text_halves < 0:
+            raise RaygeomError(f"text-halves must be 0 (no interval over texts) or at least 2, got {self.text_halves}")
         if self.n_null_auto and not (self.z_half_width > 0 and self.n_null_cap >= self.n_null):
             raise RaygeomError(f"--n-null auto needs a positive half-width target and a cap of at least {self.n_null} nulls")
         if self.k <= 0:

@@ -14,16 +14,16 @@ from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, More, Step, Unit
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics import pga
-from raygeom.numerics.uncertainty import z_uncertainty
+from raygeom.numerics.uncertainty import half_sample_spread, normal_interval, z_uncertainty
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
-PGA_VERSION = 1
+PGA_VERSION = 2  # 2: rows carry z's uncertainty and the interval over texts
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
     null = ("auto", params.n_null, params.z_half_width, params.n_null_cap) if params.n_null_auto else params.n_null
-    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed)
+    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves)
 
 
 def read_keyed_layer(root: str, model: str, revision: str, layer: str, extraction_key: str) -> np.ndarray:
@@ -47,6 +47,26 @@ def null_step(prepared, k: int, seed: int, indices: list[int], device: str | Non
     layer, _ = prepared
     start = time.perf_counter()
     return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
+
+
+def texts_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, basis: np.ndarray, k: int,
+               seed: int, halves: int, device: str | None) -> dict:
+    start = time.perf_counter()
+    try:
+        spread = half_sample_spread(read_keyed_layer(root, model, revision, layer, extraction_key), basis, r, k, seed,
+                                    n_half=halves, device=device)
+    except InputError:
+        spread = {"rho_texts_se": float("nan"), "margin_texts_se": float("nan"), "n_half_samples": 0}
+    return {**spread, "seconds": time.perf_counter() - start}
+
+
+def texts_columns(rho: float, margin: float, spread: dict | None) -> dict:
+    if spread is None:
+        return {}
+    rho_lo, rho_hi = normal_interval(rho, spread["rho_texts_se"])
+    margin_lo, margin_hi = normal_interval(margin, spread["margin_texts_se"])
+    return {"rho_texts_lo": rho_lo, "rho_texts_hi": rho_hi, "margin_texts_lo": margin_lo, "margin_texts_hi": margin_hi,
+            "n_half_samples": spread["n_half_samples"]}
 
 
 def null_chunks(params: PGAParams, start: int = 0, stop: int | None = None) -> list[list[int]]:
@@ -113,6 +133,10 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
 
         def finish(values, layer=layer, key=key):
             (rho, seconds), *null_parts = values
+            spread = None
+            if params.text_halves:  # the texts part sits after the first block's null chunks
+                spread = null_parts.pop(len(chunks))
+                seconds += spread["seconds"]
             nulls = np.concatenate([part[0] for part in null_parts])
             if not np.isfinite(rho) or not np.isfinite(nulls).all() or float(np.std(nulls)) == 0.0:
                 raise InputError(f"distances are constant after CCR-{params.r} or the nulls have no spread, "
@@ -121,7 +145,8 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
             if extra:
                 return More(tuple(Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in extra))
             result = row(model, revision, layer, info, params, rho, nulls)
-            result.update(unit_key=key, cpu_seconds=seconds + sum(part[1] for part in null_parts))
+            result.update(texts_columns(rho, rho - result["null_mean"], spread), unit_key=key,
+                          cpu_seconds=seconds + sum(part[1] for part in null_parts))
             return result
 
         def degenerate(reason: str, layer=layer, key=key) -> dict:
@@ -132,12 +157,14 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
             analysis="pga", key=key, label=f"{model}@{revision} {layer}",
             prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"]))],
             parts=[Step(readout_step, (PREPARED, basis, device), options)]
-                  + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks],
+                  + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
+                  + ([Step(texts_step, (root, model, revision, layer, params.r, info["key"], basis, params.k, params.seed,
+                                        params.text_halves, device), options)] if params.text_halves else []),
             finish=finish, degenerate=degenerate))
     return out
 
 
 def progress_units(n_layers: int, params: PGAParams) -> int:
     """What the engine's progress counts for ``n_layers`` PGA units."""
-    return n_layers * (len(null_chunks(params)) + 2)
+    return n_layers * (len(null_chunks(params)) + 2 + (1 if params.text_halves else 0))
 

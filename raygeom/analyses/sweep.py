@@ -372,7 +372,8 @@ TIDY_SCHEMA = pa.schema([
     ("k", pa.int64()), ("r", pa.int64()), ("n_null", pa.int64()), ("seed", pa.int64()), ("raygeom_version", pa.string()),
     ("rho_readout", pa.float64()), ("null_mean", pa.float64()), ("null_std", pa.float64()), ("z", pa.float64()),
     ("z_se", pa.float64()), ("z_lo", pa.float64()), ("z_hi", pa.float64()), ("p_upper", pa.float64()),
-    ("p_lower", pa.float64()), ("z_texts_lo", pa.float64()), ("z_texts_hi", pa.float64()),
+    ("p_lower", pa.float64()), ("rho_texts_lo", pa.float64()), ("rho_texts_hi", pa.float64()),
+    ("margin_texts_lo", pa.float64()), ("margin_texts_hi", pa.float64()),
     ("fingerprint", pa.string()), ("weights_flag", pa.string()), ("known_bad_note", pa.string()), ("unit_key", pa.string())])
 TIDY_COLUMNS = tuple(TIDY_SCHEMA.names)
 

@@ -43,3 +43,35 @@ def z_uncertainty(rho: float, nulls, seed: int = 0, n_boot: int = N_BOOT, level:
 def z_delta_se(z: float, n: int) -> float:
     """The delta-method standard error of z from n Gaussian null draws: sqrt((1 + z^2 / 2) / n)."""
     return float(np.sqrt((1.0 + z * z / 2.0) / n))
+
+
+def half_sample_spread(h, basis, r: int, k: int, seed: int = 0, n_half: int = 10, n_null: int = 10,
+                       device: str | None = None) -> dict[str, float]:
+    """Standard errors over texts of the readout rho and of the PGA margin (rho - mean of nulls), by the
+    delete-d jackknife with d = N/2: ``n_half`` seeded subsets of half the texts (drawn without
+    replacement, so a duplicated text never meets itself), each scored with the readout basis and
+    ``n_null`` nulls. With d = N/2 the jackknife variance factor (N - d) / d is 1: the standard error of
+    the full-sample statistic is the standard deviation of the half-sample values."""
+    from raygeom.numerics import pga
+
+    h = np.asarray(h)
+    n = h.shape[0]
+    m = n // 2
+    if n_half < 2 or m < pga.MIN_SAMPLES or r >= min(m, h.shape[1]):
+        raise InputError(f"N={n} texts are too few for {n_half} half-samples with CCR-{r}")
+    rng = np.random.default_rng([int(seed), 0x7E47])
+    rhos, margins = [], []
+    for _ in range(n_half):
+        layer = pga.prepare_layer(h[np.sort(rng.choice(n, size=m, replace=False))], r)
+        rho = pga.subspace_rho(layer, basis[:, :k], device)
+        rhos.append(rho)
+        margins.append(rho - float(np.mean(pga.null_rhos(layer, k, seed, range(n_null), device))))
+    return {"rho_texts_se": float(np.std(rhos, ddof=1)), "margin_texts_se": float(np.std(margins, ddof=1)),
+            "n_half_samples": n_half}
+
+
+def normal_interval(value: float, se: float, level: float = 0.95) -> tuple[float, float]:
+    from scipy.stats import norm
+
+    half = float(norm.ppf(0.5 + level / 2)) * se
+    return value - half, value + half

@@ -194,6 +194,8 @@ def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_change
         assert row["n_null"] % 100 == 0 and 100 <= row["n_null"] <= 400
         assert row["z_half_width"] <= 0.15 or row["n_null"] == 400
         assert row["z_lo"] < row["z"] < row["z_hi"] and 0 < row["p_upper"] <= 1
+        assert row["rho_texts_lo"] < row["rho_readout"] < row["rho_texts_hi"] and row["n_half_samples"] == 10
+        assert row["margin_texts_lo"] < row["rho_readout"] - row["null_mean"] < row["margin_texts_hi"]
     assert max(row["n_null"] for row in runs[0]) > 100  # the target took more than the first block
     for other in runs[1:]:
         assert [(r["n_null"], r["z"], r["z_lo"], r["z_hi"]) for r in other] == [

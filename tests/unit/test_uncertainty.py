@@ -45,3 +45,26 @@ def test_same_seed_same_numbers_and_degenerate_nulls_are_refused():
         z_uncertainty(1.0, np.full(10, 0.2))
     with pytest.raises(InputError):
         z_uncertainty(1.0, [0.1])
+
+
+def test_half_sample_spread_matches_the_spread_of_rho_over_independent_samples_of_texts():
+    """Planted geometry: texts drawn from one Gaussian population; the delete-half jackknife se of rho on one
+    sample of N texts should be close to the true sd of rho across independent samples of N texts."""
+    from raygeom.numerics import pga
+    from raygeom.numerics.uncertainty import half_sample_spread
+
+    d, k, n = 24, 6, 60
+    rng = np.random.default_rng(0)
+    mixing = rng.normal(size=(d, d)) * np.linspace(2.0, 0.2, d)
+    basis = np.linalg.qr(rng.normal(size=(d, k)))[0]
+    rhos = []
+    for t in range(12):
+        h = np.random.default_rng([1, t]).normal(size=(n, d)) @ mixing
+        rhos.append(pga.subspace_rho(pga.prepare_layer(h, 1), basis))
+    true_sd = np.std(rhos, ddof=1)
+    h = np.random.default_rng([1, 99]).normal(size=(n, d)) @ mixing
+    spread = half_sample_spread(h, basis, r=1, k=k, seed=3, n_half=16, n_null=4)
+    assert 0.4 * true_sd < spread["rho_texts_se"] < 2.5 * true_sd
+    assert spread == half_sample_spread(h, basis, r=1, k=k, seed=3, n_half=16, n_null=4)  # seeded
+    duplicated = np.repeat(h[:20], 3, axis=0)  # a corpus of duplicated texts: ties, still finite
+    assert np.isfinite(half_sample_spread(duplicated, basis, r=1, k=k, seed=0, n_half=4, n_null=2)["rho_texts_se"])
