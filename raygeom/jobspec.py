@@ -91,6 +91,8 @@ class JobSpec:
                 analysis[name] = value
             else:
                 top[name] = value
+        if "layers" in top:
+            check_layer_selection(top["layers"])
         return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis))
 
 

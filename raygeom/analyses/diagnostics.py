@@ -48,6 +48,7 @@ class DiagnosticsParams:
     probe: bool = True
     probe_test_fraction: float = 0.25
     probe_c: float = 1.0
+    n_null_auto: bool = False  # --n-null auto for every PGA unit (raygeom.params.PGAParams)
 
     def __post_init__(self):
         if self.k <= 0:
@@ -60,7 +61,8 @@ class DiagnosticsParams:
             raise RaygeomError(f"probe test fraction must lie in (0, 1), got {self.probe_test_fraction}")
 
     def pga(self, r: int) -> PGAParams:
-        return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks)
+        return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks,
+                         n_null_auto=self.n_null_auto)
 
 
 def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None) -> list[dict]:
@@ -238,6 +240,8 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
         target = merged.get((row["model"], row["revision"], row["layer"]))
         if target is not None:
             target[f"z_ccr{row['r']}"] = row["z"]
+            target[f"z_half_width_ccr{row['r']}"] = row.get("z_half_width")
+            target[f"n_null_ccr{row['r']}"] = row.get("n_null")
             target[f"rho_readout_ccr{row['r']}"] = row["rho_readout"]
     for row in parts["sample_geometry"]:
         target = merged.get((row["model"], row["revision"], row["layer"]))

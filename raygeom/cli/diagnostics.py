@@ -227,6 +227,12 @@ def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title
     return _save(fig, path)
 
 
+def _z_cell(row: dict, rank: int) -> str:
+    """z at CCR-rank with the 95 % half-width of its Monte-Carlo interval."""
+    z, half = row.get(f"z_ccr{rank}"), row.get(f"z_half_width_ccr{rank}")
+    return _fmt(z, "+.1f") + (f" ± {half:.1f}" if half is not None and half == half else "")
+
+
 def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> str:
     from raygeom.numerics.layer_geometry import blindness_summary
 
@@ -237,12 +243,13 @@ def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> st
     for label, group in groups.items():
         group = sorted(group, key=lambda r: r["layer_index"])
         first = group[0]
-        lines += [f"### {label}  (d={first['d']}, N={first['n']}, k={first['k']}, {params.n_null} nulls, seed {params.seed})", ""]
+        nulls = "nulls: auto, z ± 95% half-width" if getattr(params, "n_null_auto", False) else f"{params.n_null} nulls, z ± 95% half-width"
+        lines += [f"### {label}  (d={first['d']}, N={first['n']}, k={first['k']}, {nulls}, seed {params.seed})", ""]
         header = (["layer", "depth"] + [f"z CCR-{r}" for r in ranks]
                   + ["RankMe", "alpha-ReQ", "cond", "isotropy", "PC1 share (k/d)", "PC1 var", "probe acc", "loss~share rho"])
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in group:
-            cells = [r["layer"], _fmt(r["relative_depth"], ".2f")] + [_fmt(r.get(f"z_ccr{c}"), "+.1f") for c in ranks] + [
+            cells = [r["layer"], _fmt(r["relative_depth"], ".2f")] + [_z_cell(r, c) for c in ranks] + [
                 _fmt(r["rankme"], ".1f"), _fmt(r["alpha_req"], ".2f"), _fmt(r["condition_number"], ".3g"),
                 _fmt(r["isotropy"], ".3g"), f"{_fmt(r['pc1_readout_share'])} ({r['pc1_readout_chance']:.3f})",
                 _fmt(r["pc1_variance_fraction"]), _fmt(r.get("probe_accuracy")), _fmt(r.get("loss_share_spearman"), "+.2f")]
@@ -293,7 +300,7 @@ def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
         for name in ["layer", *[f"z CCR-{r}" for r in ranks], "RankMe", "alpha", "isotropy", "PC1 share", "k/d", "probe"]:
             table.add_column(name, justify="left" if name == "layer" else "right")
         for r in sorted(group, key=lambda x: x["layer_index"]):
-            table.add_row(r["layer"], *[_fmt(r.get(f"z_ccr{c}"), "+.1f") for c in ranks], _fmt(r["rankme"], ".1f"),
+            table.add_row(r["layer"], *[_z_cell(r, c) for c in ranks], _fmt(r["rankme"], ".1f"),
                           _fmt(r["alpha_req"], ".2f"), _fmt(r["isotropy"], ".3g"), _fmt(r["pc1_readout_share"]),
                           _fmt(r["pc1_readout_chance"]), _fmt(r.get("probe_accuracy")))
         console.print(table)
@@ -434,7 +441,8 @@ def register(app: typer.Typer) -> None:
         layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
         k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
         ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
-        n_null: int = typer.Option(100, "--n-null"),
+        n_null: str = typer.Option("100", "--n-null", help="Nulls per PGA unit, or 'auto' (blocks of 100 until z's 95% "
+                                   "half-width is <= 0.25, at most 1000)."),
         null_chunks: int = typer.Option(4, "--null-chunks"),
         sample_ccr: int = typer.Option(1, "--sample-ccr", help="CCR rank of the per-sample readout share set beside loss."),
         probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear probes on the corpus labels."),
@@ -523,7 +531,9 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
 
     cli = _cli()
     console = cli.console
-    params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), n_null=n_null, null_chunks=null_chunks, seed=seed,
+    from raygeom.params import n_null_settings
+
+    params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), **n_null_settings(n_null), null_chunks=null_chunks, seed=seed,
                          sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
     settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
     specs = _model_entries(model, revision)

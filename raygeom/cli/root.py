@@ -98,19 +98,38 @@ def _run(job, address, num_cpus):
 def run(
     job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/laptop.toml"),
     out: Optional[Path] = OutOption,
-    n_samples: Optional[int] = typer.Option(None, "--n-samples", help="Override the job's number of texts."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Replace the job's models by this one."),
+    revision: Optional[list[str]] = typer.Option(None, "--revision", "-r", help="With --model: its revision(s)."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", "-c"),
+    n_samples: Optional[int] = typer.Option(None, "--n-samples", "-n", help="Override the job's number of texts."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    pool: Optional[str] = typer.Option(None, "--pool", help="last | mean"),
+    skip_first: Optional[bool] = typer.Option(None, "--skip-first/--keep-first"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+    layers: Optional[str] = typer.Option(None, "--layers", help=LAYERS_HELP),
+    k: Optional[int] = typer.Option(None, "--k"),
+    ccr: Optional[int] = typer.Option(None, "--ccr"),
     n_null: Optional[str] = typer.Option(None, "--n-null", help="Random subspaces in the null, or 'auto'."),
+    z_half_width: Optional[float] = typer.Option(None, "--z-half-width"),
+    n_null_cap: Optional[int] = typer.Option(None, "--n-null-cap"),
+    null_chunks: Optional[int] = typer.Option(None, "--null-chunks"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the text sample and of the nulls."),
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
 ):
-    """Run a job file: extract every model and revision, then Subspace PGA for every layer."""
-    from raygeom.jobspec import load_job
+    """Run a job file: extract every model and revision, then Subspace PGA for every layer. Every flag of
+    `raygeom pga` overrides the job's setting of the same name."""
+    from raygeom.jobspec import ModelEntry, load_job
     from raygeom.params import n_null_settings
 
     try:
-        job = load_job(job_file).with_overrides(out=str(out) if out else None, n_samples=n_samples, seq_len=seq_len,
-                                                    **n_null_settings(n_null))
+        if revision and not model:
+            raise RaygeomError("--revision needs --model (a job file names the revisions of each of its models)")
+        models = (ModelEntry(model, tuple(revision or ["main"])),) if model else None
+        job = load_job(job_file).with_overrides(
+            out=str(out) if out else None, models=models, corpus=corpus, n_samples=n_samples, sample_seed=seed,
+            layers=layers, seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size, k=k, r=ccr,
+            seed=seed, null_chunks=null_chunks, z_half_width=z_half_width, n_null_cap=n_null_cap, **n_null_settings(n_null))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))
