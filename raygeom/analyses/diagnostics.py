@@ -30,10 +30,11 @@ from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import RaygeomError
 from raygeom.numerics import layer_geometry, probe, spectral
+from raygeom.numerics.uncertainty import wilson_interval
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, content_key
 
-DIAGNOSTICS_VERSION = 1
+DIAGNOSTICS_VERSION = 2  # 2: probe rows carry the Wilson interval of accuracy
 DEFAULT_CCR_RANKS = (0, 1, 5, 10)
 
 
@@ -108,7 +109,10 @@ def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction:
     if "label" not in samples.column_names:
         raise RaygeomError("the corpus of this extraction has no labels, so there is nothing to probe")
     labels = dict(zip(samples["sample_id"].to_pylist(), samples["label"].to_pylist()))
-    return probe.linear_probe_accuracy(h, [labels[int(i)] for i in ids], test_fraction=test_fraction, seed=seed, c=c)
+    result = probe.linear_probe_accuracy(h, [labels[int(i)] for i in ids], test_fraction=test_fraction, seed=seed, c=c)
+    # Accuracy on a few dozen test texts is a coarse number: it travels with its Wilson interval.
+    low, high = wilson_interval(int(round(result["accuracy"] * result["n_test"])), result["n_test"])
+    return {**result, "accuracy_lo": low, "accuracy_hi": high}
 
 
 def _base_row(model: str, revision: str, layer: str, info: dict) -> dict:
@@ -251,5 +255,7 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
     for row in parts.get("probe", []):
         target = merged.get((row["model"], row["revision"], row["layer"]))
         if target is not None:
-            target.update({"probe_accuracy": row["accuracy"], "probe_chance": row["chance"], "probe_converged": row["converged"]})
+            target.update({"probe_accuracy": row["accuracy"], "probe_accuracy_lo": row.get("accuracy_lo"),
+                           "probe_accuracy_hi": row.get("accuracy_hi"), "probe_chance": row["chance"],
+                           "probe_converged": row["converged"]})
     return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"]))

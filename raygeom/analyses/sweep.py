@@ -561,7 +561,7 @@ def write_outputs(plan: SweepPlan, threshold: float = 0.0, positive_z: float = 2
     zones = collapse_zones(table.to_pylist(), threshold, positive_z)
     atomic_write_table(pa.Table.from_pylist(zones) if zones else pa.table({}), root / "results" / "collapse.parquet")
     outputs = {"table": root / "results" / "sweep_pga.parquet", "collapse": root / "results" / "collapse.parquet",
-               "zones": zones, "report": report, "rows": table.num_rows, "plots": []}
+               "zones": zones, "report": report, "rows": table.num_rows, "table_rows": table.to_pylist(), "plots": []}
     if plots and table.num_rows:
         outputs["plots"] = plot_heatmaps(table, root / "plots" / "heatmaps") + plot_depth_profiles(table, root / "plots" / "by_revision")
     return outputs

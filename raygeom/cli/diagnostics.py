@@ -233,6 +233,11 @@ def _z_cell(row: dict, rank: int) -> str:
     return _fmt(z, "+.1f") + (f" ± {half:.1f}" if half is not None and half == half else "")
 
 
+def _probe_cell(row: dict) -> str:
+    low, high = row.get("probe_accuracy_lo"), row.get("probe_accuracy_hi")
+    return _fmt(row.get("probe_accuracy")) + (f" ({low:.2f}-{high:.2f})" if low is not None else "")
+
+
 def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> str:
     from raygeom.numerics.layer_geometry import blindness_summary
 
@@ -252,7 +257,7 @@ def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> st
             cells = [r["layer"], _fmt(r["relative_depth"], ".2f")] + [_z_cell(r, c) for c in ranks] + [
                 _fmt(r["rankme"], ".1f"), _fmt(r["alpha_req"], ".2f"), _fmt(r["condition_number"], ".3g"),
                 _fmt(r["isotropy"], ".3g"), f"{_fmt(r['pc1_readout_share'])} ({r['pc1_readout_chance']:.3f})",
-                _fmt(r["pc1_variance_fraction"]), _fmt(r.get("probe_accuracy")), _fmt(r.get("loss_share_spearman"), "+.2f")]
+                _fmt(r["pc1_variance_fraction"]), _probe_cell(r), _fmt(r.get("loss_share_spearman"), "+.2f")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += ["CCR restoration (layers with z > 2 and z < -2, out of "
@@ -395,11 +400,15 @@ def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
         groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
     for label, group in sorted(groups.items()):
         group = sorted(group, key=lambda r: r["layer_index"])
-        line = ax.plot([g["relative_depth"] for g in group], [g["accuracy"] for g in group], marker="o", ms=3, label=label)[0]
+        depth = [g["relative_depth"] for g in group]
+        line = ax.plot(depth, [g["accuracy"] for g in group], marker="o", ms=3, label=label)[0]
+        if all(g.get("accuracy_lo") is not None for g in group):
+            ax.fill_between(depth, [g["accuracy_lo"] for g in group], [g["accuracy_hi"] for g in group],
+                            color=line.get_color(), alpha=0.2, lw=0)
         ax.plot([g["relative_depth"] for g in group], [g["chance"] for g in group], ls=":", color=line.get_color(), lw=1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("relative depth")
-    ax.set_ylabel("test accuracy (dotted: majority class)")
+    ax.set_ylabel("test accuracy (band: 95% Wilson; dotted: majority)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -636,10 +645,11 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
     results, plots = store.root / "results", store.root / "plots"
     written = [write_rows(rows, results / "probe.parquet"), plot_probes(rows, plots / "probe_accuracy.png", "Linear probe accuracy by depth")]
     table = Table(title="Linear probes", title_justify="left")
-    for name in ("model", "layer", "accuracy", "chance", "n_train", "n_test", "converged"):
+    for name in ("model", "layer", "accuracy", "95% Wilson", "chance", "n_train", "n_test", "converged"):
         table.add_column(name)
     for r in rows:
-        table.add_row(f"{r['model']}@{r['revision']}", r["layer"], f"{r['accuracy']:.3f}", f"{r['chance']:.3f}",
+        table.add_row(f"{r['model']}@{r['revision']}", r["layer"], f"{r['accuracy']:.3f}",
+                      f"{r['accuracy_lo']:.2f}-{r['accuracy_hi']:.2f}", f"{r['chance']:.3f}",
                       str(r["n_train"]), str(r["n_test"]), str(r["converged"]))
     console.print(table)
     _copy_reports(written, report)

@@ -134,6 +134,9 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     report = outputs["report"]
     for model, revision, flag in report.flagged:
         console.print(f"[yellow]weights flag[/] {escape(f'{model}@{revision}: {flag}')}", highlight=False)
+    from raygeom.report.figures import sweep_table
+
+    console.print(sweep_table(outputs["table_rows"], outputs["zones"]))
     collapsed = [z for z in outputs["zones"] if z["collapsed"]]
     console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
     console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"

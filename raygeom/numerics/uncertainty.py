@@ -75,3 +75,19 @@ def normal_interval(value: float, se: float, level: float = 0.95) -> tuple[float
 
     half = float(norm.ppf(0.5 + level / 2)) * se
     return value - half, value + half
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion (e.g. probe accuracy on n test texts)."""
+    from scipy.stats import norm
+
+    if n <= 0 or not 0 <= successes <= n:
+        raise InputError(f"need 0 <= successes <= n and n > 0, got {successes} of {n}")
+    z = float(norm.ppf(0.5 + level / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # At 0 or n successes the exact bound is 0 or 1; the formula reaches it only up to rounding.
+    low = 0.0 if successes == 0 else float(max(0.0, centre - half))
+    high = 1.0 if successes == n else float(min(1.0, centre + half))
+    return low, high

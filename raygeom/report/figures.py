@@ -34,6 +34,36 @@ def pga_table(rows: list[dict], title: str) -> Table:
     return table
 
 
+def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
+    """One line per (model, revision) of a sweep: where z peaks and dips, with intervals, and the collapse verdict."""
+    from rich.markup import escape
+
+    collapsed = {(z["model"], z["revision"]): z["collapsed"] for z in zones}
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row.get("z") is not None and row["z"] == row["z"]:
+            groups.setdefault((row["model"], row["revision"]), []).append(row)
+    table = Table(title=f"Subspace PGA over the sweep ({len(groups)} model revisions)", title_justify="left")
+    for name in ("model", "revision", "step", "layers", "max z ± 95%", "at", "min z ± 95%", "at", "collapse zone"):
+        table.add_column(name, justify="left" if name in ("model", "revision", "at") else "right")
+
+    def cell(row: dict) -> str:
+        interval = _interval(row)
+        return f"{row['z']:+.2f}" + (f" ± {(interval[1] - interval[0]) / 2:.2f}" if interval else "")
+
+    keys = list(groups)
+    shown = keys if len(keys) <= limit else [keys[round(i * (len(keys) - 1) / (limit - 1))] for i in range(limit)]
+    for key in shown:
+        group = groups[key]
+        high, low = max(group, key=lambda r: r["z"]), min(group, key=lambda r: r["z"])
+        step = group[0].get("step")
+        table.add_row(escape(key[0]), escape(key[1]), "" if step is None else str(step), str(len(group)), cell(high),
+                      high["layer"], cell(low), low["layer"], "yes" if collapsed.get(key) else "")
+    if len(shown) < len(keys):
+        table.caption = f"{len(shown)} of {len(keys)} revisions shown, evenly spaced; all are in the tidy table"
+    return table
+
+
 def print_pga(console: Console, rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:

@@ -161,9 +161,12 @@ def test_rerun_recomputes_nothing(swept):
     root, job_file, _ = swept
     files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted((root / "out" / "activations").rglob("_COMPLETE.json"))
     before = {p: p.stat().st_mtime_ns for p in files}
-    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
+    console = Console(record=True, width=200)
+    outputs = run_sweep_job(load_job(job_file), console)
     assert outputs.computed_units == 0 and outputs.rows == UNITS
     assert {p: p.stat().st_mtime_ns for p in files} == before
+    printed = console.export_text()
+    assert "Subspace PGA over the sweep" in printed and "max z ± 95%" in printed  # a sweep prints its z table
 
 
 def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):

@@ -68,3 +68,28 @@ def test_half_sample_spread_matches_the_spread_of_rho_over_independent_samples_o
     assert spread == half_sample_spread(h, basis, r=1, k=k, seed=3, n_half=16, n_null=4)  # seeded
     duplicated = np.repeat(h[:20], 3, axis=0)  # a corpus of duplicated texts: ties, still finite
     assert np.isfinite(half_sample_spread(duplicated, basis, r=1, k=k, seed=0, n_half=4, n_null=2)["rho_texts_se"])
+
+
+@pytest.mark.parametrize("successes,n", [(0, 25), (13, 25), (25, 25), (230, 400)])
+def test_wilson_interval_matches_statsmodels_formula_and_covers(successes, n):
+    from raygeom.numerics.uncertainty import wilson_interval
+
+    z = 1.959963984540054
+    p = successes / n
+    # Wilson (1927): (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), written out independently
+    denominator = 1 + z ** 2 / n
+    centre = p + z ** 2 / (2 * n)
+    spread = z * np.sqrt(p * (1 - p) / n + z ** 2 / (4 * n ** 2))
+    low, high = wilson_interval(successes, n)
+    assert low == pytest.approx(max(0.0, (centre - spread) / denominator), abs=1e-12)
+    assert high == pytest.approx(min(1.0, (centre + spread) / denominator), abs=1e-12)
+    assert low <= p <= high
+
+
+def test_wilson_interval_covers_the_true_accuracy_about_95_percent_of_the_time():
+    from raygeom.numerics.uncertainty import wilson_interval
+
+    rng = np.random.default_rng(0)
+    hits = [wilson_interval(int(rng.binomial(40, 0.7)), 40) for _ in range(2000)]
+    coverage = np.mean([low <= 0.7 <= high for low, high in hits])
+    assert 0.92 <= coverage <= 0.98
