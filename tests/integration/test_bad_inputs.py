@@ -226,3 +226,78 @@ def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, tiny_cor
     assert (out / "results" / "pga.parquet").is_file()
     assert_one_line(run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
                     "unknown model 'org[/red]x/name'")
+
+
+def test_ctrl_c_while_connecting_ends_the_run_at_once(tiny_corpus, tmp_path):
+    import signal
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), RAYGEOM_CONNECT_TIMEOUT="300")
+        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--n-samples", "12", "--corpus",
+                                    tiny_corpus, "--out", tmp_path / "out", "--address", f"127.0.0.1:{silent.getsockname()[1]}"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        silent.settimeout(180)
+        connection, _ = silent.accept()  # the CLI reached the connect stage
+        time.sleep(1.0)
+        sent = time.time()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        connection.close()
+    assert time.time() - sent < 30
+    assert process.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and "interrupted" in stderr
+
+
+FULL_DISK = """
+import errno, os, sys
+import raygeom.store.tree as tree
+
+real_fdopen = os.fdopen
+
+class Full:
+    def __init__(self, handle):
+        self.handle = handle
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.handle.close()
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+def fdopen(fd, mode="r", *args, **kwargs):
+    handle = real_fdopen(fd, mode, *args, **kwargs)
+    return Full(handle) if "/results/" in os.readlink(f"/proc/self/fd/{fd}") else handle
+
+tree.os.fdopen = fdopen
+from raygeom.cli.root import main
+sys.argv = ["raygeom", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_result(hub_cache, tiny_corpus, tmp_path):
+    out = tmp_path / "out"
+    args = ["pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    full = subprocess.run([sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
+    assert_one_line(full, "the disk is full")
+    results = out / "results"
+    assert not [p for p in results.rglob("*") if p.is_file()] if results.exists() else True  # no unit, no temporary
+    again = run_cli(*args)  # space freed: the rerun finishes, resuming the stored extraction
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(list((results / "pga").glob("*.parquet"))) == 2
+
+
+def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, tiny_corpus, tmp_path):
+    """Every text ends in ' .', so at the embedding the last-token vectors are identical: no geometry."""
+    out = tmp_path / "out"
+    result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "embed,0", "--corpus", tiny_corpus, "--out", out,
+                     "--num-cpus", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("not scored") and " embed: " in lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "Unhandled error" not in result.stderr
+    stored = [row for path in (out / "results" / "pga").glob("*.parquet") for row in pq.read_table(path).to_pylist()]
+    assert [row["layer"] for row in stored] == ["block_00"]
