@@ -216,6 +216,10 @@ def main() -> None:
     except KeyboardInterrupt:
         errors.print("interrupted; finished units are kept, rerun to resume")
         sys.exit(130)
+    except SystemExit as done:
+        if done.code == 130:  # typer turns Ctrl-C into a silent exit 130
+            errors.print("interrupted; finished units are kept, rerun to resume")
+        raise
     except RaygeomError as error:  # a command that let one through still gets one line
         errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -70,24 +70,34 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
 def _probe(address: str, timeout_s: float) -> None:
-    """A TCP connect to host:port first: a closed port or a dead host fails in seconds, not in minutes of retries."""
+    """Before ray.init (whose retries run for minutes, logging to stderr): the port must accept a TCP
+    connection and answer an HTTP/2 preface with a SETTINGS frame, as Ray's gRPC servers (GCS, client
+    server) do. A closed port, a dead host or a server that never answers fails here, in seconds."""
     import socket
 
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         return  # 'auto' and the like: Ray resolves it and fails fast by itself
+    wait = min(timeout_s, 10.0)
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=min(timeout_s, 10.0)):
-            pass
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=wait) as connection:
+            connection.sendall(HTTP2_PREFACE)
+            answer = connection.recv(9)
+    except socket.timeout:
+        raise RaygeomError(f"could not connect to Ray at {address} within {wait:g} s: the port accepted a connection "
+                           "but nothing answered as a Ray (gRPC) server") from None
     except OSError as error:
         raise RaygeomError(f"cannot reach Ray at {address}: {error.strerror or _first_line(error)}") from None
+    if len(answer) < 4 or answer[3] != 4:
+        raise RaygeomError(f"no Ray cluster at {address}: the port answered, but not as a Ray (gRPC) server")
 
 
 def _connect(address: str, timeout_s: float) -> None:
-    import sys
-
     _probe(address, timeout_s)
     outcome: dict = {}
 
@@ -98,25 +108,12 @@ def _connect(address: str, timeout_s: float) -> None:
         except BaseException as error:  # noqa: BLE001 - reported below as one line
             outcome["error"] = error
 
-    # Ray's C++ client logs every failed retry to fd 2 and blocks signals while it retries; it runs on a
-    # thread with fd 2 parked, so the main thread keeps Ctrl-C and the deadline, and stderr stays one line.
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
+    # ray.init blocks signals while it retries; on a thread, the main thread keeps Ctrl-C and the deadline.
     thread = threading.Thread(target=connect, name="ray-connect", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
-    try:
-        while thread.is_alive() and time.monotonic() < deadline:
-            thread.join(0.1)
-    finally:
-        if thread.is_alive():
-            # The stuck thread keeps writing to fd 2; our own messages go to the saved stderr instead.
-            sys.stderr = os.fdopen(saved, "w", buffering=1)
-        else:
-            os.dup2(saved, 2)
-            os.close(saved)
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.1)
     if thread.is_alive():
         raise RaygeomError(f"could not connect to Ray at {address} within {timeout_s:g} s "
                            f"(set ${CONNECT_TIMEOUT_ENV} to wait longer)")

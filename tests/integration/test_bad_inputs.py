@@ -245,7 +245,7 @@ def test_ctrl_c_while_connecting_ends_the_run_at_once(tiny_corpus, tmp_path):
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
         connection.close()
-    assert time.time() - sent < 30
+    assert time.time() - sent < 60
     assert process.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr and "interrupted" in stderr
 
@@ -290,10 +290,12 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_result(hub_cache, tiny_co
     assert len(list((results / "pga").glob("*.parquet"))) == 2
 
 
-def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, tiny_corpus, tmp_path):
-    """Every text ends in ' .', so at the embedding the last-token vectors are identical: no geometry."""
+def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, tmp_path):
+    """Every (short) text ends in ' .', so at the embedding the last-token vectors are identical: no geometry."""
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("\n".join(f"the team won {i} games ." for i in range(20)) + "\n")
     out = tmp_path / "out"
-    result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "embed,0", "--corpus", tiny_corpus, "--out", out,
+    result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "embed,0", "--corpus", corpus, "--out", out,
                      "--num-cpus", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
