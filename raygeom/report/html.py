@@ -55,12 +55,20 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 # ----------------------------------------------------------------------------------- reading
 
+# Files a report could not read (corrupt, unverified, being rewritten): shown at the top of the report, never
+# silently dropped. Reset by build_sections.
+_UNREADABLE: list[tuple[Path, str]] = []
+
+
 def _read(path: Path) -> list[dict]:
     from raygeom.store.tree import read_table
 
+    if not path.is_file():
+        return []
     try:
         return read_table(path).to_pylist()
-    except RaygeomError:
+    except RaygeomError as error:
+        _UNREADABLE.append((path, str(error)))
         return []
 
 
@@ -74,8 +82,8 @@ def _read_dir(directory: Path) -> list[dict]:
     for path in paths:
         try:
             tables.append(read_table(path))
-        except RaygeomError:
-            continue  # a unit being rewritten or a damaged file: the report shows the rest
+        except RaygeomError as error:  # a unit being rewritten or a damaged file: the report shows the rest and says so
+            _UNREADABLE.append((path, str(error)))
     if not tables:
         return []
     return pa.concat_tables(tables, promote_options="permissive").to_pylist()
@@ -350,7 +358,8 @@ def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | 
                          categoryorder="array", categoryarray=revisions,
                          tickvals=[revisions[i] for i in _tick_positions(steps)])
         fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": 8})
-        fig.update_layout(legend={"orientation": "h", "y": 1.02, "x": 0.5})
+        fig.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+                          margin={"l": 60, "r": 20, "t": 70, "b": 50})
         section.figures.append(fig)
     collapse = _read(root / "results" / "collapse.parquet")
     zones = [c for c in collapse if c.get("collapsed")]
@@ -733,12 +742,13 @@ nav a { margin-right: 14px; font-size: 14px; } .figure { margin: 10px 0 18px; bo
 .scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; border: 1px solid #eee; }
 table { border-collapse: collapse; font-size: 12px; } th, td { padding: 3px 7px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th { background: #f6f6f6; position: sticky; top: 0; } td:first-child, th:first-child { text-align: left; }
-code { font-size: 12px; }
+code { font-size: 12px; } .warning { background: #fff4e5; border: 1px solid #f0b429; padding: 6px 12px; font-size: 13px; }
 """
 
 
 def build_sections(root: Path) -> list[Section]:
     root = Path(root)
+    _UNREADABLE.clear()
     pga = pga_rows(root)
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
     sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
@@ -784,6 +794,11 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
                     for p in tables)
     files += "".join(f"<li><code>{html.escape(_relative(d, root))}/</code>: {len(list(d.glob('*.parquet'))):,} unit files</li>"
                      for d in unit_dirs)
+    warning = ""
+    if _UNREADABLE:
+        items = "".join(f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>" for p, reason in _UNREADABLE[:50])
+        warning = (f"<div class='warning'><b>{len(_UNREADABLE)} file(s) in this store could not be read and are not in this "
+                   f"report:</b><ul>{items}</ul></div>")
     nav = " ".join(f"<a href='#{s.anchor}'>{html.escape(s.title.split(':')[0])}</a>" for s in sections)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -791,7 +806,7 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
             f"<script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script></head><body>"
             f"<h1>raygeom report: <code>{html.escape(str(root))}</code></h1>"
             f"<p class='note'>Written {stamp} by raygeom {__version__} with plotly {plotly.__version__}; "
-            f"{counter} figures. Works offline: everything is in this file.</p><nav>{nav} <a href='#files'>Files</a></nav>"
+            f"{counter} figures. Works offline: everything is in this file.</p>{warning}<nav>{nav} <a href='#files'>Files</a></nav>"
             + "".join(body)
             + f"<section id='files'><h2>Files</h2><p>The store's Parquet tables, which this report was built from:</p><ul>{files}</ul></section>"
             "</body></html>")
@@ -807,7 +822,9 @@ def write_report(store_root: str | Path, out: str | Path | None = None) -> Path:
 
     sections = build_sections(root)
     if not sections:
-        raise RaygeomError(f"nothing to report in {root}: no result tables under {root / 'results'} and no extractions")
+        unreadable = f"; {len(_UNREADABLE)} file(s) could not be read, e.g. {_UNREADABLE[0][1]}" if _UNREADABLE else ""
+        raise RaygeomError(f"nothing to report in {root}: no readable result tables under {root / 'results'} and no "
+                           f"extractions{unreadable}")
     page = render(sections, root, out)
     try:
         atomic_write_text(page, out)
@@ -825,4 +842,7 @@ def announce_report(store_root: str | Path, console) -> Path | None:
         console.print(f"[yellow]report: not written ({type(error).__name__}: {error})[/]", highlight=False)
         return None
     console.print(f"report:  {path}", highlight=False)
+    if _UNREADABLE:
+        console.print(f"[yellow]report: {len(_UNREADABLE)} unreadable file(s) left out, listed at the top of the report[/]",
+                      highlight=False)
     return path

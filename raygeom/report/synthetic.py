@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.sources import revisions as pythia
-from raygeom.store.tree import atomic_write_table
+from raygeom.store.tree import atomic_write_table, atomic_write_text
 
 
 def pythia_grid_rows(sizes: list[str] | None = None, revisions: list[str] | None = None, seed: int = 0,
@@ -52,7 +52,6 @@ def write_pythia_grid_store(root: str | Path, **kwargs) -> Path:
     root = Path(root)
     rows = pythia_grid_rows(**kwargs)
     atomic_write_table(pa.Table.from_pylist(rows), root / "results" / "sweep_pga.parquet")
-    (root / "sweep").mkdir(parents=True, exist_ok=True)
-    (root / "sweep" / "manifest.json").write_text('{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, '
-                                                  '"fingerprint": "synthetic"}')
+    atomic_write_text('{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, "fingerprint": "synthetic"}',
+                      root / "sweep" / "manifest.json")
     return root

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    # Wide enough that the console table's layer column shows "final_norm" whole (since z got its "± 95%" column).
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
     env.pop("HF_HUB_CACHE", None)
     result = subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), "run", str(ROOT / "jobs" / "laptop.toml"), "--out", str(out),

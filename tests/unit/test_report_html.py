@@ -166,3 +166,21 @@ def test_a_trajectory_store_gets_its_checkpoint_plots(tmp_path):
     assert list(gap_fig.data[0].y) == pytest.approx([r["gap"] for r in ranking])
     assert "spearman" in "".join(section.tables)
     report.write_report(tmp_path)
+
+
+def test_an_unreadable_table_is_named_in_the_report_not_silently_dropped(tmp_path):
+    from typer.testing import CliRunner
+
+    from raygeom.cli.root import app
+
+    root = write_pythia_grid_store(tmp_path, sizes=["14m"], revisions=REVISIONS, intervals=False)
+    damaged = root / "results" / "pga.parquet"
+    damaged.write_bytes(b"not parquet, and no checksum")
+    path = report.write_report(root)
+    assert "could not be read and are not in this report" in path.read_text() and "results/pga.parquet" in path.read_text()
+    (root / "results" / "sweep_pga.parquet").write_bytes(b"damaged too")
+    (root / "sweep" / "manifest.json").unlink()
+    with pytest.raises(RaygeomError, match="2 file\\(s\\) could not be read"):
+        report.write_report(root)
+    done = CliRunner().invoke(app, ["report", str(root)])
+    assert done.exit_code == 2 and "Traceback" not in done.output
