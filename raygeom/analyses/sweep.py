@@ -26,7 +26,7 @@ from raygeom.replica.extract import ExtractionSettings
 from raygeom.sources.models import ModelSpec
 from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
 from raygeom.params import PGAParams
-from raygeom.store.tree import Store, atomic_write_text, content_key, read_table
+from raygeom.store.tree import Store, atomic_write_text, content_key, encode_segment, read_table
 
 EXTRACTION_VERSION = 1
 READOUT_COMPONENTS = 256
@@ -546,7 +546,7 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA by depth at {revision}")
         ax.legend(fontsize=6)
         fig.tight_layout()
-        paths.append(_save(fig, directory / f"z_vs_depth_{revision}.png"))
+        paths.append(_save(fig, directory / f"z_vs_depth_{encode_segment(str(revision))}.png"))  # a revision may hold '/' or '..'
     return paths
 
 

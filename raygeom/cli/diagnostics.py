@@ -564,6 +564,8 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
             for name in parts:
                 parts[name] += result[name]
             samples += diagnostics.read_sample_rows(store, spec.slug, spec.revision, info["layers"], params.k, params.sample_ccr)
+    from raygeom.store.tree import encode_segment
+
     results, plots = store.root / "results", store.root / "plots"
     written = [write_rows(merged, results / "diagnostics_layers.parquet")]
     for name, rows in parts.items():
@@ -573,7 +575,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     for spec, _ in infos:
         rows = [r for r in merged if r["model"] == spec.slug and r["revision"] == spec.revision]
         z_rank = 1 if 1 in params.ccr_ranks else params.ccr_ranks[0]
-        written.append(plot_diagnostics(rows, plots / f"diagnostics_{spec.slug}@{spec.revision}.png",
+        written.append(plot_diagnostics(rows, plots / f"diagnostics_{encode_segment(f'{spec.slug}@{spec.revision}')}.png",
                                         f"{spec.name}@{spec.revision}: Subspace PGA z beside spectral metrics and probes", z_rank))
     written.append(plot_restoration(merged, params.ccr_ranks, plots / "ccr_restoration.png", "CCR restoration: z at CCR-r"))
     written.append(_write_text(diagnostics_markdown(merged, params.ccr_ranks, params), results / "diagnostics.md"))
