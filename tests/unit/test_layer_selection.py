@@ -52,7 +52,7 @@ def test_the_help_text_states_the_rule():
     assert "5 = block_05" in LAYERS_HELP and "embed" in LAYERS_HELP and "final_norm" in LAYERS_HELP
 
 
-@pytest.mark.parametrize("command", ["pga", "diagnose", "converge", "probe", "dispersion", "knn"])
+@pytest.mark.parametrize("command", ["run", "pga", "diagnose", "converge", "probe", "dispersion", "knn"])
 def test_every_layers_option_states_the_rule_in_its_help(command):
     from typer.testing import CliRunner
 
