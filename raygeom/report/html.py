@@ -168,8 +168,8 @@ def _visible_revisions(revisions: list[str], keep: int = VISIBLE_REVISIONS) -> s
     return {revisions[i] for i in picks}
 
 
-def _band(fig, x, lo, hi, colour: str, group: str, visible) -> None:
-    """A filled interval behind a line, in the line's legend group so one click hides both."""
+def _band(fig, x, lo, hi, colour: str, group: str, visible, **where) -> None:
+    """A filled interval behind a line, in the line's legend group so one click hides both (``where``: row/col)."""
     import plotly.graph_objects as go
 
     keep = np.isfinite(lo) & np.isfinite(hi)
@@ -178,7 +178,17 @@ def _band(fig, x, lo, hi, colour: str, group: str, visible) -> None:
     x, lo, hi = np.asarray(x)[keep], lo[keep], hi[keep]
     fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
                              line={"width": 0}, fillcolor=colour, opacity=0.18, hoverinfo="skip", showlegend=False,
-                             legendgroup=group, visible=visible))
+                             legendgroup=group, visible=visible), **where)
+
+
+def _interval(rows: list[dict], column: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lo, hi) of ``column`` where the rows carry one: ``<column>_lo``/``_hi``, or z at CCR-r ± its half-width."""
+    if any(f"{column}_lo" in r for r in rows):
+        return _num(rows, f"{column}_lo"), _num(rows, f"{column}_hi")
+    if column.startswith("z_ccr") and any(f"z_half_width_ccr{column[5:]}" in r for r in rows):
+        centre, half = _num(rows, column), _num(rows, f"z_half_width_ccr{column[5:]}")
+        return centre - half, centre + half
+    return None
 
 
 def _zero_lines(fig, levels=(-2.0, 2.0)) -> None:
@@ -408,6 +418,9 @@ def diagnostics_section(root: Path) -> Section | None:
         for i, label in enumerate(labels):
             group = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
             for p, (column, name) in enumerate(panels, start=1):
+                interval = _interval(group, column)
+                if interval is not None:
+                    _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True, row=p, col=1)
                 fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
                                          showlegend=p == 1, text=[r["layer"] for r in group],
@@ -429,9 +442,12 @@ def diagnostics_section(root: Path) -> Section | None:
                 group = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
                 for j, rank in enumerate(ranks):
                     name = f"{label} CCR-{rank}"
+                    interval = _interval(group, f"z_ccr{rank}")
+                    if interval is not None:
+                        _band(fig, _num(group, "relative_depth"), *interval, _colour(i * len(ranks) + j), name, True)
                     fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
                                              marker={"size": 4, "symbol": j}, line={"color": _colour(i * len(ranks) + j)},
-                                             name=name, text=[r["layer"] for r in group],
+                                             name=name, legendgroup=name, text=[r["layer"] for r in group],
                                              hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(name) + "</extra>"))
             _zero_lines(fig)
             section.figures.append(fig)
@@ -442,6 +458,9 @@ def diagnostics_section(root: Path) -> Section | None:
         labels = sorted({f"{r['model']}@{r['revision']}" for r in probes})
         for i, label in enumerate(labels):
             group = sorted((r for r in probes if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+            interval = _interval(group, "accuracy")
+            if interval is not None:
+                _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True)
             fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
                                      name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
                                      hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))

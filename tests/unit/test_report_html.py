@@ -184,3 +184,19 @@ def test_an_unreadable_table_is_named_in_the_report_not_silently_dropped(tmp_pat
         report.write_report(root)
     done = CliRunner().invoke(app, ["report", str(root)])
     assert done.exit_code == 2 and "Traceback" not in done.output
+
+
+def test_diagnostics_and_probes_draw_the_intervals_their_rows_carry(tmp_path):
+    rows = [{"model": "m", "revision": "main", "layer": f"L{i}", "layer_index": i, "relative_depth": i / 3, "n": 40, "k": 8,
+             "z_ccr1": 1.0 + i, "z_half_width_ccr1": 0.5, "z_ccr0": -1.0, "z_half_width_ccr0": None, "rankme": 3.0,
+             "probe_accuracy": 0.5, "probe_accuracy_lo": 0.4, "probe_accuracy_hi": 0.6} for i in range(4)]
+    probes = [{"model": "m", "revision": "main", "layer": f"L{i}", "layer_index": i, "relative_depth": i / 3, "accuracy": 0.5,
+               "accuracy_lo": 0.3, "accuracy_hi": 0.7, "chance": 0.2} for i in range(4)]
+    atomic_write_table(pa.Table.from_pylist(rows), tmp_path / "results" / "diagnostics_layers.parquet")
+    atomic_write_table(pa.Table.from_pylist(probes), tmp_path / "results" / "probe.parquet")
+    panels, restoration, probe = figures_of(tmp_path)["diagnostics"].figures
+    bands = [t for t in panels.data if t.fill == "toself"]
+    assert len(bands) == 2  # z at CCR-1 (z ± half-width) and probe accuracy (Wilson interval)
+    assert list(bands[0].y) == pytest.approx([1.5, 2.5, 3.5, 4.5, 3.5, 2.5, 1.5, 0.5])
+    assert len([t for t in restoration.data if t.fill == "toself"]) == 1  # CCR-0 has no half-width: no band
+    assert list(next(t for t in probe.data if t.fill == "toself").y) == pytest.approx([0.7] * 4 + [0.3] * 4)
