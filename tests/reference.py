@@ -70,11 +70,44 @@ def rankme_of_singular_values(s):
     return np.exp(-np.sum(p * np.log(p)))
 
 
-def alpha_req_of_singular_values(s):
-    from scipy.stats import linregress
+def rankme_garrido(h, centred=False):
+    """RankMe as Garrido et al. (2023, eq. 1) define it: singular values of the embedding matrix as given."""
+    z = np.asarray(h, dtype=np.float64)
+    if centred:
+        z = z - z.mean(axis=0)
+    return rankme_of_singular_values(np.linalg.svd(z, compute_uv=False))
 
-    s = s[s > 1e-12 * s.max()]
-    return -linregress(np.log(np.arange(1, len(s) + 1)), np.log(s**2)).slope
+
+def alpha_req_reptrix(h, fit_range=None):
+    """alpha-ReQ and R^2 as reptrix (github.com/BARL-SSL/reptrix, reptrix/alpha.py get_powerlaw and
+    reptrix/utils.py get_eigenspectrum) computes them, rewritten in numpy without torch or sklearn.
+
+    get_eigenspectrum: sklearn PCA(svd_solver="full") of the centred activations,
+    explained_variance_ratio_ = S^2 / (N-1), normalised to sum 1. get_powerlaw: y = log(eigen[trange]),
+    trange = np.arange(10, 100) then +1 (ranks 11-100), x = [-log(rank), 1], w = 1/rank,
+    b = solve(x^T (x w), (w x)^T y), alpha = b[0]. Two departures, both documented in METRICS.md:
+    the range is clamped to the eigenvalues above 1e-24 of the largest (reptrix would index past
+    the end, or take the log of a rounding-noise eigenvalue); R^2 is sklearn's r2_score over the
+    fitted ranks themselves (reptrix's fit_R2_100 starts one rank later, at 12).
+    """
+    centred = np.asarray(h, dtype=np.float64) - np.asarray(h, dtype=np.float64).mean(axis=0)
+    s = np.linalg.svd(centred, compute_uv=False)
+    variance = s**2 / (centred.shape[0] - 1)
+    eigen = variance / variance.sum()
+    positive = int(np.sum(s > 1e-12 * s[0]))
+    first, last = (11, 100) if fit_range is None else fit_range
+    last = positive if last is None else min(last, positive)
+    trange = np.arange(first - 1, last)
+    logss = np.log(np.abs(eigen))
+    y = logss[trange][:, np.newaxis]
+    trange = trange + 1
+    x = np.concatenate((-np.log(trange)[:, np.newaxis], np.ones((trange.size, 1))), axis=1)
+    w = 1.0 / trange.astype(np.float64)[:, np.newaxis]
+    b = np.linalg.solve(x.T @ (x * w), (w * x).T @ y).flatten()
+    predicted = (x @ b[:, np.newaxis]).ravel()
+    y = y.ravel()
+    r2 = 1.0 - np.sum((y - predicted) ** 2) / np.sum((y - y.mean()) ** 2)
+    return b[0], r2
 
 
 def isotropy(h):

@@ -1,8 +1,13 @@
 """Spectral diagnostics of one layer ``H`` (N x d), as ../METRICS.md defines them.
 
-Every function mean-centres ``H`` over samples first. Singular values come from
-an SVD of the centred matrix, not from its Gram matrix: squaring would lose the
-small singular values that the condition number and alpha-ReQ depend on.
+Every function mean-centres ``H`` over samples first, except RankMe, which by
+its authors' definition (Garrido et al. 2023) takes the singular values of the
+embedding matrix as given; its centred variant is an option. alpha-ReQ is
+fitted as the authors' implementation (reptrix, ``reptrix/alpha.py``) fits it:
+eigenvalues of the centred ``H``, log eigenvalue against log rank over ranks
+11-100, least squares weighted by 1/rank. Singular values come from an SVD,
+not from a Gram matrix: squaring would lose the small singular values that the
+condition number and alpha-ReQ depend on.
 """
 
 from __future__ import annotations
@@ -14,13 +19,18 @@ from raygeom.numerics.pga import MIN_SAMPLES, _check_matrix, _fix_signs, _unit_r
 
 RANKME_EPS = 1e-7
 RELATIVE_CUTOFF = 1e-12
+ALPHA_REQ_RANKS = (11, 100)  # reptrix's default fit_range np.arange(10, 100), as 1-based ranks
 
 
-def _centred(h: np.ndarray) -> np.ndarray:
+def _checked(h: np.ndarray) -> np.ndarray:
     h = _check_matrix("H", h)
     if h.shape[0] < MIN_SAMPLES:
         raise InputError(f"need at least {MIN_SAMPLES} samples, got N={h.shape[0]}")
-    h = h.astype(np.float64)
+    return h.astype(np.float64)
+
+
+def _centred(h: np.ndarray) -> np.ndarray:
+    h = _checked(h)
     centred = h - h.mean(axis=0, keepdims=True)
     if not np.any(centred):
         raise InputError("H has no variance: every sample is the same vector")
@@ -37,12 +47,28 @@ def _rankme(s: np.ndarray) -> float:
     return float(np.exp(-np.sum(p * np.log(p))))
 
 
-def _alpha_req(s: np.ndarray) -> float:
+def _alpha_req_fit(s: np.ndarray, fit_range: tuple[int, int | None] | None = None) -> dict[str, float]:
+    """Weighted least squares of ``log(s_i^2)`` on ``log(i)`` over ranks ``fit_range`` (1-based, inclusive),
+    weights ``1/i``; ranks above the last positive singular value are dropped."""
     s = _positive(s)
     if s.size < 2:
         raise InputError("alpha-ReQ needs at least 2 nonzero singular values; centred H has rank 1")
-    slope = np.polyfit(np.log(np.arange(1, s.size + 1)), np.log(s**2), 1)[0]
-    return float(-slope)
+    first, last = ALPHA_REQ_RANKS if fit_range is None else fit_range
+    last = s.size if last is None else min(int(last), s.size)
+    first = int(first)
+    if first < 1 or last - first + 1 < 2:
+        raise InputError(f"alpha-ReQ's fit range of ranks {first}-{last} holds fewer than 2 of the "
+                         f"{s.size} nonzero eigenvalues")
+    ranks = np.arange(first, last + 1, dtype=np.float64)
+    x, y, w = np.log(ranks), np.log(s[first - 1:last] ** 2), 1.0 / ranks
+    # Closed-form weighted regression: slope = weighted cov(x, y) / weighted var(x).
+    x_bar, y_bar = np.average(x, weights=w), np.average(y, weights=w)
+    slope = np.sum(w * (x - x_bar) * (y - y_bar)) / np.sum(w * (x - x_bar) ** 2)
+    residual = y - (y_bar + slope * (x - x_bar))
+    total = np.sum((y - y.mean()) ** 2)
+    r2 = 1.0 - np.sum(residual**2) / total if total > 0 else float("nan")
+    return {"alpha_req": float(-slope), "alpha_req_r2": float(r2), "alpha_req_first_rank": first,
+            "alpha_req_last_rank": last}
 
 
 def _condition_number(s: np.ndarray) -> float:
@@ -59,20 +85,36 @@ def _isotropy(centred: np.ndarray, s: np.ndarray, vt: np.ndarray) -> float:
     return float(z.min() / z.max())
 
 
-def rankme(h: np.ndarray) -> float:
-    """RankMe (Garrido et al.): ``exp(entropy(p))``, ``p = s / sum(s) + 1e-7`` over all
-    ``min(N, d)`` singular values ``s`` of the centred ``H``. Between ~1 and min(N, d)."""
-    return _rankme(np.linalg.svd(_centred(h), compute_uv=False))
+def rankme(h: np.ndarray, centred: bool = False) -> float:
+    """RankMe (Garrido et al. 2023): ``exp(entropy(p))``, ``p = s / sum(s) + 1e-7`` over all
+    ``min(N, d)`` singular values ``s`` of ``H`` as given (the embedding matrix, not centred), or of
+    the centred ``H`` with ``centred=True``. Between ~1 and min(N, d)."""
+    matrix = _centred(h) if centred else _checked(h)
+    if not centred and not np.any(matrix):
+        raise InputError("H is all zeros: it has no singular values to spread")
+    return _rankme(np.linalg.svd(matrix, compute_uv=False))
 
 
-def alpha_req(h: np.ndarray) -> float:
-    """alpha-ReQ: minus the least-squares slope of ``log(s_i^2)`` against ``log(i)``.
-
-    The fit uses the singular values above ``1e-12 * s_max``, so the exact zeros
-    that centring (or N <= d) creates do not enter it. A spectrum ``s_i^2 ~ i^-a``
-    gives ``a``.
+def alpha_req(h: np.ndarray, fit_range: tuple[int, int | None] | None = None) -> float:
+    """alpha-ReQ as its authors' implementation (reptrix) fits it: minus the slope of ``log(s_i^2)``
+    against ``log(i)`` over ranks ``i`` in 11-100, least squares weighted by ``1/i``; ``s`` are the
+    singular values of the centred ``H`` (so ``s_i^2`` are the covariance eigenvalues up to a constant,
+    which moves only the intercept). See :func:`alpha_req_fit` for the range and R^2.
     """
-    return _alpha_req(np.linalg.svd(_centred(h), compute_uv=False))
+    return alpha_req_fit(h, fit_range)["alpha_req"]
+
+
+def alpha_req_fit(h: np.ndarray, fit_range: tuple[int, int | None] | None = None) -> dict[str, float]:
+    """alpha-ReQ with its fit's R^2 and the ranks used.
+
+    ``fit_range``: ``(first, last)`` 1-based inclusive ranks, default ``(11, 100)`` as reptrix;
+    ``(1, None)`` fits the whole spectrum. Ranks beyond the last singular value above
+    ``1e-12 * s_max`` are dropped (the exact zeros that centring, or N <= d, creates), so the range
+    is clamped to what exists; fewer than 2 ranks left is an error. ``alpha_req_r2`` is the
+    (unweighted) coefficient of determination of the fitted line on ``log(s_i^2)`` over those ranks.
+    A spectrum ``s_i^2 ~ i^-a`` gives ``a`` and R^2 = 1.
+    """
+    return _alpha_req_fit(np.linalg.svd(_centred(h), compute_uv=False), fit_range)
 
 
 def condition_number(h: np.ndarray) -> float:
@@ -130,13 +172,25 @@ def pc1_readout_share(h: np.ndarray, readout_basis: np.ndarray) -> dict[str, flo
     return _pc1_readout_share(_centred(h), readout_basis)
 
 
-def spectral_summary(h: np.ndarray, readout_basis: np.ndarray | None = None) -> dict[str, float]:
-    """All spectral metrics of ``H`` from one SVD, plus the PC1 readout share when a basis is given."""
+def spectral_summary(h: np.ndarray, readout_basis: np.ndarray | None = None,
+                     alpha_fit_range: tuple[int, int | None] | None = None) -> dict[str, float]:
+    """All spectral metrics of ``H``, plus the PC1 readout share when a basis is given.
+
+    ``rankme`` is uncentred (Garrido et al.), ``rankme_centred`` its centred variant. alpha-ReQ comes
+    with its R^2 and the ranks it was fitted on; where the fit range holds fewer than 2 nonzero
+    eigenvalues (tiny N or d) it is NaN and the other metrics stand.
+    """
     centred = _centred(h)
     _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    try:
+        alpha = _alpha_req_fit(s, alpha_fit_range)
+    except InputError:
+        alpha = {"alpha_req": float("nan"), "alpha_req_r2": float("nan"), "alpha_req_first_rank": -1,
+                 "alpha_req_last_rank": -1}
     summary = {
-        "rankme": _rankme(s),
-        "alpha_req": _alpha_req(s),
+        "rankme": _rankme(np.linalg.svd(_checked(h), compute_uv=False)),
+        "rankme_centred": _rankme(s),
+        **alpha,
         "condition_number": _condition_number(s),
         "isotropy": _isotropy(centred, s, vt),
         "n": centred.shape[0],
