@@ -67,3 +67,38 @@ def write_tiny_pythia(cache: Path, repo_id: str = "EleutherAI/pythia-14m",
         (repo_dir / "refs" / revision).write_text(commit)
     (repo_dir / "raygeom-tiny.json").write_text(json.dumps({"revisions": revisions}))
     return repo_dir
+
+
+def tiny_bos_tokenizer(padding_side: str = "right"):
+    """The tiny tokenizer, but adding ``<bos>`` before every text as Gemma's and Llama's do."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    base = tiny_tokenizer()
+    inner = base.backend_tokenizer
+    inner.add_special_tokens(["<bos>"])
+    bos = inner.token_to_id("<bos>")
+    inner.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                         special_tokens=[("<bos>", bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   bos_token="<bos>", padding_side=padding_side)
+
+
+def tiny_llama(vocab_size: int, seed: int, hidden_size: int = 32, layers: int = 2):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=0, pad_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+def write_tiny_bos_model(directory: Path, padding_side: str = "left", seed: int = 3) -> Path:
+    """A tiny Llama whose tokenizer adds BOS, saved as a local model directory."""
+    tokenizer = tiny_bos_tokenizer(padding_side)
+    model = tiny_llama(len(tokenizer), seed)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return Path(directory)

@@ -1,6 +1,6 @@
 """Ray orchestration of the dispersion analyses: token-level extraction actor -> Parquet -> analyses, plots.
 
-One ``TokenWorker`` actor per (model, revision) holds the model. It cuts the
+One replica actor (``raygeom.engine.replica_actor``) per (model, revision) holds the model. It cuts the
 corpus into chunks (per domain), runs batches of chunks and, from each forward
 pass, keeps per chunk and layer the token-level dispersion, the pooled vector
 and the chunk's NLL, plus the streaming dispersion gap. Everything goes to the
@@ -14,23 +14,21 @@ this module when the cluster is local (the CLI does).
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import ray
 from scipy.stats import pearsonr, spearmanr
 
 from raygeom.report.figures import save_figure as _save
 from raygeom.sources.corpus import Corpus
 from raygeom.errors import RaygeomError
-from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
+from raygeom.sources.models import ModelSpec
 from raygeom.numerics.dispersion import (dispersion, dispersion_by_slice, kmeans_slices, perplexity_groups,
                                          rank_agreement)
-from raygeom.engine.orchestrate import select_layers
+from raygeom.analyses.sweep import select_layers
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
 DISPERSION_VERSION = 1
@@ -77,91 +75,19 @@ class AnalysisSettings:
             raise RaygeomError(f"--n-slices {self.n_slices} is more than the {n_chunks} chunks asked for; lower it")
 
 
-def _quiet() -> None:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
-@ray.remote(max_restarts=1, max_task_retries=-1)
-class TokenWorker:
-    """One model replica: chunking, token-level statistics and kNN-LM features."""
-
-    def __init__(self, spec: ModelSpec, device: str):
-        _quiet()
-        import torch
-
-        if device == "cpu":
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.spec = spec
-        self.error: RaygeomError | None = None
-        self.chunks = None
-        try:
-            self.model, self.tokenizer = load_model(spec, device=device)
-        except RaygeomError as error:
-            self.error = error
-
-    def describe(self) -> dict:
-        from raygeom.sources import model_surgery
-        from raygeom.replica.tokens import token_layer_names
-
-        if self.error is not None:
-            raise self.error
-        return {"layers": token_layer_names(self.model), "d": model_surgery.hidden_size(self.model),
-                "n_blocks": model_surgery.n_blocks(self.model), "model_type": self.model.config.model_type,
-                "vocab_size": int(self.model.get_output_embeddings().weight.shape[0]),
-                "fingerprint": weight_fingerprint(self.model)}
-
-    def make_chunks(self, texts: list[str], labels: list[str] | None, chunk_len: int, per_domain: int, seed: int) -> list[str]:
-        from raygeom.replica.tokens import make_chunks
-
-        self.chunks, domains = make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
-        return domains
-
-    def chunks_of(self, texts: list[str], chunk_len: int, n: int, seed: int) -> np.ndarray:
-        from raygeom.replica.tokens import make_chunks
-
-        return make_chunks(self.tokenizer, texts, None, chunk_len, n, seed)[0]
-
-    def statistics(self, start: int, stop: int, layers: list[str], gap_spec: str | None):
-        """Token dispersion, pooled vectors and NLL of chunks [start, stop), and this batch's gap sums."""
-        import torch
-
-        from raygeom.replica.tokens import GapAccumulator, chunk_statistics, domain_token_ids
-
-        gaps = None
-        if gap_spec:
-            if getattr(self, "_gap_ids", (None,))[0] != gap_spec:
-                self._gap_ids = (gap_spec, domain_token_ids(self.tokenizer, gap_spec))
-            gaps = {layer: GapAccumulator(self._gap_ids[1]) for layer in layers}
-        stats = chunk_statistics(self.model, torch.from_numpy(self.chunks[start:stop]), layers, gaps)
-        gap_parts = {name: (g.sums, g.diagonal, g.counts) for name, g in (gaps or {}).items()}
-        return stats.token_dispersion, stats.pooled, stats.nll, stats.n_predicted, gap_parts
-
-    def features(self, chunks: np.ndarray, layers: list[str]):
-        import torch
-
-        from raygeom.replica.tokens import token_features
-
-        return token_features(self.model, torch.from_numpy(chunks), layers)
-
-
 def start_worker(spec: ModelSpec, gpus: float | None = None):
-    from raygeom.engine.orchestrate import cluster_gpus
+    """A replica actor for token-level work (a GPU, else every CPU of a node) and its description,
+    whose ``layers`` are the token layers (every layer, then ``attn_last``)."""
+    from raygeom.engine import replica_actor
 
-    gpus = (1.0 if cluster_gpus() >= 1 else 0.0) if gpus is None else gpus
-    worker = TokenWorker.options(num_gpus=gpus, num_cpus=1).remote(spec, "cuda" if gpus > 0 else "cpu")
-    return worker, _get(worker.describe.remote())
+    worker, described = replica_actor.start(spec, gpus)
+    return worker, {**described, "layers": described["token_layers"]}
 
 
 def _get(ref):
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as error:
-        if isinstance(error.cause, RaygeomError):
-            raise RaygeomError(str(error.cause)) from None
-        raise
+    from raygeom.engine import replica_actor
+
+    return replica_actor.get(ref)
 
 
 def unit_key(spec: ModelSpec, corpus: Corpus, settings: DispersionSettings) -> str:
@@ -215,18 +141,20 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
         selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
         wanted = select_layers(described["layers"][:-1], selection)
         layers = wanted + ["attn_last"]
-        domains = _get(worker.make_chunks.remote(corpus.texts, corpus.labels, settings.chunk_len, settings.chunks_per_domain,
-                                                 settings.seed))
+        chunks, domains = _get(worker.chunks.remote(corpus.texts, corpus.labels, settings.chunk_len, settings.chunks_per_domain,
+                                                    settings.seed))
         n = len(domains)
         bounds = [(s, min(n, s + settings.batch_size)) for s in range(0, n, settings.batch_size)]
-        refs = [worker.statistics.remote(s, e, layers, settings.domain_tokens) for s, e in bounds]
+        refs = [worker.statistics.remote(chunks[s:e], layers, settings.domain_tokens) for s, e in bounds]
         results = []
         for ref, (s, e) in zip(refs, bounds):
             results.append(_get(ref))
             if progress:
                 progress(e - s)
     finally:
-        ray.kill(worker)
+        from raygeom.engine import replica_actor
+
+        replica_actor.stop(worker)
     _write_unit(paths, spec, described, layers, domains, results, key)
     return {"key": key, "layers": layers, "cached": False}
 

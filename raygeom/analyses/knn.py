@@ -2,7 +2,7 @@
 
 Stages, with Parquet between them:
 
-1. one ``TokenWorker`` actor cuts datastore text and held-out text into
+1. one replica actor (``raygeom.engine.replica_actor``) cuts datastore text and held-out text into
    chunks, runs them through the model once and writes, per candidate layer,
    the datastore keys (the representation at every position) and the held-out
    queries; shared files hold the values (next tokens), the held-out targets
@@ -243,14 +243,16 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None)
         try:
             selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
-            from raygeom.engine.orchestrate import select_layers
+            from raygeom.analyses.sweep import select_layers
 
             layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
-            train = _get(worker.chunks_of.remote(train_text.texts, settings.chunk_len, settings.train_chunks, settings.seed))
-            test = _get(worker.chunks_of.remote(test_text.texts, settings.chunk_len, settings.test_chunks, settings.seed))
+            train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[0]
+            test = _get(worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed))[0]
             _write_features(directory, worker, train, test, layers, settings.batch_size, progress)
         finally:
-            ray.kill(worker)
+            from raygeom.engine import replica_actor
+
+            replica_actor.stop(worker)
         info = {"key": key, "layers": layers, "all_layers": described["layers"], "vocab_size": described["vocab_size"],
                 "model": spec.name, "revision": spec.revision, "settings": asdict(settings)}
         atomic_write_text(json.dumps(info, indent=2), marker)

@@ -46,6 +46,9 @@ class ExtractionRequest:
     settings: ExtractionSettings
     layer_selection: str = "all"
     readout_components: int = READOUT_COMPONENTS
+    # Per-sample NLL costs the full-vocabulary LM head; only analyses that read it ask. Not part of the key:
+    # the vectors are the same either way, and a later request adds the NLL to the stored samples.
+    nll: bool = False
 
     def key(self) -> str:
         return extraction_key(self.spec, self.corpus.fingerprint(), self.settings, self.layer_selection, self.readout_components)

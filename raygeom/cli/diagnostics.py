@@ -78,8 +78,9 @@ def truncate_words(corpus, max_words: Optional[int]):
 
 
 def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console,
-                 max_words: Optional[int] = None, align: bool = False):
+                 max_words: Optional[int] = None, align: bool = False, nll: bool = False):
     """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos).
+    ``nll``: also the per-sample NLL (the full-vocabulary LM head), for analyses that read it.
 
     With ``align``, every text is first cut where all the models' tokenizers still read it whole, so each
     model pools the last token of exactly the same text."""
@@ -103,7 +104,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     with progress_bar(console) as progress:
         for spec in specs:
             task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
-            request = orchestrate.ExtractionRequest(spec, corpus, settings, layers)
+            request = orchestrate.ExtractionRequest(spec, corpus, settings, layers, nll=nll)
             infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
     for spec, _ in ([] if align else infos):
         cut = int(np.sum(store.read_samples(spec.slug, spec.revision)["n_tokens"].to_numpy() >= settings.seq_len))
@@ -553,7 +554,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     from raygeom.engine.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
+    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, nll=True)
     merged, samples, parts = [], [], {"spectral": [], "sample_geometry": [], "pga": [], "probe": []}
     with progress_bar(console) as progress:
         for spec, info in infos:

@@ -1,4 +1,4 @@
-"""Ray orchestration: extraction actors, PGA fan-out tasks. The only module that imports Ray.
+"""Ray orchestration: extraction through replica actors (engine.replica_actor), PGA through the unit engine.
 
 Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local (the CLI does).
@@ -6,26 +6,17 @@ this module when the cluster is local (the CLI does).
 
 from __future__ import annotations
 
-import hashlib
-import os
-import threading
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import ray
 
-from raygeom.sources import model_surgery
-from raygeom.sources.corpus import Corpus, text_sha1
+from raygeom.engine import replica_actor
 from raygeom.errors import RaygeomError
-from raygeom.replica.extract import ExtractionSettings, extract_batch
-from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
-from raygeom.numerics import pga
 from raygeom.params import PGAParams
 from raygeom.engine.units import UnitRunner, run_units
-from raygeom.store.tree import Store, content_key
+from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
+from raygeom.store.tree import Store
 # Unit keys and requests are pure and live in raygeom.analyses.sweep, so plan/status need no Ray; re-exported here.
 from raygeom.analyses.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
                            pga_unit_key, select_layers)
@@ -125,144 +116,149 @@ def cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))
 
 
-def _quiet_transformers() -> None:
-    import transformers
+# ---------------------------------------------------------------------------------------------
+# Extraction: one replica actor (engine.replica_actor) per (model, revision), as resources allow. A
+# replica lost with its node restarts elsewhere; its pending calls are retried and its write recomputes
+# any batch it no longer holds, so a node failure costs time, not results.
 
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+@dataclass(frozen=True)
+class SweepItem:
+    request: ExtractionRequest
+    gpus: float = 0.0  # GPUs per replica: 0 = CPU, 0.5 = two revisions share a GPU, >1 = sharded (device_map)
+    prefetch: str | None = None  # the next revision of the same model, downloaded while this one runs
+    cpus: int | None = None  # CPU replica threads; None: a node's CPUs for a lone revision, else 1
 
 
-@ray.remote(max_restarts=1, max_task_retries=-1)
-class ExtractionWorker:
-    """Holds one model replica (one GPU when there is one) and extracts batches into memory."""
+def extraction_options(gpus: float, cpus: int = 1) -> tuple[dict, str, str | None]:
+    """Ray options, device and device_map of one extraction replica."""
+    return replica_actor.replica_options(gpus, cpus)
 
-    def __init__(self, spec: ModelSpec, settings: ExtractionSettings, device: str, device_map: str | None = None):
-        _quiet_transformers()
-        import torch
 
-        if device == "cpu":
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.spec, self.settings = spec, settings
-        self.batches: dict[int, object] = {}
-        # A constructor that raises kills the actor and hides the reason; keep it for the first call.
-        self.error: RaygeomError | None = None
+def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
+    """'extract', 'nll' (complete, but stored without the NLL this request wants) or None (complete)."""
+    spec = request.spec
+    if not store.is_complete(spec.slug, spec.revision, request.key()):
+        return "extract"
+    if request.nll and not store.completion(spec.slug, spec.revision).get("nll", True):
+        return "nll"
+    return None
+
+
+class Extractions:
+    """Replica actors extracting revisions. ``start`` one, wait on ``refs()`` (with anything else),
+    pass each finished ref to ``handle``, which returns ``(item, info)`` when a revision has landed.
+
+    ``progress(kind, n)``: ``texts`` per batch, ``extract`` per revision (landed or failed). A revision
+    that fails with a RaygeomError (e.g. cannot be loaded) is recorded in ``failed`` and the rest go on."""
+
+    def __init__(self, store: Store, progress: Callable[[str, int], None], cpus: int):
+        self.store, self.progress, self.cpus = store, progress, cpus
+        self.waiting: dict[ray.ObjectRef, tuple[str, int, int]] = {}  # ref -> (kind, number, texts)
+        self.actors: dict[int, object] = {}
+        self.items: dict[int, tuple[SweepItem, str]] = {}
+        self.failed: list[str] = []
+
+    @property
+    def running(self) -> int:
+        return len(self.actors)
+
+    def refs(self) -> list[ray.ObjectRef]:
+        return list(self.waiting)
+
+    def start(self, item: SweepItem, need: str = "extract") -> None:
+        number = len(self.items)
+        self.items[number] = (item, need)
+        actor = replica_actor.create(item.request.spec, item.gpus, item.cpus or self.cpus)
+        self.actors[number] = actor
+        if item.prefetch:
+            actor.prefetch.remote(item.prefetch)
+        self.waiting[actor.describe.remote()] = ("describe", number, 0)
+
+    def _stop(self, number: int) -> None:
+        replica_actor.stop(self.actors.pop(number))
+        for ref in [r for r, (_, n, _) in self.waiting.items() if n == number]:
+            self.waiting.pop(ref)
+
+    def _fail(self, number: int, message: str) -> None:
+        self.failed.append(message)
+        self.progress("extract", 1)
+        self._stop(number)
+
+    def _submit(self, number: int, described: dict) -> None:
+        item, need = self.items[number]
+        request, actor = item.request, self.actors[number]
+        spec, texts, settings = request.spec, request.corpus.texts, request.settings
+        if need == "nll":
+            self.waiting[actor.add_nll.remote(str(self.store.root), texts, settings)] = ("write", number, len(texts))
+            return
+        layers = select_layers(described["layers"], request.layer_selection)
+        self.store.invalidate(spec.slug, spec.revision)
+        size = settings.batch_size
+        for index, begin in enumerate(range(0, len(texts), size)):
+            part = texts[begin:begin + size]
+            self.waiting[actor.run_batch.remote(index, part, settings, layers, request.nll)] = ("batch", number, len(part))
+        extra = {"model": spec.name, "revision": spec.revision, "corpus": request.corpus.name,
+                 "corpus_fingerprint": request.corpus.fingerprint(), "step": spec.step}
+        ref = actor.write_extraction.remote(str(self.store.root), request.key(), texts, request.corpus.labels, request.corpus.name,
+                                            settings, layers, request.readout_components, request.nll, extra)
+        self.waiting[ref] = ("write", number, 0)
+
+    def handle(self, ref: ray.ObjectRef) -> tuple[SweepItem, dict] | None:
+        if ref not in self.waiting:
+            return None
+        kind, number, count = self.waiting.pop(ref)
         try:
-            self.model, self.tokenizer = load_model(spec, device=device, device_map=device_map)
-            self.layers: list[str] = model_surgery.layer_names(self.model)
-        except RaygeomError as error:
-            self.error = error
+            value = ray.get(ref)
+        except ray.exceptions.RayTaskError as error:
+            if kind == "batch":
+                return None  # the write computes this batch again and reports its error
+            if isinstance(error.cause, RaygeomError):
+                self._fail(number, str(error.cause))
+                return None
+            raise
+        if kind == "describe":
+            try:
+                self._submit(number, value)
+            except RaygeomError as error:  # a layer selection this model does not have
+                spec = self.items[number][0].request.spec
+                self._fail(number, f"{spec.name}@{spec.revision}: {error}")
+            return None
+        if kind == "batch":
+            self.progress("texts", count)
+            return None
+        if count:
+            self.progress("texts", count)
+        self.progress("extract", 1)
+        self._stop(number)
+        return self.items[number][0], value
 
-    def describe(self) -> dict:
-        if self.error is not None:
-            raise self.error
-        return {
-            "layers": self.layers,
-            "d": model_surgery.hidden_size(self.model),
-            "n_blocks": model_surgery.n_blocks(self.model),
-            "tied": model_surgery.is_tied(self.model),
-            "model_type": self.model.config.model_type,
-        }
-
-    def fingerprint(self) -> str:
-        return weight_fingerprint(self.model)
-
-    def run_batch(self, index: int, texts: list[str], layers: list[str]) -> int:
-        self.batches[index] = extract_batch(self.model, self.tokenizer, texts, self.settings, layers)
-        return len(texts)
-
-    def write(self, root: str, revision: str, key: str, layers: list[str], sample_ids: list[int],
-              columns: dict, readout_components: int, extra: dict) -> dict:
-        ordered = [self.batches[i] for i in sorted(self.batches)]
-        info = _store_extraction(Store(root), self.spec, revision, self.model, self.layers, ordered, key, layers, sample_ids,
-                                 columns, readout_components, extra)
-        self.batches.clear()
-        return info
-
-
-def tensor_digests(model, samples_per_tensor: int = 1024) -> dict[str, str]:
-    """Per-matrix fingerprints (strided samples, like weight_fingerprint). They find a revision that is
-    partly another's, such as one serving the final model's first shard; vectors are left out because
-    norms and biases can legitimately stay equal across steps."""
-    digests = {}
-    for name, tensor in sorted(model.state_dict().items()):
-        if tensor.ndim < 2:
-            continue
-        flat = tensor.detach().reshape(-1)
-        stride = max(1, flat.numel() // samples_per_tensor)
-        digest = hashlib.sha1(str(tuple(tensor.shape)).encode())
-        digest.update(flat[::stride].float().cpu().numpy().tobytes())
-        digests[name] = digest.hexdigest()[:16]
-    return digests
-
-
-def _store_extraction(store: Store, spec: ModelSpec, revision: str, model, all_layers: list[str], ordered: list,
-                      key: str, layers: list[str], sample_ids: list[int], columns: dict, readout_components: int,
-                      extra: dict) -> dict:
-    """Write layers, readout basis and per-sample data, then the completion marker last."""
-    import torch
-
-    slug = spec.slug
-    for layer in layers:
-        vectors = np.concatenate([b.pooled[layer] for b in ordered])
-        store.write_layer(slug, revision, layer, all_layers.index(layer), np.asarray(sample_ids), vectors)
-    w_u = model_surgery.unembedding(model).detach()
-    gram = (w_u.double().T @ w_u.double()).cpu().numpy()
-    d = gram.shape[0]
-    basis, singular_values = pga.readout_basis_from_gram(gram, min(d - 1, readout_components))
-    del gram
-    store.write_readout(slug, revision, basis, singular_values)
-    nll = np.concatenate([b.nll for b in ordered])
-    n_tokens = np.concatenate([b.n_tokens for b in ordered])
-    store.write_samples(slug, revision, {"sample_id": np.asarray(sample_ids, dtype=np.int32), "nll": nll.astype(np.float64),
-                                         "n_tokens": n_tokens.astype(np.int32), **columns})
-    info = {"key": key, "all_layers": all_layers, "n_samples": len(sample_ids), "fingerprint": weight_fingerprint(model),
-            "tensor_fingerprints": tensor_digests(model), "params": int(sum(p.numel() for p in model.parameters())),
-            "d": model_surgery.hidden_size(model), "n_blocks": model_surgery.n_blocks(model),
-            "tied": model_surgery.is_tied(model), "model_type": model.config.model_type, **extra, "layers": layers}
-    store.mark_complete(slug, revision, info)
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return info
+    def close(self) -> None:
+        for number in list(self.actors):
+            replica_actor.stop(self.actors.pop(number))
 
 
 def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], None] | None = None,
-            gpus_per_model: float | None = None) -> dict:
-    """Extract one (model, revision) into the store with a Ray actor; skip it when already complete."""
-    key = request.key()
-    if store.is_complete(request.spec.slug, request.spec.revision, key):
+            gpus_per_model: float | None = None, cpus: int | None = None) -> dict:
+    """Extract one (model, revision) into the store with one replica actor (a GPU, else every CPU of a
+    node); skip it when already complete. ``request.nll`` adds per-sample NLL to an extraction stored without."""
+    need = needs_extraction(store, request)
+    if need is None:
         if progress:
             progress(len(request.corpus.texts))
         return store.completion(request.spec.slug, request.spec.revision)
-    store.invalidate(request.spec.slug, request.spec.revision)
-    gpus = (1.0 if cluster_gpus() >= 1 else 0.0) if gpus_per_model is None else gpus_per_model
-    device = "cuda" if gpus > 0 else "cpu"
-    device_map = "auto" if gpus > 1 else None
-    worker = ExtractionWorker.options(num_gpus=gpus, num_cpus=1).remote(request.spec, request.settings, device, device_map)
+    gpus = replica_actor.default_gpus() if gpus_per_model is None else gpus_per_model
+    extractions = Extractions(store, lambda kind, n: progress(n) if progress and kind == "texts" else None,
+                              cpus or replica_actor.largest_node_cpus())
     try:
-        described = ray.get(worker.describe.remote())
-        layers = select_layers(described["layers"], request.layer_selection)
-        texts = request.corpus.texts
-        size = request.settings.batch_size
-        pending = [worker.run_batch.remote(i, texts[s:s + size], layers) for i, s in enumerate(range(0, len(texts), size))]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            count = ray.get(done[0])
-            if progress:
-                progress(count)
-        columns = {"text_sha1": [text_sha1(t) for t in texts]}
-        if request.corpus.labels is not None:
-            columns["label"] = list(request.corpus.labels)
-        extra = {"model": request.spec.name, "revision": request.spec.revision, "corpus": request.corpus.name,
-                 "corpus_fingerprint": request.corpus.fingerprint(), "step": request.spec.step,
-                 "settings": asdict(request.settings)}
-        return ray.get(worker.write.remote(str(store.root), request.spec.revision, key, layers,
-                                           list(range(len(texts))), columns, request.readout_components, extra))
-    except ray.exceptions.RayTaskError as error:
-        if isinstance(error.cause, RaygeomError):
-            raise RaygeomError(str(error.cause)) from None
-        raise
+        extractions.start(SweepItem(request, gpus), need)
+        while extractions.refs():
+            done, _ = ray.wait(extractions.refs(), num_returns=1)
+            landed = extractions.handle(done[0])
+            if landed:
+                return landed[1]
+        raise RaygeomError(extractions.failed[0])
     finally:
-        ray.kill(worker)
+        extractions.close()
 
 
 def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
@@ -273,131 +269,28 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
     return run_units(store, pga_analysis.units(store, model, revision, layers, params), progress, warn)
 
 
-# ---------------------------------------------------------------------------------------------
-# Sweeps: one Ray task per (model, revision) extraction, PGA of each revision as soon as it lands.
-# Tasks, not actors: a task lost with its node is simply rerun elsewhere (max_retries), and Ray
-# places each by its num_gpus/num_cpus request, so there is no queue of our own beyond a bound
-# on how many extraction tasks are submitted at once.
-
-@dataclass(frozen=True)
-class SweepItem:
-    request: ExtractionRequest
-    gpus: float = 0.0  # GPUs per replica: 0 = CPU, 0.5 = two revisions share a GPU, >1 = sharded (device_map)
-    prefetch: str | None = None  # the next revision of the same model, downloaded while this one runs
-
-
-def _load_tokenizer(spec: ModelSpec):
-    if spec.kind not in ("hub", "local"):
-        return None
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(spec.source, revision=spec.revision if spec.kind == "hub" else None)
-    except (OSError, ValueError):
-        return None  # the extraction task reports the loading error with its own message
-
-
-@ray.remote(max_retries=3, num_cpus=1)
-def _tokenise_corpus(spec: ModelSpec, texts: list[str], settings: ExtractionSettings) -> list[dict] | None:
-    """Every revision of a Pythia model shares its tokenizer, so the corpus is tokenised once per model."""
-    from raygeom.replica.extract import tokenize
-
-    _quiet_transformers()
-    tokenizer = _load_tokenizer(spec)
-    if tokenizer is None:
-        return None
-    size = settings.batch_size
-    return [{name: value.numpy() for name, value in tokenize(tokenizer, texts[s:s + size], settings.seq_len, "cpu").items()}
-            for s in range(0, len(texts), size)]
-
-
-def _download(spec: ModelSpec, revision: str) -> None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        snapshot_download(spec.source, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
-    except Exception:  # noqa: BLE001 - a failed prefetch only means the next task downloads itself
-        pass
-
-
-@ray.remote(max_retries=3)
-def _extract_revision(root: str, request: ExtractionRequest, key: str, device: str, device_map: str | None,
-                      encoded: list[dict] | None, prefetch: str | None) -> dict:
-    _quiet_transformers()
-    import torch
-
-    start = time.perf_counter()  # after the imports, which only the first task of a worker pays
-    # Fixed thread count: results must not depend on which node or how many cores ran the task.
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    fetcher = None
-    if prefetch and request.spec.kind == "hub" and not offline:
-        fetcher = threading.Thread(target=_download, args=(request.spec, prefetch), daemon=True)
-        fetcher.start()
-    try:
-        model, tokenizer = load_model(request.spec, device=device, device_map=device_map)
-        all_layers = model_surgery.layer_names(model)
-        layers = select_layers(all_layers, request.layer_selection)
-        loaded = time.perf_counter()
-        texts, size = request.corpus.texts, request.settings.batch_size
-        batches = [extract_batch(model, tokenizer, texts[s:s + size], request.settings, layers,
-                                 encoded=encoded[i] if encoded is not None else None)
-                   for i, s in enumerate(range(0, len(texts), size))]
-        computed = time.perf_counter()
-        columns = {"text_sha1": [text_sha1(t) for t in texts]}
-        if request.corpus.labels is not None:
-            columns["label"] = list(request.corpus.labels)
-        extra = {"model": request.spec.name, "revision": request.spec.revision, "corpus": request.corpus.name,
-                 "corpus_fingerprint": request.corpus.fingerprint(), "step": request.spec.step,
-                 "settings": asdict(request.settings), "device": device, "gpus": torch.cuda.device_count() if device == "cuda" else 0,
-                 "load_seconds": loaded - start, "forward_seconds": computed - loaded,
-                 "tokens": int(sum(int(b.n_tokens.sum()) for b in batches))}
-        info = _store_extraction(Store(root), request.spec, request.spec.revision, model, all_layers, batches, key, layers,
-                                 list(range(len(texts))), columns, request.readout_components, extra)
-        del model
-        return info
-    finally:
-        if fetcher is not None:
-            fetcher.join()
-
-
-def extraction_options(gpus: float) -> tuple[dict, str, str | None]:
-    """Ray options, device and device_map of one extraction replica."""
-    if gpus <= 0:
-        return {"num_cpus": 1}, "cpu", None
-    # GPU extraction asks for no CPU, so queued analysis tasks can never hold it back.
-    return {"num_gpus": gpus, "num_cpus": 0}, "cuda", ("auto" if gpus > 1 else None)
-
-
 def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress: Callable[[str, int], None] | None = None,
               max_in_flight: int | None = None, pga_threads: int = 4, keep_activations: bool = True) -> list[dict]:
     """Extract every item not already complete and run PGA on every layer of every item.
 
-    Extraction tasks go to Ray as resources allow, at most ``max_in_flight`` submitted at once; each
-    finished revision's PGA units join the one unit engine at once (their tasks run on the CPUs), so
-    extraction never waits for analysis. ``progress(kind, n)`` gets kind ``extract`` or ``pga``.
+    Replica actors run as resources allow, at most ``max_in_flight`` at once; each finished revision's
+    PGA units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
+    for analysis. ``progress(kind, n)`` gets kind ``texts`` (per batch), ``extract`` (per revision),
+    ``pga_units`` (a revision's engine progress total, when it lands) or ``pga``; callers ignore the rest.
     """
+    from raygeom.analyses import pga as pga_analysis
+
     progress = progress or (lambda kind, n: None)
-    if max_in_flight is None:
-        slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        gpu_items = [i.gpus for i in items if i.gpus > 0]
-        if gpu_items:
-            slots = max(1, int(cluster_gpus() / max(min(gpu_items), 1e-9)))
-        max_in_flight = 2 * slots
-    tokens: dict[tuple, ray.ObjectRef] = {}
-    pending: dict[ray.ObjectRef, SweepItem] = {}
-    queue: list[SweepItem] = []
     # One driver loop: a revision's PGA units join the engine the moment its extraction lands, and
-    # run while the next revisions extract (each revision used to get its own driver thread).
+    # run while the next revisions extract.
     runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads)
     revision_units: dict[tuple[str, str], list[str]] = {}
 
     def analyse(item: SweepItem, info: dict) -> None:
         spec = item.request.spec
-        from raygeom.analyses import pga as pga_analysis
-
         units = pga_analysis.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
         revision_units[(spec.slug, spec.revision)] = [unit.key for unit in units]
+        progress("pga_units", pga_analysis.progress_units(len(info["layers"]), params))
         runner.add(units)
 
     def drop_finished() -> None:
@@ -407,52 +300,49 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
                 if not keep_activations:
                     store.drop_activations(slug, revision)
 
+    queue: list[tuple[SweepItem, str]] = []
     for item in items:
         spec = item.request.spec
         key = item.request.key()
         info = store.completion(spec.slug, spec.revision)
+        # Revisions whose every PGA unit is done need no activations (they may have been dropped).
         done_units = info is not None and info.get("key") == key and all(
             store.has_result("pga", pga_unit_key(key, layer, params)) for layer in info["layers"])
-        if done_units or store.is_complete(spec.slug, spec.revision, key):
+        need = None if done_units else needs_extraction(store, item.request)
+        if need is None:
+            progress("texts", len(item.request.corpus.texts))
             progress("extract", 1)
             analyse(item, info)
         else:
-            queue.append(item)
-
-    def submit(item: SweepItem) -> None:
-        request = item.request
-        token_key = (request.spec.source, request.corpus.fingerprint(), asdict(request.settings))
-        token_key = content_key(*token_key)
-        if token_key not in tokens:
-            tokens[token_key] = _tokenise_corpus.remote(request.spec, request.corpus.texts, request.settings)
-        options, device, device_map = extraction_options(item.gpus)
-        store.invalidate(request.spec.slug, request.spec.revision)
-        ref = _extract_revision.options(**options).remote(str(store.root), request, request.key(), device, device_map,
-                                                          tokens[token_key], item.prefetch)
-        pending[ref] = item
-
+            queue.append((item, need))
+    # A lone CPU replica gets a whole node; several share the CPUs one each.
+    cpus = replica_actor.largest_node_cpus() if len(queue) == 1 else 1
+    if max_in_flight is None:
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1)) // cpus)
+        gpu_items = [item.gpus for item, _ in queue if item.gpus > 0]
+        if gpu_items:
+            slots = max(1, int(cluster_gpus() / max(min(gpu_items), 1e-9)))
+        max_in_flight = 2 * slots
     # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
     # days-long sweep: the rest finishes, then one error names every failed revision.
-    failed: list[str] = []
-    while queue or pending or runner.busy:
-        while queue and len(pending) < max_in_flight:
-            submit(queue.pop(0))
-        for ref in runner.step(list(pending)):
-            item = pending.pop(ref)
-            try:
-                info = ray.get(ref)
-            except ray.exceptions.RayTaskError as error:
-                if isinstance(error.cause, RaygeomError):
-                    failed.append(str(error.cause))
-                    progress("extract", 1)
-                    continue
-                raise
-            progress("extract", 1)
-            analyse(item, info)
-        drop_finished()
+    extractions = Extractions(store, progress, cpus)
+    try:
+        while queue or extractions.running or runner.busy:
+            while queue and extractions.running < max_in_flight:
+                extractions.start(*queue.pop(0))
+            for ref in runner.step(extractions.refs()):
+                landed = extractions.handle(ref)
+                if landed:
+                    analyse(*landed)
+            drop_finished()
+    finally:
+        extractions.close()
     drop_finished()
     rows = [row for unit_rows in runner.rows.values() for row in unit_rows]
+    failed = extractions.failed
     if failed:
+        if len(items) == 1:
+            raise RaygeomError(failed[0])
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         raise RaygeomError(f"{len(failed)} of {len(items)} revisions failed, the others are stored; first: {failed[0]}{more}")
     return rows

@@ -44,18 +44,27 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
 
     with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
-    rows: list[dict] = []
-    from raygeom.analyses.pga import progress_units
-
+    # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
+    items = [orchestrate.SweepItem(orchestrate.ExtractionRequest(spec, corpus, job.extraction, job.layers),
+                                   replica_gpus(spec, job, orchestrate.cluster_gpus(), None)) for spec in specs]
+    label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
     with progress_bar(console) as progress:
-        for spec in specs:
-            label = f"{spec.name}@{spec.revision}"
-            extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts))
-            request = orchestrate.ExtractionRequest(spec, corpus, job.extraction, job.layers)
-            info = orchestrate.extract(store, request, progress=lambda n: progress.advance(extract_task, n))
-            pga_task = progress.add_task(f"PGA     {escape(label)}", total=progress_units(len(info["layers"]), job.pga))
-            rows += orchestrate.run_pga(store, spec.slug, spec.revision, info["layers"], job.pga,
-                                        progress=lambda n: progress.advance(pga_task, n))
+        extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(specs))
+        pga_task = progress.add_task(f"PGA     {escape(label)}", total=None)
+        pga_total = [0]
+
+        def advance(kind: str, n: int) -> None:
+            if kind == "texts":
+                progress.advance(extract_task, n)
+            elif kind == "pga_units":  # a revision landed: its layers are known now
+                pga_total[0] += n
+                progress.update(pga_task, total=pga_total[0])
+            elif kind == "pga":
+                progress.advance(pga_task, n)
+
+        rows = orchestrate.run_sweep(store, items, job.pga, progress=advance)
+    order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
+    rows.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"]))
     from raygeom.engine.units import accumulated_rows
 
     table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
@@ -124,7 +133,8 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         def advance(kind: str, n: int) -> None:
             if kind == "pga":
                 counter["pga"] += n
-            progress.advance(extract_task if kind == "extract" else pga_task, n)
+            if kind in ("extract", "pga"):
+                progress.advance(extract_task if kind == "extract" else pga_task, n)
 
         settings = job.sweep
         orchestrate.run_sweep(store, items, job.pga, progress=advance, max_in_flight=settings.max_in_flight or None,

@@ -17,6 +17,7 @@ from torch import nn
 from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
 from raygeom.params import check_types
+from raygeom.replica import tokenize
 
 POOLS = ("last", "mean")
 # Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
@@ -43,7 +44,7 @@ class ExtractionSettings:
 @dataclass
 class BatchActivations:
     pooled: dict[str, np.ndarray]  # layer name -> (B, d) float32
-    nll: np.ndarray  # (B,) mean next-token NLL in nats
+    nll: np.ndarray  # (B,) mean next-token NLL in nats; NaN where it was not asked for
     n_tokens: np.ndarray  # (B,) tokens seen after truncation
 
 
@@ -117,35 +118,38 @@ def per_sample_nll(model: nn.Module, final_hidden: torch.Tensor, input_ids: torc
     return totals / counts
 
 
-def tokenize(tokenizer, texts: list[str], seq_len: int, device) -> dict[str, torch.Tensor]:
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=seq_len)
-    return {"input_ids": encoded["input_ids"].to(device), "attention_mask": encoded["attention_mask"].to(device)}
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only, so a left-padded row sees the positions it would see alone."""
+    return (mask.long().cumsum(1) - 1).clamp_min(0)
 
 
 @torch.inference_mode()
 def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
-                  encoded: dict | None = None) -> BatchActivations:
-    """``encoded`` (input_ids, attention_mask as arrays) skips tokenising: a sweep tokenises once per model."""
+                  encoded: dict | None = None, nll: bool = True) -> BatchActivations:
+    """Pooled vectors of ``layers`` (all when None) and, only when ``nll``, the per-sample NLL (NaN otherwise):
+    the full-vocabulary LM head is a large share of a forward pass (about half of Gemma's).
+
+    ``encoded`` (input_ids, attention_mask as arrays from ``tokenize.encode``) skips tokenising."""
     device = next(model.parameters()).device
     if encoded is None:
-        batch = tokenize(tokenizer, texts, settings.seq_len, device)
-    else:
-        batch = {name: torch.as_tensor(encoded[name]).to(device) for name in ("input_ids", "attention_mask")}
+        encoded = tokenize.encode(tokenizer, texts, settings.seq_len)
+    batch = {name: torch.as_tensor(encoded[name]).to(device) for name in ("input_ids", "attention_mask")}
     mask = batch["attention_mask"]
     if int(mask.sum(1).min()) == 0:
         raise RaygeomError("a text produced no tokens; remove empty texts from the corpus")
-    wanted = layers or model_surgery.layer_names(model)
+    wanted = model_surgery.layer_names(model) if layers is None else layers
     pooled: dict[str, np.ndarray] = {}
 
     def reduce(name, hidden):
         pooled[name] = pool_hidden(hidden, mask, settings.pool, settings.skip_first).float().cpu().numpy()
 
     with capture_layers(model, wanted, reduce):
-        output = model_surgery.base_model(model)(**batch, use_cache=False)
-    nll = per_sample_nll(model, output.last_hidden_state, batch["input_ids"], mask)
+        output = model_surgery.base_model(model)(**batch, position_ids=position_ids(mask), use_cache=False)
+    if nll:
+        losses = per_sample_nll(model, output.last_hidden_state, batch["input_ids"], mask).float().cpu().numpy()
+    else:
+        losses = np.full(mask.shape[0], np.nan, dtype=np.float32)
     for name, values in pooled.items():
         if not np.isfinite(values).all():
             raise RaygeomError(f"layer {name} produced NaN or inf activations")
-    return BatchActivations(pooled, nll.float().cpu().numpy(), mask.sum(1).cpu().numpy())
+    return BatchActivations(pooled, losses, mask.sum(1).cpu().numpy())

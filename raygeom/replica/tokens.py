@@ -19,10 +19,10 @@ from torch import nn
 from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import LOGIT_CHUNK_ELEMENTS, capture_layers
+from raygeom.replica.tokenize import SEPARATOR, make_chunks  # noqa: F401 - chunking lives with the one tokenizer path
 from raygeom.numerics.dispersion import DispersionGap, token_dispersion
 
 ATTENTION_LAYER = "attn_last"
-SEPARATOR = "\n\n"
 
 
 def token_layer_names(model: nn.Module) -> list[str]:
@@ -122,38 +122,6 @@ def domain_token_ids(tokenizer, spec: str = "digits") -> list[int]:
     if not ids:
         raise RaygeomError(f"the tokenizer has no tokens for the domain set '{spec}'")
     return ids
-
-
-def make_chunks(tokenizer, texts: list[str], labels: list[str] | None, chunk_len: int, chunks_per_domain: int,
-                seed: int) -> tuple[np.ndarray, list[str]]:
-    """(n, chunk_len) int64 token chunks and their domain labels.
-
-    Per domain (one domain ``all`` without labels), texts in a seeded order are
-    joined with a blank line, tokenized without special tokens and cut into
-    consecutive full chunks; the first ``chunks_per_domain`` are kept. Only as
-    many texts as needed are tokenized.
-    """
-    if chunk_len < 2 or chunks_per_domain < 1:
-        raise RaygeomError(f"need chunk-len >= 2 and chunks-per-domain >= 1, got {chunk_len}, {chunks_per_domain}")
-    labels = labels if labels is not None else ["all"] * len(texts)
-    separator = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
-    chunks, domains = [], []
-    for domain in sorted(set(labels)):
-        members = [i for i, label in enumerate(labels) if label == domain]
-        order = np.random.default_rng([seed, 0xD15]).permutation(len(members))
-        need = chunk_len * chunks_per_domain
-        stream: list[int] = []
-        for position in order:
-            stream.extend(tokenizer(texts[members[position]], add_special_tokens=False)["input_ids"])
-            if len(stream) >= need:
-                break
-            stream.extend(separator)
-        have = min(chunks_per_domain, len(stream) // chunk_len)
-        if have < chunks_per_domain:
-            raise RaygeomError(f"domain '{domain}' yields {have} chunks of {chunk_len} tokens, fewer than the {chunks_per_domain} asked for")
-        chunks.append(np.asarray(stream[:need], dtype=np.int64).reshape(chunks_per_domain, chunk_len))
-        domains += [domain] * chunks_per_domain
-    return np.concatenate(chunks), domains
 
 
 @dataclass

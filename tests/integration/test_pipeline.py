@@ -5,6 +5,7 @@ import subprocess
 import time
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
@@ -81,6 +82,37 @@ def test_stored_layer_matches_a_direct_forward_pass(finished_job, hub_cache):
     ids, stored = Store(root / "out").read_layer("EleutherAI--pythia-14m", "step1000", "block_02")
     np.testing.assert_array_equal(ids, np.arange(40))
     np.testing.assert_allclose(stored[:8], direct.pooled["block_02"], atol=1e-5)
+
+
+def test_a_pga_run_skips_nll_and_a_later_request_adds_it_without_touching_layers(finished_job, hub_cache):
+    from raygeom.replica.extract import extract_batch
+    from raygeom.sources.models import load_model
+
+    root, corpus, _ = finished_job
+    store = Store(root / "out")
+    slug = "EleutherAI--pythia-14m"
+    samples = store.read_samples(slug, "step1000")
+    assert samples.schema.field("nll").type == pa.float64() and np.isnan(samples["nll"].to_numpy()).all()
+    before = store.completion(slug, "step1000")
+    assert before["nll"] is False
+    layer_file = store.layer_path(slug, "step1000", "block_01")
+    layer_time = layer_file.stat().st_mtime_ns
+    job = tiny_job(root / "out", corpus)
+    texts = load_corpus(str(corpus)).sample(40, 0).texts
+    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), load_corpus(str(corpus)).sample(40, 0),
+                                            job.extraction, job.layers, nll=True)
+    assert request.key() == before["key"]
+    info = orchestrate.extract(store, request)
+    assert info["nll"] is True and info["key"] == before["key"] and info["layers"] == before["layers"]
+    assert layer_file.stat().st_mtime_ns == layer_time
+    after = store.read_samples(slug, "step1000")
+    assert after.schema == samples.schema
+    model, tokenizer = load_model(resolve_model("EleutherAI/pythia-14m", "step1000"))
+    direct = extract_batch(model, tokenizer, texts[:8], ExtractionSettings(seq_len=32, batch_size=8), nll=True)
+    np.testing.assert_allclose(after["nll"].to_numpy()[:8], direct.nll, rtol=1e-5)
+    assert np.isfinite(after["nll"].to_numpy()).all()
+    assert orchestrate.extract(store, request)["nll"] is True  # complete now: nothing recomputed
+    assert layer_file.stat().st_mtime_ns == layer_time
 
 
 def test_null_chunking_through_ray_gives_identical_z(finished_job):

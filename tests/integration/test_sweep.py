@@ -210,7 +210,7 @@ def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
     assert sweep.build_plan(load_job(broken)).n_done == UNITS
 
 
-def test_sweep_tasks_and_the_laptop_actor_path_extract_identical_activations(swept, tmp_path):
+def test_sweep_replicas_and_the_laptop_replica_extract_the_same_activations(swept, tmp_path):
     from raygeom.engine import orchestrate
     from raygeom.sources.corpus import load_corpus
     from raygeom.sources.models import resolve_model
@@ -224,9 +224,10 @@ def test_sweep_tasks_and_the_laptop_actor_path_extract_identical_activations(swe
     info = orchestrate.extract(laptop, request)
     swept_info = Store(root / "out").completion("EleutherAI--pythia-31m", "step1000")
     assert info["key"] == swept_info["key"] and info["fingerprint"] == swept_info["fingerprint"]
+    # The lone laptop replica runs torch on every CPU, the sweep's on one each: float32 sums may differ in the last bits.
     for layer in info["layers"]:
-        np.testing.assert_array_equal(laptop.read_layer("EleutherAI--pythia-31m", "step1000", layer)[1],
-                                      Store(root / "out").read_layer("EleutherAI--pythia-31m", "step1000", layer)[1])
+        np.testing.assert_allclose(laptop.read_layer("EleutherAI--pythia-31m", "step1000", layer)[1],
+                                   Store(root / "out").read_layer("EleutherAI--pythia-31m", "step1000", layer)[1], rtol=1e-5, atol=1e-6)
 
 
 def test_bad_sweep_jobs_fail_with_one_line(tmp_path):

@@ -35,7 +35,8 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     plot = out / "plots" / "pga_z_vs_depth.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
     samples = pq.read_table(out / "samples" / "model=smollm2-135m" / "revision=main" / "part-0.parquet")
-    assert samples.num_rows == 24 and np.isfinite(samples["nll"].to_numpy()).all()
+    # A PGA-only run skips the full-vocabulary LM head: the nll column is there, and empty.
+    assert samples.num_rows == 24 and np.isnan(samples["nll"].to_numpy()).all()
     assert set(samples["label"].to_pylist()) <= {"business", "entertainment", "politics", "sports", "tech"}
     # The run ends with the store's HTML report, which renders in headless Chromium without errors.
     from tests.browser import pixel_spread, visit

@@ -1,0 +1,71 @@
+"""The one Ray actor that holds models: ``raygeom.replica.Replica`` made remote.
+
+Every command that runs a model (the laptop job, sweeps, diagnostics, dispersion,
+select, kNN-LM) starts its replicas here. A replica lost with its node restarts
+elsewhere and its pending calls are retried (Ray needs both max_restarts and
+max_task_retries=-1 for that, or calls fail with ActorUnavailableError).
+
+On CPU, torch runs on exactly the CPUs Ray gives the actor.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from raygeom.errors import RaygeomError
+from raygeom.replica.replica import Replica
+from raygeom.sources.models import ModelSpec
+
+ReplicaActor = ray.remote(max_restarts=3, max_task_retries=-1)(Replica)
+
+
+def largest_node_cpus() -> int:
+    """CPUs of the largest alive node: the most one replica can hold."""
+    cpus = [float(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")]
+    return max(1, int(max(cpus, default=1)))
+
+
+def replica_options(gpus: float, cpus: int = 1) -> tuple[dict, str, str | None]:
+    """Ray options, device and device_map of one replica: ``gpus`` 0 = CPU with ``cpus`` threads,
+    0.5 = two replicas share a GPU, > 1 = sharded over a device_map group."""
+    if gpus <= 0:
+        return {"num_cpus": max(1, int(cpus))}, "cpu", None
+    # A GPU replica asks for no CPU, so queued analysis tasks can never hold it back.
+    return {"num_gpus": gpus, "num_cpus": 0}, "cuda", ("auto" if gpus > 1 else None)
+
+
+def create(spec: ModelSpec, gpus: float, cpus: int = 1):
+    """A replica actor (the model loads in the background); call ``describe`` to wait for it."""
+    options, device, device_map = replica_options(gpus, cpus)
+    threads = options["num_cpus"] if device == "cpu" else None
+    return ReplicaActor.options(**options).remote(spec, device, device_map, threads)
+
+
+def default_gpus() -> float:
+    return 1.0 if float(ray.cluster_resources().get("GPU", 0.0)) >= 1 else 0.0
+
+
+def start(spec: ModelSpec, gpus: float | None = None, cpus: int | None = None):
+    """One replica for a single model at a time: a GPU if the cluster has one, else every CPU of a node.
+    Returns (actor, description); raises the replica's RaygeomError (e.g. the model cannot load)."""
+    gpus = default_gpus() if gpus is None else gpus
+    actor = create(spec, gpus, largest_node_cpus() if cpus is None else cpus)
+    try:
+        return actor, get(actor.describe.remote())
+    except BaseException:
+        ray.kill(actor)
+        raise
+
+
+def stop(actor) -> None:
+    ray.kill(actor)
+
+
+def get(ref):
+    """``ray.get`` that turns a replica's RaygeomError back into one (a one-line CLI error)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, RaygeomError):
+            raise RaygeomError(str(error.cause)) from None
+        raise

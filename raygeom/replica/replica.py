@@ -1,0 +1,277 @@
+"""One model replica: every forward-pass product raygeom needs, from one loaded model. No Ray.
+
+A replica holds a model on one GPU, on a ``device_map`` shard group, or on CPU
+threads, and serves pooled layer vectors (with the readout basis of ``W_U``,
+weight fingerprints and a description), token-level chunk statistics, kNN-LM
+features and per-sample NLL. All of them tokenize through
+``raygeom.replica.tokenize``. ``raygeom.engine.replica_actor`` makes this class
+a Ray actor; tests and scripts use it directly.
+
+Methods take and return plain arrays and dicts so they cross process
+boundaries. State is only a cache: ``run_batch`` keeps pooled batches until
+``write_extraction``, which recomputes any batch it does not hold (an actor
+restarted on another node after its node died holds none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import numpy as np
+
+from raygeom.errors import RaygeomError
+from raygeom.replica import tokenize
+from raygeom.replica.extract import BatchActivations, ExtractionSettings, extract_batch
+from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
+
+
+def quiet_transformers() -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def tensor_digests(model, samples_per_tensor: int = 1024) -> dict[str, str]:
+    """Per-matrix fingerprints (strided samples, like weight_fingerprint). They find a revision that is
+    partly another's, such as one serving the final model's first shard; vectors are left out because
+    norms and biases can legitimately stay equal across steps."""
+    digests = {}
+    for name, tensor in sorted(model.state_dict().items()):
+        if tensor.ndim < 2:
+            continue
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // samples_per_tensor)
+        digest = hashlib.sha1(str(tuple(tensor.shape)).encode())
+        digest.update(flat[::stride].float().cpu().numpy().tobytes())
+        digests[name] = digest.hexdigest()[:16]
+    return digests
+
+
+def _download(spec: ModelSpec, revision: str) -> None:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(spec.source, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+    except Exception:  # noqa: BLE001 - a failed prefetch only means the next replica downloads itself
+        pass
+
+
+class Replica:
+    """Holds one model; ``threads`` (CPU) is the torch thread count, normally the CPUs Ray gave the actor."""
+
+    def __init__(self, spec: ModelSpec, device: str = "cpu", device_map: str | None = None, threads: int | None = None):
+        import torch
+
+        quiet_transformers()
+        if device == "cpu" and threads:
+            torch.set_num_threads(max(1, int(threads)))
+        self.spec, self.device = spec, device
+        self.threads = torch.get_num_threads()
+        self.held: dict[int, BatchActivations] = {}
+        self.forward_seconds = 0.0
+        self._gap_ids: tuple[str, list[int]] | None = None
+        self._fingerprint: str | None = None
+        self._fetcher: threading.Thread | None = None
+        # A constructor that raises kills an actor and hides the reason; keep it for the first call.
+        self.error: RaygeomError | None = None
+        start = time.perf_counter()
+        try:
+            self.model, self.tokenizer = load_model(spec, device=device, device_map=device_map)
+            tokenize.prepare(self.tokenizer)
+        except RaygeomError as error:
+            self.error = error
+        self.load_seconds = time.perf_counter() - start
+
+    def _ready(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # ------------------------------------------------------------------ description
+    def describe(self) -> dict:
+        """Layers (pooled extraction), token layers (adds ``attn_last``), shapes and the weight fingerprint."""
+        from raygeom.replica.tokens import token_layer_names
+        from raygeom.sources import model_surgery
+
+        self._ready()
+        return {"layers": model_surgery.layer_names(self.model), "token_layers": token_layer_names(self.model),
+                "d": model_surgery.hidden_size(self.model), "n_blocks": model_surgery.n_blocks(self.model),
+                "tied": model_surgery.is_tied(self.model), "model_type": self.model.config.model_type,
+                "vocab_size": int(self.model.get_output_embeddings().weight.shape[0]),
+                "params": int(sum(p.numel() for p in self.model.parameters())),
+                "fingerprint": self.fingerprint(), "threads": self.threads, "device": self.device,
+                "special_prefix": tokenize.special_prefix(self.tokenizer)}
+
+    def fingerprint(self) -> str:
+        self._ready()
+        if self._fingerprint is None:
+            self._fingerprint = weight_fingerprint(self.model)
+        return self._fingerprint
+
+    def readout_basis(self, components: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top right singular vectors of ``W_U`` (d x k, float64) and their singular values."""
+        from raygeom.numerics import pga
+        from raygeom.sources import model_surgery
+
+        self._ready()
+        w_u = model_surgery.unembedding(self.model).detach()
+        gram = (w_u.double().T @ w_u.double()).cpu().numpy()
+        return pga.readout_basis_from_gram(gram, min(gram.shape[0] - 1, components))
+
+    # ------------------------------------------------------------------ pooled vectors and NLL
+    def encode(self, texts: list[str], seq_len: int) -> dict[str, np.ndarray]:
+        self._ready()
+        return tokenize.encode(self.tokenizer, texts, seq_len)
+
+    def pooled(self, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
+               nll: bool = False) -> BatchActivations:
+        """Pooled vectors of one batch of texts; NLL only when asked (NaN otherwise)."""
+        self._ready()
+        start = time.perf_counter()
+        out = extract_batch(self.model, self.tokenizer, texts, settings, layers, nll=nll)
+        self.forward_seconds += time.perf_counter() - start
+        return out
+
+    def run_batch(self, index: int, texts: list[str], settings: ExtractionSettings, layers: list[str], nll: bool) -> int:
+        """``pooled``, kept here for ``write_extraction``; returns the number of texts."""
+        self.held[index] = self.pooled(texts, settings, layers, nll)
+        return len(texts)
+
+    def write_extraction(self, root: str, key: str, texts: list[str], labels: list[str] | None, corpus_name: str,
+                         settings: ExtractionSettings, layers: list[str], readout_components: int, nll: bool,
+                         extra: dict | None = None) -> dict:
+        """Layers, readout basis and per-sample data of this revision into the store, the completion marker last.
+
+        Batches not held (never run here, or lost with a restarted actor) are computed first."""
+        from raygeom.sources import model_surgery
+        from raygeom.sources.corpus import text_sha1
+        from raygeom.store.tree import Store
+
+        self._ready()
+        size = settings.batch_size
+        starts = list(range(0, len(texts), size))
+        for index, start in enumerate(starts):
+            if index not in self.held:
+                self.run_batch(index, texts[start:start + size], settings, layers, nll)
+        ordered = [self.held[i] for i in range(len(starts))]
+        store, slug, revision = Store(root), self.spec.slug, self.spec.revision
+        all_layers = model_surgery.layer_names(self.model)
+        sample_ids = np.arange(len(texts))
+        for layer in layers:
+            vectors = np.concatenate([b.pooled[layer] for b in ordered])
+            store.write_layer(slug, revision, layer, all_layers.index(layer), sample_ids, vectors)
+        basis, singular_values = self.readout_basis(readout_components)
+        store.write_readout(slug, revision, basis, singular_values)
+        n_tokens = np.concatenate([b.n_tokens for b in ordered])
+        columns = {"sample_id": sample_ids.astype(np.int32),
+                   "nll": np.concatenate([b.nll for b in ordered]).astype(np.float64),
+                   "n_tokens": n_tokens.astype(np.int32), "text_sha1": [text_sha1(t) for t in texts]}
+        if labels is not None:
+            columns["label"] = list(labels)
+        store.write_samples(slug, revision, columns)
+        described = self.describe()
+        info = {"key": key, "all_layers": all_layers, "n_samples": len(texts), "fingerprint": described["fingerprint"],
+                "tensor_fingerprints": tensor_digests(self.model), "params": described["params"], "d": described["d"],
+                "n_blocks": described["n_blocks"], "tied": described["tied"], "model_type": described["model_type"],
+                "model": self.spec.name, "revision": revision, "corpus": corpus_name, "settings": _settings_dict(settings),
+                "device": self.device, "gpus": _gpu_count(self.device), "threads": self.threads, "nll": bool(nll),
+                "load_seconds": self.load_seconds, "forward_seconds": self.forward_seconds, "tokens": int(n_tokens.sum()),
+                **(extra or {}), "layers": layers}
+        store.mark_complete(slug, revision, info)
+        self.held.clear()
+        self._release_cache()
+        self.join_prefetch()
+        return info
+
+    def add_nll(self, root: str, texts: list[str], settings: ExtractionSettings) -> dict:
+        """Per-sample NLL for a complete extraction stored without it (a PGA-only run); the layers stay as stored."""
+        from raygeom.store.tree import Store
+
+        self._ready()
+        store, slug, revision = Store(root), self.spec.slug, self.spec.revision
+        size = settings.batch_size
+        losses = np.concatenate([self.pooled(texts[s:s + size], settings, [], nll=True).nll
+                                 for s in range(0, len(texts), size)])
+        import pyarrow as pa
+
+        samples = store.read_samples(slug, revision)
+        ids = samples["sample_id"].to_numpy()
+        if len(ids) != len(texts) or ids.min() < 0 or ids.max() >= len(texts):
+            raise RaygeomError(f"{slug}@{revision}: the stored samples do not match the corpus; extract it again")
+        columns = {name: samples[name] for name in samples.column_names}
+        columns["nll"] = pa.array(losses[ids].astype(np.float64))
+        store.write_samples(slug, revision, columns)
+        info = {**store.completion(slug, revision), "nll": True}
+        store.mark_complete(slug, revision, info)
+        self._release_cache()
+        return info
+
+    # ------------------------------------------------------------------ token level
+    def chunks(self, texts: list[str], labels: list[str] | None, chunk_len: int, per_domain: int,
+               seed: int) -> tuple[np.ndarray, list[str]]:
+        self._ready()
+        return tokenize.make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
+
+    def statistics(self, chunks: np.ndarray, layers: list[str], gap_spec: str | None):
+        """Token dispersion, pooled vectors and NLL of these chunks, and their dispersion-gap sums."""
+        import torch
+
+        from raygeom.replica.tokens import GapAccumulator, chunk_statistics, domain_token_ids
+
+        self._ready()
+        gaps = None
+        if gap_spec:
+            if self._gap_ids is None or self._gap_ids[0] != gap_spec:
+                self._gap_ids = (gap_spec, domain_token_ids(self.tokenizer, gap_spec))
+            gaps = {layer: GapAccumulator(self._gap_ids[1]) for layer in layers}
+        start = time.perf_counter()
+        stats = chunk_statistics(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers, gaps)
+        self.forward_seconds += time.perf_counter() - start
+        gap_parts = {name: (g.sums, g.diagonal, g.counts) for name, g in (gaps or {}).items()}
+        return stats.token_dispersion, stats.pooled, stats.nll, stats.n_predicted, gap_parts
+
+    def features(self, chunks: np.ndarray, layers: list[str]):
+        """kNN-LM features: per-layer vectors at positions with a next token, those tokens, their LM log-probs."""
+        import torch
+
+        from raygeom.replica.tokens import token_features
+
+        self._ready()
+        return token_features(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers)
+
+    # ------------------------------------------------------------------ housekeeping
+    def prefetch(self, revision: str) -> None:
+        """Download another revision of this hub model in the background while this one computes."""
+        import os
+
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        if self.spec.kind != "hub" or offline or self._fetcher is not None:
+            return
+        self._fetcher = threading.Thread(target=_download, args=(self.spec, revision), daemon=True)
+        self._fetcher.start()
+
+    def join_prefetch(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.join()
+            self._fetcher = None
+
+    def _release_cache(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _settings_dict(settings: ExtractionSettings) -> dict:
+    from dataclasses import asdict
+
+    return asdict(settings)
+
+
+def _gpu_count(device: str) -> int:
+    import torch
+
+    return torch.cuda.device_count() if device == "cuda" else 0
+
