@@ -50,10 +50,11 @@ def load_texts(source: str = "bbc", n: int | None = None, seed: int = 0) -> tupl
 
 
 def layer_activations(model, tokenizer, texts: list[str], settings: ExtractionSettings | None = None,
-                      layers: list[str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Pooled hidden states of every layer (name -> N x d) and per-text mean NLL."""
+                      layers: list[str] | None = None, nll: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Pooled hidden states of every layer (name -> N x d) and per-text mean NLL (NaN with ``nll=False``,
+    which skips the full-vocabulary LM head)."""
     settings = settings or ExtractionSettings()
-    batches = [extract_batch(model, tokenizer, texts[i:i + settings.batch_size], settings, layers)
+    batches = [extract_batch(model, tokenizer, texts[i:i + settings.batch_size], settings, layers, nll=nll)
                for i in range(0, len(texts), settings.batch_size)]
     names = list(batches[0].pooled)
     return {n: np.concatenate([b.pooled[n] for b in batches]) for n in names}, np.concatenate([b.nll for b in batches])
@@ -72,7 +73,7 @@ def pga_by_layer(model, tokenizer, texts: list[str], *, k: int = 100, r: int = 1
 
     all_layers = model_surgery.layer_names(model)
     chosen = select_layers(all_layers, layers if isinstance(layers, str) else ",".join(layers))
-    activations, _ = layer_activations(model, tokenizer, texts, settings, chosen)
+    activations, _ = layer_activations(model, tokenizer, texts, settings, chosen, nll=False)
     basis, _ = pga.readout_basis(unembedding_matrix(model), k)
     rows = []
     for name, h in activations.items():
