@@ -6,6 +6,9 @@ this module when the cluster is local (the CLI does).
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
