@@ -127,7 +127,8 @@ def visit(path: Path, probe: str = "null", click: str | None = None, after_click
 
         result.probe = evaluate(probe)
         if click:
-            box = evaluate(f"(() => {{ const e = document.querySelector({json.dumps(click)}); e.scrollIntoView({{block: 'center'}});"
+            box = evaluate(f"(() => {{ const e = document.querySelector({json.dumps(click)});"
+                           " e.scrollIntoView({block: 'center'});"
                            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
             for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
                 pipe.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},

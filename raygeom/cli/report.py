@@ -36,4 +36,5 @@ def register(app: typer.Typer) -> None:
         from raygeom.report.html import _UNREADABLE
 
         for unreadable, reason in _UNREADABLE:
-            errors.print(f"[yellow]warning:[/] left out {escape(str(unreadable))}: {escape(reason)}", highlight=False, soft_wrap=True)
+            errors.print(f"[yellow]warning:[/] left out {escape(str(unreadable))}: {escape(reason)}", highlight=False,
+                         soft_wrap=True)

@@ -191,6 +191,11 @@ def _interval(rows: list[dict], column: str) -> tuple[np.ndarray, np.ndarray] | 
     return None
 
 
+def _hover(template: str, label: str) -> str:
+    """A hover template with ``label`` (escaped) as the trace's name box."""
+    return f"{template}<extra>{html.escape(label)}</extra>"
+
+
 def _zero_lines(fig, levels=(-2.0, 2.0)) -> None:
     fig.add_hline(y=0, line={"color": "black", "width": 1})
     for level in levels:
@@ -306,7 +311,7 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
                 _band(fig, _num(line, "relative_depth"), _num(line, "z_lo"), _num(line, "z_hi"), _colour(i), label, True)
             fig.add_trace(go.Scatter(x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
                                      legendgroup=label, line={"color": _colour(i)}, marker={"size": 4},
-                                     text=[r["layer"] for r in line], hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(label) + "</extra>"))
+                                     text=[r["layer"] for r in line], hovertemplate=_hover("%{text}: z = %{y:.2f}", label)))
         _zero_lines(fig)
         section.figures.append(fig)
     section.tables.append(_settings_block(rows))
@@ -362,7 +367,8 @@ def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | 
         flags = {r["revision"]: r.get("weights_flag") for r in group if r.get("weights_flag")}
         if flags:
             fig.add_trace(go.Scatter(x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
-                                     marker={"symbol": "diamond", "size": 9, "color": "gold", "line": {"color": "black", "width": 1}},
+                                     marker={"symbol": "diamond", "size": 9, "color": "gold",
+                                             "line": {"color": "black", "width": 1}},
                                      text=list(flags.values()), hovertemplate="%{x}: %{text}<extra></extra>"))
         fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 8},
                          categoryorder="array", categoryarray=revisions,
@@ -424,7 +430,7 @@ def diagnostics_section(root: Path) -> Section | None:
                 fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
                                          showlegend=p == 1, text=[r["layer"] for r in group],
-                                         hovertemplate="%{text}: " + name + " = %{y:.4g}<extra>" + html.escape(label) + "</extra>"),
+                                         hovertemplate=_hover("%{text}: " + name + " = %{y:.4g}", label)),
                               row=p, col=1)
                 if column == "pc1_readout_share" and any(_finite(r.get("pc1_readout_chance")) for r in group):
                     fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
@@ -505,7 +511,8 @@ def converge_section(root: Path) -> Section | None:
             fig.add_trace(go.Heatmap(z=grids[name], x=b_layers, y=a_layers, colorscale="RdBu" if is_z else "Viridis",
                                      reversescale=is_z, zmin=-bound if is_z else low, zmax=bound if is_z else high,
                                      showscale=n in (0, 3), name=label,
-                                     colorbar={"len": 0.42, "y": 0.79 if n == 0 else 0.21, "title": {"text": "z" if is_z else "rho"}},
+                                     colorbar={"len": 0.42, "y": 0.79 if n == 0 else 0.21,
+                                               "title": {"text": "z" if is_z else "rho"}},
                                      hovertemplate=f"{ma}@{ra} %{{y}} vs {mb}@{rb} %{{x}}<br>{label}: %{{z:.3f}}<extra></extra>"),
                           row=row, col=col)
             fig.update_xaxes(title_text=f"{mb}@{rb} layer", tickfont={"size": 7}, row=row, col=col)
@@ -537,18 +544,20 @@ def dispersion_section(root: Path) -> Section | None:
                             horizontal_spacing=0.07)
         models = list(dict.fromkeys(r["model"] for r in layers))
         for i, model in enumerate(models):
-            part = sorted((r for r in layers if r["model"] == model and r["layer"] != "attn_last"), key=lambda r: r["relative_depth"])
+            part = sorted((r for r in layers if r["model"] == model and r["layer"] != "attn_last"),
+                          key=lambda r: r["relative_depth"])
             for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
                 fig.add_trace(go.Scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
                                          showlegend=c == 1, text=[r["layer"] for r in part],
-                                         hovertemplate="%{text}: %{y:.4f}<extra>" + html.escape(model) + "</extra>"), row=1, col=c)
+                                         hovertemplate=_hover("%{text}: %{y:.4f}", model)), row=1, col=c)
             fig.update_xaxes(title_text="relative depth")
         fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400, template="plotly_white",
                           margin={"l": 60, "r": 20, "t": 60, "b": 50})
         section.figures.append(fig)
         columns = ["model", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
-                   "domain_agreement_sample", "domain_agreement_token", "kmeans_agreement_sample", "kmeans_agreement_token", "gap"]
+                   "domain_agreement_sample", "domain_agreement_token", "kmeans_agreement_sample", "kmeans_agreement_token",
+                   "gap"]
         section.tables.append("<h4>Per layer</h4>" + _table_html(layers, [c for c in columns if any(c in r for r in layers)]))
     if groups:
         for model in dict.fromkeys(r["model"] for r in groups):
@@ -560,15 +569,17 @@ def dispersion_section(root: Path) -> Section | None:
             for i, layer in enumerate(names):
                 line = sorted((r for r in part if r["layer"] == layer), key=lambda r: r["mean_perplexity"])
                 fig.add_trace(go.Scatter(x=_num(line, "mean_perplexity"), y=_num(line, "mean_dispersion"), mode="markers",
-                                         marker={"size": 5, "color": _colour(i)}, name=layer, visible=True if layer in shown else "legendonly",
-                                         hovertemplate="perplexity %{x:.2f}, dispersion %{y:.4f}<extra>" + html.escape(layer) + "</extra>"))
+                                         marker={"size": 5, "color": _colour(i)}, name=layer,
+                                         visible=True if layer in shown else "legendonly",
+                                         hovertemplate=_hover("perplexity %{x:.2f}, dispersion %{y:.4f}", layer)))
             section.figures.append(fig)
     if domains:
         fig = _fig("Per domain: dispersion against perplexity", xaxis_title="perplexity", yaxis_title="token dispersion")
         for i, model in enumerate(dict.fromkeys(r["model"] for r in domains)):
             part = [r for r in domains if r["model"] == model]
             fig.add_trace(go.Scatter(x=_num(part, "perplexity"), y=_num(part, "token_dispersion"), mode="markers+text",
-                                     text=[r.get("domain") for r in part], textposition="top center", marker={"size": 8, "color": _colour(i)},
+                                     text=[r.get("domain") for r in part], textposition="top center",
+                                     marker={"size": 8, "color": _colour(i)},
                                      name=model, hovertemplate="%{text}: perplexity %{x:.2f}, dispersion %{y:.4f}<extra>"
                                      + html.escape(model) + "</extra>"))
         section.figures.append(fig)
@@ -596,12 +607,14 @@ def knn_section(root: Path) -> Section | None:
                       intro="Held-out perplexity of the kNN-LM built on each layer (lower is better) beside the dispersion "
                             "of that layer's datastore keys.")
     for label in dict.fromkeys(f"{r['model']}@{r['revision']}" for r in rows):
-        part = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: (r.get("layer_index", 0), r["layer"]))
+        part = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label),
+                      key=lambda r: (r.get("layer_index", 0), r["layer"]))
         names = [r["layer"] for r in part]
         fig = make_subplots(specs=[[{"secondary_y": True}]])
         fig.add_trace(go.Scatter(x=names, y=_num(part, "knn_perplexity"), mode="lines+markers", name="kNN-LM perplexity",
                                  customdata=np.stack([_num(part, "lam"), _num(part, "temperature")], axis=1),
-                                 hovertemplate="%{x}: %{y:.3f} (lambda %{customdata[0]:.2f}, T %{customdata[1]:.3g})<extra></extra>"),
+                                 hovertemplate="%{x}: %{y:.3f} (lambda %{customdata[0]:.2f}, T %{customdata[1]:.3g})"
+                                               "<extra></extra>"),
                       secondary_y=False)
         fig.add_trace(go.Scatter(x=names, y=_num(part, "base_perplexity"), mode="lines", line={"dash": "dash"},
                                  name="base LM perplexity", hovertemplate="%{y:.3f}<extra>base</extra>"), secondary_y=False)
@@ -700,7 +713,8 @@ def trajectory_section(root: Path) -> Section | None:
         names = [r["revision"] for r in checkpoints]
         fig.add_trace(go.Scatter(x=x, y=_num(checkpoints, "gap"), mode="lines+markers", name="gap G", text=names,
                                  customdata=_num(checkpoints, "select_rank"),
-                                 hovertemplate="%{text}: G = %{y:.4f} (select rank %{customdata})<extra></extra>"), secondary_y=False)
+                                 hovertemplate="%{text}: G = %{y:.4f} (select rank %{customdata})<extra></extra>"),
+                      secondary_y=False)
         fig.add_trace(go.Scatter(x=x, y=_num(checkpoints, "heldout_perplexity"), mode="lines+markers", name="held-out perplexity",
                                  text=names, line={"dash": "dot"}, hovertemplate="%{text}: %{y:.3f}<extra>perplexity</extra>"),
                       secondary_y=True)
@@ -754,12 +768,15 @@ def extraction_section(root: Path) -> Section | None:
 # ----------------------------------------------------------------------------------- the page
 
 STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1280px; padding: 0 18px 40px; color: #222; }
-h1 { font-size: 22px; margin: 18px 0 4px; } h2 { font-size: 18px; margin-top: 34px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1280px;
+       padding: 0 18px 40px; color: #222; }
+h1 { font-size: 22px; margin: 18px 0 4px; }
+h2 { font-size: 18px; margin-top: 34px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
 h4 { margin: 14px 0 6px; font-size: 14px; } p, li { font-size: 14px; line-height: 1.45; } .note { color: #666; font-size: 12px; }
 nav a { margin-right: 14px; font-size: 14px; } .figure { margin: 10px 0 18px; border: 1px solid #eee; }
 .scroll { overflow-x: auto; max-height: 420px; overflow-y: auto; border: 1px solid #eee; }
-table { border-collapse: collapse; font-size: 12px; } th, td { padding: 3px 7px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+table { border-collapse: collapse; font-size: 12px; }
+th, td { padding: 3px 7px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th { background: #f6f6f6; position: sticky; top: 0; } td:first-child, th:first-child { text-align: left; }
 code { font-size: 12px; } .warning { background: #fff4e5; border: 1px solid #f0b429; padding: 6px 12px; font-size: 13px; }
 """
@@ -771,13 +788,18 @@ def build_sections(root: Path) -> list[Section]:
     pga = pga_rows(root)
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
     sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
-                converge_section(root), dispersion_section(root), knn_section(root), train_section(root), trajectory_section(root),
-                extraction_section(root)]
+                converge_section(root), dispersion_section(root), knn_section(root), train_section(root),
+                trajectory_section(root), extraction_section(root)]
     return [s for s in sections if s is not None]
 
 
 def _relative(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+
+
+def _file_link(path: Path, root: Path, out: Path) -> str:
+    """A relative link from the report to one of the store's files, labelled with its path in the store."""
+    return f"<a href='{html.escape(_relative(path, out.parent))}'><code>{html.escape(_relative(path, root))}</code></a>"
 
 
 def render(sections: list[Section], root: Path, out: Path) -> str:
@@ -794,8 +816,7 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
         if section.intro:
             parts.append(f"<p>{html.escape(section.intro)}</p>")
         if section.files:
-            links = " ".join(f"<a href='{html.escape(_relative(f, out.parent))}'><code>{html.escape(_relative(f, root))}</code></a>"
-                             for f in dict.fromkeys(section.files) if f.is_file())
+            links = " ".join(_file_link(f, root, out) for f in dict.fromkeys(section.files) if f.is_file())
             if links:
                 parts.append(f"<p class='note'>Data: {links}</p>")
         for fig in section.figures:
@@ -809,13 +830,13 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
     results = sorted((root / "results").rglob("*.parquet")) if (root / "results").is_dir() else []
     tables = [p for p in results if p.parent == root / "results"]
     unit_dirs = sorted({p.parent for p in results if p.parent != root / "results"})
-    files = "".join(f"<li><a href='{html.escape(_relative(p, out.parent))}'><code>{html.escape(_relative(p, root))}</code></a></li>"
-                    for p in tables)
+    files = "".join(f"<li>{_file_link(p, root, out)}</li>" for p in tables)
     files += "".join(f"<li><code>{html.escape(_relative(d, root))}/</code>: {len(list(d.glob('*.parquet'))):,} unit files</li>"
                      for d in unit_dirs)
     warning = ""
     if _UNREADABLE:
-        items = "".join(f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>" for p, reason in _UNREADABLE[:50])
+        items = "".join(f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>"
+                        for p, reason in _UNREADABLE[:50])
         warning = (f"<div class='warning'><b>{len(_UNREADABLE)} file(s) in this store could not be read and are not in this "
                    f"report:</b><ul>{items}</ul></div>")
     nav = " ".join(f"<a href='#{s.anchor}'>{html.escape(s.title.split(':')[0])}</a>" for s in sections)
@@ -825,9 +846,11 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
             f"<script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script></head><body>"
             f"<h1>raygeom report: <code>{html.escape(str(root))}</code></h1>"
             f"<p class='note'>Written {stamp} by raygeom {__version__} with plotly {plotly.__version__}; "
-            f"{counter} figures. Works offline: everything is in this file.</p>{warning}<nav>{nav} <a href='#files'>Files</a></nav>"
+            f"{counter} figure{'' if counter == 1 else 's'}. Works offline: everything is in this file.</p>{warning}"
+            f"<nav>{nav} <a href='#files'>Files</a></nav>"
             + "".join(body)
-            + f"<section id='files'><h2>Files</h2><p>The store's Parquet tables, which this report was built from:</p><ul>{files}</ul></section>"
+            + "<section id='files'><h2>Files</h2><p>The store's Parquet tables, which this report was built from:</p>"
+            f"<ul>{files}</ul></section>"
             "</body></html>")
 
 

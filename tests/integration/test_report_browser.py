@@ -48,7 +48,8 @@ def corpus(path: Path) -> Path:
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     with path.open("w") as handle:
         for i in range(60):
-            text = f"{sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]} . {sentences[(i + 3) % 5]}"
+            text = (f"{sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]} . "
+                    f"{sentences[(i + 3) % 5]}")
             handle.write(json.dumps({"text": text, "label": ["markets", "politics", "sport"][i % 3]}) + "\n")
     return path
 
@@ -99,7 +100,8 @@ def check_page(path: Path, name: str, expected_sections: set[str]) -> dict:
 
 def test_report_of_a_store_every_command_wrote_renders_in_chromium(browser, every_command_store):
     path = every_command_store / "report.html"  # the last command's report covers everything in the store
-    probe = check_page(path, "every-command", {"pga", "sweep", "diagnostics", "converge", "dispersion", "knn", "train", "settings"})
+    expected = {"pga", "sweep", "diagnostics", "converge", "dispersion", "knn", "train", "settings"}
+    probe = check_page(path, "every-command", expected)
     assert probe["figures"] >= 12
 
 

@@ -25,7 +25,8 @@ def relative_links(text: str) -> list[str]:
 
 
 def test_the_link_finder_sees_links_and_skips_code_and_urls():
-    text = "[a](docs/x.md) ![p](img/p.png \"t\") [w](https://e.org) [s](#top) `[c](nope.md)`\n```\n[d](nope2.md)\n```\n[r]: ref.md"
+    text = ("[a](docs/x.md) ![p](img/p.png \"t\") [w](https://e.org) [s](#top) `[c](nope.md)`\n"
+            "```\n[d](nope2.md)\n```\n[r]: ref.md")
     assert relative_links(text) == ["docs/x.md", "img/p.png", "ref.md"]
 
 

@@ -149,7 +149,8 @@ def test_a_trajectory_store_gets_its_checkpoint_plots(tmp_path):
 
     steps = {f"step{s}": s for s in (0, 1, 2, 4, 8, 16, 100, 200)}
     ranking = [{"model": "tiny", "revision": rev, "gap": 0.01 * i, "rank": len(steps) - i, "domain_dispersion": 0.5,
-                "generic_dispersion": 0.5 - 0.01 * i, "n_domain": 9, "perplexity": 300.0 / (i + 1)} for i, rev in enumerate(steps)]
+                "generic_dispersion": 0.5 - 0.01 * i, "n_domain": 9, "perplexity": 300.0 / (i + 1)}
+               for i, rev in enumerate(steps)]
     rows = checkpoint_table(ranking, [], steps, {}, {"corpus": "c", "seed": 0})
     layers = [{"model": "tiny", "revision": rev, "layer": layer, "layer_index": j, "relative_depth": j / 3,
                "token_dispersion": 0.1 * j + 0.001 * s, "sample_dispersion": 0.2, "perplexity": 10.0, "n_chunks": 6, "gap": 0.0}
