@@ -57,6 +57,11 @@ def corpus(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def every_command_store(hub_cache, ray_local, tmp_path_factory):
     """One store written by pga (three revisions: a heatmap), diagnose, probe, converge, dispersion, select, knn, train."""
+    # Ray Data/Train set up their log handlers on the stderr of the moment they are first imported; inside
+    # CliRunner that stream is closed afterwards, and later tests' ray.data logging would hit it.
+    import ray.data  # noqa: F401
+    import ray.train  # noqa: F401
+
     root = tmp_path_factory.mktemp("every")
     text, out = corpus(root / "topics.jsonl"), root / "store"
     model = "EleutherAI/pythia-14m"
