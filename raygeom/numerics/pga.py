@@ -32,6 +32,7 @@ from threadpoolctl import threadpool_limits
 
 from raygeom.errors import InputError
 from raygeom.numerics.ties import Groups, duplicate_groups
+from raygeom.numerics.uncertainty import z_uncertainty
 
 MAX_PAIRS_PER_BIN = 256
 EXACT_RANK_PAIRS = 1 << 14
@@ -528,6 +529,14 @@ class PGAResult:
     n: int
     n_null: int
     seed: int
+    # z's Monte-Carlo error from the finite null and the empirical p-values (uncertainty.z_uncertainty);
+    # NaN where z is undefined.
+    z_se: float = float("nan")
+    z_lo: float = float("nan")
+    z_hi: float = float("nan")
+    z_half_width: float = float("nan")
+    p_upper: float = float("nan")
+    p_lower: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -544,7 +553,9 @@ def subspace_pga(
     seed: int = 0,
     device: str | None = None,
 ) -> PGAResult:
-    """Subspace PGA z-score of one layer ``H`` (N x d) against ``W_U`` (V x d).
+    """Subspace PGA z-score of one layer ``H`` (N x d) against ``W_U`` (V x d), with z's
+    Monte-Carlo error and the empirical p-values (:func:`raygeom.numerics.uncertainty.z_uncertainty`,
+    its bootstrap seeded by ``seed``).
 
     Pass ``readout`` (the d x k basis from :func:`readout_basis`) instead of
     ``w_u`` to reuse a basis across layers.
@@ -563,4 +574,8 @@ def subspace_pga(
         rho = scorer.rho_of_basis(readout[:, :k])
         nulls = [scorer.rho_of_null(k, seed, i) for i in range(n_null)]
     stats = summarize_null(rho, nulls)
-    return PGAResult(rho, stats["null_mean"], stats["null_std"], stats["z"], k, r, h.shape[0], n_null, seed)
+    error = {}
+    if np.isfinite(stats["z"]):
+        names = ("z_se", "z_lo", "z_hi", "z_half_width", "p_upper", "p_lower")
+        error = {name: value for name, value in z_uncertainty(rho, nulls, seed).items() if name in names}
+    return PGAResult(rho, stats["null_mean"], stats["null_std"], stats["z"], k, r, h.shape[0], n_null, seed, **error)

@@ -65,8 +65,8 @@ def empirical_p_values(rho: float, nulls: Sequence[float]) -> dict[str, float]:
     """
     nulls = _finite_1d("nulls", nulls)
     n = nulls.size
-    return {"p_upper": (1.0 + np.count_nonzero(nulls >= rho)) / (1.0 + n),
-            "p_lower": (1.0 + np.count_nonzero(nulls <= rho)) / (1.0 + n)}
+    return {"p_upper": float((1 + np.count_nonzero(nulls >= rho)) / (1 + n)),
+            "p_lower": float((1 + np.count_nonzero(nulls <= rho)) / (1 + n))}
 
 
 def z_delta_se(z: float, n: int) -> float:

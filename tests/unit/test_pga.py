@@ -187,3 +187,16 @@ def test_pair_layout_holds_every_pair_once_with_its_pdist_position(n, block):
     products = layout.fill(torch.from_numpy(x), torch.from_numpy(x), torch.empty(layout.n_pairs)).numpy()
     expected = pdist(x.astype(np.float64), lambda a, b: a @ b)[index]
     np.testing.assert_allclose(products, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_result_carries_z_uncertainty_of_its_own_nulls():
+    from raygeom.numerics.uncertainty import z_uncertainty
+
+    h, w_u = planted(3, n=120)
+    got = subspace_pga(h, w_u, k=4, n_null=40, seed=5)
+    nulls = null_rhos(prepare_layer(h, 1), 4, 5, range(40))
+    expected = z_uncertainty(got.rho_readout, nulls, 5)
+    for name in ("z_se", "z_lo", "z_hi", "z_half_width", "p_upper", "p_lower"):
+        assert getattr(got, name) == pytest.approx(expected[name], rel=1e-12), name
+    assert got.z_lo < got.z < got.z_hi
+    assert set(got.to_dict()) >= {"z", "z_se", "z_lo", "z_hi", "p_upper", "p_lower"}
