@@ -186,7 +186,7 @@ def _weighted_average_ranks(values: np.ndarray, weights: np.ndarray) -> np.ndarr
 
 
 def _n_bins(n_values: int) -> int:
-    return int(min(1 << 24, max(1 << 10, 1 << int(np.ceil(np.log2(max(n_values, 2) / 8))))))
+    return int(min(1 << 24, max(1 << 10, 1 << max(0, int(np.ceil(np.log2(max(n_values, 2) / 8)))))))
 
 
 def _exact_average_ranks(values: torch.Tensor) -> torch.Tensor:

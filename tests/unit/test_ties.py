@@ -158,3 +158,15 @@ def test_convergence_with_duplicated_rows_matches_scipy_average_ranks(seed, shar
     assert grid["rho_readout"][0, 0] == pytest.approx(expected["rho_readout"], abs=1e-6)
     nulls = null_grids([prepare_grid_layer(h_a, 1)], [prepare_grid_layer(h_b, 1)], k, seed, range(6))
     np.testing.assert_allclose(nulls[:, 0, 0], expected["nulls"], atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 0, 1, 1, 0], [0, 1, 2, 1, 1, 0], [0, 1, 2]])
+def test_tiny_layers_and_two_or_three_distinct_vectors(rows):
+    # N = 3 has 3 pairs and two distinct vectors have one distance besides the zeros: both used to
+    # overflow the counting sort's bin count.
+    rng = np.random.default_rng(len(rows))
+    h, w_u = rng.standard_normal((3, 8))[rows], rng.standard_normal((30, 8))
+    expected = reference.pga(h, w_u, k=3, r=0, n_null=5, seed=1)
+    got = subspace_pga(h, w_u, k=3, r=0, n_null=5, seed=1)
+    assert got.rho_readout == pytest.approx(expected["rho_readout"], abs=1e-6)
+    np.testing.assert_allclose(null_rhos(prepare_layer(h, 0), 3, 1, range(5)), expected["nulls"], atol=1e-6)
