@@ -18,7 +18,7 @@ from raygeom.numerics.uncertainty import half_sample_spread, normal_interval, z_
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
-PGA_VERSION = 2  # 2: rows carry z's uncertainty and the interval over texts
+PGA_VERSION = 3  # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
