@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 
 from raygeom.errors import InputError
+from raygeom.numerics.rank_interval import _pearson_rows
+from raygeom.numerics.uncertainty import _percentile_interval
 
 # Rows x dims converted to float64 at once; bounds the temporary copy.
 BLOCK_ELEMENTS = 1 << 24
@@ -352,3 +354,125 @@ def push_away_loss(hidden: torch.Tensor, attention_mask: torch.Tensor | None = N
     # F.normalize clamps the norm instead of branching, so a zero vector gets a finite gradient, not NaN.
     keep = torch.ones(vectors.shape[0], dtype=torch.bool, device=x.device)
     return _masked_dispersion(F.normalize(vectors, dim=-1, eps=1e-12), keep)
+
+
+# ---------------------------------------------------------------- uncertainty of the dispersion numbers
+
+MIN_GAP_POSITIONS = 200  # domain positions below which G is flagged: its chunk bootstrap half-width is then typically > 0.05
+GAP_STREAM, SLICE_STREAM = 0x6A9, 0x511CE  # second seed words: each bootstrap has its own random stream
+
+
+def side_dispersions(sums, diagonal, counts, weights=None) -> np.ndarray:
+    """(B, 2) dispersion of the domain and generic positions of a multiset of chunks, from per-chunk parts.
+
+    ``sums`` (n, 2, d): per chunk and side (0 domain, 1 generic) the sum of the unit position vectors;
+    ``diagonal`` (n, 2): the sum of their squared norms; ``counts`` (n, 2): how many positions.
+    ``weights`` (B, n): how often each chunk is taken (default: each once, B = 1). A chunk taken twice
+    contributes its positions twice, so each value is exactly the dispersion of that multiset of
+    positions (by the identity in the module docstring). NaN where a side has fewer than 2 positions.
+    """
+    sums = np.asarray(sums, dtype=np.float64)
+    diagonal, counts = np.asarray(diagonal, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    if sums.ndim != 3 or sums.shape[1] != 2 or diagonal.shape != sums.shape[:2] or counts.shape != sums.shape[:2]:
+        raise InputError(f"need sums (n, 2, d), diagonal and counts (n, 2); got {sums.shape}, {diagonal.shape}, {counts.shape}")
+    w = np.ones((1, sums.shape[0])) if weights is None else np.asarray(weights, dtype=np.float64)
+    total = np.einsum("bn,nsd->bsd", w, sums)
+    n = w @ counts
+    off = (total * total).sum(axis=-1) - w @ diagonal
+    pairs = n * (n - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pairs > 0, 1.0 - off / np.where(pairs > 0, pairs, 1.0), np.nan)
+
+
+def gap_of_parts(sums, diagonal, counts, weights=None) -> np.ndarray:
+    """(B,) G = D(domain) - D(generic) of each multiset of chunks (see :func:`side_dispersions`)."""
+    sides = side_dispersions(sums, diagonal, counts, weights)
+    return sides[:, 0] - sides[:, 1]
+
+
+def gap_interval(sums, diagonal, counts, seed: int = 0, n_boot: int = 1000, level: float = 0.95) -> dict[str, float]:
+    """G with its bootstrap over chunks (positions of one chunk are not independent, chunks are):
+    standard error and ``level`` percentile interval, each side's dispersion and the positions behind it."""
+    sums = np.asarray(sums, dtype=np.float64)
+    n = sums.shape[0]
+    if n < 2:
+        raise InputError(f"a bootstrap over chunks needs at least 2 chunks, got {n}")
+
+    counts = np.asarray(counts)
+    domain, generic = side_dispersions(sums, diagonal, counts)[0]
+    rng = np.random.default_rng([int(seed), GAP_STREAM])
+    boot = _percentile_interval(gap_of_parts(sums, diagonal, counts, rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)),
+                                level)
+    return {"gap": float(domain - generic), "domain_dispersion": float(domain), "generic_dispersion": float(generic),
+            "gap_se": boot["se"], "gap_lo": boot["lo"], "gap_hi": boot["hi"], "n_domain": int(counts[:, 0].sum()), "n_generic": int(counts[:, 1].sum())}
+
+
+def gap_warning(n_domain: int, minimum: int = MIN_GAP_POSITIONS) -> str:
+    """A line for a G that rests on too few domain positions ('' when enough)."""
+    if n_domain >= minimum:
+        return ""
+    return f"G rests on {n_domain} domain positions (< {minimum}): use more chunks or another token set"
+
+
+def _rank_rows(a: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(a, axis=-1)
+
+
+def slice_agreement_interval(labels, perplexity, token_dispersion, pooled, seed: int = 0, n_boot: int = 1000,
+                             level: float = 0.95) -> dict[str, float]:
+    """Bootstrap intervals of the slice rank agreements (token and sample level) over chunks.
+
+    Chunks are resampled within their slice (the slicing is held fixed), and per draw each slice's
+    perplexity (geometric mean), token dispersion (mean over chunks) and sample dispersion are
+    recomputed. The sample dispersion of a draw is the weighted mean cosine distance over pairs of
+    distinct chunks, sum_{i != j} w_i w_j (1 - cos_ij) / sum_{i != j} w_i w_j: a chunk drawn twice is
+    never paired with itself, which would add zero distances. Returns ``token_lo/hi`` and ``sample_lo/hi``.
+    """
+    labels = np.asarray(labels)
+    log_ppl = np.log(_vector("perplexity", perplexity))
+    token = _vector("token_dispersion", token_dispersion)
+    pooled = np.asarray(pooled, dtype=np.float64)
+    names = np.unique(labels)
+    if len(names) < 3 or pooled.shape[0] != labels.shape[0]:
+        raise InputError("slice agreement intervals need at least 3 slices and one pooled vector per chunk")
+    rng = np.random.default_rng([int(seed), SLICE_STREAM])
+    slice_ppl, slice_token, slice_sample = [], [], []
+    for name in names:
+        members = np.flatnonzero(labels == name)
+        m = members.size
+        w = rng.multinomial(m, np.full(m, 1.0 / m), size=n_boot).astype(np.float64)
+        total = w.sum(axis=1)
+        slice_ppl.append(w @ log_ppl[members] / total)
+        finite = np.isfinite(token[members])
+        wt = w[:, finite]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            slice_token.append(wt @ token[members][finite] / wt.sum(axis=1))
+        norms = np.linalg.norm(pooled[members], axis=1, keepdims=True)
+        unit = pooled[members] / np.where(norms > 0, norms, 1.0)
+        cos = unit @ unit.T
+        off = np.einsum("bi,ij,bj->b", w, cos, w) - (w * w) @ np.diag(cos)
+        pairs = total * total - (w * w).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            slice_sample.append(np.where(pairs > 0, 1.0 - off / np.where(pairs > 0, pairs, 1.0), np.nan))
+    ppl_ranks = _rank_rows(np.stack(slice_ppl, axis=1))
+    out = {}
+    for kind, values in (("token", slice_token), ("sample", slice_sample)):
+        values = np.stack(values, axis=1)
+        ok = np.isfinite(values).all(axis=1)
+        boot = _percentile_interval(_pearson_rows(_rank_rows(-values[ok]), ppl_ranks[ok]), level)
+        out[f"{kind}_lo"], out[f"{kind}_hi"] = boot["lo"], boot["hi"]
+    return out
+
+
+def bits_per_byte(nll_nats, n_predicted, n_bytes) -> float:
+    """Tokenizer-free loss: summed next-token NLL in bits over the UTF-8 bytes of the predicted text.
+
+    ``nll_nats`` is each chunk's mean NLL (nats per predicted token), ``n_predicted`` its predicted
+    tokens, ``n_bytes`` the bytes of those tokens' text: sum(nll * n_predicted) / ln 2 / sum(n_bytes)."""
+    nll, tokens, size = (np.asarray(a, dtype=np.float64) for a in (nll_nats, n_predicted, n_bytes))
+    total = float(size.sum())
+    if total <= 0:
+        raise InputError("bits per byte needs predicted text of at least one byte")
+    return float((nll * tokens).sum() / np.log(2.0) / total)

@@ -215,22 +215,27 @@ class Replica:
         return tokenize.make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
 
     def statistics(self, chunks: np.ndarray, layers: list[str], gap_spec: str | None):
-        """Token dispersion, pooled vectors and NLL of these chunks, and their dispersion-gap sums."""
+        """Token dispersion, pooled vectors and NLL of these chunks, and each chunk's dispersion-gap sums."""
         import torch
 
-        from raygeom.replica.tokens import GapAccumulator, chunk_statistics, domain_token_ids
+        from raygeom.replica.tokens import ChunkGaps, chunk_statistics, domain_token_ids
 
         self._ready()
         gaps = None
         if gap_spec:
             if self._gap_ids is None or self._gap_ids[0] != gap_spec:
                 self._gap_ids = (gap_spec, domain_token_ids(self.tokenizer, gap_spec))
-            gaps = {layer: GapAccumulator(self._gap_ids[1]) for layer in layers}
+            gaps = {layer: ChunkGaps(self._gap_ids[1]) for layer in layers}
         start = time.perf_counter()
         stats = chunk_statistics(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers, gaps)
         self.forward_seconds += time.perf_counter() - start
-        gap_parts = {name: (g.sums, g.diagonal, g.counts) for name, g in (gaps or {}).items()}
+        gap_parts = {name: g.parts() for name, g in (gaps or {}).items()}
         return stats.token_dispersion, stats.pooled, stats.nll, stats.n_predicted, gap_parts
+
+    def chunk_bytes(self, chunks: np.ndarray) -> np.ndarray:
+        """UTF-8 bytes of each chunk's predicted text (bits per byte)."""
+        self._ready()
+        return tokenize.predicted_bytes(self.tokenizer, chunks)
 
     def features(self, chunks: np.ndarray, layers: list[str]):
         """kNN-LM features: per-layer vectors at positions with a next token, those tokens, their LM log-probs."""

@@ -102,3 +102,13 @@ def make_chunks(tokenizer, texts: list[str], labels: list[str] | None, chunk_len
         chunks.append(np.concatenate([head, pieces], axis=1))
         domains += [domain] * chunks_per_domain
     return np.concatenate(chunks), domains
+
+
+def predicted_bytes(tokenizer, chunks: np.ndarray) -> np.ndarray:
+    """(n,) UTF-8 bytes of the text each chunk's model predicts (its tokens after the first), for bits per byte.
+
+    Decoded without special tokens. A character cut at a chunk's edge decodes as the replacement character,
+    and a SentencePiece decoder drops a leading space: a few bytes in a chunk of thousands."""
+    return np.array([len(tokenizer.decode([int(t) for t in row[1:]], skip_special_tokens=True,
+                                          clean_up_tokenization_spaces=False).encode("utf-8"))
+                     for row in np.asarray(chunks)], dtype=np.int64)

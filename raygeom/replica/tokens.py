@@ -102,6 +102,24 @@ class GapAccumulator:
         return DispersionGap(d_dom - d_gen, d_dom, d_gen, self.counts["domain"], self.counts["generic"])
 
 
+class ChunkGaps:
+    """A :class:`GapAccumulator` per chunk (row of a batch), so G can be bootstrapped over chunks."""
+
+    def __init__(self, domain_token_ids):
+        self.ids = domain_token_ids
+        self.chunks: list[GapAccumulator] = []
+
+    def update(self, vectors: torch.Tensor, next_ids: torch.Tensor) -> None:
+        for row in range(vectors.shape[0]):
+            accumulator = GapAccumulator(self.ids)
+            accumulator.update(vectors[row], next_ids[row])
+            self.chunks.append(accumulator)
+
+    def parts(self) -> list[tuple[dict, dict, dict]]:
+        """Per chunk: sums of unit vectors (numpy, per side), sums of their squared norms, counts."""
+        return [({side: g.sums[side].numpy() for side in g.sums}, dict(g.diagonal), dict(g.counts)) for g in self.chunks]
+
+
 def domain_token_ids(tokenizer, spec: str = "digits") -> list[int]:
     """Token ids of a domain token set.
 

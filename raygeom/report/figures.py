@@ -121,3 +121,32 @@ def write_rows(rows: list[dict], path: Path) -> Path:
     columns = list(dict.fromkeys(name for row in rows for name in row))
     atomic_write_table(pa.Table.from_pylist([{name: row.get(name) for name in columns} for row in rows]), path)
     return path
+
+
+
+def write_csv(rows: list[dict], path: Path, columns: list[str] | None = None) -> Path:
+    """Rows as CSV, floats to 5 significant digits: the copies of tables that the docs cite. Written under a
+    temporary name and renamed (no checksum sidecar: these are for people, not for resuming)."""
+    import csv
+    import io
+    import math
+    import os
+
+    columns = columns or list(dict.fromkeys(name for row in rows for name in row))
+
+    def cell(value):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        return f"{value:.5g}" if isinstance(value, float) else value
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([cell(row.get(name)) for name in columns])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(buffer.getvalue())
+    os.replace(temporary, path)
+    return path
