@@ -1,15 +1,16 @@
-"""Ray orchestration of the dispersion analyses: token-level extraction actor -> Parquet -> analyses, plots.
+"""The dispersion analyses: token-level extraction on a replica, then units of the engine.
 
-One replica actor (``raygeom.engine.replica_actor``) per (model, revision) holds the model. It cuts the
-corpus into chunks (per domain), runs batches of chunks and, from each forward
-pass, keeps per chunk and layer the token-level dispersion, the pooled vector
-and the chunk's NLL, plus the streaming dispersion gap. Everything goes to the
-store under ``dispersion/`` and ``results/dispersion_*``; the per-layer summary
-is written last and is what marks a unit complete. The driver then runs the
-authors' group protocol, the difficulty slices and the gap from those files.
+Extraction: one replica actor (``raygeom.engine.replica_actor``) per (model, revision) cuts the corpus
+into chunks (per domain) and, from each forward pass, keeps per chunk and layer the token-level
+dispersion, the pooled vector, the chunk's NLL and bytes, and the chunk's dispersion-gap sums.
+Everything goes to the store under ``dispersion/``; the per-layer summary is written last and marks
+the extraction complete.
 
-Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
-this module when the cluster is local (the CLI does).
+Analysis: one engine unit per (extraction, analysis settings), one pure step per layer (the authors'
+group protocol, the difficulty slices, the gap, each with a seeded bootstrap interval) and one for the
+per-domain summary. Rows go to ``results/dispersion_{layers,slices,groups,domains}/<unit key>.parquet``;
+the combined tables ``results/dispersion_<table>.parquet`` hold every stored unit. ``select`` ranks
+candidates by G through units ``results/dispersion_gap/``. No Ray here: the engine runs the steps.
 """
 
 from __future__ import annotations
@@ -20,18 +21,21 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-from scipy.stats import pearsonr, spearmanr
 
+from raygeom.engine.contract import Step, Unit
+from raygeom.errors import InputError, RaygeomError
+from raygeom.numerics.dispersion import (bits_per_byte, dispersion, dispersion_by_slice, gap_interval,
+                                         gap_warning, kmeans_slices, perplexity_groups, rank_agreement,
+                                         slice_agreement_interval)
+from raygeom.numerics.uncertainty import bootstrap_ci, spearman_with_ci
 from raygeom.report.figures import save_figure as _save
 from raygeom.sources.corpus import Corpus
-from raygeom.errors import RaygeomError
 from raygeom.sources.models import ModelSpec
-from raygeom.numerics.dispersion import (dispersion, dispersion_by_slice, kmeans_slices, perplexity_groups,
-                                         rank_agreement)
-from raygeom.analyses.sweep import select_layers
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
-DISPERSION_VERSION = 1
+DISPERSION_VERSION = 2  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks)
+ANALYSIS_VERSION = 1
+TABLES = ("layers", "slices", "groups", "domains")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class AnalysisSettings:
     n_groups: int = 100
     n_slices: int = 8
     gap_layer: str = "final_norm"
+    n_boot: int = 1000  # bootstrap draws of every interval
 
     def __post_init__(self):
         if self.group_size < 1:
@@ -64,6 +69,8 @@ class AnalysisSettings:
             raise RaygeomError(f"--n-groups must be at least 3 (a correlation across groups needs 3), got {self.n_groups}")
         if self.n_slices < 3:
             raise RaygeomError(f"--n-slices must be at least 3 (a rank agreement across slices needs 3), got {self.n_slices}")
+        if self.n_boot < 10:
+            raise RaygeomError(f"--n-boot must be at least 10, got {self.n_boot}")
 
     def check_against(self, n_chunks: int) -> None:
         """Refuse, before any extraction, sizes that can only give NaN group correlations or no slices."""
@@ -74,6 +81,8 @@ class AnalysisSettings:
         if self.n_slices > n_chunks:
             raise RaygeomError(f"--n-slices {self.n_slices} is more than the {n_chunks} chunks asked for; lower it")
 
+
+# ---------------------------------------------------------------- extraction (driver + replica actor)
 
 def start_worker(spec: ModelSpec, gpus: float | None = None):
     """A replica actor for token-level work (a GPU, else every CPU of a node) and its description,
@@ -95,32 +104,19 @@ def unit_key(spec: ModelSpec, corpus: Corpus, settings: DispersionSettings) -> s
                        asdict(settings))
 
 
-def _paths(store: Store, spec: ModelSpec, key: str) -> dict[str, Path]:
-    base = store.root / "dispersion" / f"model={spec.slug}" / f"revision={spec.revision}"
+def _paths_of(root: str | Path, slug: str, revision: str, key: str) -> dict[str, Path]:
+    base = Path(root) / "dispersion" / f"model={slug}" / f"revision={revision}"
     return {"chunks": base / f"chunks-{key}.parquet", "pooled": base / f"pooled-{key}.parquet",
-            "gap": base / f"gap-{key}.parquet", "layers": store.result_path("dispersion_layers", key)}
+            "gap": base / f"gap-{key}.parquet", "layers": base / f"summary-{key}.parquet"}
 
 
-def _merge_gaps(parts: list[dict]) -> dict[str, dict]:
-    merged: dict[str, dict] = {}
-    for part in parts:
-        for layer, (sums, diagonal, counts) in part.items():
-            entry = merged.setdefault(layer, {"sums": {}, "diagonal": {"domain": 0.0, "generic": 0.0},
-                                               "counts": {"domain": 0, "generic": 0}})
-            for side in ("domain", "generic"):
-                if sums[side] is not None:
-                    entry["sums"][side] = sums[side] + entry["sums"].get(side, 0)
-                entry["diagonal"][side] += diagonal[side]
-                entry["counts"][side] += counts[side]
-    return merged
+def _paths(store: Store, spec: ModelSpec, key: str) -> dict[str, Path]:
+    return _paths_of(store.root, spec.slug, spec.revision, key)
 
 
-def _side(entry: dict, side: str) -> float:
-    n = entry["counts"][side]
-    if n < 2:
-        return float("nan")
-    total = entry["sums"][side].double()
-    return 1.0 - (float(total @ total) - entry["diagonal"][side]) / (n * (n - 1))
+def is_extracted(store: Store, spec: ModelSpec, corpus: Corpus, settings: DispersionSettings) -> bool:
+    """Whether the store holds this token-level extraction, every file intact."""
+    return all(verified(p) for p in _paths(store, spec, unit_key(spec, corpus, settings)).values())
 
 
 def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: DispersionSettings,
@@ -129,9 +125,11 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
 
     Skipped when the unit's summary exists. Files of an interrupted run are overwritten.
     """
+    from raygeom.analyses.sweep import select_layers
+
     key = unit_key(spec, corpus, settings)
     paths = _paths(store, spec, key)
-    if store.has_result("dispersion_layers", key) and all(verified(p) for p in paths.values()):
+    if is_extracted(store, spec, corpus, settings):
         table = read_table(paths["layers"])
         if progress and table.num_rows:
             progress(int(table["n_chunks"][0].as_py()))
@@ -143,6 +141,7 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
         layers = wanted + ["attn_last"]
         chunks, domains = _get(worker.chunks.remote(corpus.texts, corpus.labels, settings.chunk_len, settings.chunks_per_domain,
                                                     settings.seed))
+        n_bytes = _get(worker.chunk_bytes.remote(chunks))
         n = len(domains)
         bounds = [(s, min(n, s + settings.batch_size)) for s in range(0, n, settings.batch_size)]
         refs = [worker.statistics.remote(chunks[s:e], layers, settings.domain_tokens) for s, e in bounds]
@@ -155,11 +154,27 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
         from raygeom.engine import replica_actor
 
         replica_actor.stop(worker)
-    _write_unit(paths, spec, described, layers, domains, results, key)
+    _write_unit(paths, spec, corpus, settings, described, layers, domains, np.asarray(n_bytes), results, key)
     return {"key": key, "layers": layers, "cached": False}
 
 
-def _write_unit(paths, spec: ModelSpec, described: dict, layers: list[str], domains: list[str], results, key: str) -> None:
+def _gap_parts(results, layers: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per layer: (n, 2, d) per-chunk sums of unit vectors (domain, generic), (n, 2) their squared norms, (n, 2) counts."""
+    parts = {}
+    for layer in layers:
+        per_chunk = [chunk for r in results for chunk in r[4].get(layer, [])]
+        if not per_chunk:
+            continue
+        sums = np.stack([np.stack([np.asarray(s["domain"], dtype=np.float64), np.asarray(s["generic"], dtype=np.float64)])
+                         for s, _, _ in per_chunk])
+        diagonal = np.array([[d["domain"], d["generic"]] for _, d, _ in per_chunk], dtype=np.float64)
+        counts = np.array([[c["domain"], c["generic"]] for _, _, c in per_chunk], dtype=np.int64)
+        parts[layer] = (sums, diagonal, counts)
+    return parts
+
+
+def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSettings, described: dict, layers: list[str],
+                domains: list[str], n_bytes: np.ndarray, results, key: str) -> None:
     n = len(domains)
     all_layers = described["layers"]
     depth = {name: i / (len(all_layers) - 2) for i, name in enumerate(all_layers[:-1])}
@@ -167,43 +182,62 @@ def _write_unit(paths, spec: ModelSpec, described: dict, layers: list[str], doma
     nll = np.concatenate([r[2] for r in results])
     n_predicted = results[0][3]
     chunk_ids = np.arange(n, dtype=np.int32)
-    columns = {"chunk_id": [], "domain": [], "layer": [], "layer_index": [], "token_dispersion": []}
-    for index, layer in enumerate(layers):
-        columns["chunk_id"].append(chunk_ids)
-        columns["domain"] += domains
-        columns["layer"] += [layer] * n
-        columns["layer_index"].append(np.full(n, all_layers.index(layer), dtype=np.int16))
-        columns["token_dispersion"].append(np.concatenate([r[0][layer] for r in results]))
-    chunks = pa.table({"chunk_id": np.concatenate(columns["chunk_id"]), "domain": columns["domain"], "layer": columns["layer"],
-                       "layer_index": np.concatenate(columns["layer_index"]),
-                       "token_dispersion": np.concatenate(columns["token_dispersion"]),
+    chunks = pa.table({"chunk_id": np.tile(chunk_ids, len(layers)), "domain": domains * len(layers),
+                       "layer": [l for l in layers for _ in range(n)],
+                       "layer_index": np.repeat(np.array([all_layers.index(l) for l in layers], dtype=np.int16), n),
+                       "token_dispersion": np.concatenate([np.concatenate([r[0][l] for r in results]) for l in layers]),
                        "nll": np.tile(nll, len(layers)), "perplexity": np.exp(np.tile(nll, len(layers))),
-                       "n_predicted": np.full(n * len(layers), n_predicted, dtype=np.int32)})
+                       "n_predicted": np.full(n * len(layers), n_predicted, dtype=np.int32),
+                       "n_bytes": np.tile(n_bytes.astype(np.int64), len(layers))})
     pooled = {layer: np.concatenate([r[1][layer] for r in results]).astype(np.float32) for layer in layers}
     pooled_table = pa.table({"chunk_id": np.tile(chunk_ids, len(layers)), "layer": [l for l in layers for _ in range(n)],
                              "vector": vector_column(np.concatenate([pooled[l] for l in layers]))})
-    gaps = _merge_gaps([r[4] for r in results])
-    gap_rows = [{"layer": layer, "domain_dispersion": _side(gaps[layer], "domain"),
-                 "generic_dispersion": _side(gaps[layer], "generic"), "n_domain": gaps[layer]["counts"]["domain"],
-                 "n_generic": gaps[layer]["counts"]["generic"]} for layer in layers if layer in gaps]
-    for row in gap_rows:
-        row["gap"] = row["domain_dispersion"] - row["generic_dispersion"]
+    gaps = _gap_parts(results, layers)
+    gap_layers = [l for l in layers if l in gaps]
+    if gap_layers:
+        gap_table = pa.table({
+            "chunk_id": np.tile(chunk_ids, len(gap_layers)), "layer": [l for l in gap_layers for _ in range(n)],
+            "domain_sum": vector_column(np.concatenate([gaps[l][0][:, 0] for l in gap_layers])),
+            "generic_sum": vector_column(np.concatenate([gaps[l][0][:, 1] for l in gap_layers])),
+            "domain_diagonal": np.concatenate([gaps[l][1][:, 0] for l in gap_layers]),
+            "generic_diagonal": np.concatenate([gaps[l][1][:, 1] for l in gap_layers]),
+            "n_domain": np.concatenate([gaps[l][2][:, 0] for l in gap_layers]),
+            "n_generic": np.concatenate([gaps[l][2][:, 1] for l in gap_layers])})
+    else:
+        gap_table = pa.table({"layer": pa.array([], pa.string())})
     atomic_write_table(chunks, paths["chunks"])
     atomic_write_table(pooled_table, paths["pooled"])
-    atomic_write_table(pa.Table.from_pylist(gap_rows) if gap_rows else pa.table({"layer": pa.array([], pa.string())}), paths["gap"])
+    atomic_write_table(gap_table, paths["gap"])
     token_nll_mean = float(nll.mean())
+    bpb = bits_per_byte(nll, np.full(n, n_predicted), n_bytes)
     summary = []
     for layer in layers:
         values = np.concatenate([r[0][layer] for r in results])
         summary.append({"model": spec.name, "revision": spec.revision, "layer": layer, "layer_index": all_layers.index(layer),
                         "relative_depth": depth[layer], "token_dispersion": float(np.nanmean(values)),
                         "sample_dispersion": dispersion(pooled[layer]), "perplexity": float(np.exp(token_nll_mean)),
-                        "n_chunks": n, "d": described["d"], "fingerprint": described["fingerprint"], "key": key})
+                        "bits_per_byte": bpb, "n_chunks": n, "n_bytes": int(n_bytes.sum()), "d": described["d"],
+                        "vocab_size": described.get("vocab_size"), "fingerprint": described["fingerprint"], "key": key,
+                        **extraction_provenance(spec, corpus, settings)})
     atomic_write_table(pa.Table.from_pylist(summary), paths["layers"])
 
 
+def extraction_provenance(spec: ModelSpec, corpus: Corpus, settings: DispersionSettings) -> dict:
+    """The settings behind an extraction, in every row made from it."""
+    from raygeom import __version__
+    from raygeom.sources.revisions import step_of
+
+    return {"step": step_of(spec.revision), "corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(),
+            "chunk_len": settings.chunk_len, "chunks_per_domain": settings.chunks_per_domain, "layers_selected": settings.layers,
+            "domain_tokens": settings.domain_tokens, "extraction_seed": settings.seed, "raygeom_version": __version__}
+
+
 def read_unit(store: Store, spec: ModelSpec, key: str) -> dict:
-    paths = _paths(store, spec, key)
+    return read_unit_at(str(store.root), spec.slug, spec.revision, key)
+
+
+def read_unit_at(root: str, slug: str, revision: str, key: str) -> dict:
+    paths = _paths_of(root, slug, revision, key)
     pooled = read_table(paths["pooled"])
     vectors = column_to_matrix(pooled["vector"])
     layer_col = np.asarray(pooled["layer"].to_pylist())
@@ -211,44 +245,101 @@ def read_unit(store: Store, spec: ModelSpec, key: str) -> dict:
             "pooled": {layer: vectors[layer_col == layer] for layer in dict.fromkeys(layer_col.tolist())}}
 
 
-def analyse_unit(unit: dict, analysis: AnalysisSettings, seed: int = 0) -> dict:
-    """Group protocol per layer, difficulty slices (domains and k-means), gap; rows ready for Parquet."""
-    chunks = unit["chunks"].to_pandas()
-    summary = unit["layers"].to_pylist()
-    rows, slices, groups = [], [], []
-    for row in summary:
-        layer = row["layer"]
-        part = chunks[chunks["layer"] == layer].sort_values("chunk_id")
-        ppl, disp = part["perplexity"].to_numpy(), part["token_dispersion"].to_numpy()
+def gap_parts_of(gap_table: pa.Table, layer: str):
+    """(sums (n, 2, d), diagonal (n, 2), counts (n, 2)) of one layer from a stored gap table, in chunk order; None if absent."""
+    if "chunk_id" not in gap_table.column_names:
+        return None
+    mask = np.asarray(gap_table["layer"].to_pylist()) == layer
+    if not mask.any():
+        return None
+    part = gap_table.filter(pa.array(mask))
+    order = np.argsort(part["chunk_id"].to_numpy())
+    sums = np.stack([column_to_matrix(part["domain_sum"]), column_to_matrix(part["generic_sum"])], axis=1)[order]
+    diagonal = np.stack([part["domain_diagonal"].to_numpy(), part["generic_diagonal"].to_numpy()], axis=1)[order]
+    counts = np.stack([part["n_domain"].to_numpy(), part["n_generic"].to_numpy()], axis=1)[order]
+    return sums, diagonal, counts
+
+
+# ---------------------------------------------------------------- analysis (pure steps)
+
+def _nan_interval(prefix: str) -> dict:
+    return {f"{prefix}_lo": float("nan"), f"{prefix}_hi": float("nan")}
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r; NaN (no warning) when either side is constant, as a bootstrap draw can be."""
+    x, y = x - x.mean(), y - y.mean()
+    denominator = float(np.sqrt((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def _correlations(x: np.ndarray, y: np.ndarray, prefix: str, n_boot: int, seed: int) -> dict:
+    """Spearman and Pearson of paired values with percentile-bootstrap intervals over the pairs (NaN below 4 pairs)."""
+    from scipy.stats import spearmanr
+
+    out = {f"{prefix}_spearman": float(spearmanr(x, y)[0]) if len(x) >= 3 else float("nan"),
+           f"{prefix}_pearson": _pearson(x, y) if len(x) >= 3 else float("nan")}
+    try:
+        rank = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
+        linear = bootstrap_ci((x, y), _pearson, seed=seed, n_boot=n_boot)
+        out.update({f"{prefix}_spearman_lo": rank["lo"], f"{prefix}_spearman_hi": rank["hi"],
+                    f"{prefix}_pearson_lo": linear["lo"], f"{prefix}_pearson_hi": linear["hi"]})
+    except InputError:
+        out.update({**_nan_interval(f"{prefix}_spearman"), **_nan_interval(f"{prefix}_pearson")})
+    return out
+
+
+def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: AnalysisSettings,
+                  seed: int) -> tuple[dict, list, list]:
+    """One layer: group protocol, chunk correlations, slices (domains and k-means) and the gap, with intervals."""
+    layer = row["layer"]
+    ppl, disp = part["perplexity"].to_numpy(), part["token_dispersion"].to_numpy()
+    groups = []
+    try:
+        result = perplexity_groups(ppl, disp, analysis.group_size, analysis.n_groups)
+        keep = np.isfinite(result.mean_dispersion)
+        row = {**row, **_correlations(result.mean_perplexity[keep], result.mean_dispersion[keep], "group", analysis.n_boot, seed),
+               "n_groups": len(result.members)}
+        groups = [{"model": row["model"], "revision": row["revision"], "layer": layer, "group": i, "n_chunks": len(m),
+                   "mean_perplexity": float(p), "mean_dispersion": float(d)}
+                  for i, (p, d, m) in enumerate(zip(result.mean_perplexity, result.mean_dispersion, result.members))]
+    except InputError:
+        row = {**row, "group_spearman": float("nan"), "group_pearson": float("nan"), "n_groups": 0,
+               **_nan_interval("group_spearman"), **_nan_interval("group_pearson")}
+    finite = np.isfinite(disp)
+    row.update(_correlations(ppl[finite], disp[finite], "chunk", analysis.n_boot, seed))
+    slices = []
+    for kind, labels in _slice_labels(part["domain"].to_numpy(), pooled, analysis.n_slices, seed):
+        names, sample_disp = dispersion_by_slice(pooled, labels)
+        slice_ppl = np.array([float(np.exp(np.mean(np.log(ppl[labels == s])))) for s in names])
+        slice_token = np.array([float(np.nanmean(disp[labels == s])) for s in names])
+        for s, sd, td, sp in zip(names, sample_disp, slice_token, slice_ppl):
+            slices.append({"model": row["model"], "revision": row["revision"], "layer": layer, "slicing": kind,
+                           "slice": str(s), "n_chunks": int((labels == s).sum()), "sample_dispersion": float(sd),
+                           "token_dispersion": float(td), "perplexity": float(sp)})
+        keep = np.isfinite(sample_disp)
+        row[f"{kind}_agreement_sample"] = rank_agreement(sample_disp[keep], slice_ppl[keep]) if keep.sum() >= 3 else float("nan")
+        row[f"{kind}_agreement_token"] = rank_agreement(slice_token, slice_ppl) if len(names) >= 3 else float("nan")
         try:
-            result = perplexity_groups(ppl, disp, analysis.group_size, analysis.n_groups)
-            row = {**row, "group_spearman": result.spearman, "group_pearson": result.pearson, "n_groups": len(result.members)}
-            groups += [{"model": row["model"], "revision": row["revision"], "layer": layer, "group": i,
-                        "mean_perplexity": float(p), "mean_dispersion": float(d)}
-                       for i, (p, d) in enumerate(zip(result.mean_perplexity, result.mean_dispersion))]
-        except RaygeomError:
-            row = {**row, "group_spearman": float("nan"), "group_pearson": float("nan"), "n_groups": 0}
-        finite = np.isfinite(disp)
-        row["chunk_spearman"] = float(spearmanr(ppl[finite], disp[finite])[0])
-        row["chunk_pearson"] = float(pearsonr(ppl[finite], disp[finite])[0])
-        pooled = unit["pooled"][layer]
-        for kind, labels in _slice_labels(part["domain"].to_numpy(), pooled, analysis.n_slices, seed):
-            names, sample_disp = dispersion_by_slice(pooled, labels)
-            slice_ppl = np.array([float(np.exp(np.mean(np.log(ppl[labels == s])))) for s in names])
-            slice_token = np.array([float(np.nanmean(disp[labels == s])) for s in names])
-            for s, sd, td, sp in zip(names, sample_disp, slice_token, slice_ppl):
-                slices.append({"model": row["model"], "revision": row["revision"], "layer": layer, "slicing": kind,
-                               "slice": str(s), "n_chunks": int((labels == s).sum()), "sample_dispersion": float(sd),
-                               "token_dispersion": float(td), "perplexity": float(sp)})
-            keep = np.isfinite(sample_disp)
-            row[f"{kind}_agreement_sample"] = rank_agreement(sample_disp[keep], slice_ppl[keep]) if keep.sum() >= 3 else float("nan")
-            row[f"{kind}_agreement_token"] = rank_agreement(slice_token, slice_ppl) if len(names) >= 3 else float("nan")
-        rows.append(row)
-    gap = {r["layer"]: r for r in unit["gap"].to_pylist()}
-    for row in rows:
-        g = gap.get(row["layer"], {})
-        row.update({"gap": g.get("gap", float("nan")), "gap_n_domain": g.get("n_domain", 0)})
-    return {"layers": rows, "slices": slices, "groups": groups}
+            interval = slice_agreement_interval(labels, ppl, disp, pooled, seed, analysis.n_boot)
+        except InputError:
+            interval = {"token_lo": float("nan"), "token_hi": float("nan"), "sample_lo": float("nan"), "sample_hi": float("nan")}
+        for level in ("token", "sample"):
+            row[f"{kind}_agreement_{level}_lo"] = interval[f"{level}_lo"]
+            row[f"{kind}_agreement_{level}_hi"] = interval[f"{level}_hi"]
+    row.update(_gap_columns(gap_parts, analysis.n_boot, seed))
+    return row, slices, groups
+
+
+def _gap_columns(gap_parts, n_boot: int, seed: int) -> dict:
+    if gap_parts is None:
+        return {"gap": float("nan"), "gap_se": float("nan"), "gap_lo": float("nan"), "gap_hi": float("nan"),
+                "gap_n_domain": 0, "gap_n_generic": 0, "gap_warning": "no domain token set"}
+    sums, diagonal, counts = gap_parts
+    result = gap_interval(sums, diagonal, counts, seed, n_boot)
+    return {"gap": result["gap"], "gap_se": result["gap_se"], "gap_lo": result["gap_lo"], "gap_hi": result["gap_hi"],
+            "gap_n_domain": result["n_domain"], "gap_n_generic": result["n_generic"],
+            "gap_warning": gap_warning(result["n_domain"])}
 
 
 def _slice_labels(domains: np.ndarray, pooled: np.ndarray, n_slices: int, seed: int):
@@ -260,33 +351,149 @@ def _slice_labels(domains: np.ndarray, pooled: np.ndarray, n_slices: int, seed: 
     return out
 
 
-def run_dispersion(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, analysis: AnalysisSettings,
-                   progress_factory: Callable[[str, int], Callable[[int], None]] | None = None) -> dict:
-    """Extract and analyse every model; write the combined tables under ``results/`` and return them."""
-    combined = {"layers": [], "slices": [], "groups": [], "domains": []}
-    for spec in specs:
-        progress = progress_factory(f"{spec.name}@{spec.revision}", 0) if progress_factory else None
-        info = extract_unit(store, spec, corpus, settings, progress)
-        unit = read_unit(store, spec, info["key"])
-        if analysis.gap_layer not in unit["pooled"]:
-            raise RaygeomError(f"gap layer '{analysis.gap_layer}' was not extracted; extracted: {', '.join(unit['pooled'])}")
-        result = analyse_unit(unit, analysis, settings.seed)
-        result["domains"] = domain_summary(store, spec, info["key"], analysis.gap_layer)
-        for name in combined:
-            combined[name] += result[name]
-    for name, rows in combined.items():
-        atomic_write_table(pa.Table.from_pylist(rows), store.root / "results" / f"dispersion_{name}.parquet")
-    return combined
+def _analysis_columns(analysis: AnalysisSettings, seed: int, unit: str) -> dict:
+    return {"group_size": analysis.group_size, "n_groups_max": analysis.n_groups, "n_slices": analysis.n_slices,
+            "gap_layer": analysis.gap_layer, "n_boot": analysis.n_boot, "seed": seed, "unit_key": unit}
 
 
-def domain_summary(store: Store, spec: ModelSpec, key: str, layer: str) -> list[dict]:
-    """Per domain: mean token dispersion at ``layer`` and perplexity (exp of mean NLL); model-level points."""
-    chunks = read_unit(store, spec, key)["chunks"].to_pandas()
+def layer_step(root: str, slug: str, revision: str, key: str, layer: str, analysis: AnalysisSettings, seed: int):
+    """A unit's part: one layer's row, slices and groups, read from the stored extraction."""
+    unit = read_unit_at(root, slug, revision, key)
+    row = next(r for r in unit["layers"].to_pylist() if r["layer"] == layer)
+    chunks = unit["chunks"].to_pandas()
+    part = chunks[chunks["layer"] == layer].sort_values("chunk_id")
+    return analyse_layer(row, part, unit["pooled"][layer], gap_parts_of(unit["gap"], layer), analysis, seed)
+
+
+def domains_step(root: str, slug: str, revision: str, key: str, layer: str) -> list[dict]:
+    """Per domain at ``layer``: mean token dispersion, perplexity (exp of mean NLL) and bits per byte."""
+    unit = read_unit_at(root, slug, revision, key)
+    summary = unit["layers"].to_pylist()[0]
+    chunks = unit["chunks"].to_pandas()
     part = chunks[chunks["layer"] == layer]
     rows = []
     for domain, group in part.groupby("domain"):
-        rows.append({"model": spec.name, "domain": domain, "layer": layer, "token_dispersion": float(group["token_dispersion"].mean()),
-                     "perplexity": float(np.exp(group["nll"].mean()))})
+        rows.append({"model": summary["model"], "revision": summary["revision"], "domain": domain, "layer": layer,
+                     "token_dispersion": float(group["token_dispersion"].mean()),
+                     "perplexity": float(np.exp(group["nll"].mean())),
+                     "bits_per_byte": bits_per_byte(group["nll"], group["n_predicted"], group["n_bytes"]),
+                     "n_chunks": len(group)})
+    return rows
+
+
+def analyse_unit(unit: dict, analysis: AnalysisSettings, seed: int = 0) -> dict:
+    """In-process form of the engine's units (same pure steps): layers, slices and groups rows of one extraction."""
+    chunks = unit["chunks"].to_pandas()
+    rows, slices, groups = [], [], []
+    for row in unit["layers"].to_pylist():
+        part = chunks[chunks["layer"] == row["layer"]].sort_values("chunk_id")
+        r, s, g = analyse_layer(row, part, unit["pooled"][row["layer"]], gap_parts_of(unit["gap"], row["layer"]), analysis, seed)
+        rows.append(r)
+        slices += s
+        groups += g
+    return {"layers": rows, "slices": slices, "groups": groups}
+
+
+def analysis_unit(store: Store, spec: ModelSpec, extraction_key: str, layers: list[str], analysis: AnalysisSettings,
+                  seed: int, provenance: dict) -> Unit:
+    """One engine unit per (extraction, analysis settings): a step per layer and one for the domains."""
+    root = str(store.root)
+    key = content_key("dispersion_analysis", ANALYSIS_VERSION, extraction_key, asdict(analysis), seed)
+    columns = {**provenance, **_analysis_columns(analysis, seed, key)}
+
+    def finish(values: list) -> list[dict]:
+        *per_layer, domains = values
+        slices = [{**s, **columns} for _, layer_slices, _ in per_layer for s in layer_slices]
+        groups = [{**g, **columns} for _, _, layer_groups in per_layer for g in layer_groups]
+        # Side tables first: a unit's layer rows (written by the engine) never exist without them.
+        store.write_result("dispersion_slices", key, slices)
+        store.write_result("dispersion_groups", key, groups)
+        store.write_result("dispersion_domains", key, [{**d, **columns} for d in domains])
+        return [{**row, **columns} for row, _, _ in per_layer]
+
+    parts = [Step(layer_step, (root, spec.slug, spec.revision, extraction_key, layer, analysis, seed)) for layer in layers]
+    parts.append(Step(domains_step, (root, spec.slug, spec.revision, extraction_key, analysis.gap_layer)))
+    return Unit(analysis="dispersion_layers", key=key, label=f"{spec.name}@{spec.revision} dispersion analysis",
+                parts=parts, finish=finish)
+
+
+def _read_side(store: Store, table: str, key: str) -> list[dict]:
+    return store.read_results(table, [key]).to_pylist()
+
+
+def run_dispersion(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, analysis: AnalysisSettings,
+                   progress_factory: Callable[[str, int], Callable[[int], None]] | None = None,
+                   analysis_progress: Callable[[int], None] | None = None) -> dict:
+    """Extract every model, analyse each extraction as one engine unit, write the combined tables under
+    ``results/`` (every stored unit) and return this job's rows."""
+    from raygeom.engine.units import accumulated_rows, run_units
+
+    units = []
+    for spec in specs:
+        progress = progress_factory(f"{spec.name}@{spec.revision}", 0) if progress_factory else None
+        info = extract_unit(store, spec, corpus, settings, progress)
+        if analysis.gap_layer not in info["layers"]:
+            raise RaygeomError(f"gap layer '{analysis.gap_layer}' was not extracted; extracted: {', '.join(info['layers'])}")
+        units.append(analysis_unit(store, spec, info["key"], info["layers"], analysis, settings.seed,
+                                   extraction_provenance(spec, corpus, settings)))
+    job = {"layers": run_units(store, units, analysis_progress)}
+    for table in TABLES[1:]:
+        job[table] = [row for unit in units for row in _read_side(store, f"dispersion_{table}", unit.key)]
+    for table, rows in job.items():
+        # Stores written before the engine units kept extraction summaries under results/dispersion_layers/: no unit_key.
+        combined = [row for row in accumulated_rows(store, f"dispersion_{table}", rows) if row.get("unit_key")]
+        atomic_write_table(pa.Table.from_pylist(combined), store.root / "results" / f"dispersion_{table}.parquet")
+    return job
+
+
+# ---------------------------------------------------------------- select: ranking by the gap
+
+GAP_VERSION = 1
+
+
+def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: int, seed: int) -> dict:
+    """G at ``layer`` with its chunk bootstrap, the sides' dispersions, perplexity and bits per byte."""
+    unit = read_unit_at(root, slug, revision, key)
+    parts = gap_parts_of(unit["gap"], layer)
+    if parts is None:
+        raise RaygeomError(f"layer '{layer}' not extracted for {slug}@{revision}; "
+                           f"extracted: {', '.join(unit['layers']['layer'].to_pylist())}")
+    sums, diagonal, counts = parts
+    summary = next(r for r in unit["layers"].to_pylist() if r["layer"] == layer)
+    result = gap_interval(sums, diagonal, counts, seed, n_boot)
+    return {"model": summary["model"], "revision": revision, "layer": layer, **result,
+            "perplexity": summary["perplexity"],
+            "bits_per_byte": summary.get("bits_per_byte"), "gap_warning": gap_warning(result["n_domain"]),
+            **{k: summary.get(k) for k in ("step", "corpus", "corpus_fingerprint", "chunk_len", "chunks_per_domain",
+                                           "domain_tokens", "extraction_seed", "raygeom_version", "fingerprint")}}
+
+
+def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, layer: str,
+                n_boot: int = 1000, progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Candidates (models or checkpoints) ranked by the dispersion gap at ``layer``, largest first, each with
+    G's bootstrap interval over chunks and the positions behind it."""
+    from raygeom.engine.units import run_units
+
+    if not settings.domain_tokens:
+        raise RaygeomError("a domain token set is needed to rank by the dispersion gap")
+    units = []
+    for spec in specs:
+        info = extract_unit(store, spec, corpus, settings)
+        if layer not in info["layers"]:
+            raise RaygeomError(f"layer '{layer}' not extracted for {spec.name}; extracted: {', '.join(info['layers'])}")
+        key = content_key("dispersion_gap", GAP_VERSION, info["key"], layer, n_boot, settings.seed)
+        units.append(Unit(analysis="dispersion_gap", key=key, label=f"{spec.name}@{spec.revision} gap at {layer}",
+                          parts=[Step(gap_step, (str(store.root), spec.slug, spec.revision, info["key"], layer, n_boot,
+                                                 settings.seed))],
+                          finish=lambda values, key=key: {**values[0], "n_boot": n_boot, "seed": settings.seed, "unit_key": key}))
+    rows = run_units(store, units, progress)
+    thin = [f"{r['model']}@{r['revision']}" for r in rows if r["n_domain"] < 2]
+    if thin:
+        raise RaygeomError(f"fewer than 2 domain-token positions for {', '.join(thin)}; use more chunks or another token set")
+    rows.sort(key=lambda r: (-r["gap"], r["model"], r["revision"]))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    atomic_write_table(pa.Table.from_pylist(rows), store.root / "results" / "dispersion_select.parquet")
     return rows
 
 
@@ -301,18 +508,21 @@ def _pyplot():
     return plt
 
 
+def _interval(row: dict, name: str) -> str:
+    lo, hi = row.get(f"{name}_lo", float("nan")), row.get(f"{name}_hi", float("nan"))
+    return f"{row.get(name, float('nan')):+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
 def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers: list[str], path: Path) -> Path:
     """The authors' figure: per selected layer, group mean dispersion against group mean perplexity."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.4 * len(layers), 3.2), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.3), dpi=110, squeeze=False)
     stats = {r["layer"]: r for r in layers_rows if r["model"] == model}
     for ax, layer in zip(axes[0], layers):
         pts = [g for g in groups if g["model"] == model and g["layer"] == layer]
         ax.plot([g["mean_perplexity"] for g in pts], [g["mean_dispersion"] for g in pts], "o", ms=4)
         s = stats.get(layer, {})
-        ax.set_title(f"{layer}\nSpearman {s.get('group_spearman', float('nan')):+.2f}  Pearson {s.get('group_pearson', float('nan')):+.2f}", fontsize=8)
+        ax.set_title(f"{layer}\nSpearman {_interval(s, 'group_spearman')}\nPearson {_interval(s, 'group_pearson')}", fontsize=7)
         ax.set_xlabel("group mean perplexity", fontsize=8)
     axes[0][0].set_ylabel("group mean token dispersion", fontsize=8)
     fig.suptitle(model, fontsize=9)
@@ -321,16 +531,19 @@ def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers:
 
 
 def plot_layer_profile(rows: list[dict], path: Path) -> Path:
-    """Per model, by relative depth: token dispersion, sample dispersion and the group Spearman."""
+    """Per model, by relative depth: token dispersion, sample dispersion and the group Spearman with its interval."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
     for model in dict.fromkeys(r["model"] for r in rows):
         part = sorted((r for r in rows if r["model"] == model and r["layer"] != "attn_last"), key=lambda r: r["relative_depth"])
         x = [r["relative_depth"] for r in part]
         for ax, field_name in zip(axes, ("token_dispersion", "sample_dispersion", "group_spearman")):
-            ax.plot(x, [r[field_name] for r in part], marker="o", ms=3, label=model)
+            line, = ax.plot(x, [r[field_name] for r in part], marker="o", ms=3, label=model)
+        lo = [r.get("group_spearman_lo", float("nan")) for r in part]
+        hi = [r.get("group_spearman_hi", float("nan")) for r in part]
+        axes[2].fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
     for ax, title in zip(axes, ("token-level dispersion (mean over chunks)", "sample-level dispersion (pooled chunks)",
-                                "Spearman(group perplexity, group dispersion)")):
+                                "Spearman(group perplexity, group dispersion), 95 % band")):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("relative depth (embed = 0, final norm = 1)", fontsize=8)
     axes[2].axhline(0, color="black", lw=0.7)
@@ -340,42 +553,41 @@ def plot_layer_profile(rows: list[dict], path: Path) -> Path:
 
 
 def plot_models(points: list[dict], path: Path) -> Path:
-    """Model-level (and per-domain) dispersion against perplexity, across models."""
+    """Per domain, dispersion against perplexity and against bits per byte (comparable across tokenizers)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 4), dpi=110)
-    for model in dict.fromkeys(p["model"] for p in points):
-        part = [p for p in points if p["model"] == model]
-        sc = ax.scatter([p["perplexity"] for p in part], [p["token_dispersion"] for p in part], label=model, s=25)
-        for p in part:
-            ax.annotate(p["domain"], (p["perplexity"], p["token_dispersion"]), fontsize=6, color=sc.get_facecolor()[0])
-    ax.set_xlabel("perplexity (exp mean token NLL)")
-    ax.set_ylabel(f"token dispersion at {points[0]['layer'] if points else ''}")
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for ax, x_name, label in ((axes[0], "perplexity", "perplexity (exp mean token NLL)"),
+                              (axes[1], "bits_per_byte", "bits per byte (tokenizer-free)")):
+        for model in dict.fromkeys(p["model"] for p in points):
+            part = [p for p in points if p["model"] == model]
+            sc = ax.scatter([p.get(x_name, float("nan")) for p in part], [p["token_dispersion"] for p in part], label=model, s=25)
+            for p in part:
+                ax.annotate(p["domain"], (p.get(x_name, float("nan")), p["token_dispersion"]), fontsize=6,
+                            color=sc.get_facecolor()[0])
+        ax.set_xlabel(label)
+        ax.set_ylabel(f"token dispersion at {points[0]['layer'] if points else ''}")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, layer: str) -> list[dict]:
-    """Candidates (models or checkpoints) ranked by the dispersion gap at ``layer``, largest first."""
-    if not settings.domain_tokens:
-        raise RaygeomError("a domain token set is needed to rank by the dispersion gap")
-    rows = []
-    for spec in specs:
-        info = extract_unit(store, spec, corpus, settings)
-        unit = read_unit(store, spec, info["key"])
-        gaps = {r["layer"]: r for r in unit["gap"].to_pylist()}
-        if layer not in gaps:
-            raise RaygeomError(f"layer '{layer}' not extracted for {spec.name}; extracted: {', '.join(gaps)}")
-        g = gaps[layer]
-        rows.append({"model": spec.name, "revision": spec.revision, "layer": layer, "gap": g["gap"],
-                     "domain_dispersion": g["domain_dispersion"], "generic_dispersion": g["generic_dispersion"],
-                     "n_domain": g["n_domain"], "n_generic": g["n_generic"],
-                     "perplexity": unit["layers"]["perplexity"][0].as_py(), "domain_tokens": settings.domain_tokens})
-    if any(r["n_domain"] < 2 for r in rows):
-        thin = [f"{r['model']}@{r['revision']}" for r in rows if r["n_domain"] < 2]
-        raise RaygeomError(f"fewer than 2 domain-token positions for {', '.join(thin)}; use more chunks or another token set")
-    rows.sort(key=lambda r: (-r["gap"], r["model"], r["revision"]))
-    for rank, row in enumerate(rows, 1):
-        row["rank"] = rank
-    atomic_write_table(pa.Table.from_pylist(rows), store.root / "results" / "dispersion_select.parquet")
-    return rows
+def plot_select(rows: list[dict], path: Path) -> Path:
+    """G per candidate (model@revision, in rank order) with its 95 % bootstrap interval; thin ones hollow."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(rows) + 2), 3.8), dpi=110)
+    x = np.arange(len(rows))
+    gap = np.array([r["gap"] for r in rows])
+    err = np.array([[r["gap"] - r["gap_lo"], r["gap_hi"] - r["gap"]] for r in rows]).T
+    ax.errorbar(x, gap, yerr=np.nan_to_num(err), fmt="none", ecolor="grey", capsize=3)
+    thin = np.array([bool(r.get("gap_warning")) for r in rows])
+    if (~thin).any():
+        ax.plot(x[~thin], gap[~thin], "o", color="C0", label="G")
+    if thin.any():
+        ax.plot(x[thin], gap[thin], "o", mfc="none", color="C3", label="few domain positions")
+    ax.axhline(0, color="black", lw=0.7)
+    ax.set_xticks(x, [f"{r['model']}@{r['revision']}" for r in rows], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(f"dispersion gap G at {rows[0]['layer'] if rows else ''}")
+    ax.set_title("G with 95 % bootstrap interval over chunks", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -267,7 +267,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     dsettings = dp.DispersionSettings(settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all",
                                       settings.domain_tokens, settings.seed)
     analysis = dp.AnalysisSettings(settings.group_size, settings.n_groups, 8, settings.gap_layer)
-    missing = [s for s in specs if not store.has_result("dispersion_layers", dp.unit_key(s, corpus, dsettings))]
+    missing = [s for s in specs if not dp.is_extracted(store, s, corpus, dsettings)]
     with progress_bar(console) as progress:
         def factory(label, _):
             task = progress.add_task(f"dispersion {label}", total=len(set(corpus.labels or ["all"])) * settings.chunks_per_domain)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -68,6 +69,53 @@ def _progress():
     return progress_bar(console)
 
 
+def _interval(row: dict, name: str, digits: int = 2) -> str:
+    """value [lo, hi] of a column with its interval columns, compact for the console."""
+    value, lo, hi = row.get(name), row.get(f"{name}_lo"), row.get(f"{name}_hi")
+    if not isinstance(value, float) or value != value:
+        return "nan"
+    if not isinstance(lo, float) or lo != lo:
+        return f"{value:+.{digits}f}"
+    return f"{value:+.{digits}f} [{lo:+.{digits}f},{hi:+.{digits}f}]"
+
+
+def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report: Optional[Path]) -> list[Path]:
+    """CSV copies of the tables (names as docs/results cite them) and the plots, into ``report``."""
+    if report is None:
+        return []
+    import shutil
+
+    from raygeom.report.figures import write_csv
+
+    written = [write_csv(rows, report / f"{name}.csv") for name, rows in rows_by_name.items()]
+    for path in plots:
+        if path.parent.resolve() != report.resolve():
+            temporary = report / f".{path.name}.tmp"
+            shutil.copyfile(path, temporary)
+            temporary.replace(report / path.name)
+        written.append(report / path.name)
+    return written
+
+
+ReportOption = typer.Option(None, "--report", help="Also write the CSV copies of the tables and the plots into this "
+                            "directory (e.g. docs/results/dispersion).")
+
+
+def _check_report(report: Optional[Path]) -> None:
+    """A --report directory that cannot be made fails before any work, with one line."""
+    if report is None:
+        return
+    try:
+        report.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RaygeomError(f"report directory {report} cannot be created: {error.strerror or error}") from None
+    if not os.access(report, os.W_OK):
+        raise RaygeomError(f"report directory {report} is not writable")
+
+
+NBootOption = typer.Option(1000, "--n-boot", help="Bootstrap draws behind every interval (seeded by --seed).")
+
+
 def dispersion(
     model: list[str] = typer.Option(["smollm2"], "--model", "-m", help="Built-in name, hub id, model dir or .gguf. Repeatable."),
     revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s). Repeatable."),
@@ -81,13 +129,16 @@ def dispersion(
     n_groups: int = typer.Option(100, "--n-groups", help="Groups kept, evenly spaced in mean perplexity."),
     n_slices: int = typer.Option(8, "--n-slices", help="k-means slices for the difficulty analysis."),
     model_layer: str = typer.Option("final_norm", "--model-layer", help="Layer of the cross-model and gap summaries."),
+    n_boot: int = NBootOption,
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("runs/dispersion"), "--out", "-o", help="Store directory."),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Where PNGs go (default: <out>/plots)."),
+    report: Optional[Path] = ReportOption,
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = NumCpusOption,
 ):
-    """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap."""
+    """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap,
+    each correlation with a 95 % bootstrap interval; bits per byte beside perplexity."""
     from raygeom.sources.corpus import load_corpus
     from raygeom.store.tree import Store, check_writable
 
@@ -96,8 +147,9 @@ def dispersion(
         from raygeom.analyses.dispersion import AnalysisSettings, DispersionSettings
 
         settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, layers, domain_tokens, seed)
-        analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer)
+        analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer, n_boot)
         specs = _specs(model, revision)
+        _check_report(report)
         store = Store(out)
         check_writable(store.root)
         text = load_corpus(corpus)
@@ -110,20 +162,44 @@ def dispersion(
                 task = bar.add_task(f"chunks {label}", total=len(set(text.labels or ["all"])) * chunks_per_domain)
                 return lambda n: bar.advance(task, n)
 
-            result = dp.run_dispersion(store, specs, text, settings, analysis, factory)
+            analysed = bar.add_task("analysis (layers x models)", total=None)
+            result = dp.run_dispersion(store, specs, text, settings, analysis, factory, lambda n: bar.advance(analysed, n))
         plot_dir = plots or store.root / "plots"
+        written = []
         for name in dict.fromkeys(r["model"] for r in result["layers"]):
-            rows = [r for r in result["layers"] if r["model"] == name]
-            console.print(_table(rows, ["layer", "token_dispersion", "sample_dispersion", "group_spearman", "group_pearson",
-                                        "chunk_spearman", "domain_agreement_sample", "kmeans_agreement_sample", "gap"],
-                                 f"dispersion  {name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['n_chunks']} chunks)"))
-            ordered = [r["layer"] for r in sorted(rows, key=lambda r: r["relative_depth"]) if r["layer"] != "attn_last"]
+            for revision_name in dict.fromkeys(r["revision"] for r in result["layers"] if r["model"] == name):
+                rows = [dict(r) for r in result["layers"] if r["model"] == name and r["revision"] == revision_name]
+                for row in rows:
+                    for label, column in (("group Spearman", "group_spearman"), ("group Pearson", "group_pearson"),
+                                          ("chunk Spearman", "chunk_spearman")):
+                        row[label] = _interval(row, column)
+                    row["G"] = _interval(row, "gap", 3)
+                    for kind in ("domain", "kmeans"):
+                        for level in ("token", "sample"):
+                            row[f"{kind} {level}"] = _interval(row, f"{kind}_agreement_{level}")
+                title = (f"{name}@{revision_name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['bits_per_byte']:.4f} bits "
+                         f"per byte, {rows[0]['n_chunks']} chunks; [95 % bootstrap interval])")
+                console.print(_table(rows, ["layer", "token_dispersion", "sample_dispersion", "group Spearman", "group Pearson",
+                                            "chunk Spearman", "G", "gap_n_domain"], f"dispersion against perplexity  {title}"))
+                console.print(_table(rows, ["layer", "domain token", "domain sample", "kmeans token", "kmeans sample"],
+                                     f"slice rank agreement, Spearman(-slice dispersion, slice perplexity), token- and "
+                                     f"sample-level dispersion  {name}@{revision_name}"))
+                warning = next((r["gap_warning"] for r in rows if r["layer"] == model_layer and r.get("gap_warning")), "")
+                if warning:
+                    console.print(f"[yellow]warning:[/] {name}@{revision_name} at {model_layer}: {warning}", highlight=False)
+            depth = sorted((r for r in result["layers"] if r["model"] == name), key=lambda r: r["relative_depth"])
+            ordered = list(dict.fromkeys(r["layer"] for r in depth if r["layer"] != "attn_last"))
             picks = list(dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-2], ordered[-1], "attn_last"]))
-            dp.plot_groups(result["groups"], result["layers"], name, picks, plot_dir / f"groups_{name.replace('/', '--')}.png")
-        dp.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png")
-        dp.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png")
-        console.print(_table(result["domains"], ["model", "domain", "token_dispersion", "perplexity"], f"per domain at {model_layer}"))
-        console.print(f"tables: {store.root / 'results'}\nplots:  {plot_dir}")
+            written.append(dp.plot_groups(result["groups"], result["layers"], name, picks,
+                                          plot_dir / f"groups_{name.replace('/', '--')}.png"))
+        written.append(dp.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png"))
+        written.append(dp.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png"))
+        console.print(_table(result["domains"], ["model", "revision", "domain", "token_dispersion", "perplexity", "bits_per_byte",
+                                                 "n_chunks"],
+                             f"per domain at {model_layer} (bits per byte compare across tokenizers; perplexity does not)"))
+        _write_report({name: result[name] for name in ("layers", "slices", "groups", "domains")}, written, report)
+        console.print(f"tables: {store.root / 'results'} (dispersion_layers/slices/groups/domains.parquet)\nplots:  {plot_dir}"
+                      + (f"\nreport: {report}" if report else ""))
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
@@ -139,12 +215,16 @@ def select(
     chunk_len: int = typer.Option(512, "--chunk-len"),
     chunks_per_domain: int = typer.Option(10, "--chunks-per-domain"),
     batch_size: int = typer.Option(4, "--batch-size"),
+    n_boot: int = NBootOption,
     seed: int = typer.Option(0, "--seed"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store (default: the job's out, or runs/select)."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Where the PNG goes (default: <out>/plots)."),
+    report: Optional[Path] = ReportOption,
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = NumCpusOption,
 ):
-    """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free."""
+    """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free;
+    G with its 95 % bootstrap interval over chunks and the positions behind it."""
     from raygeom.sources.corpus import load_corpus
     from raygeom.store.tree import Store, check_writable
 
@@ -152,6 +232,8 @@ def select(
         _prepare(address)
         from raygeom.analyses.dispersion import DispersionSettings
 
+        if n_boot < 10:
+            raise RaygeomError(f"--n-boot must be at least 10, got {n_boot}")
         if job is not None:
             from raygeom.jobspec import load_job
             from raygeom.engine.pipeline import job_models
@@ -163,16 +245,25 @@ def select(
                 raise RaygeomError("give --job or at least one --model")
             specs, root = _specs(model, revision), out or Path("runs/select")
         settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, "all", domain_tokens, seed)
+        _check_report(report)
         store = Store(root)
         check_writable(store.root)
         text = load_corpus(corpus)
         _start(address, num_cpus)
-        from raygeom.analyses.dispersion import rank_by_gap
-
-        rows = rank_by_gap(store, specs, text, settings, layer)
-        console.print(_table(rows, ["rank", "model", "revision", "gap", "domain_dispersion", "generic_dispersion", "n_domain",
-                                    "perplexity"], f"dispersion gap at {layer}, domain tokens: {domain_tokens}"))
-        console.print(f"table: {store.root / 'results' / 'dispersion_select.parquet'}")
+        from raygeom.analyses.dispersion import plot_select, rank_by_gap
+        rows = rank_by_gap(store, specs, text, settings, layer, n_boot)
+        shown = [{**r, "G [95%]": _interval(r, "gap", 3)} for r in rows]
+        console.print(_table(shown, ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion",
+                                     "n_domain", "n_generic", "perplexity", "bits_per_byte"],
+                             f"dispersion gap at {layer}, domain tokens: {domain_tokens} (interval: bootstrap over chunks, "
+                             f"{n_boot} draws; bits per byte compare across tokenizers)"))
+        for row in rows:
+            if row.get("gap_warning"):
+                console.print(f"[yellow]warning:[/] {row['model']}@{row['revision']}: {row['gap_warning']}", highlight=False)
+        plot = plot_select(rows, (plots or store.root / "plots") / "select_gap.png")
+        _write_report({"select": rows}, [plot], report)
+        console.print(f"table: {store.root / 'results' / 'dispersion_select.parquet'}\nplot:  {plot}"
+                      + (f"\nreport: {report}" if report else ""))
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))

@@ -112,3 +112,71 @@ def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
     assert "chunk-len must be at least 2" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_intervals_bits_per_byte_and_provenance_in_every_row(finished, labelled_corpus):
+    store, specs, result = finished
+    unit = dp.read_unit(store, specs[0], dp.unit_key(specs[0], labelled_corpus, SETTINGS))
+    chunks = unit["chunks"].to_pandas()
+    final = chunks[chunks["layer"] == "final_norm"]
+    _, tokenizer = load_model(specs[0])
+    ids, _ = make_chunks(tokenizer, labelled_corpus.texts, labelled_corpus.labels, 32, 6, seed=3)
+    by_hand = [len(tokenizer.decode(row[1:].tolist()).encode("utf-8")) for row in ids]
+    assert final.sort_values("chunk_id")["n_bytes"].tolist() == by_hand
+    bpb = float((final["nll"] * final["n_predicted"]).sum() / np.log(2) / final["n_bytes"].sum())
+    for row in result["layers"]:
+        for name in ("group_spearman", "group_pearson", "chunk_spearman", "chunk_pearson", "gap"):
+            assert row[f"{name}_lo"] <= row[name] + 1e-9 and row[name] - 1e-9 <= row[f"{name}_hi"], (row["layer"], name)
+        assert row["gap_n_domain"] + row["gap_n_generic"] == 18 * 31
+        assert row["gap_warning"]  # 18 tiny chunks hold far fewer than 200 digit positions
+        for name in ("model", "revision", "step", "corpus", "corpus_fingerprint", "chunk_len", "group_size", "n_boot", "seed",
+                     "domain_tokens", "raygeom_version", "unit_key", "key"):
+            assert row[name] is not None, name
+    first = [r for r in result["layers"] if r["revision"] == specs[0].revision]
+    assert first[0]["bits_per_byte"] == pytest.approx(bpb, rel=1e-9)
+    assert {r["step"] for r in result["layers"]} == {1000, 0}
+    for table in ("slices", "groups", "domains"):
+        assert all(r["unit_key"] and r["corpus_fingerprint"] and r["raygeom_version"] for r in result[table])
+
+
+def test_analysis_units_resume_and_tables_accumulate_every_job(finished, labelled_corpus):
+    store, specs, result = finished
+    again = dp.run_dispersion(store, specs[:1], labelled_corpus, SETTINGS, ANALYSIS)
+    assert again["layers"] == [r for r in result["layers"] if r["revision"] == specs[0].revision]  # read back, not recomputed
+    other = dp.AnalysisSettings(group_size=2, n_groups=5, n_slices=3, gap_layer="final_norm", n_boot=50)
+    third = dp.run_dispersion(store, specs[:1], labelled_corpus, SETTINGS, other)
+    combined = pq.read_table(store.root / "results" / "dispersion_layers.parquet").to_pylist()
+    assert len(combined) == len(result["layers"]) + len(third["layers"])
+    assert {r["group_size"] for r in combined} == {3, 2}
+    # The same seed gives the same numbers in process (one layer at a time) as through the engine's units.
+    unit = dp.read_unit(store, specs[0], dp.unit_key(specs[0], labelled_corpus, SETTINGS))
+    local = dp.analyse_unit(unit, ANALYSIS, SETTINGS.seed)["layers"]
+    engine = [r for r in result["layers"] if r["revision"] == specs[0].revision]
+    for mine, theirs in zip(local, engine):
+        for name in ("group_spearman_lo", "chunk_pearson_hi", "domain_agreement_token_lo", "gap_se", "gap_hi"):
+            assert mine[name] == pytest.approx(theirs[name], nan_ok=True)
+
+
+def test_cli_dispersion_and_select_write_tables_plots_and_the_report(hub_cache, labelled_corpus, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out, report, corpus = tmp_path / "store", tmp_path / "report", tmp_path / "topics.jsonl"
+    pairs = zip(labelled_corpus.texts, labelled_corpus.labels)
+    corpus.write_text("".join(json.dumps({"text": text, "label": label}) + "\n" for text, label in pairs))
+    common = ["-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(corpus), "--chunk-len", "32",
+              "--chunks-per-domain", "6", "--n-boot", "50", "--num-cpus", "1", "-o", str(out), "--report", str(report)]
+    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", *common, "--group-size", "3", "--n-groups", "5",
+                           "--n-slices", "3"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for column in ("domain token", "domain sample", "kmeans token", "kmeans sample", "bits per byte"):
+        assert column in done.stdout, column
+    assert "slice rank agreement" in done.stdout
+    for name in ("layers", "slices", "groups", "domains"):
+        assert (out / "results" / f"dispersion_{name}.parquet").is_file()
+        assert (report / f"{name}.csv").read_text().count("\n") > 1
+    assert (report / "layer_profile.png").is_file() and (report / "models_dispersion_vs_perplexity.png").is_file()
+    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "select", *common], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warning:" in done.stdout and "domain positions" in done.stdout
+    assert (out / "plots" / "select_gap.png").stat().st_size > 5_000
+    assert (report / "select.csv").is_file() and (out / "results" / "dispersion_select.parquet").is_file()
