@@ -153,7 +153,8 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     if late_role is not None:
         lines.append(f"- **Collapse comes later** (PGA paper: small models lose alignment in late, non-final layers while loss "
                      f"keeps improving): {len(collapsed)} of {len(zones)} checkpoints have a collapse zone (late non-final "
-                     f"layers with z < {job.sweep.collapse_threshold:g} while an earlier layer has z > {job.sweep.positive_z:g})"
+                     f"layers with z < {job.sweep.collapse_threshold:g} while an earlier layer has z > {job.sweep.positive_z:g}, "
+                     "both decided on the 95% interval of z where the sweep stored one)"
                      + (f", at steps {', '.join(str(z['step']) for z in collapsed)}" if collapsed else "")
                      + f"; the last block ({late_role['layer']}) peaks at z = {_f(late_role['z_peak'])} (step {late_role['peak_step']}) "
                      f"and ends at {_f(late_role['z_last'])}.")

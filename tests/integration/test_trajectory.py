@@ -142,3 +142,25 @@ def test_trajectory_rerun_computes_nothing(trajectory):
     again = run_trajectory_job(load_job(job_file), Console(quiet=True))
     assert again["swept"].computed_units == 0 and again["computed_dispersion_units"] == 0
     assert [r["gap"] for r in again["rows"]] == [r["gap"] for r in first["rows"]]
+
+
+def test_cli_train_saves_checkpoints_through_ray_train_and_reuses_them(ray_local, tmp_path):
+    from typer.testing import CliRunner
+
+    from raygeom.cli.root import app
+    from raygeom.sources.models import resolve_models
+    from raygeom.testing import TINY_TEXT
+
+    sentences = [s for s in TINY_TEXT.split(" . ") if s]
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("\n".join(f"{sentences[i % 5]} . {sentences[(i + 1) % 5]} . {sentences[(i + 3) % 5]}" for i in range(60)))
+    args = ["train", "--corpus", str(corpus), "--steps", "5", "--batch-size", "4", "--seq-len", "16", "--hidden-size", "32",
+            "--n-layers", "2", "--vocab-size", "300", "--eval-every", "5", "--save-every", "2", "--log-until", "2",
+            "--out", str(tmp_path / "out")]
+    first = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert first.exit_code == 0, first.output
+    run_dir = tmp_path / "out" / "checkpoints" / "lam0-seed0"
+    assert [s.step for s in resolve_models(str(run_dir))] == [0, 1, 2, 4, 5]
+    assert (run_dir / "heldout.jsonl").is_file() and (run_dir / train.RUN_MARKER).is_file()
+    again = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert again.exit_code == 0 and "cached" in again.output
