@@ -22,15 +22,17 @@ def _interval(s: dict) -> str:
             f"bootstrap over checkpoints [{_f(s['boot_lo'], 2, True)}, {_f(s['boot_hi'], 2, True)}])")
 
 
-def _verdict_early(organisation: list[dict], last_step: int, log_until: int) -> tuple[str, str]:
+def _verdict_early(organisation: list[dict], last_step: int) -> tuple[str, str]:
+    """'Set early' read as: the middle layer reaches half of its peak z within the first quarter of the run."""
     middle = next((o for o in organisation if o["role"] == "middle"), None)
     if middle is None or middle["z_peak"] is None or middle["z_peak"] <= 2:
         return "not seen", "the middle layer never reaches z > 2, so there is no organisation to date"
     half = middle["half_peak_step"]
     share = half / last_step if last_step else float("nan")
-    status = "seen" if half is not None and half <= log_until else "not seen"
-    return status, (f"the middle layer ({middle['layer']}) reaches half of its peak z ({_f(middle['z_peak'])}) by step {half}, "
-                    f"{share:.0%} of the {last_step} steps")
+    status = "seen" if half is not None and share <= 0.25 else "not seen"
+    return status, (f"the middle layer ({middle['layer']}) reaches half of its peak z ({_f(middle['z_peak'])}, at step "
+                    f"{middle['peak_step']}) by step {half}, {share:.0%} of the {last_step} steps (read as early: within "
+                    "the first quarter)")
 
 
 def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_rows: list[dict], picked: dict[str, str]) -> Path:
@@ -64,7 +66,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     paired = [(r["token_dispersion"], -perplexity[r["revision"]]) for r in final_rows if r["revision"] in perplexity]
     if len(paired) >= 4:
         dispersion_agreement = spearman_with_ci(*zip(*paired), n_boot=settings.bootstrap, seed=settings.seed)
-    early_status, early_text = _verdict_early(organisation, last_step, log_until)
+    early_status, early_text = _verdict_early(organisation, last_step)
     late_role = next((o for o in organisation if o["role"] == "late"), None)
     flagged = [r["revision"] for r in rows if r["weights_flag"]]
     wall = outputs["wall_s"]
