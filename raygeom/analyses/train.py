@@ -39,7 +39,8 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.errors import RaygeomError
-from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, content_key, read_table
+from raygeom.report.figures import save_text
+from raygeom.store.tree import Store, atomic_write_table, content_key, read_table
 
 TRAIN_VERSION = 1
 DATA_SEED = 0
@@ -420,14 +421,14 @@ def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointP
            "history": str(history_path)}
     if checkpoints is not None:
         root = Path(checkpoints.run_dir)
-        atomic_write_text("".join(json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
+        save_text("".join(json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
                                   for i, t in enumerate(data.heldout_texts)), root / "heldout.jsonl")
         if data.tokenizer is not None:
             data.tokenizer.save_pretrained(root)
         row.update(run_dir=str(root), n_checkpoints=len(checkpoints.steps))
     store.write_result("train_runs", key, row)
     if checkpoints is not None:  # last: it is what marks the trajectory complete
-        atomic_write_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings), "row": row},
+        save_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings), "row": row},
                                      indent=2), Path(checkpoints.run_dir) / RUN_MARKER)
     return row
 

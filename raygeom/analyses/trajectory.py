@@ -105,9 +105,9 @@ def pick_layers(layers: list[str]) -> dict[str, str]:
     return {"early": blocks[0], "middle": blocks[len(blocks) // 2], "late": blocks[-1], "final": layers[-1]}
 
 
-def organisation_summary(z_rows: list[dict], layers: dict[str, str]) -> list[dict]:
-    """Per picked layer: z at the first and last checkpoint, its peak and where, and the first step at which
-    z reached half of its peak (how early organisation is set)."""
+def organisation_summary(z_rows: list[dict], layers: dict[str, str], positive_z: float = 2.0) -> list[dict]:
+    """Per picked layer: z at the first and last checkpoint, its peak and where, the first step at which z
+    reached half of its peak and the first at which it exceeded ``positive_z`` (how early organisation is set)."""
     out = []
     for role, layer in layers.items():
         series = sorted((r for r in z_rows if r["layer"] == layer and r["z"] == r["z"]), key=lambda r: r["step"])
@@ -115,8 +115,10 @@ def organisation_summary(z_rows: list[dict], layers: dict[str, str]) -> list[dic
             continue
         peak = max(series, key=lambda r: r["z"])
         half = next((r["step"] for r in series if peak["z"] > 0 and r["z"] >= peak["z"] / 2), None)
+        organised = next((r["step"] for r in series if r["z"] > positive_z), None)
         out.append({"role": role, "layer": layer, "z_first": series[0]["z"], "z_last": series[-1]["z"], "z_peak": peak["z"],
-                    "peak_step": peak["step"], "half_peak_step": half, "last_step": series[-1]["step"],
+                    "peak_step": peak["step"], "half_peak_step": half, "first_organised_step": organised,
+                    "last_step": series[-1]["step"],
                     "drop_from_peak": peak["z"] - series[-1]["z"]})
     return out
 
@@ -307,10 +309,11 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         "gap_vs_perplexity": plot_gap_against_perplexity(rows, plots / "trajectory_gap_vs_perplexity.png",
                                                          f"Dispersion gap G ({settings.domain_tokens}) and held-out perplexity: {model}"),
     }
-    organisation = organisation_summary(table, picked)
+    organisation = organisation_summary(table, picked, job.sweep.positive_z)
     _print(console, rows, summary, organisation)
     wall = time.perf_counter() - started
-    outputs.update(rows=rows, summary=summary, organisation=organisation, figures=figures, wall_s=wall)
+    outputs.update(rows=rows, summary=summary, organisation=organisation, figures=figures, wall_s=wall,
+                   full_run=full_run_record(store, trained, wall, swept.computed_units, len(missing)))
     if settings.report:
         from raygeom.analyses.trajectory_report import write_report
 
@@ -321,6 +324,31 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
                   f"trajectory_dispersion.parquet\nplots:  {plots}")
     announce_report(store.root, console)
     return outputs
+
+
+FULL_RUN = "results/trajectory_full_run.json"
+
+
+def full_run_record(store, trained: dict | None, wall: float, pga_units: int, dispersion_units: int) -> dict | None:
+    """The wall time of the last invocation that trained (the whole job, end to end), kept for the report and
+    the README: a rerun that reuses everything must not overwrite it with its own few minutes."""
+    import json
+    import os
+    from datetime import datetime, timezone
+
+    from raygeom.store.tree import atomic_write_text
+
+    path = store.root / FULL_RUN
+    if trained is not None and not trained.get("cached"):
+        record = {"wall_s": wall, "train_wall_s": trained["wall_s"], "pga_units": pga_units, "dispersion_units": dispersion_units,
+                  "load_1min_at_end": os.getloadavg()[0], "cpus": os.cpu_count(),
+                  "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_text(json.dumps(record, indent=2), path)
+        return record
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _print(console, rows: list[dict], summary: list[dict], organisation: list[dict]) -> None:

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from raygeom.store.tree import atomic_write_text
+from raygeom.report.figures import save_text
 
 
 def _f(value, digits: int = 2, sign: bool = False) -> str:
@@ -30,9 +30,33 @@ def _verdict_early(organisation: list[dict], last_step: int) -> tuple[str, str]:
     half = middle["half_peak_step"]
     share = half / last_step if last_step else float("nan")
     status = "seen" if half is not None and share <= 0.25 else "not seen"
+    first = middle.get("first_organised_step")
     return status, (f"the middle layer ({middle['layer']}) reaches half of its peak z ({_f(middle['z_peak'])}, at step "
                     f"{middle['peak_step']}) by step {half}, {share:.0%} of the {last_step} steps (read as early: within "
-                    "the first quarter)")
+                    f"the first quarter); it first exceeds z = 2 at step {first if first is not None else 'never'}")
+
+
+def _verdict(lo: float, hi: float) -> str:
+    """What a 95% interval of a rank correlation (positive = the claim) says."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "undecided (too few checkpoints)"
+    if lo > 0:
+        return "supported"
+    if hi < 0:
+        return "contradicted on this run"
+    return "undecided (the interval includes 0)"
+
+
+def _wall_line(outputs: dict, load: float) -> str:
+    full, swept = outputs.get("full_run"), outputs["swept"]
+    line = "- **Wall time**: "
+    if full:
+        line += (f"the whole job, training included, took {full['wall_s'] / 60:.1f} min (training {full['train_wall_s'] / 60:.1f} min; "
+                 f"finished {full['finished']}, {full['cpus']} CPUs, 1-minute load average {full['load_1min_at_end']:.1f} at the end: "
+                 "other engineers' jobs shared the cores). ")
+    line += (f"This regeneration took {outputs['wall_s'] / 60:.1f} min and computed {swept.computed_units} PGA units and "
+             f"{outputs['computed_dispersion_units']} dispersion units (a rerun computes none).")
+    return line
 
 
 def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_rows: list[dict], picked: dict[str, str]) -> Path:
@@ -50,7 +74,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
             shutil.copyfile(figure, target)
             links[name] = f"{figures_dir.name}/{name}.png"
     rows, summary, organisation = outputs["rows"], outputs["summary"], outputs["organisation"]
-    trained, swept = outputs["trained"], outputs["swept"]
+    swept = outputs["swept"]
     settings = job.trajectory
     train = job.train.settings if job.train is not None else None
     steps = sorted({r["step"] for r in z_rows})
@@ -100,12 +124,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
         f"- **Dispersion**: {settings.chunks_per_domain} chunks of {settings.chunk_len} tokens per topic from the held-out "
         f"articles; the dispersion gap G at `{settings.gap_layer}` with domain tokens `{settings.domain_tokens}` "
         "(what `raygeom select` ranks by).",
-        f"- **Wall time**: this invocation took {wall / 60:.1f} min"
-        + (f"; the training it reused took {trained['wall_s'] / 60:.1f} min" if trained and trained.get("cached") else
-           (f", of which training {trained['wall_s'] / 60:.1f} min" if trained else ""))
-        + f" (2-core machine, 1-minute load average {load:.1f} at the end; other jobs shared the cores). "
-        f"It computed {swept.computed_units} PGA units and {outputs['computed_dispersion_units']} dispersion units; "
-        "a rerun computes none.",
+        _wall_line(outputs, load),
         "",
         "## Subspace PGA over step x layer",
         "",
@@ -114,11 +133,13 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
         lines += [f"![z heatmap]({links['heatmap']})", ""]
     if "z_vs_step" in links:
         lines += [f"![z against step]({links['z_vs_step']})", ""]
-    lines += ["| layer | role | z at step 0 | peak z | at step | half of peak by step | z at the last step |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [f"| layer | role | z at step 0 | first step with z > {job.sweep.positive_z:g} | half of peak by step | peak z | at step "
+              "| z at the last step |", "|---|---|---|---|---|---|---|---|"]
     for o in organisation:
-        lines.append(f"| {o['layer']} | {o['role']} | {_f(o['z_first'], 2, True)} | {_f(o['z_peak'], 2, True)} | {o['peak_step']} | "
-                     f"{o['half_peak_step'] if o['half_peak_step'] is not None else 'n/a'} | {_f(o['z_last'], 2, True)} |")
+        first = o.get("first_organised_step")
+        lines.append(f"| {o['layer']} | {o['role']} | {_f(o['z_first'], 2, True)} | {first if first is not None else 'never'} | "
+                     f"{o['half_peak_step'] if o['half_peak_step'] is not None else 'n/a'} | {_f(o['z_peak'], 2, True)} | "
+                     f"{o['peak_step']} | {_f(o['z_last'], 2, True)} |")
     uncertainty = bool(z_rows) and all(r.get("z_lo") is not None and r.get("z_hi") is not None for r in z_rows)
     lines += ["", ("Bands are the z intervals stored with each unit." if uncertainty else
                    f"No per-unit uncertainty columns existed in the sweep table when this page was generated; with {job.pga.n_null} "
@@ -160,10 +181,20 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
                      + (f", at steps {', '.join(str(z['step']) for z in collapsed)}" if collapsed else "")
                      + f"; the last block ({late_role['layer']}) peaks at z = {_f(late_role['z_peak'])} (step {late_role['peak_step']}) "
                      f"and ends at {_f(late_role['z_last'])}.")
-    lines.append(f"- **G tracks quality** (dispersion paper): Spearman(G, -perplexity) {_f(everything['spearman'], 2, True)} over "
-                 f"all checkpoints, {_f(late['spearman'], 2, True)} over the late ones (intervals above).")
+    if final_rows:
+        low = min(final_rows, key=lambda r: r["token_dispersion"])
+        lines.append(f"- **Dispersion over training**: token-level dispersion at `{final_layer}` starts at "
+                     f"{_f(final_rows[0]['token_dispersion'], 3)}, falls to {_f(low['token_dispersion'], 3)} at step {low['step']} "
+                     f"and ends at {_f(final_rows[-1]['token_dispersion'], 3)}; sample-level dispersion from "
+                     f"{_f(final_rows[0]['sample_dispersion'], 3)} to {_f(final_rows[-1]['sample_dispersion'], 3)}. A dip and "
+                     "recovery makes a single rank correlation over all checkpoints a poor summary.")
+    lines.append(f"- **G tracks quality** (dispersion paper): {_verdict(everything['fisher_lo'], everything['fisher_hi'])}: "
+                 f"Spearman(G, -perplexity) {_f(everything['spearman'], 2, True)} over all checkpoints "
+                 f"(Fisher [{_f(everything['fisher_lo'], 2, True)}, {_f(everything['fisher_hi'], 2, True)}]); over the late ones "
+                 f"{_f(late['spearman'], 2, True)}, {_verdict(late['fisher_lo'], late['fisher_hi'])}.")
     if dispersion_agreement is not None:
-        lines.append(f"- **Higher dispersion, lower perplexity** (dispersion paper): token-level dispersion at `{final_layer}` "
+        lines.append(f"- **Higher dispersion, lower perplexity** (dispersion paper): "
+                     f"{_verdict(dispersion_agreement.fisher_lo, dispersion_agreement.fisher_hi)}: token-level dispersion at `{final_layer}` "
                      f"against -perplexity across checkpoints, Spearman {_f(dispersion_agreement.rho, 2, True)} "
                      f"(Fisher [{_f(dispersion_agreement.fisher_lo, 2, True)}, {_f(dispersion_agreement.fisher_hi, 2, True)}]).")
     lines += [
@@ -175,14 +206,15 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
         f"- It cannot test the scale claim: the PGA paper's two regimes are about width (d <= 1024 against d >= 2048); one",
         f"  run at d = {train.hidden_size if train else '?'} sits far inside the small regime and has nothing to compare against.",
         f"- k = {job.pga.k} of d = {train.hidden_size if train else '?'} is a large share of the space (the paper used k = 100",
-        "  of d >= 512), so readout and random subspaces overlap more and |z| is smaller than the paper's values.",
+        "  of d >= 512), so readout and random subspaces overlap more; z values are not comparable in size with the paper's.",
         f"- {len(steps)} checkpoints of one seed are one trajectory: neighbouring checkpoints are not independent samples,",
-        "  so both intervals on the Spearman are optimistic; over all checkpoints the agreement is dominated by the",
-        "  obvious early improvement, which is why the late-only figure is the sharper test of `select`.",
+        "  so both intervals on the Spearman are optimistic; over all checkpoints the comparison mixes the first",
+        "  steps' collapse and recovery with the slow late improvement, which is why the late-only figure is the",
+        "  sharper test of `select` (and with few late checkpoints it decides little).",
         "- A few million tokens is far from convergence (Pythia saw 300B); 'late' here means late in this run, not the",
         "  over-trained regime in which the paper's small models collapse. Learning-rate decay and training time are",
         "  confounded along the step axis.",
         "",
     ]
-    atomic_write_text("\n".join(lines), path)
+    save_text("\n".join(lines), path)
     return path

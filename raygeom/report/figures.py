@@ -114,6 +114,17 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
+def save_text(text: str, path: Path) -> Path:
+    """Write a page or a small file for people and other tools (no checksum sidecar, unlike the store's files),
+    under a temporary name renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+    return path
+
+
 def write_rows(rows: list[dict], path: Path) -> Path:
     import pyarrow as pa
 

@@ -60,4 +60,5 @@ def test_layer_picks_and_when_organisation_appears():
     assert picked == {"early": "block_00", "middle": "block_03", "late": "block_05", "final": "final_norm"}
     z = [{"layer": "block_03", "step": s, "z": v} for s, v in zip((0, 1, 2, 4, 8), (0.1, 1.0, 4.0, 8.0, 6.0))]
     (summary,) = organisation_summary(z, {"middle": "block_03"})
+    assert summary["first_organised_step"] == 2
     assert (summary["peak_step"], summary["half_peak_step"], summary["z_last"], summary["drop_from_peak"]) == (4, 2, 6.0, 2.0)
