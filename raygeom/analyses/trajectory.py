@@ -58,21 +58,28 @@ def checkpoint_table(ranking: list[dict], evaluations: list[dict], steps: dict[s
     return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["revision"]))
 
 
+def rank_interval(x, y, n_boot: int, seed: int) -> dict:
+    """Spearman with two 95% intervals (numerics.uncertainty): Fisher z with the Bonett-Wright variance, and a
+    percentile bootstrap over the pairs (here: over checkpoints)."""
+    from raygeom.numerics.uncertainty import spearman_with_ci
+
+    fisher = spearman_with_ci(x, y, seed=seed, method="fisher")
+    boot = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
+    return {"spearman": fisher["rho"], "fisher_lo": fisher["lo"], "fisher_hi": fisher["hi"], "boot_lo": boot["lo"],
+            "boot_hi": boot["hi"], "n_boot": n_boot}
+
+
 def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[dict]:
     """Spearman(G, -held-out perplexity) with Fisher-z and bootstrap intervals, over every checkpoint and over the
     late ones; and whether select's top checkpoint is the lowest-perplexity one."""
     import numpy as np
-
-    from raygeom.numerics.rank_interval import spearman_with_ci
 
     out = []
     subsets = [("all checkpoints", rows), (f"steps >= {late_from}", [r for r in rows if (r["step"] or 0) >= late_from])]
     for name, part in subsets:
         row = {"subset": name, "n": len(part)}
         if len(part) >= 4:
-            result = spearman_with_ci([r["gap"] for r in part], [-r["heldout_perplexity"] for r in part], n_boot=n_boot, seed=seed)
-            row.update(spearman=result.rho, fisher_lo=result.fisher_lo, fisher_hi=result.fisher_hi, boot_lo=result.boot_lo,
-                       boot_hi=result.boot_hi, n_boot=result.n_boot)
+            row.update(rank_interval([r["gap"] for r in part], [-r["heldout_perplexity"] for r in part], n_boot, seed))
         else:
             row.update(spearman=float("nan"), fisher_lo=float("nan"), fisher_hi=float("nan"), boot_lo=float("nan"),
                        boot_hi=float("nan"), n_boot=0)

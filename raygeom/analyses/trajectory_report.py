@@ -18,7 +18,7 @@ def _f(value, digits: int = 2, sign: bool = False) -> str:
 
 
 def _interval(s: dict) -> str:
-    return (f"{_f(s['spearman'], 3, True)} (n = {s['n']}; 95% Fisher-z [{_f(s['fisher_lo'], 2, True)}, {_f(s['fisher_hi'], 2, True)}], "
+    return (f"{_f(s['spearman'], 3, True)} (n = {s['n']}; 95% Fisher-z, Bonett-Wright variance [{_f(s['fisher_lo'], 2, True)}, {_f(s['fisher_hi'], 2, True)}], "
             f"bootstrap over checkpoints [{_f(s['boot_lo'], 2, True)}, {_f(s['boot_hi'], 2, True)}])")
 
 
@@ -34,6 +34,19 @@ def _verdict_early(organisation: list[dict], last_step: int) -> tuple[str, str]:
     return status, (f"the middle layer ({middle['layer']}) reaches half of its peak z ({_f(middle['z_peak'])}, at step "
                     f"{middle['peak_step']}) by step {half}, {share:.0%} of the {last_step} steps (read as early: within "
                     f"the first quarter); it first exceeds z = 2 at step {first if first is not None else 'never'}")
+
+
+def _lowest_block(z_rows: list[dict]) -> str:
+    blocks = [r for r in z_rows if r["layer"].startswith("block_") and r["z"] == r["z"]]
+    if not blocks:
+        return ""
+    low = min(blocks, key=lambda r: r["z"])
+    if low["z"] >= 0:
+        return f" No block has z below 0 (lowest {_f(low['z'], 2, True)})."
+    organised = min((r["step"] for r in blocks if r["z"] > 2), default=None)
+    when = ("before any block is organised (z > 2 first at step " + str(organised) + ")"
+            if organised is None or low["step"] < organised else "after organisation had appeared")
+    return f" The lowest z of any block is {_f(low['z'], 2, True)} ({low['layer']}, step {low['step']}), {when}."
 
 
 def _verdict(lo: float, hi: float) -> str:
@@ -62,7 +75,7 @@ def _wall_line(outputs: dict, load: float) -> str:
 def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_rows: list[dict], picked: dict[str, str]) -> Path:
     import pyarrow.parquet as pq
 
-    from raygeom.numerics.rank_interval import spearman_with_ci
+    from raygeom.analyses.trajectory import rank_interval
 
     path = Path(path)
     figures_dir = path.parent / path.stem
@@ -89,7 +102,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     dispersion_agreement = None
     paired = [(r["token_dispersion"], -perplexity[r["revision"]]) for r in final_rows if r["revision"] in perplexity]
     if len(paired) >= 4:
-        dispersion_agreement = spearman_with_ci(*zip(*paired), n_boot=settings.bootstrap, seed=settings.seed)
+        dispersion_agreement = rank_interval(*zip(*paired), settings.bootstrap, settings.seed)
     early_status, early_text = _verdict_early(organisation, last_step)
     late_role = next((o for o in organisation if o["role"] == "late"), None)
     flagged = [r["revision"] for r in rows if r["weights_flag"]]
@@ -180,7 +193,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
                      "both decided on the 95% interval of z where the sweep stored one)"
                      + (f", at steps {', '.join(str(z['step']) for z in collapsed)}" if collapsed else "")
                      + f"; the last block ({late_role['layer']}) peaks at z = {_f(late_role['z_peak'])} (step {late_role['peak_step']}) "
-                     f"and ends at {_f(late_role['z_last'])}.")
+                     f"and ends at {_f(late_role['z_last'])}." + _lowest_block(z_rows))
     if final_rows:
         low = min(final_rows, key=lambda r: r["token_dispersion"])
         lines.append(f"- **Dispersion over training**: token-level dispersion at `{final_layer}` starts at "
@@ -194,9 +207,9 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
                  f"{_f(late['spearman'], 2, True)}, {_verdict(late['fisher_lo'], late['fisher_hi'])}.")
     if dispersion_agreement is not None:
         lines.append(f"- **Higher dispersion, lower perplexity** (dispersion paper): "
-                     f"{_verdict(dispersion_agreement.fisher_lo, dispersion_agreement.fisher_hi)}: token-level dispersion at `{final_layer}` "
-                     f"against -perplexity across checkpoints, Spearman {_f(dispersion_agreement.rho, 2, True)} "
-                     f"(Fisher [{_f(dispersion_agreement.fisher_lo, 2, True)}, {_f(dispersion_agreement.fisher_hi, 2, True)}]).")
+                     f"{_verdict(dispersion_agreement['fisher_lo'], dispersion_agreement['fisher_hi'])}: token-level dispersion at `{final_layer}` "
+                     f"against -perplexity across checkpoints, Spearman {_f(dispersion_agreement['spearman'], 2, True)} "
+                     f"(Fisher [{_f(dispersion_agreement['fisher_lo'], 2, True)}, {_f(dispersion_agreement['fisher_hi'], 2, True)}]).")
     lines += [
         "",
         "## What a model this small can and cannot show",

@@ -47,6 +47,7 @@ def test_checkpoint_table_ranks_by_the_trainers_perplexity_and_agreement_matches
     assert summary[1]["n"] == 4 and summary[1]["spearman"] == pytest.approx(spearmanr(gaps[3:], -ppl[3:])[0])
     assert summary[0]["select_pick"] == "step600" and summary[0]["pick_is_best"] and summary[0]["pick_perplexity_rank"] == 1
     assert summary[0]["fisher_lo"] < summary[0]["spearman"] < summary[0]["fisher_hi"]
+    assert summary[0]["boot_lo"] <= summary[0]["spearman"] <= summary[0]["boot_hi"]
 
 
 def test_without_trainer_evaluations_the_chunk_perplexity_is_the_target():
