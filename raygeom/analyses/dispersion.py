@@ -33,7 +33,7 @@ from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
-DISPERSION_VERSION = 2  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks)
+DISPERSION_VERSION = 2  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one
 ANALYSIS_VERSION = 1
 TABLES = ("layers", "slices", "groups", "domains")
 

@@ -36,7 +36,8 @@ from raygeom.errors import RaygeomError
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
-KNN_VERSION = 1
+# 2: chunks start with BOS where the tokenizer adds one (Gemma); stores made before are recomputed.
+KNN_VERSION = 2
 MARKER = "_COMPLETE.json"
 
 
