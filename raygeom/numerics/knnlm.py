@@ -158,10 +158,10 @@ def _log_probs(name: str, x) -> np.ndarray:
     return a
 
 
-def interpolated_perplexity(lm_log_probs_of_targets, knn_log_probs_of_targets, lam: float) -> float:
-    """``exp(-mean log(lam p_knn + (1 - lam) p_lm))``, in log space with logaddexp.
+def interpolated_log_probs(lm_log_probs_of_targets, knn_log_probs_of_targets, lam: float) -> np.ndarray:
+    """Per token ``log(lam p_knn + (1 - lam) p_lm)``, in log space with logaddexp.
 
-    lam=0 returns the base LM perplexity exactly and lam=1 the kNN-only one;
+    lam=0 returns the LM log-probabilities exactly and lam=1 the kNN ones;
     -inf kNN log-probabilities (target not among the neighbours) are fine for lam < 1.
     """
     lm = _log_probs("lm_log_probs_of_targets", lm_log_probs_of_targets)
@@ -171,12 +171,15 @@ def interpolated_perplexity(lm_log_probs_of_targets, knn_log_probs_of_targets, l
     if not 0.0 <= lam <= 1.0:
         raise InputError(f"lam must be in [0, 1], got {lam}")
     if lam == 0.0:
-        mixed = lm
-    elif lam == 1.0:
-        mixed = knn
-    else:
-        mixed = np.logaddexp(np.log(lam) + knn, np.log1p(-lam) + lm)
-    return float(np.exp(-mixed.mean()))
+        return lm
+    if lam == 1.0:
+        return knn
+    return np.logaddexp(np.log(lam) + knn, np.log1p(-lam) + lm)
+
+
+def interpolated_perplexity(lm_log_probs_of_targets, knn_log_probs_of_targets, lam: float) -> float:
+    """``exp(-mean log(lam p_knn + (1 - lam) p_lm))`` (see :func:`interpolated_log_probs`)."""
+    return float(np.exp(-interpolated_log_probs(lm_log_probs_of_targets, knn_log_probs_of_targets, lam).mean()))
 
 
 @dataclass(frozen=True)

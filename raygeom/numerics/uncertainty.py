@@ -437,3 +437,16 @@ def paired_t(a, b) -> dict[str, float]:
     else:
         t, p = (float("nan"), float("nan")) if mean == 0 else (float(np.copysign(np.inf, mean)), 0.0)
     return {"t": float(t), "df": n - 1, "p": p, "mean_diff": mean, "se": float(se), "n": n}
+
+
+def token_blocks(chunk, block: int) -> np.ndarray:
+    """Cluster labels for a block bootstrap over tokens: consecutive runs of ``block`` tokens inside each chunk
+    (``chunk`` gives each token's chunk, tokens in order). block=1: single tokens; block >= chunk length: whole chunks."""
+    chunk = np.asarray(chunk, dtype=np.int64)
+    if block < 1:
+        raise InputError(f"bootstrap block must be at least 1 token, got {block}")
+    position = np.zeros(len(chunk), dtype=np.int64)
+    for c in np.unique(chunk):
+        where = np.flatnonzero(chunk == c)
+        position[where] = np.arange(len(where))
+    return chunk * (int(position.max(initial=0)) // block + 1) + position // block
