@@ -1,4 +1,4 @@
-"""kNN-LM layer selection on Ray: which layer's representations make the best datastore, and does dispersion pick it?
+"""kNN-LM layer selection: which layer's representations make the best datastore, and does dispersion pick it?
 
 Stages, with Parquet between them:
 
@@ -7,16 +7,25 @@ Stages, with Parquet between them:
    the datastore keys (the representation at every position) and the held-out
    queries; shared files hold the values (next tokens), the held-out targets
    and the base LM's log-probability of each target;
-2. one Ray task per layer searches the datastore exactly (chunked torch
-   matmuls, ``numerics.knnlm.ExactIndex``), chooses the interpolation weight
-   on a tuning half of the held-out chunks and reports the interpolated
-   perplexity on the other half, with the dispersion of the layer's keys.
+2. one unit of the engine (``raygeom.engine.units``) per layer searches the datastore exactly
+   (chunked torch matmuls, ``numerics.knnlm.ExactIndex``), chooses the temperature scale and the
+   interpolation weight on a tuning half of the held-out chunks and reports the interpolated
+   perplexity on the other half, with the dispersion of the layer's keys. Its row goes to
+   ``results/knn/<key>.parquet`` and its per-token log-probabilities to ``results/knn_tokens/``;
+   ``results/knn.parquet`` accumulates every stored unit of the store.
+
+Uncertainty: the perplexity difference (kNN-LM minus base LM, on the evaluation half) gets a seeded
+percentile bootstrap interval over blocks of ``bootstrap_block`` consecutive held-out tokens inside
+each chunk (tokens in one article are not independent; 1 = single tokens, >= the chunk length = whole
+chunks). Every layer resamples the same blocks, so the best layer is compared with the runner-up on
+paired draws: separated when the interval of their difference excludes 0.
 
 Exact search holds the keys of one layer in memory (n_keys x d float32). For
 datastores that outgrow memory an approximate index (e.g. faiss IVF-PQ) is
 swapped in through the same interface as ``ExactIndex`` (``search(queries, k)
 -> (squared distances, ids)``, ``__len__``, ``.keys`` for the dispersion); it
 is not a dependency here because no run in this repository needs it.
+No Ray here: the engine runs the units.
 """
 
 from __future__ import annotations
@@ -28,16 +37,16 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import ray
 from scipy.stats import spearmanr
 
+from raygeom.engine.contract import Step, Unit
 from raygeom.sources.corpus import Corpus
-from raygeom.errors import RaygeomError
+from raygeom.errors import InputError, RaygeomError
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
-# 2: chunks start with BOS where the tokenizer adds one (Gemma); stores made before are recomputed.
-KNN_VERSION = 2
+FEATURES_VERSION = 2  # 2: chunks come from the one tokenize module (BOS as the model was trained)
+KNN_VERSION = 2  # 2: one engine unit per layer, bootstrap interval of the perplexity difference
 MARKER = "_COMPLETE.json"
 
 
@@ -55,6 +64,8 @@ class KnnSettings:
     seed: int = 0
     heldout_fraction: float = 0.2
     gpus_per_task: float = 0.0
+    bootstrap_block: int = 64  # held-out tokens per resampled block (1: tokens; >= chunk_len: whole chunks)
+    n_boot: int = 2000
 
     def __post_init__(self):
         if self.chunk_len < 2 or self.train_chunks < 1 or self.batch_size < 1:
@@ -65,6 +76,10 @@ class KnnSettings:
             raise RaygeomError(f"k must be positive, got {self.k}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise RaygeomError(f"held-out fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.bootstrap_block < 1:
+            raise RaygeomError(f"bootstrap block must be at least 1 token, got {self.bootstrap_block}")
+        if self.n_boot < 100:
+            raise RaygeomError(f"n-boot must be at least 100 for a 95 % percentile interval, got {self.n_boot}")
         self.lam_values()
         self.temperature_value()
         self.scale_values()
@@ -101,6 +116,10 @@ class KnnSettings:
     def extraction(self) -> dict:
         return {"chunk_len": self.chunk_len, "train_chunks": self.train_chunks, "test_chunks": self.test_chunks,
                 "layers": self.layers, "seed": self.seed, "heldout_fraction": self.heldout_fraction}
+
+    def evaluation(self) -> tuple:
+        """What a layer's unit depends on beyond the features."""
+        return (self.k, self.temperature, self.temperature_scales, self.lams, self.seed, self.bootstrap_block, self.n_boot)
 
 
 def split_corpus(corpus: Corpus, heldout_fraction: float, seed: int) -> tuple[Corpus, Corpus]:
@@ -168,13 +187,38 @@ class _Searched:
         return self.distances[:, :k], self.ids[:, :k]
 
 
-@ray.remote(max_retries=2)
+
+def grid_edge(value: float, grid: list[float]) -> str:
+    """'lower' or 'upper' when ``value`` is the smallest or largest of a grid of several values, else ''."""
+    if len(set(grid)) < 2:
+        return ""
+    return "lower" if value == min(grid) else "upper" if value == max(grid) else ""
+
+
+def _difference_interval(base, other, blocks: np.ndarray, settings: KnnSettings) -> dict:
+    """Bootstrap over the blocks of exp(-mean other) - exp(-mean base): a perplexity difference, paired per token
+    (NaN interval when there are fewer than 2 blocks)."""
+    from raygeom.numerics.uncertainty import bootstrap_ci
+
+    n_units = int(len(np.unique(blocks)))
+    try:
+        result = bootstrap_ci((np.asarray(base), np.asarray(other)), lambda a, b: np.exp(-b.mean()) - np.exp(-a.mean()),
+                              seed=settings.seed, n_boot=settings.n_boot, clusters=blocks)
+    except InputError:
+        nan = float("nan")
+        return {"estimate": float(np.exp(-np.mean(other)) - np.exp(-np.mean(base))), "se": nan, "lo": nan, "hi": nan,
+                "n_units": n_units}
+    return {"estimate": result["estimate"], "se": result["se"], "lo": result["lo"], "hi": result["hi"], "n_units": n_units}
+
+
 def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size: int, device: str) -> dict:
-    """One candidate layer: exact kNN search, lam tuned on the first half of the held-out chunks, perplexity on the rest."""
+    """One candidate layer: exact kNN search, (T, lam) tuned on the first half of the held-out chunks, perplexity on
+    the rest with its bootstrap interval; returns the row and the evaluation half's per-token log-probabilities."""
     import torch
 
     from raygeom.numerics.dispersion import dispersion, token_dispersion
-    from raygeom.numerics.knnlm import ExactIndex, interpolated_perplexity, knn_log_probs
+    from raygeom.numerics.knnlm import ExactIndex, interpolated_log_probs, interpolated_perplexity, knn_log_probs
+    from raygeom.numerics.uncertainty import token_blocks
 
     base = Path(directory)
     keys = column_to_matrix(read_table(base / f"layer={layer}" / "keys.parquet")["vector"])
@@ -203,12 +247,15 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
                 continue
             score = interpolated_perplexity(lm[tune], knn[tune], lam)
             if best is None or score < best[0]:
-                best = (score, temperature, lam, knn)
+                best = (score, temperature, scale, lam, knn)
     if best is None:
         raise RaygeomError(f"layer {layer}: lam=1 needs every target among the neighbours; add a lam below 1")
-    tuning, temperature, lam, knn = best
-    knn_ppl = interpolated_perplexity(lm[held], knn[held], lam)
+    tuning, temperature, scale, lam, knn = best
+    mixed = interpolated_log_probs(lm[held], knn[held], lam)
+    knn_ppl = float(np.exp(-mixed.mean()))
     base_ppl = float(np.exp(-lm[held].mean()))
+    blocks = token_blocks(chunk[held], settings.bootstrap_block)
+    interval = _difference_interval(lm[held], mixed, blocks, settings)
     # Retrieval quality without the interpolation: is the next token among the neighbours' values, or the nearest one's?
     neighbour_values = torch.as_tensor(values)[searched.ids.cpu()]
     target_tensor = torch.as_tensor(targets)[:, None]
@@ -217,25 +264,99 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     nearest_is_target = float((neighbour_values[:, 0] == target_tensor[:, 0])[held_rows].double().mean())
     per_chunk = queries.shape[0] // n_chunks
     chunked = torch.from_numpy(queries.reshape(n_chunks, per_chunk, -1))
-    return {"layer": layer, "dispersion": dispersion(keys), "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
-            "temperature": temperature, "lam": lam, "tuning_perplexity": float(tuning), "knn_perplexity": float(knn_ppl),
-            "base_perplexity": base_ppl, "improvement": base_ppl - float(knn_ppl), "target_in_neighbours": target_in_neighbours,
-            "nearest_is_target": nearest_is_target, "k": k, "n_keys": int(len(keys)),
-            "n_test": int(held.sum())}
+    row = {"layer": layer, "dispersion": dispersion(keys), "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
+           "temperature": temperature, "temperature_scale": scale, "lam": lam, "tuning_perplexity": float(tuning),
+           "knn_perplexity": knn_ppl, "base_perplexity": base_ppl, "improvement": base_ppl - knn_ppl,
+           "delta": interval["estimate"], "delta_se": interval["se"], "delta_lo": interval["lo"], "delta_hi": interval["hi"],
+           "bootstrap_units": interval["n_units"], "lam_edge": grid_edge(lam, settings.lam_values()),
+           "scale_edge": grid_edge(scale, settings.scale_values()), "target_in_neighbours": target_in_neighbours,
+           "nearest_is_target": nearest_is_target, "k": k, "n_keys": int(len(keys)), "n_test": int(held.sum())}
+    return {"row": row, "chunk": chunk[held].astype(np.int32), "lm_logprob": lm[held], "mixed_logprob": mixed}
+
+
+def _settings_columns(spec: ModelSpec, corpus: Corpus, train_text: Corpus, test_text: Corpus, settings: KnnSettings) -> dict:
+    from raygeom import __version__
+
+    return {"model": spec.name, "revision": spec.revision, "step": spec.step, "corpus": corpus.name,
+            "corpus_fingerprint": corpus.fingerprint(), "datastore_fingerprint": train_text.fingerprint(),
+            "heldout_fingerprint": test_text.fingerprint(), "chunk_len": settings.chunk_len,
+            "train_chunks": settings.train_chunks, "test_chunks": settings.test_chunks, "seed": settings.seed,
+            "lams": settings.lams, "temperature_scales": settings.temperature_scales,
+            "bootstrap_block": settings.bootstrap_block, "n_boot": settings.n_boot,
+            "settings": json.dumps({n: v for n, v in asdict(settings).items() if n != "gpus_per_task"}, sort_keys=True),
+            "raygeom_version": __version__}
+
+
+def units(store: Store, directory: Path, info: dict, settings: KnnSettings, provenance: dict) -> list[Unit]:
+    """One engine unit per candidate layer of one stored feature set."""
+    device = "cuda" if settings.gpus_per_task > 0 else "cpu"
+    options = {"num_gpus": settings.gpus_per_task} if settings.gpus_per_task > 0 else {"num_cpus": 1}
+    order = {name: i for i, name in enumerate(info["all_layers"])}
+    out = []
+    for layer in info["layers"]:
+        key = content_key("knn", KNN_VERSION, info["key"], layer, settings.evaluation())
+
+        def finish(values, layer=layer, key=key) -> dict:
+            result = values[0]
+            # The per-token table goes first, so a stored row always has it (the best-vs-runner-up comparison reads it).
+            store.write_result("knn_tokens", key, pa.table({
+                "layer": [layer] * len(result["chunk"]), "chunk": result["chunk"], "lm_logprob": result["lm_logprob"],
+                "mixed_logprob": result["mixed_logprob"]}).to_pylist())
+            return {**result["row"], **provenance, "layer_index": order[layer], "unit_key": key, "features_key": info["key"]}
+
+        out.append(Unit(analysis="knn", key=key, label=f"kNN-LM {provenance['model']}@{provenance['revision']} {layer}",
+                        parts=[Step(evaluate_layer, (str(directory), layer, settings, info["vocab_size"], device), options)],
+                        finish=finish))
+    return out
+
+
+def best_against_runner_up(store: Store, rows: list[dict], settings: KnnSettings) -> dict:
+    """The lowest-perplexity layer, the runner-up, and the bootstrap interval of their perplexity difference on
+    the same resampled blocks; ``separated`` when that interval excludes 0."""
+    from raygeom.numerics.uncertainty import token_blocks
+
+    ranked = sorted(rows, key=lambda r: (r["knn_perplexity"], r["layer_index"]))
+    out = {"best_layer": ranked[0]["layer"], "runner_up": ranked[1]["layer"] if len(ranked) > 1 else None,
+           "difference": float("nan"), "lo": float("nan"), "hi": float("nan"), "separated": None}
+    if len(ranked) < 2:
+        return out
+    tables = [store.read_results("knn_tokens", [r["unit_key"]]) for r in ranked[:2]]
+    if any(t.num_rows == 0 for t in tables) or tables[0].num_rows != tables[1].num_rows:
+        return out
+    best, second = (t.to_pydict() for t in tables)
+    interval = _difference_interval(second["mixed_logprob"], best["mixed_logprob"],
+                                    token_blocks(np.asarray(best["chunk"]), settings.bootstrap_block), settings)
+    separated = bool(interval["hi"] < 0) if np.isfinite(interval["hi"]) else None
+    return {**out, "difference": interval["estimate"], "lo": interval["lo"], "hi": interval["hi"], "separated": separated}
+
+
+def edge_warnings(rows: list[dict], settings: KnnSettings) -> list[str]:
+    """One line per grid (lambda, temperature scale) whose chosen value sits at an edge in some layer."""
+    lines = []
+    for column, name, grid, option in (("lam_edge", "lambda", settings.lams, "--lam"),
+                                       ("scale_edge", "temperature scale", settings.temperature_scales, "--temperature-scales")):
+        for edge in ("lower", "upper"):
+            layers = [r["layer"] for r in rows if r.get(column) == edge]
+            if layers:
+                lines.append(f"{name} sits at the {edge} edge of its grid ({grid}) in {len(layers)} of {len(rows)} layers "
+                             f"({', '.join(layers)}): the optimum may lie outside it; widen {option}")
+    return lines
 
 
 def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings, test_corpus: Corpus | None = None,
             progress: Callable[[int], None] | None = None) -> dict:
-    """Datastore features (once, cached by content key), then one Ray task per layer; a table of layers.
+    """Datastore features (once, cached by content key), then one engine unit per layer; a table of layers.
 
     With ``test_corpus`` the datastore is built from all of ``corpus`` and the
     held-out text comes from ``test_corpus``; otherwise ``corpus`` is split by article.
     """
     from raygeom.analyses.dispersion import _get, start_worker
+    from raygeom.engine.units import accumulated_rows, run_units
+    from raygeom.report.figures import write_rows
 
     train_text, test_text = (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
-    key = content_key("knn", KNN_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(), test_text.fingerprint(),
-                      settings.extraction())
+    key = content_key("knn", FEATURES_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(),
+                      test_text.fingerprint(), settings.extraction())
     directory = _features_dir(store, spec, key)
     marker = directory / MARKER
     if marker.is_file():
@@ -257,35 +378,41 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         info = {"key": key, "layers": layers, "all_layers": described["layers"], "vocab_size": described["vocab_size"],
                 "model": spec.name, "revision": spec.revision, "settings": asdict(settings)}
         atomic_write_text(json.dumps(info, indent=2), marker)
-    device = "cuda" if settings.gpus_per_task > 0 else "cpu"
-    options = {"num_gpus": settings.gpus_per_task} if settings.gpus_per_task > 0 else {"num_cpus": 1}
-    refs = [evaluate_layer.options(**options).remote(str(directory), layer, settings, info["vocab_size"], device) for layer in info["layers"]]
-    rows = []
-    for ref in refs:
-        rows.append(_get(ref))
-        if progress:
-            progress(1)
+    provenance = _settings_columns(spec, corpus if test_corpus is None else train_text, train_text, test_text, settings)
+    rows = run_units(store, units(store, directory, info, settings, provenance), progress)
     order = {name: i for i, name in enumerate(info["all_layers"])}
-    for row in rows:
-        row.update({"model": spec.name, "revision": spec.revision, "layer_index": order[row["layer"]]})
-    best = min(rows, key=lambda r: (r["knn_perplexity"], order[r["layer"]]))["layer"]
     most = max(rows, key=lambda r: (r["dispersion"], -order[r["layer"]]))["layer"]
-    rho = float(spearmanr([r["dispersion"] for r in rows], [-r["knn_perplexity"] for r in rows])[0]) if len(rows) > 2 else float("nan")
-    result_key = content_key("knn-eval", key, settings.k, settings.temperature, settings.temperature_scales, settings.lams)
-    store.write_result("knn_layers", result_key, rows)
-    return {"layers": rows, "best_layer": best, "max_dispersion_layer": most, "spearman": rho, "n_keys": rows[0]["n_keys"],
-            "n_test": rows[0]["n_test"], "table": store.result_path("knn_layers", result_key)}
+
+    def rank_correlation(column: str, sign: float = 1.0) -> float:
+        if len(rows) < 3:
+            return float("nan")
+        return float(spearmanr([r["dispersion"] for r in rows], [sign * r[column] for r in rows])[0])
+
+    comparison = best_against_runner_up(store, rows, settings)
+    table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")
+    return {"layers": rows, "best_layer": comparison["best_layer"], "best_vs_runner_up": comparison,
+            "max_dispersion_layer": most, "spearman": rank_correlation("knn_perplexity", -1.0),
+            "spearman_retrieval": rank_correlation("target_in_neighbours"), "n_keys": rows[0]["n_keys"],
+            "n_test": rows[0]["n_test"], "warnings": edge_warnings(rows, settings), "table": table}
 
 
 def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
-    """kNN-LM held-out perplexity and datastore dispersion per candidate layer."""
+    """kNN-LM held-out perplexity per candidate layer with its 95 % bootstrap interval, beside the datastore dispersion."""
     from raygeom.analyses.dispersion import _pyplot, _save
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8), dpi=110)
     names = [r["layer"] for r in rows]
     x = np.arange(len(rows))
-    ax.plot(x, [r["knn_perplexity"] for r in rows], "o-", color="tab:blue", label="kNN-LM perplexity (held-out)")
+    ppl = np.array([r["knn_perplexity"] for r in rows])
+    base = np.array([r["base_perplexity"] for r in rows])
+    low = np.array([r.get("delta_lo", np.nan) for r in rows], dtype=float) + base
+    high = np.array([r.get("delta_hi", np.nan) for r in rows], dtype=float) + base
+    known = np.isfinite(low) & np.isfinite(high)
+    ax.plot(x, ppl, "o-", color="tab:blue", label="kNN-LM perplexity (held-out)")
+    if known.any():
+        ax.errorbar(x[known], ppl[known], yerr=[ppl[known] - low[known], high[known] - ppl[known]], fmt="none",
+                    ecolor="tab:blue", elinewidth=0.8, capsize=2, label="95 % bootstrap interval (base + difference)")
     ax.axhline(rows[0]["base_perplexity"], color="tab:blue", ls="--", lw=0.8, label="base LM perplexity")
     ax.set_ylabel("perplexity", color="tab:blue")
     ax.set_xticks(x, names, rotation=60, fontsize=7)

@@ -1,7 +1,7 @@
 """Push-away training with Ray Train: ``L = L_LM - lambda * D_batch`` on a small GPT-NeoX trained from scratch.
 
 ``D_batch`` is the differentiable dispersion (``numerics.dispersion.push_away_loss``)
-of one layer's representations in the batch. The TorchTrainer runs
+of one layer's representations in the batch. The TorchTrainer (``raygeom.engine.ray_train``; no Ray here) runs
 ``workers`` data-parallel workers (DDP; one GPU each on a cluster, CPU
 processes here); every worker draws the same global batch indices and takes
 its own slice, so a run depends on (settings, seed) and the worker count only.
@@ -36,11 +36,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from raygeom.errors import RaygeomError
 from raygeom.report.figures import save_text
-from raygeom.store.tree import Store, atomic_write_table, content_key, read_table
+from raygeom.store.tree import Store, content_key, read_table
 
 TRAIN_VERSION = 1
 DATA_SEED = 0
@@ -111,6 +110,7 @@ class TrainData:
     tokenizer: object = None  # what checkpoints save beside the weights
     heldout_texts: tuple = ()  # the held-out articles, whole, with their labels
     heldout_labels: tuple | None = None
+    corpus_fingerprint: str | None = None  # of the corpus as loaded, before the split (provenance)
 
 
 LOG_SAVES_UNTIL = 512
@@ -202,7 +202,8 @@ def prepare_data(data_fields: tuple) -> TrainData:
     if len(train) < 2 or len(heldout) < 1:
         raise RaygeomError(f"corpus '{corpus_name}' gives too little text for {seq_len}-token sequences")
     labels = tuple(corpus.labels[i] for i in heldout_index) if corpus.labels is not None else None
-    return TrainData(train, heldout, len(tokenizer), tokenizer.eos_token_id, tokenizer, tuple(heldout_texts), labels)
+    return TrainData(train, heldout, len(tokenizer), tokenizer.eos_token_id, tokenizer, tuple(heldout_texts), labels,
+                     corpus.fingerprint())
 
 
 def build_model(settings: TrainSettings, vocab_size: int, eos_id: int):
@@ -334,21 +335,6 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
     return history
 
 
-def _train_loop(config: dict) -> None:
-    """Runs on every Ray Train worker."""
-    import ray.train
-    import ray.train.torch
-
-    context = ray.train.get_context()
-    rank = context.get_world_rank()
-    plan = config.get("checkpoints")
-    history = fit(TrainSettings(**config["settings"]), config["data"], rank, context.get_world_size(),
-                  prepare=ray.train.torch.prepare_model, report=ray.train.report,
-                  checkpoints=CheckpointPlan(plan["run_dir"], tuple(plan["steps"])) if plan else None)
-    if rank == 0:
-        atomic_write_table(pa.Table.from_pylist(history), Path(config["history_path"]))
-
-
 def completed_trajectory(plan: CheckpointPlan, key: str) -> dict | None:
     """The run's summary row when its directory holds every checkpoint of this plan, written by a run with
     this key (the checkpoints are the artefact: a store that lost its row does not retrain them)."""
@@ -375,6 +361,20 @@ def _claim_run_dir(plan: CheckpointPlan, key: str) -> None:
     (root / RUN_MARKER).unlink(missing_ok=True)
 
 
+def model_name(settings: TrainSettings) -> str:
+    return f"gpt-neox-scratch-d{settings.hidden_size}-l{settings.n_layers}"
+
+
+def provenance_columns(settings: TrainSettings, corpus_fingerprint: str | None) -> dict:
+    """What produced a run's row: the model trained, its last step, the text, the sequence length, every setting."""
+    from raygeom import __version__
+
+    fields = {n: v for n, v in asdict(settings).items() if n not in ("use_gpu", "cpus_per_worker")}
+    return {"model": model_name(settings), "revision": f"step{settings.steps}", "step": settings.steps,
+            "corpus": settings.corpus, "corpus_fingerprint": corpus_fingerprint, "chunk_len": settings.seq_len,
+            "settings": json.dumps(fields, sort_keys=True), "raygeom_version": __version__}
+
+
 def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None) -> dict:
     """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row."""
     key = settings.key() if checkpoints is None else checkpoints.key(settings)
@@ -390,27 +390,11 @@ def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointP
         Path(checkpoints.run_dir).mkdir(parents=True, exist_ok=True)
         _claim_run_dir(checkpoints, key)
     data = prepare_data(settings.data_fields())
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from raygeom.engine.ray_train import fit_on_workers
 
     history_path = store.root / "train" / f"history-{key}.parquet"
-    resources = {"CPU": settings.cpus_per_worker} | ({"GPU": 1} if settings.use_gpu else {})
-    trainer = TorchTrainer(
-        _train_loop,
-        train_loop_config={"settings": asdict(settings), "data": data, "history_path": str(history_path.resolve()),
-                           "checkpoints": asdict(checkpoints) if checkpoints else None},
-        scaling_config=ScalingConfig(num_workers=settings.workers, use_gpu=settings.use_gpu, resources_per_worker=resources),
-        run_config=RunConfig(name=f"push-away-{key}", storage_path=str((store.root / "ray_train").resolve())),
-    )
     started = time.perf_counter()
-    try:
-        trainer.fit()
-    except Exception as error:  # Ray Train wraps worker failures in its own types
-        cause = error
-        while getattr(cause, "__cause__", None) is not None:
-            cause = cause.__cause__
-        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-        raise RaygeomError(f"training failed (lambda={settings.lam}, seed={settings.seed}): {message}") from None
+    fit_on_workers(settings, data, history_path, checkpoints, store.root / "ray_train", f"push-away-{key}")
     wall = time.perf_counter() - started
     history = read_table(history_path).to_pylist()
     last = history[-1]
@@ -418,7 +402,7 @@ def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointP
            "push_layer": settings.push_layer, "over": settings.over, "final_train_loss": last["lm_loss"],
            "heldout_perplexity": last["heldout_perplexity"], "heldout_dispersion": last["heldout_dispersion"],
            "n_train_sequences": int(len(data.train)), "n_heldout_sequences": int(len(data.heldout)), "wall_s": wall,
-           "history": str(history_path)}
+           "history": str(history_path), "unit_key": key, **provenance_columns(settings, data.corpus_fingerprint)}
     if checkpoints is not None:
         root = Path(checkpoints.run_dir)
         save_text("".join(json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
@@ -444,35 +428,73 @@ def checkpoint_evaluations(run_dir: str | Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["step"])
 
 
+PROVENANCE = ("model", "corpus", "corpus_fingerprint", "chunk_len", "step", "raygeom_version")
+
+
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per lambda over seeds: held-out perplexity mean/std and the paired difference to lambda=0 on the same seed."""
+    """Per lambda over seeds: held-out perplexity mean/std, and against lambda=0 on the same seeds the paired
+    difference with its paired t-test (t, two-sided p, 95 % t-interval) and how many seeds went lower / higher."""
+    from scipy.stats import t as student
+
+    from raygeom.errors import InputError
+    from raygeom.numerics.uncertainty import paired_t
+
     plain = {r["seed"]: r["heldout_perplexity"] for r in rows if r["lam"] == 0.0}
     out = []
     for lam in sorted({r["lam"] for r in rows}):
-        part = [r for r in rows if r["lam"] == lam]
+        part = sorted((r for r in rows if r["lam"] == lam), key=lambda r: r["seed"])
         ppl = np.array([r["heldout_perplexity"] for r in part])
         disp = np.array([r["heldout_dispersion"] for r in part])
-        deltas = np.array([r["heldout_perplexity"] - plain[r["seed"]] for r in part if r["seed"] in plain])
+        paired = [r for r in part if r["seed"] in plain]
+        try:
+            test = paired_t([r["heldout_perplexity"] for r in paired], [plain[r["seed"]] for r in paired])
+            half = float(student.ppf(0.975, test["df"])) * test["se"]
+            test.update(lo=test["mean_diff"] - half, hi=test["mean_diff"] + half)
+        except InputError:  # fewer than 2 paired seeds
+            test = {"t": float("nan"), "p": float("nan"), "df": 0, "lo": float("nan"), "hi": float("nan")}
+        deltas = np.array([r["heldout_perplexity"] - plain[r["seed"]] for r in paired])
         out.append({"lam": lam, "n_seeds": len(part), "heldout_perplexity_mean": float(ppl.mean()),
                     "heldout_perplexity_std": float(ppl.std(ddof=1)) if len(ppl) > 1 else float("nan"),
                     "heldout_dispersion_mean": float(disp.mean()),
                     "heldout_dispersion_std": float(disp.std(ddof=1)) if len(disp) > 1 else float("nan"),
                     "paired_delta_mean": float(deltas.mean()) if len(deltas) else float("nan"),
                     "paired_delta_std": float(deltas.std(ddof=1)) if len(deltas) > 1 else float("nan"),
-                    "seeds": ",".join(str(r["seed"]) for r in part)})
+                    "paired_delta_lo": test["lo"], "paired_delta_hi": test["hi"], "paired_t": test["t"],
+                    "paired_df": test["df"], "paired_p": test["p"], "n_lower": int((deltas < 0).sum()),
+                    "n_higher": int((deltas > 0).sum()), "seeds": ",".join(str(r["seed"]) for r in part),
+                    "heldout_perplexities": " / ".join(f"{r['heldout_perplexity']:.2f}" for r in part),
+                    **{name: part[0].get(name) for name in PROVENANCE if name in part[0]}, **_shared_settings(part)})
     return out
 
 
+def _shared_settings(part: list[dict]) -> dict:
+    """The settings every run of a summary row shares (a run's own, without its lambda and seed)."""
+    if not part[0].get("settings"):
+        return {}
+    fields = json.loads(part[0]["settings"])
+    for name in ("lam", "seed"):
+        fields.pop(name, None)
+    return {"settings": json.dumps(fields, sort_keys=True)}
+
+
+RUN_COLUMNS = ("lam", "seed", "steps", "workers", "push_layer", "over", "final_train_loss", "heldout_perplexity",
+               "heldout_dispersion", "n_train_sequences", "n_heldout_sequences", "wall_s")
+
+
 def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: Path | None = None) -> dict:
-    """Runs and summary as Parquet, and a plot of the per-step curves and held-out results."""
-    table = store.root / "results" / "train_summary.parquet"
-    atomic_write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "cached"} for r in rows]),
-                       store.root / "results" / "train_runs.parquet")
-    atomic_write_table(pa.Table.from_pylist(summary), table)
+    """``results/train_runs.parquet`` (every run stored in this store), ``results/train_summary.parquet`` (this
+    job's lambdas over its seeds), and a plot of the per-step curves and of the paired differences with their
+    intervals."""
+    from raygeom.engine.units import accumulated_rows
+    from raygeom.report.figures import write_rows
+
+    job_rows = [{k: v for k, v in r.items() if k != "cached"} for r in rows]
+    runs = write_rows(accumulated_rows(store, "train_runs", job_rows), store.root / "results" / "train_runs.parquet")
+    table = write_rows(summary, store.root / "results" / "train_summary.parquet")
     from raygeom.analyses.dispersion import _pyplot, _save
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), dpi=110)
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), dpi=110)
     lams = sorted({r["lam"] for r in rows})
     colours = {lam: plt.cm.viridis(i / max(1, len(lams) - 1)) for i, lam in enumerate(lams)}
     for r in rows:
@@ -483,13 +505,25 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
         axes[1].plot(steps, [h["dispersion"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8)
         evals = [h for h in history if h.get("heldout_perplexity") is not None]
         axes[2].plot([h["step"] for h in evals], [h["heldout_perplexity"] for h in evals], "o-", ms=2, color=colours[r["lam"]], lw=0.8)
+    plain = {r["seed"]: r["heldout_perplexity"] for r in rows if r["lam"] == 0.0}
+    for i, line in enumerate(s for s in summary if s["lam"] != 0.0):
+        seeds = [r for r in rows if r["lam"] == line["lam"] and r["seed"] in plain]
+        axes[3].plot([i] * len(seeds), [r["heldout_perplexity"] - plain[r["seed"]] for r in seeds], "o", ms=3,
+                     color=colours[line["lam"]], alpha=0.6)
+        if np.isfinite(line["paired_delta_lo"]):
+            axes[3].errorbar([i + 0.15], [line["paired_delta_mean"]], yerr=[[line["paired_delta_mean"] - line["paired_delta_lo"]],
+                             [line["paired_delta_hi"] - line["paired_delta_mean"]]], fmt="s", color="black", ms=4, capsize=3)
+    differences = [s for s in summary if s["lam"] != 0.0]
+    axes[3].axhline(0, color="grey", lw=0.8)
+    axes[3].set_xticks(range(len(differences)), [f"lambda={s['lam']:g}\np={s['paired_p']:.2g}" for s in differences], fontsize=7)
     axes[0].set_title("training LM loss (nats)", fontsize=9)
     axes[1].set_title("D_batch (training batches)", fontsize=9)
     axes[2].set_title("held-out perplexity", fontsize=9)
+    axes[3].set_title("held-out perplexity minus lambda=0, same seed\n(dots: seeds; square: mean, 95 % t-interval)", fontsize=8)
     axes[2].set_yscale("log")
-    for ax in axes:
+    for ax in axes[:3]:
         ax.set_xlabel("step", fontsize=8)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     plot = _save(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
-    return {"table": table, "plot": plot}
+    return {"table": table, "runs": runs, "plot": plot}

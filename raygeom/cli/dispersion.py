@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -281,10 +282,15 @@ def knn(
     temperature: str = typer.Option("auto", "--temperature", help="A number, or auto: per layer, the median nearest squared distance."),
     temperature_scales: str = typer.Option("0.1,0.3,1", "--temperature-scales", help="Multipliers of the temperature tried."),
     lam: str = typer.Option("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "--lam", help="Interpolation weights tried; (T, lam) chosen on a tuning half."),
+    bootstrap_block: int = typer.Option(64, "--bootstrap-block", help="Held-out tokens per resampled block of the "
+                                        "bootstrap interval (consecutive, within a chunk); 1 = single tokens, "
+                                        ">= chunk-len = whole chunks."),
+    n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples."),
     batch_size: int = typer.Option(4, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("runs/knn"), "--out", "-o"),
     plots: Optional[Path] = typer.Option(None, "--plots"),
+    report: Optional[Path] = ReportOption,
     gpus_per_task: float = typer.Option(0.0, "--gpus-per-task"),
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = NumCpusOption,
@@ -298,8 +304,10 @@ def knn(
         from raygeom.analyses.knn import KnnSettings
 
         settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=layers, k=k,
-                               temperature=temperature, temperature_scales=temperature_scales, lams=lam, batch_size=batch_size, seed=seed, gpus_per_task=gpus_per_task)
+                               temperature=temperature, temperature_scales=temperature_scales, lams=lam, batch_size=batch_size,
+                               seed=seed, gpus_per_task=gpus_per_task, bootstrap_block=bootstrap_block, n_boot=n_boot)
         spec = _specs([model], [revision])[0]
+        _check_report(report)
         store = Store(out)
         check_writable(store.root)
         text = load_corpus(corpus)
@@ -310,14 +318,31 @@ def knn(
             task = bar.add_task(f"kNN-LM {spec.name}", total=None)
             result = knn_module.run_knn(store, spec, text, settings, progress=lambda n: bar.advance(task, n))
         rows = result["layers"]
-        console.print(_table(rows, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "base_perplexity", "improvement",
-                                    "target_in_neighbours", "nearest_is_target"],
-                             f"kNN-LM  {spec.name}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, k={k})"))
-        console.print(f"best kNN-LM layer: {result['best_layer']}   max-dispersion layer: {result['max_dispersion_layer']}   "
-                      f"agree: {result['best_layer'] == result['max_dispersion_layer']}   "
-                      f"Spearman(dispersion, -perplexity) over layers: {result['spearman']:+.3f}")
-        knn_module.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
-        console.print(f"table: {result['table']}")
+        shown = [{**r, "ppl difference [95% CI]": _interval(r, "delta")} for r in rows]
+        console.print(_table(shown, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "ppl difference [95% CI]",
+                                     "target_in_neighbours", "nearest_is_target"],
+                             f"kNN-LM  {spec.name}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, k={k}, "
+                             f"base perplexity {rows[0]['base_perplexity']:.2f}; interval: bootstrap over blocks of "
+                             f"{bootstrap_block} held-out tokens, {rows[0]['bootstrap_units']} blocks)"))
+        versus = result["best_vs_runner_up"]
+        if versus["runner_up"] is not None:
+            verdict = {True: "separated", False: "NOT separated (the interval contains 0)",
+                       None: "not compared"}[versus["separated"]]
+            console.print(f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity difference "
+                          f"{_interval({'d': versus['difference'], 'd_lo': versus['lo'], 'd_hi': versus['hi']}, 'd')} "
+                          f"(paired bootstrap): {verdict}",
+                          highlight=False)
+        console.print(f"max-dispersion layer: {result['max_dispersion_layer']}   "
+                      f"agrees with the best layer: {result['best_layer'] == result['max_dispersion_layer']}   "
+                      f"Spearman over layers: dispersion vs -perplexity {result['spearman']:+.3f}, "
+                      f"dispersion vs target-among-neighbours {result['spearman_retrieval']:+.3f}", highlight=False)
+        for line in result["warnings"]:
+            errors.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        plot = knn_module.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
+        console.print(f"table: {result['table']}\nplot:  {plot}")
+        if report is not None:
+            _write_report({"knn": rows}, [plot], report)
+            console.print(f"report: {report / 'knn.csv'}")
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
@@ -347,6 +372,7 @@ def train(
                                            "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ..."),
     out: Path = typer.Option(Path("runs/train"), "--out", "-o"),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Where the PNG goes (default: <out>/plots)."),
+    report: Optional[Path] = ReportOption,
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = NumCpusOption,
 ):
@@ -380,6 +406,7 @@ def train(
             return CheckpointPlan(str(directory.expanduser().resolve()), checkpoint_steps(settings.steps, save_every, log_until))
 
         plan_of(grid[0])  # a bad schedule fails before Ray starts
+        _check_report(report)
         store = Store(out)
         check_writable(store.root)
         _start(address, num_cpus)
@@ -395,10 +422,26 @@ def train(
             console.print(f"lambda={row['lam']:<6g} seed={row['seed']}  held-out perplexity {row['heldout_perplexity']:.3f}  "
                           f"held-out dispersion {row['heldout_dispersion']:.4f}  ({row['wall_s']:.0f}s{', cached' if row.get('cached') else ''})")
         summary = train_module.summarise(rows)
-        console.print(_table(summary, ["lam", "n_seeds", "heldout_perplexity_mean", "heldout_perplexity_std", "heldout_dispersion_mean",
-                                       "paired_delta_mean", "paired_delta_std"], "push-away vs plain (held-out, over seeds)"))
+        shown = [{**s, "lam": f"{s['lam']:g}", "held-out perplexity by seed": s["heldout_perplexities"],
+                  "mean ± std": f"{s['heldout_perplexity_mean']:.2f}" + (f" ± {s['heldout_perplexity_std']:.2f}"
+                                                                        if math.isfinite(s["heldout_perplexity_std"]) else ""),
+                  "paired delta vs lambda=0 [95% CI]": "—" if s["lam"] == 0.0 or not math.isfinite(s["paired_delta_mean"]) else
+                  f"{s['paired_delta_mean']:+.2f} ± {s['paired_delta_std']:.2f} "
+                  f"[{s['paired_delta_lo']:+.2f}, {s['paired_delta_hi']:+.2f}]",
+                  "t": "" if not math.isfinite(s["paired_t"]) else f"{s['paired_t']:+.2f}",
+                  "p": "" if not math.isfinite(s["paired_p"]) else f"{s['paired_p']:.3g}",
+                  "seeds lower/higher": "" if s["lam"] == 0.0 else f"{s['n_lower']}/{s['n_higher']}"} for s in summary]
+        console.print(_table(shown, ["lam", "n_seeds", "held-out perplexity by seed", "mean ± std",
+                                     "paired delta vs lambda=0 [95% CI]", "t", "p", "seeds lower/higher",
+                                     "heldout_dispersion_mean"], "push-away vs plain (held-out; paired t-test over seeds)"))
         paths = train_module.write_report(store, rows, summary, plots)
-        console.print(f"tables: {paths['table']}\nplots:  {paths['plot']}")
+        console.print(f"tables: {paths['runs']}, {paths['table']}\nplots:  {paths['plot']}")
+        if report is not None:
+            columns = list(train_module.RUN_COLUMNS) + [c for c in train_module.PROVENANCE + ("revision", "settings", "unit_key")
+                                                        if any(c in r for r in rows)]
+            _write_report({"train_runs": [{c: r.get(c) for c in columns} for r in rows], "train_summary": summary},
+                          [paths["plot"]], report)
+            console.print(f"report: {report}")
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))

@@ -599,19 +599,31 @@ def knn_section(root: Path) -> Section | None:
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
-    directory = root / "results" / "knn_layers"
+    directory = root / "results" / "knn"
+    if not directory.is_dir():
+        directory = root / "results" / "knn_layers"  # stores written before kNN-LM ran on the unit engine
     rows = _read_dir(directory) or _read(root / "results" / "knn.parquet")
     if not rows:
         return None
     section = Section("knn", "kNN-LM layer selection", files=sorted(directory.glob("*.parquet")) if directory.is_dir() else [],
                       intro="Held-out perplexity of the kNN-LM built on each layer (lower is better) beside the dispersion "
                             "of that layer's datastore keys.")
-    for label in dict.fromkeys(f"{r['model']}@{r['revision']}" for r in rows):
-        part = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label),
+    def run_label(r: dict) -> str:  # one store can hold several jobs of one model (datastore size, k)
+        return f"{r['model']}@{r['revision']} ({r.get('n_keys')} keys, k={r.get('k')})"
+
+    for label in dict.fromkeys(run_label(r) for r in rows):
+        part = sorted((r for r in rows if run_label(r) == label),
                       key=lambda r: (r.get("layer_index", 0), r["layer"]))
         names = [r["layer"] for r in part]
         fig = make_subplots(specs=[[{"secondary_y": True}]])
-        fig.add_trace(go.Scatter(x=names, y=_num(part, "knn_perplexity"), mode="lines+markers", name="kNN-LM perplexity",
+        ppl = _num(part, "knn_perplexity")
+        interval = None
+        if all("delta_lo" in r for r in part):
+            base = _num(part, "base_perplexity")
+            interval = {"type": "data", "symmetric": False,  # 95 % bootstrap interval of the difference to the base LM
+                        "array": np.nan_to_num(base + _num(part, "delta_hi") - ppl),
+                        "arrayminus": np.nan_to_num(ppl - base - _num(part, "delta_lo"))}
+        fig.add_trace(go.Scatter(x=names, y=ppl, mode="lines+markers", name="kNN-LM perplexity", error_y=interval,
                                  customdata=np.stack([_num(part, "lam"), _num(part, "temperature")], axis=1),
                                  hovertemplate="%{x}: %{y:.3f} (lambda %{customdata[0]:.2f}, T %{customdata[1]:.3g})"
                                                "<extra></extra>"),
@@ -628,7 +640,8 @@ def knn_section(root: Path) -> Section | None:
                           margin={"l": 60, "r": 60, "t": 50, "b": 90})
         section.figures.append(fig)
     section.tables.append(_table_html(rows, [c for c in ("model", "revision", "layer", "dispersion", "temperature", "lam",
-                                                         "knn_perplexity", "base_perplexity", "improvement", "n_keys", "n_test")
+                                                         "knn_perplexity", "base_perplexity", "improvement", "delta_lo",
+                                                         "delta_hi", "n_keys", "n_test", "k")
                                              if any(c in r for r in rows)]))
     section.tables.append(_settings_block(rows))
     return section
