@@ -180,3 +180,39 @@ def test_cli_dispersion_and_select_write_tables_plots_and_the_report(hub_cache, 
     assert "warning:" in done.stdout and "domain positions" in done.stdout
     assert (out / "plots" / "select_gap.png").stat().st_size > 5_000
     assert (report / "select.csv").is_file() and (out / "results" / "dispersion_select.parquet").is_file()
+
+
+def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(finished, labelled_corpus, tmp_path):
+    """One store, both jobs (one replica class, one engine): each table equals the same job run alone, and a
+    rerun of both reuses every extraction and unit."""
+    from rich.console import Console
+
+    from raygeom.engine.pipeline import run_pga_job
+    from raygeom.jobspec import JobSpec, ModelEntry
+    from raygeom.params import PGAParams
+    from raygeom.replica.extract import ExtractionSettings
+
+    alone_store, specs, alone = finished
+    corpus_file = tmp_path / "texts.txt"
+    corpus_file.write_text("\n".join(labelled_corpus.texts) + "\n")
+
+    def pga_job(out):
+        return JobSpec(name="shared", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
+                       corpus=str(corpus_file), n_samples=30, layers="embed,1,final_norm",
+                       extraction=ExtractionSettings(seq_len=32, batch_size=8), pga=PGAParams(k=8, n_null=6, null_chunks=2))
+
+    key = ("model", "revision", "layer", "rho_readout", "z", "z_lo", "z_hi")
+    pga_alone = sorted(tuple(r[k] for k in key) for r in run_pga_job(pga_job(tmp_path / "pga_alone"), Console(quiet=True)).rows)
+    shared = Store(tmp_path / "shared")
+    both_pga = run_pga_job(pga_job(shared.root), Console(quiet=True)).rows
+    both = dp.run_dispersion(shared, specs, labelled_corpus, SETTINGS, ANALYSIS)
+    assert sorted(tuple(r[k] for k in key) for r in both_pga) == pga_alone
+    numbers = ("model", "revision", "layer", "token_dispersion", "sample_dispersion", "perplexity", "gap", "group_spearman")
+    assert [tuple(r[k] for k in numbers) for r in both["layers"]] == [tuple(r[k] for k in numbers) for r in alone["layers"]]
+    files = sorted(p for p in shared.root.rglob("*.parquet") if "results" in p.parts and p.parent.name != "results")
+    before = {p: p.stat().st_mtime_ns for p in files}
+    again_pga = run_pga_job(pga_job(shared.root), Console(quiet=True)).rows
+    again = dp.run_dispersion(shared, specs, labelled_corpus, SETTINGS, ANALYSIS)
+    assert sorted(tuple(r[k] for k in key) for r in again_pga) == pga_alone
+    assert [tuple(r[k] for k in numbers) for r in again["layers"]] == [tuple(r[k] for k in numbers) for r in alone["layers"]]
+    assert {p: p.stat().st_mtime_ns for p in files} == before  # every unit read back, none recomputed
