@@ -28,7 +28,7 @@ from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part 
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, atomic_write_text, content_key, encode_segment, read_table
 
-EXTRACTION_VERSION = 1
+EXTRACTION_VERSION = 2  # 2: one replica and one tokenize (BOS as trained, positions over real tokens)
 READOUT_COMPONENTS = 256
 MANIFEST = "sweep/manifest.json"
 
