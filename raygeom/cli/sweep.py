@@ -39,11 +39,36 @@ def _revision_span(revisions) -> str:
     return names[0] if len(names) == 1 else f"{len(names)}: {names[0]} .. {names[-1]}"
 
 
+def _show_untrained(job_file: Path, out: Optional[Path]) -> bool:
+    """A job whose [train] has not run yet has no checkpoints and no held-out texts to plan over:
+    show what training will write and how many units follow, instead of failing on the missing corpus."""
+    from raygeom.jobspec import load_job
+
+    job = load_job(job_file).with_overrides(out=str(out) if out else None)
+    if job.train is None or (Path(job.train.run_dir) / "heldout.jsonl").is_file():
+        return False
+    checkpoints = job.train.plan()
+    settings = job.train.settings
+    layers = settings.n_layers + 2  # embed, every block, final_norm
+    steps = checkpoints.steps
+    console.print(f"Plan {job.name}: [train] has not run yet (no {Path(job.train.run_dir) / 'heldout.jsonl'})", highlight=False, markup=False)
+    console.print(f"  train: GPT-NeoX d={settings.hidden_size}, {settings.n_layers} blocks, {settings.steps} steps, "
+                  f"{len(steps)} checkpoints (step {', '.join(map(str, steps[:6]))}{', ...' if len(steps) > 6 else ''}"
+                  f" {steps[-1]}) into {job.train.run_dir}", highlight=False, markup=False)
+    console.print(f"  then: {len(steps)} checkpoints x {layers} layers -> {len(steps) * layers:,} PGA units "
+                  f"(N={job.n_samples}, k={job.pga.k}, CCR-{job.pga.r}, {job.pga.n_null} nulls, seed {job.pga.seed}); 0 done",
+                  highlight=False, markup=False)
+    console.print("cost: nothing measured yet; `raygeom run` trains first, then plan again", highlight=False, markup=False)
+    return True
+
+
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.analyses import sweep
     from raygeom.jobspec import SweepSettings
     from raygeom.sources.revisions import gpus_per_model
 
+    if _show_untrained(job_file, out):
+        return
     job, plan = _load(job_file, out)
     settings = job.sweep or SweepSettings()
     memory = gpu_memory_gib or settings.gpu_memory_gib
