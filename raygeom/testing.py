@@ -69,6 +69,29 @@ def write_tiny_pythia(cache: Path, repo_id: str = "EleutherAI/pythia-14m",
     return repo_dir
 
 
+TINY_JOB_SETTINGS = """[corpus]
+name = "{corpus}"
+n_samples = 40
+[extract]
+seq_len = 32
+batch_size = 8
+[pga]
+k = 8
+n_null = 12
+null_chunks = 2
+"""
+
+
+def write_tiny_job(path: Path, name: str, out, corpus, sweep: str = "", models: str = "", extra: str = "") -> Path:
+    """A job file for a tiny sweep: 40 texts of 32 tokens, PGA with k=8 and 12 nulls in 2 chunks.
+
+    ``sweep`` is the body of its [sweep] table, ``models`` its [[models]] tables, ``extra`` any further tables.
+    """
+    path.write_text(f'[job]\nname = "{name}"\nout = "{out}"\n[sweep]\n{sweep}\n{models}\n'
+                    + TINY_JOB_SETTINGS.format(corpus=corpus) + extra)
+    return path
+
+
 def tiny_bos_tokenizer(padding_side: str = "right"):
     """The tiny tokenizer, but adding ``<bos>`` before every text as Gemma's and Llama's do."""
     from tokenizers import processors

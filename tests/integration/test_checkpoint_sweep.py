@@ -35,27 +35,10 @@ def write_trainer_run(root):
 
 
 def write_job(directory, run_dir, out, corpus, extra: str = ""):
-    path = directory / "trajectory.toml"
-    path.write_text(f"""
-[job]
-name = "own-run"
-out = "{out}"
-[sweep]
-pga_threads = 2
-[[models]]
-run_dir = "{run_dir}"
-[corpus]
-name = "{corpus}"
-n_samples = 40
-[extract]
-seq_len = 32
-batch_size = 8
-[pga]
-k = 8
-n_null = 12
-null_chunks = 2
-""" + extra)
-    return path
+    from raygeom.testing import write_tiny_job
+
+    return write_tiny_job(directory / "trajectory.toml", "own-run", out, corpus, sweep="pga_threads = 2\n",
+                          models=f'[[models]]\nrun_dir = "{run_dir}"\n', extra=extra)
 
 
 @pytest.fixture(scope="module")

@@ -27,31 +27,11 @@ def add_sweep_models(cache):
 
 
 def write_sweep_job(directory, out, corpus, **sweep_keys):
-    extra = "".join(f"{k} = {v}\n" for k, v in sweep_keys.items())
-    path = directory / "sweep.toml"
-    path.write_text(f"""
-[job]
-name = "tiny-sweep"
-out = "{out}"
-[sweep]
-sizes = ["14m", "31m"]
-revisions = ["step0", "step1", "step1000"]
-{extra}
-[[models]]
-id = "EleutherAI/pythia-31m"
-revisions = ["step0", "step1000"]
-[corpus]
-name = "{corpus}"
-n_samples = 40
-[extract]
-seq_len = 32
-batch_size = 8
-[pga]
-k = 8
-n_null = 12
-null_chunks = 2
-""")
-    return path
+    from raygeom.testing import write_tiny_job
+
+    sweep = 'sizes = ["14m", "31m"]\nrevisions = ["step0", "step1", "step1000"]\n' + "".join(f"{k} = {v}\n" for k, v in sweep_keys.items())
+    return write_tiny_job(directory / "sweep.toml", "tiny-sweep", out, corpus, sweep=sweep,
+                          models='[[models]]\nid = "EleutherAI/pythia-31m"\nrevisions = ["step0", "step1000"]\n')
 
 
 def write_corpus(path):
