@@ -42,6 +42,15 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def ray_address(ray_local) -> str:
+    """The session's Ray, for CLI subprocesses (--address) whose test is not about starting a local Ray:
+    attaching takes about a second, a local start several, and its job's work runs on the same loopback cluster."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
 @pytest.fixture
 def tiny_corpus(tmp_path) -> Path:
     from raygeom.testing import TINY_TEXT

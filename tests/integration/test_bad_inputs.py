@@ -216,10 +216,10 @@ def test_a_loopback_address_gets_the_loopback_environment_before_ray_is_imported
 
 # ------------------------------------------------------------------------------------- rich escaping
 
-def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, tiny_corpus, tmp_path):
+def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "a[/red]b[bold]"
     result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out,
-                     "--num-cpus", "1")
+                     "--address", ray_address)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MarkupError" not in result.stderr and "Traceback" not in result.stderr
     assert str(out) in " ".join(result.stdout.split()) or "a[/red]b[bold]" in result.stdout
@@ -277,9 +277,9 @@ main()
 """
 
 
-def test_a_full_disk_is_one_line_and_leaves_no_partial_result(hub_cache, tiny_corpus, tmp_path):
+def test_a_full_disk_is_one_line_and_leaves_no_partial_result(hub_cache, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "out"
-    args = ["pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1"]
+    args = ["pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out, "--address", ray_address]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     full = subprocess.run([sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
     assert_one_line(full, "the disk is full")
@@ -290,13 +290,13 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_result(hub_cache, tiny_co
     assert len(list((results / "pga").glob("*.parquet"))) == 2
 
 
-def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, tmp_path):
+def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, ray_address, tmp_path):
     """Every (short) text ends in ' .', so at the embedding the last-token vectors are identical: no geometry."""
     corpus = tmp_path / "short.txt"
     corpus.write_text("\n".join(f"the team won {i} games ." for i in range(20)) + "\n")
     out = tmp_path / "out"
     result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "embed,0", "--corpus", corpus, "--out", out,
-                     "--num-cpus", "1")
+                     "--address", ray_address)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("not scored") and " embed: " in lines[0], result.stderr[-3000:]

@@ -54,14 +54,15 @@ TINY = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--n-sampl
     (["--model", "EleutherAI/pythia-14m", "--revision", "step2000", "--n-samples", "12"], "revision 'step2000'"),
     ([*TINY, "--k", "64"], "k must satisfy 0 < k < d; got k=64, d=64"),
 ])
-def test_errors_found_by_the_ray_workers(hub_cache, tiny_corpus, tmp_path, args, message):
+def test_errors_found_by_the_ray_workers(hub_cache, ray_address, tiny_corpus, tmp_path, args, message):
     out = tmp_path / "out"
-    assert_clean_failure(run_cli("pga", *args, "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1"), message, out)
+    assert_clean_failure(run_cli("pga", *args, "--corpus", tiny_corpus, "--out", out, "--address", ray_address), message, out)
 
 
-def test_nan_activations(nan_model, tiny_corpus, tmp_path):
+def test_nan_activations(nan_model, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--k", "8", "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1")
+    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--k", "8", "--corpus", tiny_corpus, "--out", out,
+                     "--address", ray_address)
     assert_clean_failure(result, "produced NaN or inf activations", out)
     assert not list(out.glob("activations/**/_COMPLETE.json"))
 

@@ -157,13 +157,13 @@ def test_analysis_units_resume_and_tables_accumulate_every_job(finished, labelle
             assert mine[name] == pytest.approx(theirs[name], nan_ok=True)
 
 
-def test_cli_dispersion_and_select_write_tables_plots_and_the_report(hub_cache, labelled_corpus, tmp_path):
+def test_cli_dispersion_and_select_write_tables_plots_and_the_report(hub_cache, ray_address, labelled_corpus, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out, report, corpus = tmp_path / "store", tmp_path / "report", tmp_path / "topics.jsonl"
     pairs = zip(labelled_corpus.texts, labelled_corpus.labels)
     corpus.write_text("".join(json.dumps({"text": text, "label": label}) + "\n" for text, label in pairs))
     common = ["-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(corpus), "--chunk-len", "32",
-              "--chunks-per-domain", "6", "--n-boot", "50", "--num-cpus", "1", "-o", str(out), "--report", str(report)]
+              "--chunks-per-domain", "6", "--n-boot", "50", "--address", ray_address, "-o", str(out), "--report", str(report)]
     done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", *common, "--group-size", "3", "--n-groups", "5",
                            "--n-slices", "3"], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Two runs with different settings started at once on one --out (the n=45 / n=40 race of issue 13), 5 times in make test
 (RAYGEOM_RACE_TRIALS=20 for the issue's 20): one run holds the store, the other exits 2 with one line naming it, and every stored unit
 holds exactly the numbers its own settings give in a store of its own. Never mixed.
+Both CLI processes attach to the session's Ray (--address): the race is over the store, not over starting a cluster.
 """
 
 import math
@@ -26,11 +27,11 @@ SIZES = (45, 40)
 SETTINGS = dict(layers="1,-1", seq_len=16, k=8, n_null=2, null_chunks=1)
 
 
-def cli_args(n: int, corpus: Path, out: Path) -> list[str]:
+def cli_args(n: int, corpus: Path, out: Path, address: str) -> list[str]:
     return ["pga", "--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--n-samples", str(n), "--corpus", str(corpus),
             "--layers", SETTINGS["layers"], "--seq-len", str(SETTINGS["seq_len"]), "--k", str(SETTINGS["k"]),
             "--n-null", str(SETTINGS["n_null"]), "--null-chunks", str(SETTINGS["null_chunks"]), "--out", str(out),
-            "--num-cpus", "1"]
+            "--address", address]
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +55,14 @@ def references(hub_cache, ray_local, tmp_path_factory):
     return corpus, expected
 
 
-def test_two_settings_racing_on_one_store_never_mix(references, tmp_path):
+def test_two_settings_racing_on_one_store_never_mix(references, ray_address, tmp_path):
     corpus, expected = references
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     env.pop("RAY_ADDRESS", None)
     outcomes = []
     for trial in range(TRIALS):
         out = tmp_path / "shared"  # one store across trials, as a user would reuse it
-        runs = {n: subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *cli_args(n, corpus, out)], env=env,
+        runs = {n: subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *cli_args(n, corpus, out, ray_address)], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for n in (SIZES if trial % 2 == 0 else SIZES[::-1])}
         finished = {}
