@@ -46,7 +46,7 @@ from raygeom.numerics.pga import MIN_SAMPLES
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, content_key
 
-CONVERGE_VERSION = 1
+CONVERGE_VERSION = 2  # 2: every cell carries z's Monte-Carlo interval and the empirical p-values
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,7 @@ def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray,
     grid = convergence_grid.summarize_grid(observed["rho_full"], observed["rho_readout"], nulls)
     if not np.isfinite(grid["rho_full"]).all():
         raise RaygeomError(f"{a.label} vs {b.label}: some layer's distances are constant after CCR-{params.r}")
+    grid.update(convergence_grid.grid_uncertainty(observed["rho_readout"], nulls, params.seed))
     rows = []
     shared = {name: value for name, value in extraction_columns(a.info).items() if name not in ("step", "n")}
     span_a, span_b = max(1, len(a.info["all_layers"]) - 1), max(1, len(b.info["all_layers"]) - 1)

@@ -326,7 +326,7 @@ def plot_convergence(rows: list[dict], path: Path) -> Path:
             panels[name][ia[r["layer_a"]], ib[r["layer_b"]]] = r[name]
     first = rows[0]
     titles = {"rho_full": "(a) full space", "rho_readout": "(b) each in its readout subspace",
-              "null_mean": f"(c) random {first['k']}-dim subspaces (mean)", "z": "(b - c mean) / c std"}
+              "null_mean": f"(c) random {first['k']}-dim subspaces (mean)", "z": "(b - c mean) / c std; dot: 95% interval crosses 0"}
     low = np.nanmin([panels[n] for n in ("rho_full", "rho_readout", "null_mean")])
     high = np.nanmax([panels[n] for n in ("rho_full", "rho_readout", "null_mean")])
     fig, axes = plt.subplots(2, 2, figsize=(11, 9.5), dpi=110)
@@ -334,6 +334,10 @@ def plot_convergence(rows: list[dict], path: Path) -> Path:
         if name == "z":
             bound = np.nanmax(np.abs(panels[name]))
             image = ax.imshow(panels[name], cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto", origin="lower")
+            unsure = [(ib[r["layer_b"]], ia[r["layer_a"]]) for r in rows
+                      if r.get("z_lo") is not None and r["z_lo"] <= 0 <= r["z_hi"]]
+            if unsure:  # cells whose 95% interval of z crosses 0
+                ax.scatter(*zip(*unsure), s=4, c="black", marker=".", linewidths=0)
         else:
             image = ax.imshow(panels[name], cmap="viridis", vmin=low, vmax=high, aspect="auto", origin="lower")
         fig.colorbar(image, ax=ax, shrink=0.85)
@@ -369,17 +373,24 @@ def convergence_markdown(rows: list[dict]) -> str:
     full = np.array([r["rho_full"] for r in rows])
     readout = np.array([r["rho_readout"] for r in rows])
     z = np.array([r["z"] for r in rows])
+    z_lo = np.array([r.get("z_lo", np.nan) for r in rows])
+    z_hi = np.array([r.get("z_hi", np.nan) for r in rows])
     nulls = np.array([r["null_mean"] for r in rows])
     lines = [f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
              f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})", "",
              f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}, "
-             f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%}, z < -2 in {np.mean(z < -2):.0%}; "
+             f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%} ({np.mean(z_lo > 2):.0%} with the whole "
+             f"95% interval above 2), z < -2 in {np.mean(z < -2):.0%} ({np.mean(z_hi < -2):.0%}); "
              f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.", "",
              "Layers matched by relative depth:", "",
-             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z |", "|---|---|---|---|---|---|---|---|"]
+             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in depth_matched(rows):
+        half, p_upper = r.get("z_half_width"), r.get("p_upper")
+        z_text = f"{r['z']:+.1f}" + (f" ± {half:.1f}" if half is not None and half == half else "")
+        p_text = f"{p_upper:.2g}" if p_upper is not None and p_upper == p_upper else ""
         lines.append(f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
-                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {r['z']:+.1f} |")
+                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -124,6 +124,23 @@ def null_grids(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], k
     return np.stack(grids) if grids else np.empty((0, len(layers_a), len(layers_b)))
 
 
+def grid_uncertainty(rho_readout: np.ndarray, nulls: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per cell, z's Monte-Carlo error and the empirical p-values, as :func:`raygeom.numerics.uncertainty.z_uncertainty`
+    gives them for one PGA unit (``nulls``: draws x layers A x layers B). Cells whose nulls have no spread get NaN."""
+    from raygeom.numerics.uncertainty import z_uncertainty
+
+    names = ("z_se", "z_lo", "z_hi", "z_half_width", "p_upper", "p_lower")
+    out = {name: np.full(rho_readout.shape, np.nan) for name in names}
+    for index in np.ndindex(*rho_readout.shape):
+        cell = nulls[(slice(None),) + index]
+        if not np.isfinite(rho_readout[index]) or np.ptp(cell) == 0:
+            continue
+        values = z_uncertainty(float(rho_readout[index]), cell, seed)
+        for name in names:
+            out[name][index] = values[name]
+    return out
+
+
 def summarize_grid(rho_full: np.ndarray, rho_readout: np.ndarray, nulls: np.ndarray) -> dict[str, np.ndarray]:
     """Null mean, std (ddof=1) and ``z = (rho_readout - null_mean) / null_std`` per cell."""
     if nulls.shape[0] < 2:

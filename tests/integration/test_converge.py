@@ -88,6 +88,9 @@ def test_result_does_not_depend_on_null_chunks(planted):
                                   converge.ConvergeParams(k=K, r=1, n_null=8, null_chunks=8, seed=2))
     assert [r["z"] for r in again] == [r["z"] for r in rows]
     assert [r["null_std"] for r in again] == [r["null_std"] for r in rows]
+    for name in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower"):  # the interval does not depend on the split either
+        assert [r[name] for r in again] == [r[name] for r in rows]
+    assert all(r["z_lo"] < r["z"] < r["z_hi"] for r in rows if np.isfinite(r["z"]))
 
 
 def test_depths_restrict_the_grid_and_bad_requests_fail_clearly(planted, tmp_path):
@@ -122,7 +125,9 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
     assert all(np.isfinite(r["z"]) and -1 <= r["rho_full"] <= 1 for r in rows)
     heatmap = "converge_EleutherAI--pythia-14m@step1000_vs_raygeom-tests--narrow-neox@step0.png"
     assert (report / heatmap).stat().st_size > 20_000
-    assert "Layers matched by relative depth" in (report / "converge.md").read_text()
+    markdown = (report / "converge.md").read_text()
+    assert "Layers matched by relative depth" in markdown and "z ± 95% half-width" in markdown
+    assert all(1 / 7 <= r["p_upper"] <= 1 and 1 / 7 <= r["p_lower"] <= 1 for r in rows)  # (1 + count) / (1 + 6 nulls)
 
 
 def test_cli_needs_two_models(hub_cache, tiny_corpus, tmp_path):

@@ -4,6 +4,7 @@ from scipy.stats import ortho_group
 
 from raygeom.errors import InputError
 from raygeom.numerics.convergence import convergence
+from raygeom.numerics import convergence_grid
 from raygeom.numerics.convergence_grid import null_grids, observed_grid, prepare_layer, summarize_grid
 
 
@@ -64,3 +65,30 @@ def test_mismatched_inputs_are_rejected():
         null_grids(a, a, 10, 0, [0])
     with pytest.raises(InputError, match="at least 2 null"):
         summarize_grid(np.zeros((1, 1)), np.zeros((1, 1)), np.zeros((1, 1, 1)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grid_uncertainty_gives_each_cell_its_p_values_and_a_monte_carlo_interval(seed):
+    rng = np.random.default_rng(seed)
+    n = 400
+    nulls = rng.normal(0.2, 0.02, size=(n, 2, 3))
+    observed = np.array([[0.2, 0.25, 0.1], [0.21, 0.3, 0.19]])
+    out = convergence_grid.grid_uncertainty(observed, nulls, seed)
+    for i in range(2):
+        for j in range(3):
+            cell = nulls[:, i, j]
+            # The empirical p-values by their definition, (1 + #{null >= rho}) / (1 + n) and its lower twin.
+            assert out["p_upper"][i, j] == pytest.approx((1 + np.sum(cell >= observed[i, j])) / (1 + n))
+            assert out["p_lower"][i, j] == pytest.approx((1 + np.sum(cell <= observed[i, j])) / (1 + n))
+            z = (observed[i, j] - cell.mean()) / cell.std(ddof=1)
+            assert out["z_lo"][i, j] < z < out["z_hi"][i, j]
+            # Gaussian nulls: the standard error of z is sqrt((1 + z^2 / 2) / n) (delta method).
+            assert out["z_se"][i, j] == pytest.approx(np.sqrt((1 + z**2 / 2) / n), rel=0.25)
+            assert out["z_half_width"][i, j] == pytest.approx(1.96 * out["z_se"][i, j], rel=1e-3)
+
+
+def test_grid_uncertainty_leaves_cells_without_null_spread_undefined():
+    nulls = np.zeros((50, 1, 2))
+    nulls[:, 0, 1] = np.linspace(0, 1, 50)
+    out = convergence_grid.grid_uncertainty(np.array([[0.5, 0.5]]), nulls)
+    assert np.isnan(out["z_se"][0, 0]) and np.isfinite(out["z_se"][0, 1])
