@@ -4,7 +4,7 @@
 
 Reads each layer's Parquet with pyarrow alone (no raygeom code) and recomputes:
 - RankMe as Garrido et al. (2023) define it and reptrix's ``get_rank`` computes it: the singular values
-  ``s`` of the embedding matrix as given (not centred), ``p = s / ||s||_1 + 1e-7``, ``exp(-sum p log p)``;
+  ``s`` of the embedding matrix as given (not centred; here the square roots of its Gram matrix's eigenvalues), ``p = s / ||s||_1 + 1e-7``, ``exp(-sum p log p)``;
 - alpha-ReQ as reptrix's ``get_alpha`` computes it: the eigenvalues of the centred activations' covariance
   (PCA explained-variance ratios, here from numpy's eigh of the covariance instead of sklearn's SVD), and
   ``np.linalg.solve`` of the 1/rank-weighted normal equations of ``log eig`` on ``-log rank`` over
@@ -29,7 +29,9 @@ def layer_matrix(path: Path) -> np.ndarray:
 
 
 def rankme_garrido(h: np.ndarray) -> float:
-    s = np.linalg.svd(h, compute_uv=False)
+    # Singular values from the eigenvalues of the smaller Gram matrix, not an SVD: a different numerical road.
+    gram = h @ h.T if h.shape[0] <= h.shape[1] else h.T @ h
+    s = np.sqrt(np.clip(np.linalg.eigvalsh(gram), 0.0, None))[::-1]
     p = s / np.sum(np.abs(s)) + 1e-7
     return float(np.exp(-np.sum(p * np.log(p))))
 
