@@ -41,19 +41,39 @@ def write_job(directory, run_dir, out, corpus, extra: str = ""):
                           models=f'[[models]]\nrun_dir = "{run_dir}"\n', extra=extra)
 
 
+_TRAJECTORY: dict = {}
+
+
+def trajectory_run(tmp_path_factory) -> dict:
+    """One trajectory job per session over one trainer run (its sweep computes every unit on a fresh store, then the
+    trajectory analyses run): these tests inspect its sweep, test_trajectory its rankings and report."""
+    if not _TRAJECTORY:
+        from raygeom.analyses.trajectory import run_trajectory_job
+        from raygeom.testing import TINY_TEXT
+
+        root = tmp_path_factory.mktemp("trajectory")
+        run = write_trainer_run(root / "my-run")
+        sentences = [s for s in TINY_TEXT.split(" . ") if s]
+        corpus = root / "heldout.jsonl"
+        corpus.write_text("".join(json.dumps({"text": f"{sentences[i % 5]} in {1990 + i} about {i * 7} {sentences[(i + 2) % 5]} . " * 3,
+                                              "label": f"topic{i % 3}"}) + "\n" for i in range(45)))
+        job_file = write_job(root, run, root / "out", corpus, extra=f"""
+[trajectory]
+chunk_len = 32
+chunks_per_domain = 3
+batch_size = 3
+late_from = 20
+bootstrap = 200
+report = "{root / 'docs' / 'trajectory.md'}"
+""")
+        _TRAJECTORY.update(root=root, job_file=job_file, outputs=run_trajectory_job(load_job(job_file), Console(quiet=True)))
+    return _TRAJECTORY
+
+
 @pytest.fixture(scope="module")
 def swept(ray_local, tmp_path_factory):
-    from raygeom.engine.pipeline import run_sweep_job
-    from raygeom.testing import TINY_TEXT
-
-    root = tmp_path_factory.mktemp("own-run")
-    run = write_trainer_run(root / "my-run")
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(2 * i + 1) % 5]}" for i in range(50)))
-    job_file = write_job(root, run, root / "out", corpus)
-    first = run_sweep_job(load_job(job_file), Console(quiet=True))
-    return job_file, first
+    run = trajectory_run(tmp_path_factory)
+    return run["job_file"], run["outputs"]["swept"]
 
 
 def test_every_checkpoint_is_a_revision_with_its_step(swept):

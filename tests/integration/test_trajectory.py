@@ -95,26 +95,10 @@ def test_cli_train_refuses_a_shared_run_dir_before_starting_anything(tmp_path):
 
 @pytest.fixture(scope="module")
 def trajectory(ray_local, tmp_path_factory):
-    from raygeom.analyses.trajectory import run_trajectory_job
-    from tests.integration.test_checkpoint_sweep import write_job, write_trainer_run
-    from raygeom.testing import TINY_TEXT
+    from test_checkpoint_sweep import trajectory_run  # the module pytest collected, so its one run is shared
 
-    root = tmp_path_factory.mktemp("trajectory")
-    run = write_trainer_run(root / "my-run")
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
-    corpus = root / "heldout.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"{sentences[i % 5]} in {1990 + i} about {i * 7} {sentences[(i + 2) % 5]} . " * 3,
-                                          "label": f"topic{i % 3}"}) + "\n" for i in range(45)))
-    job_file = write_job(root, run, root / "out", corpus, extra=f"""
-[trajectory]
-chunk_len = 32
-chunks_per_domain = 3
-batch_size = 3
-late_from = 20
-bootstrap = 200
-report = "{root / 'docs' / 'trajectory.md'}"
-""")
-    return root, job_file, run_trajectory_job(load_job(job_file), Console(quiet=True))
+    run = trajectory_run(tmp_path_factory)
+    return run["root"], run["job_file"], run["outputs"]
 
 
 def test_trajectory_job_ranks_checkpoints_and_writes_its_report(trajectory):
