@@ -46,7 +46,7 @@ from raygeom.numerics.pga import MIN_SAMPLES
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, content_key
 
-CONVERGE_VERSION = 2  # 2: every cell carries z's Monte-Carlo interval and the empirical p-values
+CONVERGE_VERSION = 3  # 2: z's Monte-Carlo interval and p-values; 3: intervals over texts
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class ConvergeParams:
     seed: int = 0
     null_chunks: int = 4
     depths: int | None = None  # None: every extracted layer; n: the layers nearest n evenly spaced relative depths
+    text_halves: int = 10  # half-samples of the texts behind each cell's intervals over texts; 0: none
 
     def __post_init__(self):
         # The parameters it shares with PGA get PGA's checks and messages.
@@ -65,6 +66,8 @@ class ConvergeParams:
             raise RaygeomError(f"seed must satisfy 0 <= seed < 2**32, got {self.seed}")
         if self.depths is not None and self.depths < 2:
             raise RaygeomError(f"depths must be at least 2, got {self.depths}")
+        if self.text_halves == 1 or self.text_halves < 0:
+            raise RaygeomError(f"text_halves must be 0 (no interval over texts) or at least 2, got {self.text_halves}")
 
 
 @dataclass(frozen=True)
@@ -101,15 +104,35 @@ def _side(store: Store, model: str, revision: str, depths: int | None, k: int) -
                      [samples["text_sha1"].to_pylist()[i] for i in order])
 
 
-def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int,
-             key: str) -> np.ndarray:
+def _aligned_layer(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray,
+                   key: str) -> np.ndarray:
     from raygeom.analyses.pga import read_keyed_layer
 
     h = read_keyed_layer(root, model, revision, layer, key)
     ids = Store(root).read_layer(model, revision, layer)[0]
     if not np.array_equal(ids, sample_ids):
         raise RaygeomError(f"{model}@{revision} layer {layer} holds different sample ids than its samples table")
-    return convergence_grid.prepare_layer(h[rows], r)
+    return h[rows]
+
+
+def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int,
+             key: str) -> np.ndarray:
+    return convergence_grid.prepare_layer(_aligned_layer(root, model, revision, layer, sample_ids, rows, key), r)
+
+
+def _texts(root: str, reads_a: list[tuple], reads_b: list[tuple], basis_a: np.ndarray, basis_b: np.ndarray,
+           params: "ConvergeParams") -> dict:
+    """Every cell's standard errors over texts (half-samples); each side's layers are read again in raw form,
+    since every half-sample is corrected afresh."""
+    from raygeom.errors import InputError
+
+    raw_a = [_aligned_layer(root, *read) for read in reads_a]
+    raw_b = [_aligned_layer(root, *read) for read in reads_b]
+    try:
+        return convergence_grid.grid_text_spread(raw_a, raw_b, basis_a, basis_b, params.k, params.r, params.seed,
+                                                 params.text_halves)
+    except InputError:  # too few texts to halve: the rows carry no interval over texts
+        return {}
 
 
 def _observed(n_a: int, basis_a: np.ndarray, basis_b: np.ndarray, k: int, *layers) -> dict:
@@ -131,12 +154,12 @@ def align(a: ModelSide, b: ModelSide) -> tuple[np.ndarray, np.ndarray]:
 def pair_key(a: ModelSide, b: ModelSide, rows_a: np.ndarray, rows_b: np.ndarray, params: ConvergeParams) -> str:
     matched = content_key([a.text_sha1[i] for i in rows_a])
     return content_key("converge", CONVERGE_VERSION, a.info["key"], b.info["key"], a.layers, b.layers,
-                       params.k, params.r, params.n_null, params.seed, matched)
+                       params.k, params.r, params.n_null, params.seed, matched, params.text_halves)
 
 
 def units(sides_layers: list[int], params: ConvergeParams) -> int:
     """Progress units :func:`run_converge` reports for models with these layer counts."""
-    chunks = min(params.null_chunks, params.n_null)
+    chunks = min(params.null_chunks, params.n_null) + (1 if params.text_halves else 0)
     return sum(la + lb + 1 + chunks for la, lb in combinations(sides_layers, 2))
 
 
@@ -166,12 +189,17 @@ def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergePa
         n_a = len(a.layers)
 
         def finish(values, a=a, b=b, n=len(rows_a)) -> list[dict]:
-            return _rows(a, b, n, values[0], np.concatenate(values[1:]), params)
+            observed, *nulls = values
+            spread = nulls.pop() if params.text_halves else {}
+            return _rows(a, b, n, observed, np.concatenate(nulls), params, spread)
 
+        reads = [[(side.model, side.revision, layer, side.sample_ids, rows, side.info["key"]) for layer in side.layers]
+                 for side, rows in ((a, rows_a), (b, rows_b))]
+        texts = [Step(_texts, (root, reads[0], reads[1], basis_a, basis_b, params))] if params.text_halves else []
         units.append(Unit(analysis="converge", key=pair_key(a, b, rows_a, rows_b, params), label=f"convergence {a.label} vs {b.label}",
                           prepare=prepare,
                           parts=[Step(_observed, (n_a, basis_a, basis_b, params.k, PREPARED))]
-                                + [Step(_nulls, (n_a, params.k, params.seed, chunk, PREPARED)) for chunk in chunks],
+                                + [Step(_nulls, (n_a, params.k, params.seed, chunk, PREPARED)) for chunk in chunks] + texts,
                           finish=finish))
     results = run_units(store, units, progress)
     order = {(m, rev): i for i, (m, rev) in enumerate(models)}
@@ -179,11 +207,28 @@ def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergePa
                                           r["layer_index_a"], r["layer_index_b"]))
 
 
-def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray, params: ConvergeParams) -> list[dict]:
+def _text_intervals(grid: dict, spread: dict) -> dict:
+    """Normal 95% intervals over texts from the half-sample standard errors, for each cell."""
+    if not spread:
+        return {}
+    q = 1.959963984540054
+    centres = {"rho_full": grid["rho_full"], "rho": grid["rho_readout"],
+               "excess": grid["rho_readout"] - grid["rho_full"], "margin": grid["rho_readout"] - grid["null_mean"]}
+    ses = {"rho_full": spread["rho_full_texts_se"], "rho": spread["rho_readout_texts_se"],
+           "excess": spread["excess_texts_se"], "margin": spread["margin_texts_se"]}
+    out = {}
+    for name, centre in centres.items():
+        out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = centre - q * ses[name], centre + q * ses[name]
+    return out
+
+
+def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray, params: ConvergeParams,
+          spread: dict | None = None) -> list[dict]:
     grid = convergence_grid.summarize_grid(observed["rho_full"], observed["rho_readout"], nulls)
     if not np.isfinite(grid["rho_full"]).all():
         raise RaygeomError(f"{a.label} vs {b.label}: some layer's distances are constant after CCR-{params.r}")
     grid.update(convergence_grid.grid_uncertainty(observed["rho_readout"], nulls, params.seed))
+    grid.update(_text_intervals(grid, spread or {}))
     rows = []
     shared = {name: value for name, value in extraction_columns(a.info).items() if name not in ("step", "n")}
     span_a, span_b = max(1, len(a.info["all_layers"]) - 1), max(1, len(b.info["all_layers"]) - 1)
@@ -197,7 +242,7 @@ def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray,
                 "relative_depth_a": index_a / span_a, "relative_depth_b": index_b / span_b,
                 **{name: float(values[i, j]) for name, values in grid.items()},
                 **shared, "step_a": a.info.get("step"), "step_b": b.info.get("step"),
-                "k": params.k, "r": params.r, "n": n, "n_null": int(nulls.shape[0]), "seed": params.seed,
+                "k": params.k, "r": params.r, "n": n, "n_null": int(nulls.shape[0]), "seed": params.seed, "n_half_samples": params.text_halves if spread else 0,
                 "d_a": a.info["d"], "d_b": b.info["d"],
             })
     return rows

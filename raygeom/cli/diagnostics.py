@@ -368,6 +368,12 @@ def depth_matched(rows: list[dict]) -> list[dict]:
     return sorted(picks, key=lambda r: (r["relative_depth_a"], r["relative_depth_b"]))
 
 
+def _excess_text(row: dict) -> str:
+    excess = row["rho_readout"] - row["rho_full"]
+    lo, hi = row.get("excess_texts_lo"), row.get("excess_texts_hi")
+    return f"{excess:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None and lo == lo else "")
+
+
 def convergence_markdown(rows: list[dict]) -> str:
     first = rows[0]
     full = np.array([r["rho_full"] for r in rows])
@@ -378,19 +384,23 @@ def convergence_markdown(rows: list[dict]) -> str:
     nulls = np.array([r["null_mean"] for r in rows])
     lines = [f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
              f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})", "",
-             f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}, "
+             f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}"
+             + (f" ({np.mean(np.array([r.get('excess_texts_lo', np.nan) for r in rows]) > 0):.0%} with the whole 95% interval "
+                f"over texts above 0, {np.mean(np.array([r.get('excess_texts_hi', np.nan) for r in rows]) < 0):.0%} below)"
+                if rows[0].get("excess_texts_lo") is not None else "") + ", "
              f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%} ({np.mean(z_lo > 2):.0%} with the whole "
              f"95% interval above 2), z < -2 in {np.mean(z < -2):.0%} ({np.mean(z_hi < -2):.0%}); "
              f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.", "",
              "Layers matched by relative depth:", "",
-             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper "
+             "| readout − full [95% over texts] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in depth_matched(rows):
         half, p_upper = r.get("z_half_width"), r.get("p_upper")
         z_text = f"{r['z']:+.1f}" + (f" ± {half:.1f}" if half is not None and half == half else "")
         p_text = f"{p_upper:.2g}" if p_upper is not None and p_upper == p_upper else ""
         lines.append(f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
-                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} |")
+                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} | {_excess_text(r)} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -502,6 +512,8 @@ def register(app: typer.Typer) -> None:
         ccr: int = typer.Option(1, "--ccr"),
         n_null: int = typer.Option(100, "--n-null"),
         null_chunks: int = typer.Option(4, "--null-chunks"),
+        text_halves: int = typer.Option(10, "--text-halves", help="Half-samples of the texts behind each layer pair's "
+                                        "intervals over texts (0: none)."),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/converge"), "--out", "-o"),
         report: Optional[Path] = ReportOption,
@@ -511,7 +523,7 @@ def register(app: typer.Typer) -> None:
         """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
         try:
             _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
-                      null_chunks, seed, out, report, address, num_cpus)
+                      null_chunks, seed, out, report, address, num_cpus, text_halves)
         except RaygeomError as error:
             cli._fail(str(error))
 
@@ -604,7 +616,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
 
 
 def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
-              null_chunks, seed, out, report, address, num_cpus):
+              null_chunks, seed, out, report, address, num_cpus, text_halves=10):
     from raygeom.report.figures import write_rows
 
     cli = _cli()
@@ -613,7 +625,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     specs = _model_entries(model, revision)
     if len(specs) < 2:
         raise RaygeomError("converge needs at least two models (--model A --model B)")
-    params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths)
+    params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths, text_halves=text_halves)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import converge as converge_module
     from raygeom.engine.pipeline import progress_bar

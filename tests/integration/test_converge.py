@@ -91,6 +91,11 @@ def test_result_does_not_depend_on_null_chunks(planted):
     for name in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower"):  # the interval does not depend on the split either
         assert [r[name] for r in again] == [r[name] for r in rows]
     assert all(r["z_lo"] < r["z"] < r["z_hi"] for r in rows if np.isfinite(r["z"]))
+    for name in ("rho_texts_lo", "excess_texts_hi", "margin_texts_lo", "rho_full_texts_hi"):
+        assert [r[name] for r in again] == [r[name] for r in rows]
+    assert all(r["n_half_samples"] == 10 for r in rows)
+    assert all(r["rho_texts_lo"] <= r["rho_readout"] <= r["rho_texts_hi"] for r in rows)
+    assert all(r["excess_texts_lo"] <= r["rho_readout"] - r["rho_full"] <= r["excess_texts_hi"] for r in rows)
 
 
 def test_depths_restrict_the_grid_and_bad_requests_fail_clearly(planted, tmp_path):

@@ -92,3 +92,25 @@ def test_grid_uncertainty_leaves_cells_without_null_spread_undefined():
     nulls[:, 0, 1] = np.linspace(0, 1, 50)
     out = convergence_grid.grid_uncertainty(np.array([[0.5, 0.5]]), nulls)
     assert np.isnan(out["z_se"][0, 0]) and np.isfinite(out["z_se"][0, 1])
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_grid_text_spread_is_the_half_sample_jackknife_of_the_scipy_reference(seed):
+    from raygeom.numerics.uncertainty import text_subsamples
+    from tests.reference import convergence
+
+    raw_a, raw_b = layers_of(seed, 40, 12, 2), layers_of(seed + 1, 40, 16, 2)
+    basis_a, basis_b = basis(2, 12, 4), basis(3, 16, 4)
+    out = convergence_grid.grid_text_spread(raw_a, raw_b, basis_a, basis_b, k=4, r=1, seed=seed, n_half=4, n_null=3)
+    halves = text_subsamples(40, 20, seed, 4)
+    for i, h_a in enumerate(raw_a):
+        for j, h_b in enumerate(raw_b):
+            per_half = [convergence(h_a[rows], h_b[rows], basis_a, basis_b, 4, r=1, n_null=3, seed=seed) for rows in halves]
+            full = np.array([c["rho_full"] for c in per_half])
+            readout = np.array([c["rho_readout"] for c in per_half])
+            margin = readout - np.array([c["null_mean"] for c in per_half])
+            # Half of 40 texts deleted: the delete-d jackknife factor size / (n - size) is 1.
+            for name, values in (("rho_full", full), ("rho_readout", readout), ("excess", readout - full), ("margin", margin)):
+                # The nulls rank float32 projections, where two of 190 distances may swap places against float64.
+                tolerance = 1e-3 if name == "margin" else 1e-6
+                assert out[f"{name}_texts_se"][i, j] == pytest.approx(np.std(values, ddof=1), rel=tolerance, abs=1e-9), name
