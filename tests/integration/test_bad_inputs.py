@@ -140,9 +140,10 @@ def test_a_revision_for_a_model_without_revisions_is_refused(tmp_path, tiny_corp
     (["--ccr", "64", "--n-samples", "50"], ["--ccr 64", "d=64"]),
     (["--k", "64", "--n-samples", "20"], ["k=64, d=64"]),
 ])
-def test_settings_that_cannot_work_are_refused_up_front(hub_cache, tiny_corpus, tmp_path, args, fragments):
+def test_settings_that_cannot_work_are_refused_up_front(hub_cache, ray_address, tiny_corpus, tmp_path, args, fragments):
     base = [a for a in TINY if a not in ("--k", "8")] if "--k" in args else TINY
-    cpus = [] if "--num-cpus" in args else ["--num-cpus", "1"]
+    # '7:9' is refused once the model's layers are known, on the session's Ray rather than a local one started for it.
+    cpus = [] if "--num-cpus" in args else ["--address", ray_address]
     result = run_cli("pga", *base, "--n-samples", "20", *args, "--corpus", tiny_corpus, "--out", tmp_path / "out", *cpus)
     assert_one_line(result, *fragments)
     assert not list((tmp_path / "out").glob("activations/**/*.parquet")) if (tmp_path / "out").exists() else True
