@@ -34,7 +34,7 @@ from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
 DISPERSION_VERSION = 2  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000)
 TABLES = ("layers", "slices", "groups", "domains")
 
 
@@ -225,9 +225,8 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
 def extraction_provenance(spec: ModelSpec, corpus: Corpus, settings: DispersionSettings) -> dict:
     """The settings behind an extraction, in every row made from it."""
     from raygeom import __version__
-    from raygeom.sources.revisions import step_of
 
-    return {"step": step_of(spec.revision), "corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(),
+    return {"step": spec.step, "corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(),
             "chunk_len": settings.chunk_len, "chunks_per_domain": settings.chunks_per_domain, "layers_selected": settings.layers,
             "domain_tokens": settings.domain_tokens, "extraction_seed": settings.seed, "raygeom_version": __version__}
 
@@ -448,10 +447,10 @@ def run_dispersion(store: Store, specs: list[ModelSpec], corpus: Corpus, setting
 
 # ---------------------------------------------------------------- select: ranking by the gap
 
-GAP_VERSION = 1
+GAP_VERSION = 2  # 2: the step from the model spec, as ANALYSIS_VERSION 2
 
 
-def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: int, seed: int) -> dict:
+def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: int, seed: int, step: int | None) -> dict:
     """G at ``layer`` with its chunk bootstrap, the sides' dispersions, perplexity and bits per byte."""
     unit = read_unit_at(root, slug, revision, key)
     parts = gap_parts_of(unit["gap"], layer)
@@ -464,7 +463,7 @@ def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: 
     return {"model": summary["model"], "revision": revision, "layer": layer, **result,
             "perplexity": summary["perplexity"],
             "bits_per_byte": summary.get("bits_per_byte"), "gap_warning": gap_warning(result["n_domain"]),
-            **{k: summary.get(k) for k in ("step", "corpus", "corpus_fingerprint", "chunk_len", "chunks_per_domain",
+            "step": step, **{k: summary.get(k) for k in ("corpus", "corpus_fingerprint", "chunk_len", "chunks_per_domain",
                                            "domain_tokens", "extraction_seed", "raygeom_version", "fingerprint")}}
 
 
@@ -484,7 +483,7 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
         key = content_key("dispersion_gap", GAP_VERSION, info["key"], layer, n_boot, settings.seed)
         units.append(Unit(analysis="dispersion_gap", key=key, label=f"{spec.name}@{spec.revision} gap at {layer}",
                           parts=[Step(gap_step, (str(store.root), spec.slug, spec.revision, info["key"], layer, n_boot,
-                                                 settings.seed))],
+                                                 settings.seed, spec.step))],
                           finish=lambda values, key=key: {**values[0], "n_boot": n_boot, "seed": settings.seed, "unit_key": key}))
     rows = run_units(store, units, progress)
     thin = [f"{r['model']}@{r['revision']}" for r in rows if r["n_domain"] < 2]
