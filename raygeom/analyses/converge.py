@@ -40,7 +40,7 @@ import numpy as np
 from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, Step, Unit
 
-from raygeom.errors import RaygeomError
+from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics import convergence_grid, layer_geometry
 from raygeom.numerics.pga import MIN_SAMPLES
 from raygeom.params import PGAParams
@@ -124,8 +124,6 @@ def _texts(root: str, reads_a: list[tuple], reads_b: list[tuple], basis_a: np.nd
            params: "ConvergeParams") -> dict:
     """Every cell's standard errors over texts (half-samples); each side's layers are read again in raw form,
     since every half-sample is corrected afresh."""
-    from raygeom.errors import InputError
-
     raw_a = [_aligned_layer(root, *read) for read in reads_a]
     raw_b = [_aligned_layer(root, *read) for read in reads_b]
     try:
@@ -211,7 +209,9 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     """Normal 95% intervals over texts from the half-sample standard errors, for each cell."""
     if not spread:
         return {}
-    q = 1.959963984540054
+    from raygeom.numerics.uncertainty import LEVEL, _quantile
+
+    q = _quantile(LEVEL)
     centres = {"rho_full": grid["rho_full"], "rho": grid["rho_readout"],
                "excess": grid["rho_readout"] - grid["rho_full"], "margin": grid["rho_readout"] - grid["null_mean"]}
     ses = {"rho_full": spread["rho_full_texts_se"], "rho": spread["rho_readout_texts_se"],
