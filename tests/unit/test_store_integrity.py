@@ -232,10 +232,15 @@ def test_hash_cost_on_a_2000_by_2048_layer_is_small_next_to_reading_it(tmp_path)
     store.write_layer("m", "main", "embed", 0, np.arange(2000), h)
     path = store.layer_path("m", "main", "embed")
     data = path.read_bytes()
-    start = time.perf_counter()
-    tree.file_digest(data)
-    hashing = time.perf_counter() - start
-    start = time.perf_counter()
-    store.read_layer("m", "main", "embed")
-    reading = time.perf_counter() - start
+
+    def best_of_5(work) -> float:  # the fastest of five: a busy neighbour (make test runs 2 workers) only adds time
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    hashing = best_of_5(lambda: tree.file_digest(data))
+    reading = best_of_5(lambda: store.read_layer("m", "main", "embed"))
     assert hashing < reading  # the check never costs more than the read it guards
