@@ -1,6 +1,6 @@
 # Two set-up commands, each self-contained on a fresh machine:
 #   make demo   - the laptop job: real SmolLM2-135M on BBC News, every layer, Subspace PGA, on a local Ray
-#   make test   - the whole test suite (what CI runs); installs headless Chromium (Debian's package) for the report's browser test
+#   make test   - the whole test suite (what CI runs), on 2 pytest-xdist workers; installs headless Chromium (Debian's package) for the report's browser test
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
@@ -34,8 +34,10 @@ browser: $(CHROMIUM)
 demo: $(STAMP)
 	$(VENV)/bin/raygeom run jobs/laptop.toml
 
+# Two xdist workers, one per core: much of the suite waits on subprocess imports and Ray start-up, single-threaded.
+# A file stays on one worker (with the file whose session run it reuses); tests/conftest.py hands out the long files first.
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

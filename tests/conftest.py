@@ -20,6 +20,31 @@ from raygeom.engine.ray_env import prepare_local_ray_environment  # noqa: E402
 prepare_local_ray_environment()
 
 TINY_REVISIONS = ("step0", "step1000", "step143000")
+# make test runs 2 xdist workers (-n 2 --dist loadfile): each is its own session, with its own hub cache (above) and its
+# own local Ray (ray_local). A file runs whole on one worker, so its module fixtures are built once; a file that reuses
+# another's session run (imported from it) runs on that file's worker, or the run would be made twice.
+RUNS_WITH = {"tests/integration/test_faults.py": "tests/integration/test_sweep.py",  # first_run
+             "tests/integration/test_trajectory.py": "tests/integration/test_checkpoint_sweep.py"}  # trajectory_run
+# The long directories are handed out first (with --no-loadscope-reorder), so the unit files fill the end of both workers.
+FIRST = {"slow": 0, "integration": 1}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileWithShared(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return RUNS_WITH.get(path, path)
+
+    return LoadFileWithShared(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' collection order is the order work is handed out in
+        items.sort(key=lambda item: FIRST.get(item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else "", 2))
 
 
 @pytest.fixture(scope="session")
