@@ -14,6 +14,14 @@ _SESSION_DIR = Path(tempfile.mkdtemp(prefix="raygeom-tests-"))
 os.environ["HF_HUB_CACHE"] = str(_SESSION_DIR / "hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The CLI's module-level rich consoles take their width from COLUMNS once, at import; tests give the width per call
+# (CliRunner env, a subprocess env). xdist workers have COLUMNS=80 and LINES=24 set, which would pin it at 80.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One worker per core (make test: -n 2): one thread each, for torch here and in every CLI subprocess and Ray worker
+    # it starts. Two-thread pools in both workers oversubscribe the 2 cores, and OpenMP's waiting threads spin.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from raygeom.engine.ray_env import prepare_local_ray_environment  # noqa: E402
 

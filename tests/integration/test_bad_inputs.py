@@ -219,8 +219,9 @@ def test_a_loopback_address_gets_the_loopback_environment_before_ray_is_imported
 
 def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "a[/red]b[bold]"
+    # Wide: at rich's default 80 columns a long tmp path (xdist's adds popen-gwN/) is folded inside the name checked below.
     result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out,
-                     "--address", ray_address)
+                     "--address", ray_address, env={"COLUMNS": "1000"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MarkupError" not in result.stderr and "Traceback" not in result.stderr
     assert str(out) in " ".join(result.stdout.split()) or "a[/red]b[bold]" in result.stdout
