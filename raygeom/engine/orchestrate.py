@@ -78,10 +78,20 @@ def _probe(address: str, timeout_s: float) -> None:
     if not host or not port.isdigit():
         return  # 'auto' and the like: Ray resolves it and fails fast by itself
     wait = min(timeout_s, 10.0)
+    deadline = time.monotonic() + wait
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=wait) as connection:
             connection.sendall(HTTP2_PREFACE)
-            answer = connection.recv(9)
+            # Short waits, so Ctrl-C ends the run at once: a SIGINT delivered to another thread of this
+            # process does not interrupt the main thread's blocking recv, only its next bytecode.
+            connection.settimeout(0.2)
+            while True:
+                try:
+                    answer = connection.recv(9)
+                    break
+                except socket.timeout:
+                    if time.monotonic() >= deadline:
+                        raise
     except socket.timeout:
         raise RaygeomError(f"could not connect to Ray at {address} within {wait:g} s: the port accepted a connection "
                            "but nothing answered as a Ray (gRPC) server") from None
