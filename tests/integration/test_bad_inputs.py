@@ -230,6 +230,17 @@ def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, ray_addr
                     "unknown model 'org[/red]x/name'")
 
 
+def _terminal_sigint() -> None:
+    """SIGINT as a terminal's child has it: default and unblocked. A suite started in the background by a
+    non-interactive shell (`make test &`) runs with SIGINT ignored, and an ignored or blocked SIGINT survives
+    exec: the CLI never saw the Ctrl-C and waited out its 10 s probe (exit 2). Reproduced with
+    `bash -c 'trap "" INT; pytest -k ctrl_c'`, which fails without this and passes with it."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_connecting_ends_the_run_at_once(tiny_corpus, tmp_path):
     import signal
 
@@ -239,7 +250,8 @@ def test_ctrl_c_while_connecting_ends_the_run_at_once(tiny_corpus, tmp_path):
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), RAYGEOM_CONNECT_TIMEOUT="300")
         process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--n-samples", "12", "--corpus",
                                     tiny_corpus, "--out", tmp_path / "out", "--address", f"127.0.0.1:{silent.getsockname()[1]}"],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=_terminal_sigint)
         silent.settimeout(180)
         connection, _ = silent.accept()  # the CLI reached the connect stage
         time.sleep(1.0)
