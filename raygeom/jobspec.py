@@ -73,9 +73,17 @@ class JobSpec:
     sweep: SweepSettings | None = None
     train: TrainJob | None = None
     trajectory: object | None = None  # raygeom.analyses.trajectory.TrajectorySettings
+    # [analyses.<name>] tables (raygeom.analyses.registry), one Planned per grid point; empty: PGA with [pga]'s settings
+    analyses: tuple = ()
 
     def __post_init__(self):
         check_layer_selection(self.layers)
+
+    def planned(self) -> tuple:
+        """Every (analysis, parameters) this job runs on each extraction."""
+        from raygeom.analyses.registry import Planned
+
+        return self.analyses or (Planned("pga", self.pga),)
 
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
@@ -93,7 +101,12 @@ class JobSpec:
                 top[name] = value
         if "layers" in top:
             check_layer_selection(top["layers"])
-        return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis))
+        # A flag of `raygeom run` (--k, --seed, ...) overrides that parameter of every listed analysis that declares it.
+        planned = tuple(replace(p, params=replace(p.params, **{k: v for k, v in analysis.items()
+                                                               if k in {f.name for f in fields(p.params)}}))
+                        for p in self.analyses)
+        return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis),
+                       analyses=planned)
 
 
 def check_layer_selection(selection: str) -> None:
@@ -145,7 +158,8 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"cannot read job file {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise RaygeomError(f"{path}: malformed TOML: {str(error).splitlines()[0]}") from None
-    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "dispersion", "train", "trajectory"},
+    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "analyses", "dispersion", "train",
+                  "trajectory"},
            "top level", path)
     job = _section(data, "job", path)
     corpus = _section(data, "corpus", path)
@@ -192,11 +206,21 @@ def load_job(path: str | Path) -> JobSpec:
         if train is None:
             raise RaygeomError(f"{path}: corpus 'heldout' means the held-out articles of [train]; this job has no [train]")
         corpus_name = str(Path(train.run_dir) / "heldout.jsonl")
+    analyses = ()
+    if "analyses" in data:
+        from raygeom.analyses.registry import parse_analyses
+
+        analyses = parse_analyses(data["analyses"], f"{path}: ")
     try:
         layers = extract.pop("layers", "all")
+        if isinstance(layers, list):  # layers = [0, 5, -1] means "0,5,-1"
+            layers = ",".join(str(item) for item in layers)
+        out = job.get("out", f"runs/{path.stem}")
+        if not isinstance(out, str) or not out.strip():
+            raise RaygeomError(f"[job] out must be a directory path (a string), got {out!r}")
         return JobSpec(
             name=str(job.get("name", path.stem)),
-            out=str(job.get("out", f"runs/{path.stem}")),
+            out=str(out),
             models=tuple(entries),
             corpus=corpus_name,
             n_samples=int(corpus.get("n_samples", 500)),
@@ -207,6 +231,7 @@ def load_job(path: str | Path) -> JobSpec:
             sweep=sweep,
             train=train,
             trajectory=trajectory,
+            analyses=analyses,
         )
     except (TypeError, ValueError) as error:
         raise RaygeomError(f"{path}: {error}") from None

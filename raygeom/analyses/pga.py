@@ -8,13 +8,13 @@ however the nulls are split into chunks or tasks. No Ray here: the engine runs t
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from raygeom.analyses.provenance import extraction_columns
+from raygeom.analyses.registry import Analysis, Metric, Needs, register
 from raygeom.engine.contract import PREPARED, More, Step, Unit
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics import pga
-from raygeom.numerics.uncertainty import half_sample_spread, normal_interval, z_uncertainty
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
@@ -32,18 +32,24 @@ def read_keyed_layer(root: str, model: str, revision: str, layer: str, extractio
 
 
 def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str):
+    from raygeom.numerics import pga
+
     start = time.perf_counter()
     prepared = pga.prepare_layer(read_keyed_layer(root, model, revision, layer, extraction_key), r)
     return prepared, time.perf_counter() - start
 
 
 def readout_step(prepared, basis: np.ndarray, device: str | None) -> tuple[float, float]:
+    from raygeom.numerics import pga
+
     layer, prepare_seconds = prepared
     start = time.perf_counter()
     return pga.subspace_rho(layer, basis, device), time.perf_counter() - start + prepare_seconds
 
 
 def null_step(prepared, k: int, seed: int, indices: list[int], device: str | None) -> tuple[np.ndarray, float]:
+    from raygeom.numerics import pga
+
     layer, _ = prepared
     start = time.perf_counter()
     return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
@@ -51,6 +57,8 @@ def null_step(prepared, k: int, seed: int, indices: list[int], device: str | Non
 
 def texts_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, basis: np.ndarray, k: int,
                seed: int, halves: int, device: str | None) -> dict:
+    from raygeom.numerics.uncertainty import half_sample_spread
+
     start = time.perf_counter()
     try:
         spread = half_sample_spread(read_keyed_layer(root, model, revision, layer, extraction_key), basis, r, k, seed,
@@ -61,6 +69,8 @@ def texts_step(root: str, model: str, revision: str, layer: str, r: int, extract
 
 
 def texts_columns(rho: float, margin: float, spread: dict | None) -> dict:
+    from raygeom.numerics.uncertainty import normal_interval
+
     if spread is None:
         return {}
     rho_lo, rho_hi = normal_interval(rho, spread["rho_texts_se"])
@@ -80,6 +90,8 @@ def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[in
 
     Decided only at block boundaries from the nulls so far, so the final count and z do not depend on
     how the nulls were split into chunks or tasks."""
+    from raygeom.numerics.uncertainty import z_uncertainty
+
     if not params.n_null_auto or len(nulls) >= params.n_null_cap:
         return []
     if z_uncertainty(rho, nulls, params.seed)["z_half_width"] <= params.z_half_width:
@@ -89,6 +101,8 @@ def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[in
 
 def check_params(info: dict, params: PGAParams, model: str, readout_components: int) -> None:
     """Everything that would make every layer fail, refused before any work."""
+    from raygeom.numerics import pga
+
     if not 0 < params.k < info["d"]:
         raise RaygeomError(f"k must satisfy 0 < k < d; got k={params.k}, d={info['d']} for {model}")
     if params.k > readout_components:
@@ -101,6 +115,9 @@ def check_params(info: dict, params: PGAParams, model: str, readout_components: 
 
 def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
         note: str = "") -> dict:
+    from raygeom.numerics import pga
+    from raygeom.numerics.uncertainty import z_uncertainty
+
     if note:
         stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
     else:
@@ -168,3 +185,20 @@ def progress_units(n_layers: int, params: PGAParams) -> int:
     """What the engine's progress counts for ``n_layers`` PGA units."""
     return n_layers * (len(null_chunks(params)) + 2 + (1 if params.text_halves else 0))
 
+
+
+@register
+class SubspacePGA(Analysis):
+    name = "pga"
+    version = PGA_VERSION
+    Params = PGAParams
+    title = "Subspace PGA"
+    needs = Needs(readout=True)
+    columns = ("k", "r", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z", "z_se", "z_lo", "z_hi",
+               "z_half_width", "p_upper", "p_lower", "rho_texts_lo", "rho_texts_hi", "margin_texts_lo", "margin_texts_hi",
+               "note")
+    metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
+    series = ("k", "r")
+
+    def units(self, store, model, revision, layers, params: PGAParams, info):
+        return units(store, model, revision, layers, params, info=info)

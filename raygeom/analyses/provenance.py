@@ -19,3 +19,11 @@ def extraction_columns(info: dict) -> dict:
             "n": info.get("n_samples"), "seq_len": settings.get("seq_len"), "pool": settings.get("pool"),
             "skip_first": settings.get("skip_first"), "max_words": int(words.group(1)) if words else None,
             "raygeom_version": __version__}
+
+
+def layer_row(model: str, revision: str, layer: str, info: dict) -> dict:
+    """The columns every per-layer row starts with: where it comes from and the settings that made it."""
+    names = info["all_layers"]
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
+            "relative_depth": names.index(layer) / max(1, len(names) - 1), "d": info["d"],
+            "fingerprint": info.get("fingerprint"), **extraction_columns(info)}

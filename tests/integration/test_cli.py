@@ -95,7 +95,7 @@ def test_unwritable_output_directory(tiny_corpus, tmp_path):
     ("[job\nname = 1", "malformed TOML"),
     ("[job]\nname = 'x'\n", "needs at least one [[models]]"),
     ("[[models]]\nid = 'smollm2'\n[pga]\nkk = 3\n", "unknown key(s) in [pga]: kk"),
-    ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be int, got 'many'"),
+    ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be an integer >= 1, got 'many'"),
 ])
 def test_malformed_job_file(tmp_path, text, message):
     job = tmp_path / "job.toml"
