@@ -45,7 +45,6 @@ class PC1Share(Analysis):
         check_k(info, params.k, model)
 
     def units(self, store, model, revision, layers, params: PC1Params, info):
-        return layer_units(self.name, self.version, store, model, revision, layers, info,
-                           (params.k, params.seed, params.text_halves), pc1_task, (params.k, params.seed, params.text_halves),
+        return layer_units(self, params, store, model, revision, layers, info, pc1_task, (params.k, params.seed, params.text_halves),
                            lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
                                                  "seed": params.seed, **value})

@@ -51,8 +51,7 @@ class Probe(Analysis):
         if "label" not in samples.column_names:
             raise RaygeomError(f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
                                "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
-        return layer_units(self.name, self.version, store, model, revision, layers, info,
-                           (params.seed, params.test_fraction, params.c), probe_task,
+        return layer_units(self, params, store, model, revision, layers, info, probe_task,
                            (params.test_fraction, params.seed, params.c),
                            lambda layer, value: {**layer_row(model, revision, layer, info), "seed": params.seed,
                                                  "test_fraction": params.test_fraction, "c": params.c, **value})

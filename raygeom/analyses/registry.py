@@ -58,6 +58,13 @@ class Analysis:
     def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
         raise NotImplementedError
 
+    def unit_key(self, extraction_key: str, layer: str, params) -> str:
+        """The content key of one unit: the extraction, the layer, this analysis's version and every parameter, so
+        a store reused with other settings never mixes them; ``plan`` and ``status`` count units by it."""
+        from raygeom.store.tree import content_key
+
+        return content_key(self.name, self.version, extraction_key, layer, *params.settings().values())
+
 
 _REGISTRY: dict[str, Analysis] = {}
 
@@ -133,23 +140,22 @@ def units_for(store, model: str, revision: str, layers: list[str], info: dict, p
     return out
 
 
-def layer_units(analysis: str, version: int, store, model: str, revision: str, layers: list[str], info: dict,
-                key_parts: tuple, task, args: tuple, finish) -> list:
+def layer_units(analysis: Analysis, params, store, model: str, revision: str, layers: list[str], info: dict, task,
+                args: tuple, finish) -> list:
     """One unit per layer: ``task(root, model, revision, layer, *args, extraction key)`` on a worker, then
     ``finish(layer, value)`` on the driver gives its row(s), each carrying its ``unit_key``."""
     from raygeom.engine.contract import Step, Unit
-    from raygeom.store.tree import content_key
 
     root = str(store.root)
     out = []
     for layer in layers:
-        key = content_key(analysis, version, info["key"], layer, *key_parts)
+        key = analysis.unit_key(info["key"], layer, params)
 
         def done(values, layer=layer, key=key):
             rows = finish(layer, values[0])
             return [{**row, "unit_key": key} for row in rows] if isinstance(rows, list) else {**rows, "unit_key": key}
 
-        out.append(Unit(analysis=analysis, key=key, label=f"{model}@{revision} {layer} ({analysis})",
+        out.append(Unit(analysis=analysis.name, key=key, label=f"{model}@{revision} {layer} ({analysis.name})",
                         parts=[Step(task, (root, model, revision, layer, *args, info["key"]))], finish=done))
     return out
 

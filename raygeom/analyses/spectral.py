@@ -48,6 +48,6 @@ class Spectral(Analysis):
         check_k(info, params.k, model)
 
     def units(self, store, model, revision, layers, params: SpectralParams, info):
-        return layer_units(self.name, self.version, store, model, revision, layers, info, (params.k,), spectral_task,
+        return layer_units(self, params, store, model, revision, layers, info, spectral_task,
                            (params.k,), lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
                                                                **value})

@@ -33,7 +33,6 @@ class TwoNN(Analysis):
     series = ("discard_fraction",)
 
     def units(self, store, model, revision, layers, params: TwoNNParams, info):
-        return layer_units(self.name, self.version, store, model, revision, layers, info, (params.discard_fraction,),
-                           twonn_task, (params.discard_fraction,),
+        return layer_units(self, params, store, model, revision, layers, info, twonn_task, (params.discard_fraction,),
                            lambda layer, value: {**layer_row(model, revision, layer, info),
                                                  "discard_fraction": params.discard_fraction, **value})
