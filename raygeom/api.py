@@ -69,7 +69,7 @@ def pga_by_layer(model, tokenizer, texts: list[str], *, k: int = 100, r: int = 1
                  settings: ExtractionSettings | None = None, layers: str | list[str] = "all") -> list[dict]:
     """Subspace PGA of every layer of ``model`` on ``texts`` (or of ``layers``: names, or a ``--layers`` string
     such as ``"embed,5,-1,final_norm"``): one dict per layer, in depth order, with its index and relative depth."""
-    from raygeom.analyses.sweep import select_layers
+    from raygeom.sources.layers import select_layers
 
     all_layers = model_surgery.layer_names(model)
     chosen = select_layers(all_layers, layers if isinstance(layers, str) else ",".join(layers))

@@ -125,7 +125,7 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
 
     Skipped when the unit's summary exists. Files of an interrupted run are overwritten.
     """
-    from raygeom.analyses.sweep import select_layers
+    from raygeom.sources.layers import select_layers
 
     key = unit_key(spec, corpus, settings)
     paths = _paths(store, spec, key)

@@ -365,7 +365,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None)
         try:
             selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
-            from raygeom.analyses.sweep import select_layers
+            from raygeom.sources.layers import select_layers
 
             layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
             train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[0]

@@ -87,6 +87,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     from raygeom.engine import orchestrate
     from raygeom.sources.corpus import load_corpus
     from raygeom.engine.pipeline import progress_bar
+    from raygeom.replica.request import ExtractionRequest
     from raygeom.store.tree import Store
 
     corpus = truncate_words(load_corpus(corpus_name).sample(n_samples, seed), max_words)
@@ -104,7 +105,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     with progress_bar(console) as progress:
         for spec in specs:
             task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
-            request = orchestrate.ExtractionRequest(spec, corpus, settings, layers, nll=nll)
+            request = ExtractionRequest(spec, corpus, settings, layers, nll=nll)
             infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
     for spec, _ in ([] if align else infos):
         cut = int(np.sum(store.read_samples(spec.slug, spec.revision)["n_tokens"].to_numpy() >= settings.seq_len))

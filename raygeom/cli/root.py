@@ -62,7 +62,8 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 
 def _check_pga_sizes(job) -> None:
     """ccr and k against N and each model's d, from its config where that is known without loading it."""
-    from raygeom.analyses.sweep import READOUT_COMPONENTS, _cached_config
+    from raygeom.analyses.sweep import _cached_config
+    from raygeom.replica.request import READOUT_COMPONENTS
     from raygeom.engine.pipeline import job_models
 
     for spec in job_models(job):

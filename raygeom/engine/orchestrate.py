@@ -1,4 +1,6 @@
-"""Ray orchestration: extraction through replica actors (engine.replica_actor), PGA through the unit engine.
+"""Ray orchestration: extraction through replica actors (engine.replica_actor), analysis through the unit engine.
+
+No analysis is imported here: a job driver (raygeom.engine.pipeline) says which units each landed extraction gets.
 
 Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local (the CLI does).
@@ -15,14 +17,13 @@ from typing import Callable
 import ray
 
 from raygeom.engine import replica_actor
+from raygeom.engine.contract import Unit
 from raygeom.errors import RaygeomError
-from raygeom.params import PGAParams
-from raygeom.engine.units import UnitRunner, run_units
+from raygeom.engine.units import UnitRunner
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
+from raygeom.replica.request import ExtractionRequest
+from raygeom.sources.layers import select_layers
 from raygeom.store.tree import Store
-# Unit keys and requests are pure and live in raygeom.analyses.sweep, so plan/status need no Ray; re-exported here.
-from raygeom.analyses.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
-                           pga_unit_key, select_layers)
 
 CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
@@ -274,36 +275,28 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         extractions.close()
 
 
-def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
-            progress: Callable[[int], None] | None = None, warn: Callable[[str], None] | None = None) -> list[dict]:
-    """PGA for every layer of one extraction, through the unit engine (finished layers are read back)."""
-    from raygeom.analyses import pga as pga_analysis
-
-    return run_units(store, pga_analysis.units(store, model, revision, layers, params), progress, warn)
-
-
-def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress: Callable[[str, int], None] | None = None,
-              max_in_flight: int | None = None, pga_threads: int = 4, keep_activations: bool = True) -> list[dict]:
-    """Extract every item not already complete and run PGA on every layer of every item.
+def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepItem, dict], list[Unit]],
+              progress: Callable[[str, int], None] | None = None, max_in_flight: int | None = None, pga_threads: int = 4,
+              keep_activations: bool = True) -> list[dict]:
+    """Extract every item not already complete and run the units ``units_for(item, info)`` gives each
+    landed extraction (``info``: its completion marker), e.g. PGA on every layer.
 
     Replica actors run as resources allow, at most ``max_in_flight`` at once; each finished revision's
-    PGA units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
+    units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
     for analysis. ``progress(kind, n)`` gets kind ``texts`` (per batch), ``extract`` (per revision),
     ``pga_units`` (a revision's engine progress total, when it lands) or ``pga``; callers ignore the rest.
     """
-    from raygeom.analyses import pga as pga_analysis
-
     progress = progress or (lambda kind, n: None)
-    # One driver loop: a revision's PGA units join the engine the moment its extraction lands, and
+    # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
     runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads)
     revision_units: dict[tuple[str, str], list[str]] = {}
 
-    def analyse(item: SweepItem, info: dict) -> None:
+    def analyse(item: SweepItem, info: dict, units: list[Unit] | None = None) -> None:
         spec = item.request.spec
-        units = pga_analysis.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
+        units = units_for(item, info) if units is None else units
         revision_units[(spec.slug, spec.revision)] = [unit.key for unit in units]
-        progress("pga_units", pga_analysis.progress_units(len(info["layers"]), params))
+        progress("pga_units", sum(unit.cost for unit in units))
         runner.add(units)
 
     def drop_finished() -> None:
@@ -318,14 +311,19 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
         spec = item.request.spec
         key = item.request.key()
         info = store.completion(spec.slug, spec.revision)
-        # Revisions whose every PGA unit is done need no activations (they may have been dropped).
-        done_units = info is not None and info.get("key") == key and all(
-            store.has_result("pga", pga_unit_key(key, layer, params)) for layer in info["layers"])
+        # Revisions whose every unit is done need no activations (they may have been dropped).
+        units = None
+        if info is not None and info.get("key") == key:
+            try:
+                units = units_for(item, info)
+            except RaygeomError:  # e.g. a damaged readout: not done; extracted again, or the error comes back below
+                units = None
+        done_units = units is not None and all(store.has_result(unit.analysis, unit.key) for unit in units)
         need = None if done_units else needs_extraction(store, item.request)
         if need is None:
             progress("texts", len(item.request.corpus.texts))
             progress("extract", 1)
-            analyse(item, info)
+            analyse(item, info, units)
         else:
             queue.append((item, need))
     # A lone CPU replica gets a whole node; several share the CPUs one each.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,6 +15,8 @@ from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
+from raygeom.params import PGAParams
+from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store, check_writable
 
 
@@ -33,6 +36,26 @@ def job_models(job: JobSpec) -> list[ModelSpec]:
     return [spec for entry in job.models for spec in entry.specs()]
 
 
+def pga_units_for(store: Store, params: PGAParams):
+    """``run_sweep``'s ``units_for``: PGA on every layer of each landed extraction."""
+    from raygeom.analyses import pga
+
+    def units_for(item, info: dict) -> list:
+        spec = item.request.spec
+        return pga.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
+
+    return units_for
+
+
+def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
+            progress: Callable[[int], None] | None = None, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """PGA for every layer of one extraction, through the unit engine (finished layers are read back)."""
+    from raygeom.analyses import pga
+    from raygeom.engine.units import run_units
+
+    return run_units(store, pga.units(store, model, revision, layers, params), progress, warn)
+
+
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
     # Everything that can fail on bad input fails here, before Ray starts.
     store = Store(job.out)
@@ -45,7 +68,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
     # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
-    items = [orchestrate.SweepItem(orchestrate.ExtractionRequest(spec, corpus, job.extraction, job.layers),
+    items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers),
                                    replica_gpus(spec, job, orchestrate.cluster_gpus(), None)) for spec in specs]
     label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
     with progress_bar(console) as progress:
@@ -62,7 +85,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
             elif kind == "pga":
                 progress.advance(pga_task, n)
 
-        rows = orchestrate.run_sweep(store, items, job.pga, progress=advance)
+        rows = orchestrate.run_sweep(store, items, pga_units_for(store, job.pga), progress=advance)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     rows.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"]))
     from raygeom.engine.units import accumulated_rows
@@ -118,7 +141,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     for revisions in by_model.values():
         for i, revision in enumerate(revisions):
             following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
-            request = sweep.ExtractionRequest(revision.spec, corpus, job.extraction, job.layers)
+            request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers)
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
     missing = plan.n_units - plan.n_done
     console.print(f"sweep {escape(job.name)}: {len(plan.revisions)} revisions of {len(by_model)} models, {plan.n_units} units, "
@@ -137,7 +160,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
                 progress.advance(extract_task if kind == "extract" else pga_task, n)
 
         settings = job.sweep
-        orchestrate.run_sweep(store, items, job.pga, progress=advance, max_in_flight=settings.max_in_flight or None,
+        orchestrate.run_sweep(store, items, pga_units_for(store, job.pga), progress=advance, max_in_flight=settings.max_in_flight or None,
                               pga_threads=settings.pga_threads, keep_activations=settings.keep_activations)
     final = sweep.build_plan(job, store, corpus.fingerprint())
     outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)

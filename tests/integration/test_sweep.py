@@ -192,6 +192,7 @@ def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
 
 def test_sweep_replicas_and_the_laptop_replica_extract_the_same_activations(swept, tmp_path):
     from raygeom.engine import orchestrate
+    from raygeom.replica.request import ExtractionRequest
     from raygeom.sources.corpus import load_corpus
     from raygeom.sources.models import resolve_model
     from raygeom.store.tree import Store
@@ -199,8 +200,8 @@ def test_sweep_replicas_and_the_laptop_replica_extract_the_same_activations(swep
     root, job_file, _ = swept
     job = load_job(job_file)
     laptop = Store(tmp_path / "laptop")
-    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
-                                            load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
+    request = ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
+                                load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
     info = orchestrate.extract(laptop, request)
     swept_info = Store(root / "out").completion("EleutherAI--pythia-31m", "step1000")
     assert info["key"] == swept_info["key"] and info["fingerprint"] == swept_info["fingerprint"]
