@@ -66,9 +66,9 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
 
 def print_pga(console: Console, rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["model"], row["revision"]), []).append(row)
-    for (model, revision), group in groups.items():
+    for row in rows:  # one table per setting: rows of two CCR ranks or k never share a table
+        groups.setdefault((row["model"], row["revision"], row.get("k"), row.get("r")), []).append(row)
+    for (model, revision, _, _), group in groups.items():
         first = group[0]
         title = f"Subspace PGA  {escape(model)}@{escape(revision)}  (N={first['n']}, d={first['d']}, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})"
         console.print(pga_table(sorted(group, key=lambda r: r["layer_index"]), title))
