@@ -27,9 +27,10 @@ class PGAParams:
     null_chunks: int = 10
     gpus_per_task: float = 0.0
     # --n-null auto: nulls are added in blocks of AUTO_NULL_BLOCK until the 95 % half-width of z is at most
-    # z_half_width, or n_null_cap nulls; n_null is then the first block.
+    # max(z_half_width, z_rel_width * |z|), or n_null_cap nulls; n_null is then the first block.
     n_null_auto: bool = False
     z_half_width: float = 0.25
+    z_rel_width: float = 0.05
     n_null_cap: int = 1000
     # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
     text_halves: int = 10
@@ -40,6 +41,8 @@ class PGAParams:
             raise RaygeomError(f"text-halves must be 0 (no interval over texts) or at least 2, got {self.text_halves}")
         if self.n_null_auto and not (self.z_half_width > 0 and self.n_null_cap >= self.n_null):
             raise RaygeomError(f"--n-null auto needs a positive half-width target and a cap of at least {self.n_null} nulls")
+        if not 0.0 <= self.z_rel_width < 1.0:
+            raise RaygeomError(f"z-rel-width must lie in [0, 1) (a fraction of |z|), got {self.z_rel_width}")
         if self.k <= 0:
             raise RaygeomError(f"k must be positive, got {self.k}")
         if self.r < 0:
