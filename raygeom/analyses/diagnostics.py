@@ -50,6 +50,7 @@ class DiagnosticsParams:
     probe_c: float = 1.0
     n_null_auto: bool = False  # --n-null auto for every PGA unit (raygeom.params.PGAParams)
     z_half_width: float = 0.25
+    z_rel_width: float = 0.05
     n_null_cap: int = 1000
 
     def __post_init__(self):
@@ -64,7 +65,8 @@ class DiagnosticsParams:
 
     def pga(self, r: int) -> PGAParams:
         return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks,
-                         n_null_auto=self.n_null_auto, z_half_width=self.z_half_width, n_null_cap=self.n_null_cap)
+                         n_null_auto=self.n_null_auto, z_half_width=self.z_half_width, z_rel_width=self.z_rel_width,
+                         n_null_cap=self.n_null_cap)
 
 
 def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None) -> list[dict]:

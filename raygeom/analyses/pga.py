@@ -18,11 +18,14 @@ from raygeom.errors import InputError, RaygeomError
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
-PGA_VERSION = 3  # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se
+# 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se; 4: z_se includes z's
+# jackknife bias, and no interval below 20 nulls
+PGA_VERSION = 4
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
-    null = ("auto", params.n_null, params.z_half_width, params.n_null_cap) if params.n_null_auto else params.n_null
+    null = (("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap) if params.n_null_auto
+            else params.n_null)
     return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves)
 
 
@@ -86,15 +89,16 @@ def null_chunks(params: PGAParams, start: int = 0, stop: int | None = None) -> l
 
 
 def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[int]]:
-    """``--n-null auto``: the next block of null indices while z's 95 % half-width is above the target.
+    """``--n-null auto``: the next block of null indices while z's 95 % half-width is above
+    ``max(z_half_width, z_rel_width * |z|)`` (:func:`raygeom.numerics.uncertainty.null_target_reached`).
 
     Decided only at block boundaries from the nulls so far, so the final count and z do not depend on
     how the nulls were split into chunks or tasks."""
-    from raygeom.numerics.uncertainty import z_uncertainty
+    from raygeom.numerics.uncertainty import null_target_reached
 
-    if not params.n_null_auto or len(nulls) >= params.n_null_cap:
-        return []
-    if z_uncertainty(rho, nulls, params.seed)["z_half_width"] <= params.z_half_width:
+    if not params.n_null_auto or null_target_reached(rho, nulls, params.z_half_width, params.n_null_cap,
+                                                      seed=params.seed, min_null=params.n_null,
+                                                      relative_target=params.z_rel_width):
         return []
     return null_chunks(params, len(nulls), min(len(nulls) + AUTO_NULL_BLOCK, params.n_null_cap))
 

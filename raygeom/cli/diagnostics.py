@@ -474,8 +474,10 @@ def register(app: typer.Typer) -> None:
         k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
         ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
         n_null: str = typer.Option("100", "--n-null", help="Nulls per PGA unit, or 'auto' (blocks of 100 until z's 95% "
-                                   "half-width is <= 0.25, at most 1000)."),
+                                   "half-width is <= max(0.25, 5% of |z|), at most 1000)."),
         z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
+        z_rel_width: float = typer.Option(0.05, "--z-rel-width", help="--n-null auto also stops at a 95% half-width of "
+                                          "this fraction of |z| (0: the absolute target alone)."),
         n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one unit (|z| = 35 "
                                        "needs about 38,000 for a half-width of 0.25)."),
         null_chunks: int = typer.Option(4, "--null-chunks"),
@@ -492,7 +494,7 @@ def register(app: typer.Typer) -> None:
         try:
             _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
                       null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus,
-                      z_half_width=z_half_width, n_null_cap=n_null_cap)
+                      z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap)
         except RaygeomError as error:
             cli._fail(str(error))
 
@@ -565,7 +567,7 @@ def _check_labels(corpus_name: str) -> None:
 
 def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
               null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus, z_half_width=0.25,
-              n_null_cap=1000):
+              n_null_cap=1000, z_rel_width=0.05):
     from raygeom.report.figures import write_rows
 
     cli = _cli()
@@ -573,7 +575,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     from raygeom.params import n_null_settings
 
     params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), **n_null_settings(n_null), null_chunks=null_chunks, seed=seed,
-                         z_half_width=z_half_width, n_null_cap=n_null_cap,
+                         z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
                          sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
     settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
     specs = _model_entries(model, revision)

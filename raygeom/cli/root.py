@@ -112,6 +112,7 @@ def run(
     ccr: Optional[int] = typer.Option(None, "--ccr"),
     n_null: Optional[str] = typer.Option(None, "--n-null", help="Random subspaces in the null, or 'auto'."),
     z_half_width: Optional[float] = typer.Option(None, "--z-half-width"),
+    z_rel_width: float | None = typer.Option(None, "--z-rel-width"),
     n_null_cap: Optional[int] = typer.Option(None, "--n-null-cap"),
     null_chunks: Optional[int] = typer.Option(None, "--null-chunks"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the text sample and of the nulls."),
@@ -130,7 +131,8 @@ def run(
         job = load_job(job_file).with_overrides(
             out=str(out) if out else None, models=models, corpus=corpus, n_samples=n_samples, sample_seed=seed,
             layers=layers, seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size, k=k, r=ccr,
-            seed=seed, null_chunks=null_chunks, z_half_width=z_half_width, n_null_cap=n_null_cap, **n_null_settings(n_null))
+            seed=seed, null_chunks=null_chunks, z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
+            **n_null_settings(n_null))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))
@@ -150,8 +152,10 @@ def pga(
     k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
     ccr: int = typer.Option(1, "--ccr", help="Top principal components removed after centring."),
     n_null: str = typer.Option("100", "--n-null", help="Random subspaces in the null, or 'auto': blocks of 100 until "
-                               "z's 95% half-width is <= --z-half-width, at most --n-null-cap."),
+                               "z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|), at most --n-null-cap."),
     z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
+    z_rel_width: float = typer.Option(0.05, "--z-rel-width", help="--n-null auto also stops at a 95% half-width of "
+                                      "this fraction of |z| (0: the absolute target alone)."),
     n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one layer."),
     null_chunks: int = typer.Option(10, "--null-chunks", help="Ray tasks the nulls of one layer are split into."),
     seed: int = typer.Option(0, "--seed"),
@@ -169,7 +173,7 @@ def pga(
                       n_samples=n_samples, sample_seed=seed, layers=layers,
                       extraction=ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size),
                       pga=PGAParams(k=k, r=ccr, seed=seed, null_chunks=null_chunks, z_half_width=z_half_width,
-                                    n_null_cap=n_null_cap, **n_null_settings(n_null)))
+                                    z_rel_width=z_rel_width, n_null_cap=n_null_cap, **n_null_settings(n_null)))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))

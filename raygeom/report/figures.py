@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -17,7 +18,10 @@ def _interval(row: dict) -> tuple[float, float] | None:
 
 
 def pga_table(rows: list[dict], title: str) -> Table:
-    """z with the 95 % half-width of its Monte-Carlo interval (from the finite null) and the empirical p-value."""
+    """z with the 95 % half-width of its Monte-Carlo interval (from the finite null) and the empirical p-value;
+    where a z carries no interval, why (fewer nulls than can support one, or degenerate draws)."""
+    from raygeom.numerics.uncertainty import interval_note
+
     table = Table(title=title, title_justify="left")
     for name in ("layer", "rho_readout", "null mean", "null std", "z ± 95%", "p (upper)", "nulls"):
         table.add_column(name, justify="left" if name == "layer" else "right")
@@ -28,6 +32,8 @@ def pga_table(rows: list[dict], title: str) -> Table:
         low, high = interval or (z, z)
         style = "green" if low > 2 else "red" if high < -2 else ""
         text = f"{z:+.2f}" + (f" ± {(high - low) / 2:.2f}" if interval else "")
+        if not interval and not math.isnan(z) and row.get("n_null") is not None:
+            text += f" ({interval_note(int(row['n_null']))})"
         p = row.get("p_upper")
         table.add_row(row["layer"], f"{row['rho_readout']:.4f}", f"{row['null_mean']:.4f}", f"{row['null_std']:.4f}",
                       f"[{style}]{text}[/]" if style else text, "" if p is None else f"{p:.3g}", str(row.get("n_null", "")))

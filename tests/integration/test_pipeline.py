@@ -219,7 +219,9 @@ def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_change
     layers = ["block_01", "final_norm"]
     runs = []
     for chunks in (1, 3, 7):
-        params = PGAParams(k=8, n_null=100, n_null_auto=True, z_half_width=0.15, n_null_cap=400, null_chunks=chunks, seed=1)
+        # z_rel_width=0: the absolute target alone (test_null_rule.py covers the relative one)
+        params = PGAParams(k=8, n_null=100, n_null_auto=True, z_half_width=0.15, z_rel_width=0.0, n_null_cap=400,
+                           null_chunks=chunks, seed=1)
         for path in (root / "results" / "pga").glob("*.parquet"):
             path.unlink()
         runs.append(run_pga(store, "EleutherAI--pythia-14m", "step1000", layers, params))
