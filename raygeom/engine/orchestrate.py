@@ -17,7 +17,7 @@ import ray
 from raygeom.engine import replica_actor
 from raygeom.errors import RaygeomError
 from raygeom.params import PGAParams
-from raygeom.engine.units import UnitRunner, run_units
+from raygeom.engine.units import UnitRunner, run_units, warn_damaged
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.store.tree import Store
 # Unit keys and requests are pure and live in raygeom.analyses.sweep, so plan/status need no Ray; re-exported here.
@@ -151,6 +151,9 @@ def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
     """'extract', 'nll' (complete, but stored without the NLL this request wants) or None (complete)."""
     spec = request.spec
     if not store.is_complete(spec.slug, spec.revision, request.key()):
+        problem = store.extraction_problem(spec.slug, spec.revision, request.key())
+        if problem:
+            warn_damaged(f"{spec.name}@{spec.revision}: {problem}; extracting it again")
         return "extract"
     if request.nll and not store.completion(spec.slug, spec.revision).get("nll", True):
         return "nll"
