@@ -7,6 +7,7 @@ this module when the cluster is local (the CLI does).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +50,24 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
         return
     # Refs of a layer dropped as degenerate are never fetched; Ray would print each one's traceback.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    handler = signal.getsignal(signal.SIGTERM)
+    if not (callable(handler) and threading.current_thread() is threading.main_thread()):
+        _start(address, num_cpus, timeout_s)  # nobody here handles SIGTERM: Ray's handlers stay
+        return
+    # The caller (the CLI) handles SIGTERM. ray.init would replace that twice: in Python (``sys.exit(15)``, and the
+    # local node's handler, ``sys.exit(1)``) and, below Python, by the core worker's abseil failure handler, which
+    # dumps native stacks and aborts (exit -6). So Ray's Python registrations are skipped, and afterwards the
+    # handler is installed again: that re-registers Python's C handler with sigaction, over abseil's.
+    from unittest import mock
+
+    try:
+        with mock.patch.object(ray._private.utils, "set_sigterm_handler", lambda _: None):
+            _start(address, num_cpus, timeout_s)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
