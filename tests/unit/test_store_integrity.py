@@ -207,6 +207,53 @@ atomic_write_text("<html></html>", store.root / "report.html")
     assert set(modes.values()) == {"0o644"}, modes
 
 
+def verify_cli(store: Path):
+    from typer.testing import CliRunner
+
+    from raygeom.cli.root import app
+
+    return CliRunner().invoke(app, ["verify", str(store)])
+
+
+def test_verify_finds_a_flipped_byte_in_a_layer_no_unit_needs(tmp_path):
+    store = build(tmp_path)
+    store.write_result("pga", "key-a", {"z": 1.0, "layer": "embed", "unit_key": "key-a"})
+    tree.atomic_write_text("<html></html>", tmp_path / "report.html")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "z.png").write_bytes(b"png")  # not written through the store: nothing to check
+    clean = verify_cli(tmp_path)
+    assert clean.exit_code == 0, clean.output
+    # 3 layers, readout, samples, marker, 1 unit, report.html
+    assert "8 files checked, 0 damaged, 1 not written by the store" in clean.output
+    Store(tmp_path).write_layer("m", "main", "block_07", 1, np.arange(12), np.ones((12, 8)))  # listed by no marker
+    for layer in ("block_00", "block_07"):
+        flip(store.layer_path("m", "main", layer), offset=40)
+    found = verify_cli(tmp_path)
+    assert found.exit_code == 1
+    damaged = [line for line in found.output.splitlines() if line.startswith("damaged:")]
+    assert len(damaged) == 2 and "layer=block_00" in damaged[0] and "layer=block_07" in damaged[1], found.output
+    assert "9 files checked, 2 damaged" in found.output
+
+
+def test_verify_finds_files_under_another_files_name(tmp_path):
+    store = build(tmp_path, revision="step1")
+    build(tmp_path, revision="step2")
+    store.write_result("pga", "key-a", {"z": 1.0, "unit_key": "key-a"})
+    store.write_result("pga", "key-b", {"z": 2.0, "unit_key": "key-b"})
+    copy_over(store.result_path("pga", "key-a"), store.result_path("pga", "key-b"))
+    copy_over(store.marker_path("m", "step1"), store.marker_path("m", "step2"))
+    Store(tmp_path).write_layer("m", "step1", "block_09", 0, np.arange(12), np.ones((12, 8)))
+    copy_over(store.layer_path("m", "step1", "embed"), store.layer_path("m", "step1", "block_09"))
+    found = verify_cli(tmp_path)
+    assert found.exit_code == 1
+    damaged = sorted(line for line in found.output.splitlines() if line.startswith("damaged:"))
+    assert len(damaged) == 3, found.output
+    assert "revision=step2/_COMPLETE.json is the completion marker of m@step1" in " ".join(damaged)
+    assert "holds m@step1 layer embed, not m@step1 layer block_09" in " ".join(damaged)
+    assert "holds pga unit key-a, not pga unit key-b" in " ".join(damaged)
+    assert verify_cli(tmp_path / "nowhere").exit_code == 2
+
+
 def test_tables_written_through_the_store_helpers_are_verified(tmp_path):
     import pyarrow as pa
 
