@@ -181,14 +181,26 @@ def pga(
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report",
-                "raygeom.cli.analyses"):
+                "raygeom.cli.analyses", "raygeom.cli.verify"):
     __import__(_module, fromlist=["register"]).register(app)
 
 
+_terminated: dict[str, int] = {}
+
+
 def _exit_on_sigterm(signum, frame):
-    # SystemExit runs atexit, where Ray stops the local cluster this process started;
-    # the default SIGTERM action would leave its workers running.
-    sys.exit(128 + signum)
+    # Ends the run as Ctrl-C does, so the finally blocks and _stop_local_ray run (the default action would leave
+    # the local Ray's workers running). KeyboardInterrupt, because Ray's blocking calls (ray.get, ray.wait) turn
+    # whatever a signal handler raises into a plain KeyboardInterrupt; the flag says it was SIGTERM.
+    if _terminated:  # a second SIGTERM while cleaning up: the first one is already ending the run
+        return
+    _terminated["signum"] = signum
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> None:
+    errors.print("interrupted; finished units are kept, rerun to resume")
+    sys.exit(128 + _terminated["signum"] if _terminated else 130)
 
 
 def _stop_local_ray() -> None:
@@ -220,11 +232,10 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        errors.print("interrupted; finished units are kept, rerun to resume")
-        sys.exit(130)
+        _interrupted()
     except SystemExit as done:
-        if done.code == 130:  # typer turns Ctrl-C into a silent exit 130
-            errors.print("interrupted; finished units are kept, rerun to resume")
+        if done.code == 130 or _terminated:  # typer turns Ctrl-C into a silent exit 130
+            _interrupted()
         raise
     except RaygeomError as error:  # a command that let one through still gets one line
         errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)

@@ -9,6 +9,7 @@ this module when the cluster is local (the CLI does).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import ray
 from raygeom.engine import replica_actor
 from raygeom.engine.contract import Unit
 from raygeom.errors import RaygeomError
-from raygeom.engine.units import UnitRunner
+from raygeom.engine.units import UnitRunner, warn_damaged
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.replica.request import ExtractionRequest
 from raygeom.sources.layers import select_layers
@@ -50,6 +51,24 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
         return
     # Refs of a layer dropped as degenerate are never fetched; Ray would print each one's traceback.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    handler = signal.getsignal(signal.SIGTERM)
+    if not (callable(handler) and threading.current_thread() is threading.main_thread()):
+        _start(address, num_cpus, timeout_s)  # nobody here handles SIGTERM: Ray's handlers stay
+        return
+    # The caller (the CLI) handles SIGTERM. ray.init would replace that twice: in Python (``sys.exit(15)``, and the
+    # local node's handler, ``sys.exit(1)``) and, below Python, by the core worker's abseil failure handler, which
+    # dumps native stacks and aborts (exit -6). So Ray's Python registrations are skipped, and afterwards the
+    # handler is installed again: that re-registers Python's C handler with sigaction, over abseil's.
+    from unittest import mock
+
+    try:
+        with mock.patch.object(ray._private.utils, "set_sigterm_handler", lambda _: None):
+            _start(address, num_cpus, timeout_s)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
@@ -152,6 +171,9 @@ def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
     """'extract', 'nll' (complete, but stored without the NLL this request wants) or None (complete)."""
     spec = request.spec
     if not store.is_complete(spec.slug, spec.revision, request.key()):
+        problem = store.extraction_problem(spec.slug, spec.revision, request.key())
+        if problem:
+            warn_damaged(f"{spec.name}@{spec.revision}: {problem}; extracting it again")
         return "extract"
     if request.nll and not store.completion(spec.slug, spec.revision).get("nll", True):
         return "nll"
