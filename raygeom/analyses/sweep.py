@@ -2,7 +2,7 @@
 progress, cost estimates from measured unit times, checkpoint integrity, the tidy results table,
 collapse zones and the training-dynamics plots.
 
-No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.engine.pipeline), so
+No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.pipeline), so
 `raygeom plan` and `raygeom status` read the store without starting or importing Ray.
 """
 

@@ -86,7 +86,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     model pools the last token of exactly the same text."""
     from raygeom.engine import orchestrate
     from raygeom.sources.corpus import load_corpus
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
     from raygeom.replica.request import ExtractionRequest
     from raygeom.store.tree import Store
 
@@ -581,7 +581,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
         _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, nll=True)
@@ -629,7 +629,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths, text_halves=text_halves)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import converge as converge_module
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, align=True)
@@ -666,7 +666,7 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
     _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     rows = []

@@ -65,7 +65,7 @@ def _specs(models: list[str], revisions: list[str]):
 
 
 def _progress():
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     return progress_bar(console)
 
@@ -237,7 +237,7 @@ def select(
             raise RaygeomError(f"--n-boot must be at least 10, got {n_boot}")
         if job is not None:
             from raygeom.jobspec import load_job
-            from raygeom.engine.pipeline import job_models
+            from raygeom.jobs.pipeline import job_models
 
             spec_job = load_job(job)
             specs, corpus, root = job_models(spec_job), spec_job.corpus, out or Path(spec_job.out)
@@ -411,11 +411,12 @@ def train(
         check_writable(store.root)
         _start(address, num_cpus)
         from raygeom.analyses import train as train_module
+        from raygeom.jobs import train as train_job
 
         rows = []
         for settings in grid:
             with console.status(f"training lambda={settings.lam} seed={settings.seed} ({settings.steps} steps)"):
-                row = train_module.run_training(store, settings, plan_of(settings))
+                row = train_job.run_training(store, settings, plan_of(settings))
             rows.append(row)
             if row.get("run_dir"):
                 console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", highlight=False)

@@ -72,10 +72,20 @@ def _wall_line(outputs: dict, load: float) -> str:
     return line
 
 
+def rank_interval(x, y, n_boot: int, seed: int) -> dict:
+    """Spearman with two 95% intervals (numerics.uncertainty): Fisher z with the Bonett-Wright variance, and a
+    percentile bootstrap over the pairs (here: over checkpoints)."""
+    from raygeom.numerics.uncertainty import spearman_with_ci
+
+    fisher = spearman_with_ci(x, y, seed=seed, method="fisher")
+    boot = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
+    return {"spearman": fisher["rho"], "fisher_lo": fisher["lo"], "fisher_hi": fisher["hi"], "boot_lo": boot["lo"],
+            "boot_hi": boot["hi"], "n_boot": n_boot}
+
+
 def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_rows: list[dict], picked: dict[str, str]) -> Path:
     import pyarrow.parquet as pq
 
-    from raygeom.analyses.trajectory import rank_interval
 
     path = Path(path)
     figures_dir = path.parent / path.stem
