@@ -407,9 +407,9 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
     job_rows = [{k: v for k, v in r.items() if k != "cached"} for r in rows]
     runs = write_rows(accumulated_rows(store, "train_runs", job_rows), store.root / "results" / "train_runs.parquet")
     table = write_rows(summary, store.root / "results" / "train_summary.parquet")
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), dpi=110)
     lams = sorted({r["lam"] for r in rows})
     colours = {lam: plt.cm.viridis(i / max(1, len(lams) - 1)) for i, lam in enumerate(lams)}
@@ -441,5 +441,5 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
         ax.set_xlabel("step", fontsize=8)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    plot = _save(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
+    plot = save_figure(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
     return {"table": table, "runs": runs, "plot": plot}

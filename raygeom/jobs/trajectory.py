@@ -113,9 +113,9 @@ def _log_step_axis(ax, steps: list[int]) -> None:
 
 def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str):
     """z against step for the early, middle and late blocks and the final norm; a band where z_lo/z_hi exist."""
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     for role, layer in layers.items():
         series = sorted((r for r in z_rows if r["layer"] == layer), key=lambda r: r["step"])
@@ -132,13 +132,13 @@ def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, title: str):
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
     for role, layer in layers.items():
         series = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["step"])
@@ -151,13 +151,13 @@ def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, titl
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_gap_against_perplexity(rows: list[dict], path, title: str):
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
     steps = [r["step"] + 1 for r in rows]
     axes[0].plot(steps, [r["gap"] for r in rows], marker="o", ms=3, color="tab:blue")
@@ -181,7 +181,7 @@ def plot_gap_against_perplexity(rows: list[dict], path, title: str):
     axes[1].set_ylabel("dispersion gap G")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------- run
