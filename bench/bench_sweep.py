@@ -45,7 +45,7 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
     import ray
 
     from raygeom.engine import orchestrate
-    from raygeom.engine.pipeline import pga_units_for
+    from raygeom.jobs.pipeline import pga_units_for
     from raygeom.replica.request import ExtractionRequest
     from raygeom.sources.corpus import load_corpus
     from raygeom.replica.extract import ExtractionSettings

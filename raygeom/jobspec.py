@@ -43,6 +43,27 @@ class SweepSettings:
 
 
 @dataclass(frozen=True)
+class TrajectorySettings:
+    """[trajectory]: the dispersion side of a trajectory job, and where its report goes."""
+
+    chunk_len: int = 128  # tokens per chunk; at most the trained model's context
+    chunks_per_domain: int = 40
+    batch_size: int = 8
+    domain_tokens: str = "digits"
+    gap_layer: str = "final_norm"
+    group_size: int = 10
+    n_groups: int = 20
+    late_from: int = 512  # checkpoints from this step on are "late": ranked again among themselves
+    bootstrap: int = 2000
+    seed: int = 0
+    report: str = ""  # a Markdown file regenerated from the store, e.g. docs/results/trajectory.md
+
+    def __post_init__(self):
+        if self.chunk_len < 2 or self.chunks_per_domain < 1 or self.batch_size < 1 or self.bootstrap < 100:
+            raise RaygeomError("chunk_len >= 2, chunks_per_domain and batch_size >= 1, bootstrap >= 100")
+
+
+@dataclass(frozen=True)
 class TrainJob:
     """[train]: train a model first, saving checkpoints into ``run_dir`` on a Pythia-like schedule
     (``raygeom.analyses.train.checkpoint_steps``); skipped when they exist and match."""
@@ -72,7 +93,7 @@ class JobSpec:
     pga: PGAParams = field(default_factory=PGAParams)
     sweep: SweepSettings | None = None
     train: TrainJob | None = None
-    trajectory: object | None = None  # raygeom.analyses.trajectory.TrajectorySettings
+    trajectory: TrajectorySettings | None = None
     # [analyses.<name>] tables (raygeom.analyses.registry), one Planned per grid point; empty: PGA with [pga]'s settings
     analyses: tuple = ()
 
@@ -299,8 +320,6 @@ def _train(section: dict, path: Path) -> TrainJob:
 
 
 def _trajectory(section: dict, path: Path):
-    from raygeom.analyses.trajectory import TrajectorySettings
-
     _known(section, {f.name for f in fields(TrajectorySettings)}, "trajectory", path)
     try:
         return TrajectorySettings(**section)

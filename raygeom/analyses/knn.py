@@ -398,9 +398,9 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
 
 def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     """kNN-LM held-out perplexity per candidate layer with its 95 % bootstrap interval, beside the datastore dispersion."""
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8), dpi=110)
     names = [r["layer"] for r in rows]
     x = np.arange(len(rows))
@@ -424,4 +424,4 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     more = other.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

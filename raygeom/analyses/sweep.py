@@ -2,7 +2,7 @@
 progress, cost estimates from measured unit times, checkpoint integrity, the tidy results table,
 collapse zones and the training-dynamics plots.
 
-No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.engine.pipeline), so
+No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.pipeline), so
 `raygeom plan` and `raygeom status` read the store without starting or importing Ray.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from raygeom.report.figures import save_figure as _save
+from raygeom.report.figures import pyplot, save_figure
 from raygeom.sources import revisions as pythia
 from raygeom.sources.corpus import Corpus
 from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
@@ -397,10 +397,7 @@ def _step_label(step: int) -> str:
 def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched.
     A model with revisions that have no training step gets one column per revision, labelled by name."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.ticker import NullLocator
 
@@ -450,17 +447,13 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA z over training: {model}")
         fig.colorbar(mesh, ax=ax, label="z")
         fig.tight_layout()
-        paths.append(_save(fig, directory / f"heatmap_{model.replace('/', '--')}.png"))
+        paths.append(save_figure(fig, directory / f"heatmap_{model.replace('/', '--')}.png"))
     return paths
 
 
 def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
     """Per revision: z against relative depth, one line per model, coloured by size (the paper's figure)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = table.to_pylist()
     params = sorted({r["params"] or 0 for r in rows})
     colour = plt.get_cmap("viridis")
@@ -482,7 +475,7 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA by depth at {revision}")
         ax.legend(fontsize=6)
         fig.tight_layout()
-        paths.append(_save(fig, directory / f"z_vs_depth_{encode_segment(str(revision))}.png"))  # a revision may hold '/' or '..'
+        paths.append(save_figure(fig, directory / f"z_vs_depth_{encode_segment(str(revision))}.png"))  # a revision may hold '/' or '..'
     return paths
 
 

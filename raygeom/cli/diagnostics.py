@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from raygeom.report.figures import save_figure as _save
+from raygeom.report.figures import pyplot, save_figure
 from raygeom.report.html import announce_report
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
@@ -86,7 +86,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     model pools the last token of exactly the same text."""
     from raygeom.engine import orchestrate
     from raygeom.sources.corpus import load_corpus
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
     from raygeom.replica.request import ExtractionRequest
     from raygeom.store.tree import Store
 
@@ -140,15 +140,6 @@ def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
 
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _fmt(value, spec=".3f") -> str:
     if value is None or (isinstance(value, float) and not np.isfinite(value)):
         return "-"
@@ -176,7 +167,7 @@ def _copy_reports(paths: list[Path], report: Optional[Path]) -> None:
 
 def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) -> Path:
     """z (CCR-``z_rank``) on every panel's right axis; one spectral or probe metric per panel on the left."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = sorted(rows, key=lambda r: r["layer_index"])
     depth = [r["relative_depth"] for r in rows]
     z = [r.get(f"z_ccr{z_rank}", np.nan) for r in rows]
@@ -204,11 +195,11 @@ def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) 
         twin.set_ylabel("z", color="grey", fontsize=8)
     axes[-1].set_xlabel("relative depth (embedding = 0, final norm = 1)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
@@ -226,7 +217,7 @@ def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _z_cell(row: dict, rank: int) -> str:
@@ -316,7 +307,7 @@ def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
 # ---------------------------------------------------------------- converge: plots and tables
 
 def plot_convergence(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     a_layers = sorted({(r["layer_index_a"], r["layer_a"]) for r in rows})
     b_layers = sorted({(r["layer_index_b"], r["layer_b"]) for r in rows})
     ia = {name: i for i, (_, name) in enumerate(a_layers)}
@@ -352,7 +343,7 @@ def plot_convergence(rows: list[dict], path: Path) -> Path:
                  f"k={first['k']}, {first['n_null']} nulls)\n{first['model_a']}@{first['revision_a']} vs "
                  f"{first['model_b']}@{first['revision_b']}", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def depth_matched(rows: list[dict]) -> list[dict]:
@@ -416,7 +407,7 @@ def _pairs(rows: list[dict]) -> dict[tuple, list[dict]]:
 # ---------------------------------------------------------------- probe: plot
 
 def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     groups: dict[str, list[dict]] = {}
     for row in rows:
@@ -435,7 +426,7 @@ def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- commands
@@ -583,7 +574,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
         _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, nll=True)
@@ -631,7 +622,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths, text_halves=text_halves)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import converge as converge_module
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, align=True)
@@ -668,7 +659,7 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
     _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     rows = []

@@ -64,7 +64,7 @@ def _check_pga_sizes(job) -> None:
     """ccr and k against N and each model's d, from its config where that is known without loading it."""
     from raygeom.analyses.sweep import _cached_config
     from raygeom.replica.request import READOUT_COMPONENTS
-    from raygeom.engine.pipeline import job_models
+    from raygeom.jobs.pipeline import job_models
 
     for spec in job_models(job):
         try:
@@ -76,13 +76,13 @@ def _check_pga_sizes(job) -> None:
 
 
 def _run(job, address, num_cpus):
-    from raygeom.engine.pipeline import run_pga_job, run_sweep_job
+    from raygeom.jobs.pipeline import run_pga_job, run_sweep_job
 
     check_num_cpus(num_cpus)
     _check_pga_sizes(job)
     _prepare_ray(address)
     if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
-        from raygeom.analyses.trajectory import run_trajectory_job
+        from raygeom.jobs.trajectory import run_trajectory_job
 
         return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
     if job.sweep is not None:  # a job file with a [sweep] section

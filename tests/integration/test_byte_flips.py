@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from raygeom.engine.pipeline import run_pga_job
+from raygeom.jobs.pipeline import run_pga_job
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams

@@ -187,7 +187,7 @@ def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(
     rerun of both reuses every extraction and unit."""
     from rich.console import Console
 
-    from raygeom.engine.pipeline import run_pga_job
+    from raygeom.jobs.pipeline import run_pga_job
     from raygeom.jobspec import JobSpec, ModelEntry
     from raygeom.params import PGAParams
     from raygeom.replica.extract import ExtractionSettings

@@ -16,7 +16,7 @@ from raygeom.replica.extract import ExtractionSettings
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.sources.models import resolve_model
 from raygeom.params import PGAParams
-from raygeom.engine.pipeline import run_pga, run_pga_job
+from raygeom.jobs.pipeline import run_pga, run_pga_job
 from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store, column_to_matrix
 

@@ -54,7 +54,7 @@ def tidy(path):
 def first_run(hub_cache, tmp_path_factory):
     """One uninterrupted sweep per session: these tests inspect it, the fault tests compare against it."""
     if not _FIRST_RUN:
-        from raygeom.engine.pipeline import run_sweep_job
+        from raygeom.jobs.pipeline import run_sweep_job
 
         add_sweep_models(hub_cache)
         root = tmp_path_factory.mktemp("sweep")
@@ -136,7 +136,7 @@ def test_plan_of_a_fresh_store_estimates_from_measured_units(swept, tmp_path):
 
 
 def test_rerun_recomputes_nothing(swept):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted((root / "out" / "activations").rglob("_COMPLETE.json"))
@@ -150,7 +150,7 @@ def test_rerun_recomputes_nothing(swept):
 
 
 def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -167,7 +167,7 @@ def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
 
 
 def test_dropped_activations_do_not_force_recomputation(swept):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     job = load_job(job_file)

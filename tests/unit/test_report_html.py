@@ -145,7 +145,7 @@ def test_report_command_writes_the_file_and_fails_cleanly(grid, tmp_path):
 
 
 def test_a_trajectory_store_gets_its_checkpoint_plots(tmp_path):
-    from raygeom.analyses.trajectory import agreement, checkpoint_table, dispersion_by_step
+    from raygeom.jobs.trajectory import agreement, checkpoint_table, dispersion_by_step
 
     steps = {f"step{s}": s for s in (0, 1, 2, 4, 8, 16, 100, 200)}
     ranking = [{"model": "tiny", "revision": rev, "gap": 0.01 * i, "rank": len(steps) - i, "domain_dispersion": 0.5,
