@@ -206,3 +206,14 @@ class SubspacePGA(Analysis):
 
     def units(self, store, model, revision, layers, params: PGAParams, info):
         return units(store, model, revision, layers, params, info=info)
+
+    def check(self, params: PGAParams, info: dict, model: str) -> None:
+        from raygeom.replica.request import READOUT_COMPONENTS
+
+        params.check_against(info["n_samples"], info.get("d"), READOUT_COMPONENTS, what=model)
+
+    def unit_key(self, extraction_key: str, layer: str, params: PGAParams) -> str:
+        return pga_unit_key(extraction_key, layer, params)
+
+    def progress_cost(self, params: PGAParams) -> int:
+        return progress_units(1, params)

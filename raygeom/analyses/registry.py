@@ -58,6 +58,10 @@ class Analysis:
     def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
         raise NotImplementedError
 
+    def progress_cost(self, params) -> int:
+        """What one unit counts on the progress bar (its steps)."""
+        return 1
+
     def unit_key(self, extraction_key: str, layer: str, params) -> str:
         """The content key of one unit: the extraction, the layer, this analysis's version and every parameter, so
         a store reused with other settings never mixes them; ``plan`` and ``status`` count units by it."""

@@ -27,7 +27,7 @@ def spectral_task(root: str, model: str, revision: str, layer: str, k: int, key:
 
 
 def check_k(info: dict, k: int, model: str) -> None:
-    if not 0 < k < info["d"]:
+    if info.get("d") is not None and not 0 < k < info["d"]:
         raise RaygeomError(f"k must satisfy 0 < k < d; got k={k}, d={info['d']} for {model}")
 
 

@@ -41,9 +41,14 @@ class RevisionPlan:
     extracted: bool
     done: set[str] = field(default_factory=set)
     marker: dict | None = None
+    # Every planned analysis (raygeom.analyses.registry), by its label in planned_labels: layer -> unit key, and done keys
+    analysis_units: dict[str, dict[str, str]] = field(default_factory=dict)
+    analysis_done: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
+        if self.analysis_units:
+            return all(len(self.analysis_done.get(name, ())) == len(units) for name, units in self.analysis_units.items())
         return bool(self.units) and len(self.done) == len(self.units)
 
 
@@ -61,6 +66,15 @@ class SweepPlan:
     @property
     def n_done(self) -> int:
         return sum(len(r.done) for r in self.revisions)
+
+    def per_analysis(self) -> dict[str, tuple[int, int]]:
+        """Planned analysis label -> (units, done) over every revision."""
+        out: dict[str, tuple[int, int]] = {}
+        for revision in self.revisions:
+            for name, units in revision.analysis_units.items():
+                total, done = out.get(name, (0, 0))
+                out[name] = (total + len(units), done + len(revision.analysis_done.get(name, ())))
+        return out
 
     def by_model(self) -> dict[str, list[RevisionPlan]]:
         groups: dict[str, list[RevisionPlan]] = {}
@@ -127,6 +141,19 @@ def job_specs(job) -> list[ModelSpec]:
     return [spec for entry in job.models for spec in entry.specs()]
 
 
+def planned_labels(job) -> dict:
+    """The job's planned analyses by a label that tells apart the grid points of one analysis (``pga r=5``)."""
+    from dataclasses import fields
+
+    planned = job.planned()
+    labels = {}
+    for item in planned:
+        same = [other.params for other in planned if other.analysis == item.analysis]
+        varying = [f.name for f in fields(item.params) if len({getattr(p, f.name) for p in same}) > 1]
+        labels[" ".join([item.analysis, *(f"{name}={getattr(item.params, name)}" for name in varying)])] = item
+    return labels
+
+
 def build_plan(job, store: Store | None = None, fingerprint: str | None = None) -> SweepPlan:
     store = store or Store(job.out)
     fingerprint = fingerprint or corpus_fingerprint(job, store)
@@ -151,7 +178,12 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
             params_of_model.setdefault(spec.source, params)
         units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
         done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
-        plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker))
+        analysis_units = {label: {layer: item.spec.unit_key(key, layer, item.params) for layer in layers}
+                          for label, item in planned_labels(job).items()}
+        analysis_done = {label: {layer for layer, unit in keys.items() if store.has_result(item.analysis, unit)}
+                         for (label, keys), item in zip(analysis_units.items(), planned_labels(job).values())}
+        plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker,
+                                  analysis_units, analysis_done))
     for plan in plans:  # revisions not yet loaded take the measured size of their model
         if plan.marker is None and plan.spec.source in params_of_model:
             measured = [p.marker.get("params") for p in plans if p.marker and p.spec.source == plan.spec.source]

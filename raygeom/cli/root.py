@@ -61,9 +61,9 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 
 
 def _check_pga_sizes(job) -> None:
-    """ccr and k against N and each model's d, from its config where that is known without loading it."""
+    """Every planned analysis's parameters (e.g. ccr and k) against N and each model's d, from its config where that is
+    known without loading it."""
     from raygeom.analyses.sweep import _cached_config
-    from raygeom.replica.request import READOUT_COMPONENTS
     from raygeom.jobs.pipeline import job_models
 
     for spec in job_models(job):
@@ -72,7 +72,8 @@ def _check_pga_sizes(job) -> None:
         except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
             config = {}
         d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
-        job.pga.check_against(job.n_samples, d, READOUT_COMPONENTS, what=spec.name)
+        for item in job.planned():
+            item.spec.check(item.params, {"n_samples": job.n_samples, "d": d}, spec.name)
 
 
 def _run(job, address, num_cpus):

@@ -62,6 +62,19 @@ def _show_untrained(job_file: Path, out: Optional[Path]) -> bool:
     return True
 
 
+def print_per_analysis(plan) -> None:
+    """Units and progress per planned analysis (each grid point of an analysis on its own line)."""
+    per = plan.per_analysis()
+    if not per or list(per) == ["pga"]:
+        return
+    table = Table(title="Per analysis", title_justify="left")
+    for name in ("analysis", "units", "done", "to compute"):
+        table.add_column(name, justify="left" if name == "analysis" else "right")
+    for name, (total, done) in per.items():
+        table.add_row(escape(name), f"{total:,}", f"{done:,}", f"{total - done:,}")
+    console.print(table)
+
+
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.analyses import sweep
     from raygeom.jobspec import SweepSettings
@@ -90,6 +103,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     console.print(table)
     console.print(f"grid: {len(plan.by_model())} models x {len(plan.revisions)} (model, revision) pairs -> "
                   f"{plan.n_units:,} units; {plan.n_done:,} done, {plan.n_units - plan.n_done:,} to compute")
+    print_per_analysis(plan)
     cost = sweep.estimate(plan)
     if cost.measured_extractions == 0 and cost.measured_units == 0:
         reference = sweep.reference_estimate(plan)
@@ -126,6 +140,7 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     console.print(table)
     percent = 100.0 * plan.n_done / plan.n_units if plan.n_units else 0.0
     console.print(f"units: {plan.n_done:,}/{plan.n_units:,} done ({percent:.1f}%)")
+    print_per_analysis(plan)
     planned = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
     partial = [p for p in plan.store.partial_extractions() if p in planned]
     if partial:

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raygeom.report import figures as report
 from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
+from raygeom.jobs import experiment
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
 from raygeom.params import PGAParams
@@ -68,12 +69,15 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
     # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
-    items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers),
+    nll = experiment.needs_nll(job)
+    items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll),
                                    replica_gpus(spec, job, orchestrate.cluster_gpus(), None)) for spec in specs]
     label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
+    names = experiment.analyses_of(job)
+    units = experiment.JobUnits(store, job)
     with progress_bar(console) as progress:
         extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(specs))
-        pga_task = progress.add_task(f"PGA     {escape(label)}", total=None)
+        pga_task = progress.add_task(f"{'PGA' if names == ['pga'] else ', '.join(names):<7} {escape(label)}", total=None)
         pga_total = [0]
 
         def advance(kind: str, n: int) -> None:
@@ -85,15 +89,21 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
             elif kind == "pga":
                 progress.advance(pga_task, n)
 
-        rows = orchestrate.run_sweep(store, items, pga_units_for(store, job.pga), progress=advance)
+        every_row = orchestrate.run_sweep(store, items, units, progress=advance)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
-    rows.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"]))
-    from raygeom.engine.units import accumulated_rows
+    every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"]))
+    others = experiment.write_outputs(store, job, units, every_row, console)
+    rows, table, plot = units.rows_of("pga", every_row), None, None
+    if "pga" in names:
+        from raygeom.engine.units import accumulated_rows
 
-    table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
-    plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
-    report.print_pga(console, rows)
-    console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}", markup=False)
+        table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
+        plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
+        report.print_pga(console, rows)
+        console.print(f"results: {table}\nplot:    {plot}", markup=False)
+    for name, path in others.items():
+        console.print(f"{name + ':':<9}{path}", markup=False, highlight=False)
+    console.print(f"store:   {store.root}", markup=False)
     announce_report(store.root, console)
     return JobOutputs(rows, table, plot)
 
@@ -141,7 +151,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     for revisions in by_model.values():
         for i, revision in enumerate(revisions):
             following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
-            request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers)
+            request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
     missing = plan.n_units - plan.n_done
     console.print(f"sweep {escape(job.name)}: {len(plan.revisions)} revisions of {len(by_model)} models, {plan.n_units} units, "
@@ -151,7 +161,13 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         extract_task = progress.add_task("extract revisions", total=len(items))
         from raygeom.analyses.pga import progress_units
 
-        pga_task = progress.add_task("PGA tasks", total=progress_units(plan.n_units, job.pga))
+        names = experiment.analyses_of(job)
+        total = sum(len(units) * item.spec.progress_cost(item.params)
+                    for revision in plan.revisions for units, item in zip(revision.analysis_units.values(),
+                                                                          sweep.planned_labels(job).values()))
+        pga_task = progress.add_task("PGA tasks" if names == ["pga"] else f"{', '.join(names)} tasks",
+                                     total=total or progress_units(plan.n_units, job.pga))
+        units = experiment.JobUnits(store, job)
 
         def advance(kind: str, n: int) -> None:
             if kind == "pga":
@@ -160,8 +176,10 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
                 progress.advance(extract_task if kind == "extract" else pga_task, n)
 
         settings = job.sweep
-        orchestrate.run_sweep(store, items, pga_units_for(store, job.pga), progress=advance, max_in_flight=settings.max_in_flight or None,
-                              pga_threads=settings.pga_threads, keep_activations=settings.keep_activations)
+        every_row = orchestrate.run_sweep(store, items, units, progress=advance,
+                                          max_in_flight=settings.max_in_flight or None, pga_threads=settings.pga_threads,
+                                          keep_activations=settings.keep_activations)
+    experiment.write_outputs(store, job, units, every_row, console)
     final = sweep.build_plan(job, store, corpus.fingerprint())
     outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]

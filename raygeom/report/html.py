@@ -490,7 +490,8 @@ def diagnostics_section(root: Path) -> Section | None:
                                      name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
                                      hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))
             fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
-                                     showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip"))
+                                     showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip",
+                                     name=f"{label} chance"))
         section.figures.append(fig)
         section.tables.append(_settings_block(probes, title="Probe settings per run"))
     return section

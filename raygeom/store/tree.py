@@ -287,7 +287,7 @@ class Store:
     Model names and revisions are percent-encoded into one path segment each."""
 
     def __init__(self, root: str | Path):
-        self.root = Path(root)
+        self.root = Path(root).expanduser().absolute()  # workers (and other nodes) have their own working directory
         self._digests: dict[Path, str] = {}  # files this instance wrote: the marker records these hashes
 
     def _partition(self, kind: str, model: str, revision: str) -> Path:
