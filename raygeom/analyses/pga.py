@@ -13,12 +13,15 @@ import numpy as np
 from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, More, Step, Unit
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics import pga
+from raygeom.numerics import pga, rank
 from raygeom.numerics.uncertainty import half_sample_spread, normal_interval, z_uncertainty
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
-PGA_VERSION = 3  # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se
+# 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se; 4: layers without the
+# rank to be scored (rank after CCR-r < k + 2, or too few distinct distances) are not scored, so older units of such
+# layers must not be read back as done
+PGA_VERSION = 4
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
@@ -31,9 +34,15 @@ def read_keyed_layer(root: str, model: str, revision: str, layer: str, extractio
     return Store(root).read_layer(model, revision, layer, key=extraction_key)[1]
 
 
-def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str):
+def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, k: int):
     start = time.perf_counter()
-    prepared = pga.prepare_layer(read_keyed_layer(root, model, revision, layer, extraction_key), r)
+    h = read_keyed_layer(root, model, revision, layer, extraction_key)
+    # Only what has the rank to be scored is scored: an InputError here is the unit's "not scored" reason.
+    info = rank.layer_rank(h)
+    rank.check_rank(info, r, k)
+    prepared = pga.prepare_layer(h, r)
+    n = prepared.n_samples
+    rank.check_distinct_distances(prepared.centred_full_ranks, n * (n - 1) // 2, info, r)
     return prepared, time.perf_counter() - start
 
 
@@ -99,6 +108,25 @@ def check_params(info: dict, params: PGAParams, model: str, readout_components: 
         raise RaygeomError(f"ccr={params.r} must be below min(N, d) = {min(info['n_samples'], info['d'])} for {model}")
 
 
+def distinct_texts(texts: list[str]) -> int:
+    return len(set(texts))
+
+
+def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
+    """Refuse, before any work, a text sample with too few distinct texts for these settings: D distinct texts give
+    a centred layer of rank at most D - 1, and a layer is scored only with rank k + 2 left after CCR-r. Returns the
+    line that reports duplicates (None when every text is distinct)."""
+    distinct, n = distinct_texts(texts), len(texts)
+    need = params.k + params.r + 3
+    if distinct < need:
+        raise RaygeomError(f"the {n} texts sampled from corpus '{name}' hold {distinct} distinct texts; PGA with k={params.k} "
+                           f"after CCR-{params.r} needs at least {need} (rank k + 2 after CCR-r); use more distinct texts "
+                           "or a smaller --k")
+    if distinct < n:
+        return f"corpus '{name}': {n} texts sampled, {distinct} distinct (a duplicate adds no direction)"
+    return None
+
+
 def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
         note: str = "") -> dict:
     if note:
@@ -155,7 +183,7 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
 
         out.append(Unit(
             analysis="pga", key=key, label=f"{model}@{revision} {layer}",
-            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"]))],
+            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"], params.k))],
             parts=[Step(readout_step, (PREPARED, basis, device), options)]
                   + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
                   + ([Step(texts_step, (root, model, revision, layer, params.r, info["key"], basis, params.k, params.seed,

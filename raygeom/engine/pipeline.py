@@ -33,12 +33,22 @@ def job_models(job: JobSpec) -> list[ModelSpec]:
     return [spec for entry in job.models for spec in entry.specs()]
 
 
+def report_distinct(job: JobSpec, corpus, console: Console) -> None:
+    """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
+    from raygeom.analyses.pga import check_corpus
+
+    line = check_corpus(corpus.name, corpus.texts, job.pga)
+    if line:
+        console.print(escape(line), highlight=False)
+
+
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
     # Everything that can fail on bad input fails here, before Ray starts.
     store = Store(job.out)
     check_writable(store.root)
     specs = job_models(job)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    report_distinct(job, corpus, console)
 
     from raygeom.engine import orchestrate
 
@@ -105,6 +115,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     store = Store(job.out)
     check_writable(store.root)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    report_distinct(job, corpus, console)
     plan = sweep.build_plan(job, store, corpus.fingerprint())
     sweep.write_manifest(store, job, corpus)
 
