@@ -39,7 +39,8 @@ def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extra
     h = read_keyed_layer(root, model, revision, layer, extraction_key)
     # Only what has the rank to be scored is scored: an InputError here is the unit's "not scored" reason.
     info = rank.layer_rank(h)
-    rank.check_rank(info, r, k)
+    if info.rank > 0:  # rank 0 (one vector for every sample) gets prepare_layer's own reason
+        rank.check_rank(info, r, k)
     prepared = pga.prepare_layer(h, r)
     n = prepared.n_samples
     rank.check_distinct_distances(prepared.centred_full_ranks, n * (n - 1) // 2, info, r)
