@@ -30,7 +30,9 @@ def progress_bar(console: Console) -> Progress:
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
-    return [spec for entry in job.models for spec in entry.specs()]
+    from raygeom.analyses.sweep import job_specs
+
+    return job_specs(job)
 
 
 def report_distinct(job: JobSpec, corpus, console: Console) -> None:
