@@ -19,8 +19,9 @@ from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
 # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se; 4: z_se includes z's
-# jackknife bias, and no interval below 20 nulls
-PGA_VERSION = 4
+# jackknife bias, and no interval below 20 nulls; 5: layers without the rank to be scored (rank after CCR-r < k + 2, or
+# too few distinct distances) are not scored, so older units of such layers must not be read back as done
+PGA_VERSION = 5
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
@@ -34,11 +35,18 @@ def read_keyed_layer(root: str, model: str, revision: str, layer: str, extractio
     return Store(root).read_layer(model, revision, layer, key=extraction_key)[1]
 
 
-def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str):
-    from raygeom.numerics import pga
+def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, k: int):
+    from raygeom.numerics import pga, rank
 
     start = time.perf_counter()
-    prepared = pga.prepare_layer(read_keyed_layer(root, model, revision, layer, extraction_key), r)
+    h = read_keyed_layer(root, model, revision, layer, extraction_key)
+    # Only what has the rank to be scored is scored: an InputError here is the unit's "not scored" reason.
+    info = rank.layer_rank(h)
+    if info.rank > 0:  # rank 0 (one vector for every sample) gets prepare_layer's own reason
+        rank.check_rank(info, r, k)
+    prepared = pga.prepare_layer(h, r)
+    n = prepared.n_samples
+    rank.check_distinct_distances(prepared.centred_full_ranks, n * (n - 1) // 2, info, r)
     return prepared, time.perf_counter() - start
 
 
@@ -117,6 +125,25 @@ def check_params(info: dict, params: PGAParams, model: str, readout_components: 
         raise RaygeomError(f"ccr={params.r} must be below min(N, d) = {min(info['n_samples'], info['d'])} for {model}")
 
 
+def distinct_texts(texts: list[str]) -> int:
+    return len(set(texts))
+
+
+def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
+    """Refuse, before any work, a text sample with too few distinct texts for these settings: D distinct texts give
+    a centred layer of rank at most D - 1, and a layer is scored only with rank k + 2 left after CCR-r. Returns the
+    line that reports duplicates (None when every text is distinct)."""
+    distinct, n = distinct_texts(texts), len(texts)
+    need = params.k + params.r + 3
+    if distinct < need:
+        raise RaygeomError(f"the {n} texts sampled from corpus '{name}' hold {distinct} distinct texts; PGA with k={params.k} "
+                           f"after CCR-{params.r} needs at least {need} (rank k + 2 after CCR-r); use more distinct texts "
+                           "or a smaller --k")
+    if distinct < n:
+        return f"corpus '{name}': {n} texts sampled, {distinct} distinct (a duplicate adds no direction)"
+    return None
+
+
 def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
         note: str = "") -> dict:
     from raygeom.numerics import pga
@@ -176,7 +203,7 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
 
         out.append(Unit(
             analysis="pga", key=key, label=f"{model}@{revision} {layer}",
-            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"]))],
+            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"], params.k))],
             parts=[Step(readout_step, (PREPARED, basis, device), options)]
                   + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
                   + ([Step(texts_step, (root, model, revision, layer, params.r, info["key"], basis, params.k, params.seed,

@@ -138,7 +138,22 @@ def corpus_fingerprint(job, store: Store) -> str:
 
 
 def job_specs(job) -> list[ModelSpec]:
-    return [spec for entry in job.models for spec in entry.specs()]
+    """Every (model, revision) of the job. The run directory of the job's [train] gives the checkpoints the trainer
+    writes (its plan), so a job can be checked and planned before training has made the directory."""
+    return [spec for entry in job.models for spec in (_trained_specs(job, entry) or entry.specs())]
+
+
+def _trained_specs(job, entry) -> list[ModelSpec] | None:
+    from raygeom.sources.checkpoints import Checkpoint, RunDirectory
+
+    if job.train is None or not entry.run_dir:
+        return None
+    plan = job.train.plan()
+    root = Path(plan.run_dir)
+    if Path(entry.source).expanduser().resolve() != root:
+        return None
+    run = RunDirectory(root, tuple(Checkpoint(f"step{step}", step, root / f"step{step}") for step in plan.steps), ())
+    return [ModelSpec(str(root), "checkpoint", checkpoint.label) for checkpoint in run.select(entry.revisions)]
 
 
 def planned_labels(job) -> dict:

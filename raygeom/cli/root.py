@@ -72,6 +72,8 @@ def _check_pga_sizes(job) -> None:
         except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
             config = {}
         d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
+        if d is None and job.train is not None and spec.kind == "checkpoint" and spec.source == job.train.plan().run_dir:
+            d = job.train.settings.hidden_size  # a checkpoint the job's [train] has yet to write
         for item in job.planned():
             item.spec.check(item.params, {"n_samples": job.n_samples, "d": d}, spec.name)
 

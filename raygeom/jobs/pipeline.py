@@ -34,7 +34,18 @@ def progress_bar(console: Console) -> Progress:
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
-    return [spec for entry in job.models for spec in entry.specs()]
+    from raygeom.analyses.sweep import job_specs
+
+    return job_specs(job)
+
+
+def report_distinct(job: JobSpec, corpus, console: Console) -> None:
+    """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
+    from raygeom.analyses.pga import check_corpus
+
+    line = check_corpus(corpus.name, corpus.texts, job.pga)
+    if line:
+        console.print(escape(line), highlight=False)
 
 
 def pga_units_for(store: Store, params: PGAParams):
@@ -63,6 +74,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     check_writable(store.root)
     specs = job_models(job)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    report_distinct(job, corpus, console)
 
     from raygeom.engine import orchestrate
 
@@ -138,6 +150,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     store = Store(job.out)
     check_writable(store.root)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    report_distinct(job, corpus, console)
     plan = sweep.build_plan(job, store, corpus.fingerprint())
     sweep.write_manifest(store, job, corpus)
 

@@ -75,13 +75,16 @@ def _read(path: Path) -> list[dict]:
 def _read_dir(directory: Path) -> list[dict]:
     import pyarrow as pa
 
-    from raygeom.store.tree import read_table
+    from raygeom.store.tree import Store, read_table
 
+    # A unit directory's files are read as units: one copied over another unit's name is not shown twice.
+    store = Store(directory.parent.parent)
+    read = (lambda path: store.read_unit_file(path, strict=False)) if directory.parent.name == "results" else read_table
     paths = sorted(directory.glob("*.parquet")) if directory.is_dir() else []
     tables = []
     for path in paths:
         try:
-            tables.append(read_table(path))
+            tables.append(read(path))
         except RaygeomError as error:  # a unit being rewritten or a damaged file: the report shows the rest and says so
             _UNREADABLE.append((path, str(error)))
     if not tables:

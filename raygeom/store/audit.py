@@ -63,7 +63,7 @@ def audit(root: str | Path) -> Audit:
                 table = _decode(data, path, ["layer_index"])
                 problem = Store.layer_problem(table, _value(parts[1]), _value(parts[2]), _value(parts[3]), path, marker)
             elif unit:
-                store._read_result(path, decode_segment(parts[1]), decode_segment(path.name[: -len(".parquet")]))
+                store.read_unit_file(path)
         except RaygeomError as error:
             problem = str(error)
         if problem:

@@ -287,7 +287,9 @@ class Store:
     Model names and revisions are percent-encoded into one path segment each."""
 
     def __init__(self, root: str | Path):
-        self.root = Path(root).expanduser().absolute()  # workers (and other nodes) have their own working directory
+        # Absolute: the root is handed to Ray workers and actors, whose working directory is not the driver's (on a
+        # cluster, or a Ray started elsewhere), so a relative --out would be read and written somewhere else.
+        self.root = Path(root).expanduser().absolute()
         self._digests: dict[Path, str] = {}  # files this instance wrote: the marker records these hashes
 
     def _partition(self, kind: str, model: str, revision: str) -> Path:
@@ -513,10 +515,17 @@ class Store:
             return str(error)
         return None
 
-    def _read_result(self, path: Path, metric: str, key: str) -> pa.Table:
+    def read_unit_file(self, path: Path, strict: bool = True) -> pa.Table:
+        """The rows of ``results/<metric>/<key>.parquet``, checked against the metric and key its path names. With
+        ``strict=False`` (showing a store, not resuming from it) a file that states no unit, as an older raygeom wrote
+        them, is read when its rows' ``unit_key`` (if any) agree with its name."""
+        path = Path(path)
+        return self._read_result(path, decode_segment(path.parent.name), decode_segment(path.name[: -len(".parquet")]), strict)
+
+    def _read_result(self, path: Path, metric: str, key: str, strict: bool = True) -> pa.Table:
         table = read_table(path)
         identity = identity_of(table) or {}
-        if (identity.get("kind"), identity.get("analysis"), identity.get("unit_key")) != ("result", metric, key):
+        if (strict or identity) and (identity.get("kind"), identity.get("analysis"), identity.get("unit_key")) != ("result", metric, key):
             what = f"{identity.get('analysis')} unit {identity.get('unit_key')}" if identity else "no stated unit"
             raise CorruptFile(f"{path} holds {what}, not {metric} unit {key} (copied or moved over it)")
         problem = _row_keys_problem(table, key, path)
@@ -542,7 +551,7 @@ class Store:
             tables = []
             for path in sorted(directory.glob("*.parquet")):
                 try:
-                    tables.append(self._read_result(path, metric, decode_segment(path.name[: -len(".parquet")])))
+                    tables.append(self.read_unit_file(path))
                 except RaygeomError:
                     continue
         else:

@@ -41,12 +41,11 @@ def numbers(rows) -> dict:
 
 @pytest.fixture(scope="module")
 def pristine(hub_cache, ray_local, tmp_path_factory):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
     root = tmp_path_factory.mktemp("flips")
     corpus = root / "corpus.txt"
-    sentences = [s.strip() + " ." for s in TINY_TEXT.split(" . ") if s.strip()]
-    corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]}" for i in range(30)) + "\n")
+    corpus.write_text("\n".join(f"item {i} {varied_text(i)} ." for i in range(30)) + "\n")
     outputs = run_pga_job(job(root / "store", corpus), Console(quiet=True))
     reference = numbers(outputs.rows)
     assert sum(1 for r in outputs.rows if not r["note"]) >= 2, outputs.rows  # real numbers to protect

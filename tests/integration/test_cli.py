@@ -61,7 +61,7 @@ def test_errors_found_by_the_ray_workers(hub_cache, ray_address, tiny_corpus, tm
 
 def test_nan_activations(nan_model, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--k", "8", "--corpus", tiny_corpus, "--out", out,
+    result = run_cli("pga", "--model", nan_model, "--n-samples", "12", "--k", "8", "--corpus", tiny_corpus, "--out", out,
                      "--address", ray_address)
     assert_clean_failure(result, "produced NaN or inf activations", out)
     assert not list(out.glob("activations/**/_COMPLETE.json"))

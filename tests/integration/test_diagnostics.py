@@ -134,12 +134,11 @@ def test_bad_requests_fail_with_one_clear_message(planted, tmp_path):
 
 @pytest.fixture
 def labelled_corpus(tmp_path):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
     topics = ["markets", "politics", "sport", "film", "tech"]
     path = tmp_path / "labelled.jsonl"
-    path.write_text("\n".join(json.dumps({"text": f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}",
+    path.write_text("\n".join(json.dumps({"text": f"number {i} {varied_text(i)}",
                                           "label": topics[i % 5]}) for i in range(60)))
     return path
 

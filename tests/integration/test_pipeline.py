@@ -31,12 +31,12 @@ def tiny_job(out, corpus, **pga):
 
 @pytest.fixture(scope="module")
 def finished_job(hub_cache, ray_local, tmp_path_factory):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
     root = tmp_path_factory.mktemp("job")
     corpus = root / "corpus.txt"
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
-    corpus.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}" for i in range(80)))
+    # Distinct within 32 tokens and in the last token (the old lines shared their first 32 tokens: 5 distinct rows).
+    corpus.write_text("\n".join(f"number {i} {varied_text(i)}" for i in range(80)))
     outputs = run_pga_job(tiny_job(root / "out", corpus), Console(quiet=True))
     return root, corpus, outputs
 

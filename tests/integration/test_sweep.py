@@ -35,10 +35,10 @@ def write_sweep_job(directory, out, corpus, **sweep_keys):
 
 
 def write_corpus(path):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
-    path.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}" for i in range(60)))
+    # Distinct within 32 tokens and in the last token (the old lines shared their first 32 tokens: 5 distinct rows).
+    path.write_text("\n".join(f"number {i} {varied_text(i)}" for i in range(60)))
     return path
 
 

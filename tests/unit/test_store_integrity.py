@@ -367,3 +367,9 @@ def test_hash_cost_on_a_2000_by_2048_layer_is_small_next_to_reading_it(tmp_path)
     hashing = best_of_5(lambda: tree.file_digest(data))
     reading = best_of_5(lambda: store.read_layer("m", "main", "embed"))
     assert hashing < reading  # the check never costs more than the read it guards
+
+
+def test_a_relative_store_root_is_made_absolute(tmp_path, monkeypatch):
+    # Ray workers do not share the driver's working directory: a relative --out must reach them as an absolute path.
+    monkeypatch.chdir(tmp_path)
+    assert Store("runs/x").root == tmp_path / "runs" / "x"
