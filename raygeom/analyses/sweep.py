@@ -23,7 +23,9 @@ from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
 from raygeom.sources.layers import layer_names, select_layers
 from raygeom.sources.models import ModelSpec
 from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
-from raygeom.store.tree import Store, atomic_write_text, encode_segment, read_table
+from raygeom.params import AUTO_NULL_BLOCK as AUTO_FIRST_BLOCK
+from raygeom.params import PGAParams
+from raygeom.store.tree import Store, atomic_write_text, content_key, encode_segment, read_table
 
 MANIFEST = "sweep/manifest.json"
 
@@ -325,6 +327,93 @@ def reference_estimate(plan: SweepPlan) -> tuple[float, float] | None:
         unit = float(np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths]))
         cpu += (len(revision.units) - len(revision.done)) * unit * scale
     return gpu, cpu
+
+
+@dataclass
+class AutoBudget:
+    """What ``--n-null auto`` is expected to cost for the units still to compute (``auto_budget``)."""
+
+    rule: str  # the stopping rule in words
+    units: int  # units to compute
+    fixed_nulls: int  # at the job's fixed n_null
+    low_nulls: int  # every unit stops at its first block
+    high_nulls: int  # every unit needs the most the rule can ask for Gaussian nulls (at |z| where the targets meet)
+    expected_nulls: float | None  # from the pilot's z, for the units of models with a pilot
+    pilot_rows: int  # stored units the expectation comes from
+    pilot_units: int  # units to compute whose model has a pilot
+    cpu_seconds: dict[str, float | None]  # fixed, low, high, expected (None where a rate or a width is unknown)
+
+
+def _seconds_per_null(plan: SweepPlan, cost: CostEstimate | None) -> dict[str, float | None]:
+    """CPU-seconds of one subspace scoring of a unit of each model revision: the store's measured rate x N^2,
+    else the reference rate at the model's width (REFERENCE_PGA_UNIT_SECONDS, 101 scorings at N = 2000)."""
+    n = plan.job.n_samples
+    widths = sorted(REFERENCE_PGA_UNIT_SECONDS)
+    out = {}
+    for revision in plan.revisions:
+        if cost is not None and cost.pga_rate is not None:
+            out[revision.key] = cost.pga_rate * n**2
+            continue
+        size = pythia.size_of(revision.spec.source)
+        d = (revision.marker or {}).get("d") or (size.d if size else None)
+        out[revision.key] = None if d is None else float(
+            np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths])) * (n / 2000) ** 2 / 101
+    return out
+
+
+def pilot_z(store: Store) -> tuple[dict[tuple[str, str], tuple[float, float]], int]:
+    """(model, layer) -> (median z, median (z_se / delta-method se)^2) over every intact PGA unit of the store (a pilot
+    of 100 nulls per unit, or any earlier run of the same model), and the number of rows behind it."""
+    table = store.read_results("pga") if (store.root / "results" / "pga").is_dir() else pa.table({})
+    if not table.num_rows or not {"model", "layer", "z", "n_null"} <= set(table.column_names):
+        return {}, 0
+    rows = table.select([c for c in ("model", "layer", "z", "z_se", "n_null") if c in table.column_names]).to_pylist()
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        if row["z"] is not None and np.isfinite(row["z"]):
+            groups.setdefault((row["model"], row["layer"]), []).append(row)
+    out = {}
+    for key, group in groups.items():
+        ratios = [(r["z_se"] / np.sqrt((1 + r["z"] ** 2 / 2) / r["n_null"])) ** 2 for r in group
+                  if r.get("z_se") is not None and np.isfinite(r["z_se"]) and r["n_null"]]
+        out[key] = (float(np.median([r["z"] for r in group])), float(np.median(ratios)) if ratios else 1.0)
+    return out, sum(len(group) for group in groups.values())
+
+
+def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget:
+    """Nulls and CPU time of ``--n-null auto`` under the job's rule (max(z_half_width, z_rel_width |z|), cap
+    n_null_cap) for the units still missing: bounds for Gaussian nulls (the first block; the most the rule asks,
+    900 at |z| = 5 for the defaults), and, where the store holds a pilot or an earlier run of the same model and
+    layer, the expected count ``expected_auto_nulls(z, inflation)`` from its z."""
+    from raygeom.numerics.uncertainty import expected_auto_nulls
+
+    pga = plan.job.pga
+    rule = {"target_half_width": pga.z_half_width, "relative_target": pga.z_rel_width or None, "cap": pga.n_null_cap,
+            "min_null": AUTO_FIRST_BLOCK, "block": AUTO_FIRST_BLOCK}
+    per_unit_high = float(expected_auto_nulls(np.linspace(0.0, 200.0, 20_001), **rule).max())
+    per_null = _seconds_per_null(plan, cost)
+    pilot, pilot_rows = pilot_z(plan.store)
+    missing = [(r, layer) for r in plan.revisions for layer in r.layers if layer not in r.done]
+    expected = {}
+    for revision, layer in missing:
+        if (revision.spec.slug, layer) in pilot:
+            z, inflation = pilot[(revision.spec.slug, layer)]
+            expected[(revision.key, layer)] = float(expected_auto_nulls(z, inflation=inflation, **rule))
+    known = all(per_null[r.key] is not None for r, _ in missing)
+
+    def cpu(per_unit) -> float | None:
+        if not known:
+            return None
+        return sum(per_null[r.key] * (per_unit(r, layer) + 1) for r, layer in missing)
+
+    cpu_seconds = {"fixed": cpu(lambda r, layer: pga.n_null), "low": cpu(lambda r, layer: AUTO_FIRST_BLOCK),
+                   "high": cpu(lambda r, layer: per_unit_high),
+                   "expected": cpu(lambda r, layer: expected.get((r.key, layer), 0.0)) if expected else None}
+    words = (f"stop at max({pga.z_half_width:g}, {pga.z_rel_width:g} x |z|)" if pga.z_rel_width
+             else f"stop at {pga.z_half_width:g}") + f", cap {pga.n_null_cap:,}"
+    return AutoBudget(words, len(missing), pga.n_null * len(missing), AUTO_FIRST_BLOCK * len(missing),
+                      int(per_unit_high * len(missing)), sum(expected.values()) if expected else None, pilot_rows,
+                      len(expected), cpu_seconds)
 
 
 def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, pga_unit_seconds, n_samples: int = 2000,
