@@ -28,6 +28,7 @@ from raygeom.analyses import pga as pga_analysis
 from raygeom.analyses.pga import read_keyed_layer
 from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import Step, Unit
+from raygeom import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.numerics import layer_geometry, probe, spectral
 from raygeom.numerics.uncertainty import wilson_interval
@@ -119,8 +120,8 @@ def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction:
 
 def _base_row(model: str, revision: str, layer: str, info: dict) -> dict:
     names = info["all_layers"]
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
-            "relative_depth": names.index(layer) / max(1, len(names) - 1), "d": info["d"],
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": layer_position.index(names, layer),
+            "relative_depth": layer_position.relative_depth(names, layer), "d": info["d"],
             "fingerprint": info["fingerprint"], **extraction_columns(info)}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -21,12 +20,12 @@ import pyarrow as pa
 from raygeom.report.figures import save_figure as _save
 from raygeom.sources import revisions as pythia
 from raygeom.sources.corpus import Corpus
-from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.sources.models import ModelSpec
 from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, atomic_write_text, content_key, encode_segment, read_table
+from raygeom.layers import select_layers  # the one --layers parser (others import it from here)
 
 EXTRACTION_VERSION = 2  # 2: one replica and one tokenize (BOS as trained, positions over real tokens)
 READOUT_COMPONENTS = 256
@@ -52,41 +51,6 @@ class ExtractionRequest:
 
     def key(self) -> str:
         return extraction_key(self.spec, self.corpus.fingerprint(), self.settings, self.layer_selection, self.readout_components)
-
-
-def select_layers(all_layers: list[str], selection: str) -> list[str]:
-    """The layers a ``--layers`` value names (the rule is LAYERS_HELP in raygeom/params.py): ``all``, or
-    comma-separated layer names, block numbers (``5`` is ``block_05``, ``-1`` the last block) and ``a:b``
-    block ranges (blocks a to b-1, as Python slices). Integers count blocks only, so ``embed`` and
-    ``final_norm`` (and any other named layer) are chosen by name."""
-    if selection.strip() in ("", "all"):
-        return list(all_layers)
-    blocks = [name for name in all_layers if re.fullmatch(r"block_\d+", name)]
-    by_number = {int(name[len("block_"):]): name for name in blocks}
-    chosen: list[str] = []
-    for part in (p.strip() for p in selection.split(",")):
-        number = re.fullmatch(r"block_(\d+)", part)
-        try:
-            if part in all_layers:
-                picks = [part]
-            elif number:  # block_5 and block_005 both mean block_05
-                picks = [by_number[int(number.group(1))]]
-            elif ":" in part:
-                start, _, stop = part.partition(":")
-                picks = blocks[slice(int(start) if start else None, int(stop) if stop else None)]
-                if not picks:
-                    raise IndexError(part)
-            else:
-                picks = [blocks[int(part)]]
-        except (ValueError, IndexError, KeyError):
-            names = ", ".join(name for name in all_layers if name not in blocks)
-            span = f"{len(blocks)} blocks (block numbers 0 to {len(blocks) - 1})" if blocks else "no blocks"
-            raise RaygeomError(f"layer '{part}' not found: integers count blocks (5 = block_05, -1 = the last block, "
-                               f"a:b = blocks a to b-1) and this model has {span}; other layers by name: {names}") from None
-        chosen.extend(p for p in picks if p not in chosen)
-    if not chosen:
-        raise RaygeomError(f"layer selection '{selection}' picks none of this model's {len(all_layers)} layers")
-    return sorted(chosen, key=all_layers.index)
 
 
 def layer_names(n_blocks: int) -> list[str]:
