@@ -446,7 +446,8 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         else:
             columns = list(dict.fromkeys(r["revision"] for r in group))
             column_of = lambda r: r["revision"]  # noqa: E731
-        layers = sorted({(r["layer_index"], r["layer"]) for r in group})
+        depth = {r["layer"]: r.get("relative_depth") or 0.0 for r in group}  # points inside a block share its index
+        layers = sorted({(r["layer_index"], r["layer"]) for r in group}, key=lambda pair: (pair[0], depth[pair[1]], pair[1]))
         grid = np.full((len(layers), len(columns)), np.nan)
         for r in group:
             grid[layers.index((r["layer_index"], r["layer"])), columns.index(column_of(r))] = r["z"]
