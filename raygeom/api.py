@@ -58,12 +58,13 @@ def load_model(name: str = "smollm2", revision: str | None = None, device: str =
 
 
 def load_builtin(name: str = "smollm2", device: str = "cpu"):
-    """``(model, tokenizer)`` of a built-in offline model: ``smollm2`` (SmolLM2-135M) or ``gemma3-270m``."""
-    from raygeom.sources.models import BUILTIN_MODELS, resolve_model
+    """``(model, tokenizer)`` of a built-in offline model: ``smollm2`` (``smollm2-135m-instruct-q4_1``: SmolLM2-135M-Instruct,
+    Q4_1-quantised, dequantised to fp32) or ``gemma3-270m`` (``gemma3-270m-q4_k_m``: Gemma 3 270M base, Q4_K_M)."""
+    from raygeom.sources.models import builtin_names, resolve_model
 
     spec = resolve_model(name) if "/" not in name and not name.endswith(".gguf") else None
     if spec is None or spec.kind != "builtin":
-        raise InputError(f"'{name}' is not a built-in model; built in: {', '.join(sorted(BUILTIN_MODELS))} "
+        raise InputError(f"'{name}' is not a built-in model; built in: {builtin_names()} "
                          "(raygeom.load_model takes hub ids, directories and .gguf files)")
     return load_model(spec.source, device=device)
 
