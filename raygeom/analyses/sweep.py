@@ -361,7 +361,8 @@ def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Tab
                     "params": revision.params, "step": spec.step,
                     "weights_flag": report.flag(spec.name, spec.revision),
                     "known_bad_note": report.notes.get((spec.name, spec.revision))})
-    out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"]))
+    out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"],
+                        r.get("relative_depth") or 0.0))
     return pa.Table.from_pylist(out, schema=TIDY_SCHEMA)
 
 
@@ -386,7 +387,7 @@ def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float =
         groups.setdefault((row["model"], row["revision"]), []).append(row)
     out = []
     for (model, revision), group in groups.items():
-        group = sorted(group, key=lambda r: r["layer_index"])
+        group = sorted(group, key=lambda r: (r["layer_index"], r.get("relative_depth") or 0.0))
         candidates = group[:-final_layers] if final_layers else group
         early = [r for r in group if 0 < r["relative_depth"] <= 0.5]
         late = [r for r in candidates if r["relative_depth"] > 0.5]

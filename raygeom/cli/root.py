@@ -176,7 +176,8 @@ def pga(
 
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
-for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report"):
+for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report",
+                "raygeom.cli.export"):
     __import__(_module, fromlist=["register"]).register(app)
 
 

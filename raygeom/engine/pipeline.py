@@ -64,7 +64,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
 
         rows = orchestrate.run_sweep(store, items, job.pga, progress=advance)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
-    rows.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"]))
+    rows.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"], row.get("relative_depth") or 0.0))
     from raygeom.engine.units import accumulated_rows
 
     table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
