@@ -1,17 +1,24 @@
 """raygeom: how language models organise hidden-state geometry for prediction.
 
-Numerics (pure, arrays in and out) live in :mod:`raygeom.numerics`; the
-notebook API in :mod:`raygeom.api`; Ray orchestration in :mod:`raygeom.engine`.
-The names below load on first use, so the CLI (and every one-line refusal) does not pay for torch up front.
+The public Python API is the names in ``__all__`` (``help(raygeom.<name>)`` documents each): load models and
+texts the way the CLI does, extract pooled layers (block outputs and points inside blocks), score Subspace PGA
+with every interval the CLI stores, write activations captured elsewhere into a store, and render a store's
+report. Every array argument takes numpy or torch (any float dtype and device, ``requires_grad`` too).
+
+The names load on first use, so ``import raygeom`` (and the CLI's every one-line refusal) does not pay for torch
+up front. Numerics (pure, arrays in and out) live in :mod:`raygeom.numerics`; Ray orchestration in
+:mod:`raygeom.engine`.
 """
 
 from raygeom.errors import InputError, RaygeomError
 
 __version__ = "0.1.0"
 _LAZY = {
-    **{name: "raygeom.api" for name in ("layer_activations", "load_builtin", "load_model", "load_texts", "pga_by_layer",
-                                         "unembedding_matrix")},
-    **{name: "raygeom.numerics.pga" for name in ("PGAResult", "readout_basis", "subspace_pga")},
+    **{name: "raygeom.api" for name in ("PGAResult", "as_array", "dispersion", "layer_activations", "layer_names",
+                                         "load_builtin", "load_model", "load_texts", "pga_by_layer", "readout_basis",
+                                         "select_layers", "subspace_pga", "unembedding_matrix", "store_pga")},
+    "ExtractionSettings": "raygeom.replica.extract",
+    "write_activations": "raygeom.store.activations",
 }
 __all__ = ["InputError", "RaygeomError", *sorted(_LAZY), "write_report"]
 
@@ -26,8 +33,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'raygeom' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def write_report(store_root, out=None):
-    """The interactive HTML report of a store (see raygeom.report.html); returns its path."""
+    """Write the interactive HTML report of everything the store at ``store_root`` holds (default
+    ``<store>/report.html``, as ``raygeom report STORE`` does) and return its path."""
     from raygeom.report.html import write_report as write
 
     return write(store_root, out)

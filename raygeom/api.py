@@ -3,38 +3,68 @@
     import raygeom
     model, tokenizer = raygeom.load_builtin("smollm2")        # the CLI's loader, offline
     texts, labels = raygeom.load_texts("bbc", n=40)           # the CLI's corpora
-    result = raygeom.subspace_pga(H, W_U, k=100)              # arrays you have
-    layers = raygeom.layer_activations(model, tokenizer, texts)  # an HF model you have
+    result = raygeom.subspace_pga(H, W_U, k=100)              # arrays you have (numpy or torch, any dtype/device)
+    layers, nll = raygeom.layer_activations(model, tokenizer, texts, layers="embed,5,-1")  # an HF model you have
     table = raygeom.pga_by_layer(model, tokenizer, texts, k=100)
+    raygeom.write_activations("runs/mine", model="my-model", revision="main", layer="block_05", vectors=H, readout=W_U)
+    rows = raygeom.store_pga("runs/mine", "my-model")        # PGA rows stored as the CLI stores them
 
-No Ray is started here; use the CLI (or raygeom.engine.orchestrate) to fan work out.
+Every array argument takes numpy arrays or torch tensors of any float dtype, on any device, with or without
+``requires_grad`` (see :func:`as_array`). No Ray is started here; use the CLI to fan work out.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from raygeom.sources import model_surgery
+from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError
-from raygeom.replica.extract import ExtractionSettings, extract_batch
 from raygeom.numerics import pga
+from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.sources import model_surgery
+
+
+def as_array(x, dtype=np.float64, name: str = "array") -> np.ndarray:
+    """``x`` (numpy array, torch tensor of any dtype on any device, with or without ``requires_grad``, or a nested
+    list) as a numpy array of ``dtype``. bf16 and fp16 tensors are widened on their device, then copied to the CPU."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            if x.is_complex() or x.dtype == torch.bool:
+                raise InputError(f"{name} must hold real numbers, got {x.dtype}")
+            x = x.detach()
+            if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
+                x = x.float()
+            return x.cpu().numpy().astype(dtype, copy=False)
+    try:
+        array = np.asarray(x)
+        if array.dtype.kind not in "fiu":  # e.g. ml_dtypes' bfloat16 reads as kind 'V'
+            array = array.astype(np.float32)
+        return array.astype(dtype, copy=False)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"{name} must be a numeric array or tensor, got {type(x).__name__}: {error}") from None
 
 
 def load_model(name: str = "smollm2", revision: str | None = None, device: str = "cpu"):
     """``(model, tokenizer)`` of anything ``--model`` takes (built-in name, HF hub id, model directory, .gguf
     file), loaded exactly as the CLI loads it; a GGUF is dequantised once and cached (see the README)."""
-    from raygeom.sources.models import load_model as load, resolve_model
+    from raygeom.sources.models import load_model as load
+    from raygeom.sources.models import resolve_model
 
     return load(resolve_model(name, revision), device=device)
 
 
 def load_builtin(name: str = "smollm2", device: str = "cpu"):
-    """``(model, tokenizer)`` of a built-in offline model: ``smollm2`` (SmolLM2-135M) or ``gemma3-270m``."""
-    from raygeom.sources.models import BUILTIN_MODELS, resolve_model
+    """``(model, tokenizer)`` of a built-in offline model: ``smollm2`` (``smollm2-135m-instruct-q4_1``: SmolLM2-135M-Instruct,
+    Q4_1-quantised, dequantised to fp32) or ``gemma3-270m`` (``gemma3-270m-q4_k_m``: Gemma 3 270M base, Q4_K_M)."""
+    from raygeom.sources.models import builtin_names, resolve_model
 
     spec = resolve_model(name) if "/" not in name and not name.endswith(".gguf") else None
     if spec is None or spec.kind != "builtin":
-        raise InputError(f"'{name}' is not a built-in model; built in: {', '.join(sorted(BUILTIN_MODELS))} "
+        raise InputError(f"'{name}' is not a built-in model; built in: {builtin_names()} "
                          "(raygeom.load_model takes hub ids, directories and .gguf files)")
     return load_model(spec.source, device=device)
 
@@ -50,37 +80,223 @@ def load_texts(source: str = "bbc", n: int | None = None, seed: int = 0) -> tupl
 
 
 def layer_activations(model, tokenizer, texts: list[str], settings: ExtractionSettings | None = None,
-                      layers: list[str] | None = None, nll: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Pooled hidden states of every layer (name -> N x d) and per-text mean NLL (NaN with ``nll=False``,
-    which skips the full-vocabulary LM head)."""
+                      layers: str | list[str] | None = None, nll: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Pooled hidden states (layer name -> N x d float32) and per-text mean NLL of ``model`` on ``texts``.
+
+    ``layers``: None or ``"all"`` for every layer, else a ``--layers`` string (``"embed,5,-1,final_norm"``,
+    ``"block_05.mlp_out"``) or a list of such parts, parsed by :func:`select_layers` exactly as the CLI parses it.
+    ``nll=False`` skips the full-vocabulary LM head and returns NaN NLLs. ``settings`` defaults to the CLI's
+    (128 tokens, last-token pooling, batches of 16)."""
     settings = settings or ExtractionSettings()
-    batches = [extract_batch(model, tokenizer, texts[i:i + settings.batch_size], settings, layers, nll=nll)
+    chosen = _chosen_layers(model, layers)
+    batches = [extract_batch(model, tokenizer, texts[i:i + settings.batch_size], settings, chosen, nll=nll)
                for i in range(0, len(texts), settings.batch_size)]
-    names = list(batches[0].pooled)
-    return {n: np.concatenate([b.pooled[n] for b in batches]) for n in names}, np.concatenate([b.nll for b in batches])
+    if not batches:
+        raise InputError("no texts given")
+    return ({n: np.concatenate([b.pooled[n] for b in batches]) for n in chosen},
+            np.concatenate([b.nll for b in batches]))
+
+
+def _chosen_layers(model, layers: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    from raygeom.analyses.sweep import select_layers
+
+    if layers is None:
+        layers = "all"
+    if not isinstance(layers, str):
+        layers = ",".join(str(part) for part in layers)
+    return select_layers(model_surgery.layer_names(model), layers)
+
+
+def layer_names(model) -> list[str]:
+    """Every layer name raygeom extracts by default from ``model``, in depth order: ``embed`` (the first block's
+    input), ``block_XX`` (each block's output) and ``final_norm``. Points inside blocks (``block_XX.attn_out``,
+    ``block_XX.mlp_out``, ``block_XX.resid_mid``) are extracted when named (see :func:`select_layers`)."""
+    return model_surgery.layer_names(model)
+
+
+def select_layers(all_layers: list[str], selection: str | list[str] = "all") -> list[str]:
+    """The layers a ``--layers`` value names, the one parser the CLI, job files and this API share.
+
+    ``all``, or comma-separated parts: layer names, block numbers (``5`` is ``block_05``, ``-1`` the last block),
+    ``a:b`` block ranges (blocks a to b-1), and points inside a block (``block_05.mlp_out``, ``5.attn_out``,
+    ``-1.resid_mid``). Integers count blocks only; ``embed`` and ``final_norm`` are named. An unknown part raises
+    :class:`InputError`-style :class:`RaygeomError` with one line."""
+    from raygeom.analyses.sweep import select_layers as select
+
+    if not isinstance(selection, str):
+        selection = ",".join(str(part) for part in selection)
+    return select(list(all_layers), selection)
 
 
 def unembedding_matrix(model) -> np.ndarray:
-    """``W_U`` (V x d) of an HF causal LM; the input embedding when the model ties them."""
-    return model_surgery.unembedding(model).detach().float().cpu().numpy()
+    """``W_U`` (V x d, float32 numpy) of an HF causal LM; the input embedding when the model ties them."""
+    return as_array(model_surgery.unembedding(model), np.float32, "W_U")
+
+
+def readout_basis(w_u, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` right singular vectors (``d x k``, float64) and singular values of ``W_U`` (``V x d``), the readout
+    subspace Subspace PGA scores against. ``w_u`` may be a torch tensor (e.g. ``model.lm_head.weight``)."""
+    return pga.readout_basis(as_array(w_u, np.float64, "W_U"), k)
+
+
+@dataclass(frozen=True)
+class PGAResult(pga.PGAResult):
+    """Subspace PGA of one layer: how much better the readout subspace of ``W_U`` preserves the layer's distance
+    ranking than random subspaces of the same dimension do.
+
+    Attributes:
+        rho_readout: Spearman correlation between the pairwise cosine distances of the layer (after centring and
+            removing its top ``r`` principal components, CCR-r) and of its projection on the top-``k`` readout subspace.
+        null_mean, null_std: mean and standard deviation of the same correlation over ``n_null`` random k-subspaces.
+        z: ``(rho_readout - null_mean) / null_std``.
+        k, r, n, n_null, seed: readout dimension, components removed, texts, random subspaces, seed of the nulls.
+        z_se, z_lo, z_hi, z_half_width: z's Monte-Carlo standard error from the finite null and its 95 % interval
+            ``z +- 1.96 z_se`` (the CLI's ``z_lo``/``z_hi`` columns).
+        p_upper, p_lower: empirical one-sided p-values of rho_readout against the nulls.
+        rho_texts_lo, rho_texts_hi, margin_texts_lo, margin_texts_hi, n_half_samples: the 95 % interval over texts
+            of rho_readout and of the margin ``rho_readout - null_mean``, from ``n_half_samples`` seeded half-samples
+            of the texts (the CLI's ``--text-halves``, 10 by default); NaN and 0 where not computed
+            (``text_halves=0``) or not computable (too few texts).
+    """
+
+    rho_texts_lo: float = float("nan")
+    rho_texts_hi: float = float("nan")
+    margin_texts_lo: float = float("nan")
+    margin_texts_hi: float = float("nan")
+    n_half_samples: int = 0
+
+    def to_dict(self) -> dict:
+        """Every field, as the columns of a results row."""
+        return super().to_dict()
+
+
+def subspace_pga(h, w_u=None, *, readout=None, k: int = 100, r: int = 1, n_null: int = 100, seed: int = 0,
+                 text_halves: int = 10, device: str | None = None) -> PGAResult:
+    """Subspace PGA z of one layer ``h`` (N x d) against ``w_u`` (V x d), or against ``readout`` (the d x k' basis
+    from :func:`readout_basis`, k' >= k, to reuse one basis across layers), with every interval the CLI stores:
+    z's Monte-Carlo error and p-values, and with ``text_halves`` >= 2 the interval over texts (0 skips it).
+
+    Arrays may be numpy or torch of any float dtype and device (bf16, CUDA, ``requires_grad``). The numbers are
+    those of :func:`raygeom.numerics.pga.subspace_pga` and of ``raygeom pga`` on the same vectors."""
+    from raygeom.analyses.pga import texts_columns
+    from raygeom.numerics.uncertainty import half_sample_spread
+
+    if text_halves == 1 or text_halves < 0:
+        raise InputError(f"text_halves must be 0 (no interval over texts) or at least 2, got {text_halves}")
+    h = as_array(h, np.float32, "H")
+    if readout is None:
+        if w_u is None:
+            raise InputError("give either W_U or a readout basis")
+        w_u = as_array(w_u, np.float64, "W_U")
+        if w_u.ndim != 2 or h.ndim != 2 or w_u.shape[1] != h.shape[1]:
+            raise InputError(f"W_U has shape {w_u.shape} but H has shape {h.shape}; both need the same d")
+        readout, _ = pga.readout_basis(w_u, k)
+    readout = as_array(readout, np.float64, "readout")
+    base = pga.subspace_pga(h, readout=readout, k=k, r=r, n_null=n_null, seed=seed, device=device)
+    texts = {}
+    if text_halves and np.isfinite(base.z):
+        try:
+            spread = half_sample_spread(h, np.ascontiguousarray(readout[:, :k]), r, k, seed, n_half=text_halves,
+                                        device=device)
+        except InputError:
+            spread = None
+        texts = texts_columns(base.rho_readout, base.rho_readout - base.null_mean, spread)
+    return PGAResult(**base.to_dict(), **texts)
+
+
+def dispersion(h) -> float:
+    """Representation dispersion of ``h`` (N x d): the mean pairwise cosine distance of its rows, in float64
+    (numpy or torch of any dtype and device)."""
+    from raygeom.numerics.dispersion import dispersion as mean_cosine_distance
+
+    return mean_cosine_distance(as_array(h, np.float64, "H"))
 
 
 def pga_by_layer(model, tokenizer, texts: list[str], *, k: int = 100, r: int = 1, n_null: int = 100, seed: int = 0,
-                 settings: ExtractionSettings | None = None, layers: str | list[str] = "all") -> list[dict]:
+                 text_halves: int = 0, settings: ExtractionSettings | None = None,
+                 layers: str | list[str] = "all") -> list[dict]:
     """Subspace PGA of every layer of ``model`` on ``texts`` (or of ``layers``: names, or a ``--layers`` string
-    such as ``"embed,5,-1,final_norm"``): one dict per layer, in depth order, with its index and relative depth."""
-    from raygeom.sources.layers import select_layers
-
+    such as ``"embed,5,-1,final_norm"`` or ``"block_05.mlp_out"``): one dict per layer, in depth order, with its
+    index, relative depth and the fields of :class:`PGAResult` (``text_halves`` >= 2 adds the interval over texts).
+    A degenerate layer (e.g. every text has the same vector) gets NaN z and its reason in ``note``."""
     all_layers = model_surgery.layer_names(model)
-    chosen = select_layers(all_layers, layers if isinstance(layers, str) else ",".join(layers))
+    chosen = _chosen_layers(model, layers)
     activations, _ = layer_activations(model, tokenizer, texts, settings, chosen, nll=False)
     basis, _ = pga.readout_basis(unembedding_matrix(model), k)
     rows = []
     for name, h in activations.items():
-        index = all_layers.index(name)
         try:
-            result = pga.subspace_pga(h, readout=basis, k=k, r=r, n_null=n_null, seed=seed).to_dict()
+            result = subspace_pga(h, readout=basis, k=k, r=r, n_null=n_null, seed=seed, text_halves=text_halves).to_dict()
         except InputError as error:  # one degenerate layer (e.g. every text ends in the same token) is not fatal
             result = {"rho_readout": np.nan, "null_mean": np.nan, "null_std": np.nan, "z": np.nan, "note": str(error)}
-        rows.append({"layer": name, "layer_index": index, "relative_depth": index / (len(all_layers) - 1), **result})
+        rows.append({"layer": name, "layer_index": layer_position.index(all_layers, name),
+                     "relative_depth": layer_position.relative_depth(all_layers, name), **result})
     return rows
+
+
+def _call(step, prepared: list, marker):
+    args = []
+    for value in step.args:
+        if value is marker:
+            args.extend(prepared)
+        else:
+            args.append(value)
+    return step.fn(*args)
+
+
+def _run_units_here(store, units) -> list[dict]:
+    """The unit engine's contract, run in this process (no Ray): prepare, parts, finish (asking for more parts where
+    ``finish`` does), each unit's rows written as ``results/<analysis>/<key>.parquet``; stored units are read back."""
+    from raygeom.engine.contract import PREPARED, More
+
+    rows = []
+    for unit in units:
+        if unit.store_rows and store.has_result(unit.analysis, unit.key):
+            rows += store.read_results(unit.analysis, [unit.key]).to_pylist()
+            continue
+        try:
+            prepared = [step.fn(*step.args) for step in unit.prepare]
+            values = [_call(step, prepared, PREPARED) for step in unit.parts]
+            produced = unit.finish(values)
+            while isinstance(produced, More):
+                values += [_call(step, prepared, PREPARED) for step in produced.parts]
+                produced = unit.finish(values)
+        except InputError as error:
+            if unit.degenerate is None:
+                raise
+            produced = unit.degenerate(str(error))
+            rows += [produced] if isinstance(produced, dict) else list(produced)
+            continue
+        produced = [produced] if isinstance(produced, dict) else list(produced)
+        if unit.store_rows:
+            store.write_result(unit.analysis, unit.key, produced)
+        rows += produced
+    return rows
+
+
+def store_pga(store, model: str, revision: str = "main", *, layers: str | list[str] = "all", k: int = 100, r: int = 1,
+              n_null: int = 100, seed: int = 0, text_halves: int = 10) -> list[dict]:
+    """Subspace PGA of the layers of one extraction in ``store`` (raygeom's own, or vectors written with
+    :func:`write_activations`), in this process, without Ray: the same units ``raygeom pga`` runs, so the rows
+    (one per layer, with z's interval, p-values and the interval over texts) are the CLI's, and they are stored
+    under ``results/pga/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
+    recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list)."""
+    from pathlib import Path
+
+    from raygeom.analyses import pga as pga_analysis
+    from raygeom.params import PGAParams
+    from raygeom.store.tree import Store, lock_store
+
+    root = Path(store)
+    tree = Store(root)
+    info = tree.completion(model, revision)
+    if info is None:
+        raise InputError(f"no complete extraction of {model}@{revision} in {root}")
+    stored = list(info.get("layers", []))
+    chosen = stored if layers in ("all", None) else select_layers([*info["all_layers"], *stored], layers)
+    missing = [name for name in chosen if name not in stored]
+    if missing:
+        raise InputError(f"{model}@{revision} in {root} stores no layer {missing[0]} (stored: {', '.join(stored)})")
+    params = PGAParams(k=k, r=r, n_null=n_null, seed=seed, null_chunks=1, text_halves=text_halves)
+    lock_store(root)
+    return _run_units_here(tree, pga_analysis.units(tree, model, revision, chosen, params, info=info))

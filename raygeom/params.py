@@ -190,7 +190,8 @@ class PGAParams(Params):
 # The one rule of every --layers option (raygeom.sources.layers.select_layers implements it).
 LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
                "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "
-               "e.g. embed,5,-1,final_norm.")
+               "e.g. embed,5,-1,final_norm. Inside a block: 5.attn_out, 5.resid_mid, 5.mlp_out (block_05.mlp_out; "
+               "resid_mid + mlp_out = the block's output).")
 
 
 AUTO_NULL_BLOCK = 100

@@ -137,3 +137,22 @@ def write_tiny_bos_model(directory: Path, padding_side: str = "left", seed: int 
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return Path(directory)
+
+
+def tiny_causal_lm(family: str, vocab_size: int = 320, seed: int = 0, hidden_size: int = 64, layers: int = 3, **extra):
+    """A tiny random-weight causal LM of one of the families raygeom knows (``llama``, ``gemma3_text``,
+    ``gpt_neox``, ``qwen2``, ...), for tests of hooks and layer names. ``extra`` goes to the config
+    (e.g. ``use_parallel_residual=False`` for a sequential GPT-NeoX)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    heads = {"num_attention_heads": 4}
+    sizes = {"gpt2": {"n_embd": hidden_size, "n_layer": layers, "n_head": 4, "n_positions": 512}}.get(family, {
+        "hidden_size": hidden_size, "num_hidden_layers": layers, "intermediate_size": hidden_size * 2,
+        "max_position_embeddings": 512, "num_key_value_heads": 4, **heads})
+    if family.startswith("gemma"):
+        sizes["head_dim"] = hidden_size // 4
+    config = AutoConfig.for_model(family, vocab_size=vocab_size, tie_word_embeddings=False, pad_token_id=0,
+                                  bos_token_id=0, eos_token_id=0, **sizes, **extra)
+    return AutoModelForCausalLM.from_config(config).eval()

@@ -226,4 +226,4 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
             target.update({"probe_accuracy": row["accuracy"], "probe_accuracy_lo": row.get("accuracy_lo"),
                            "probe_accuracy_hi": row.get("accuracy_hi"), "probe_chance": row["chance"],
                            "probe_converged": row["converged"]})
-    return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"]))
+    return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"], r.get("relative_depth") or 0.0))

@@ -14,6 +14,7 @@ import numpy as np
 from raygeom.analyses.provenance import extraction_columns
 from raygeom.analyses.registry import Analysis, Metric, Needs, register
 from raygeom.engine.contract import PREPARED, More, Step, Unit
+from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
@@ -154,8 +155,8 @@ def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rh
     else:
         stats = {**pga.summarize_null(rho, nulls), **z_uncertainty(rho, nulls, params.seed)}
     names = info["all_layers"]
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
-            "relative_depth": names.index(layer) / max(1, len(names) - 1), "k": params.k, "r": params.r,
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": layer_position.index(names, layer),
+            "relative_depth": layer_position.relative_depth(names, layer), "k": params.k, "r": params.r,
             "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
             "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"], "note": note,
             **extraction_columns(info)}

@@ -23,7 +23,9 @@ def extraction_columns(info: dict) -> dict:
 
 def layer_row(model: str, revision: str, layer: str, info: dict) -> dict:
     """The columns every per-layer row starts with: where it comes from and the settings that made it."""
+    from raygeom.sources import layers
+
     names = info["all_layers"]
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": names.index(layer),
-            "relative_depth": names.index(layer) / max(1, len(names) - 1), "d": info["d"],
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": layers.index(names, layer),
+            "relative_depth": layers.relative_depth(names, layer), "d": info["d"],
             "fingerprint": info.get("fingerprint"), **extraction_columns(info)}

@@ -24,8 +24,7 @@ from raygeom.sources.layers import layer_names, select_layers
 from raygeom.sources.models import ModelSpec
 from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
 from raygeom.params import AUTO_NULL_BLOCK as AUTO_FIRST_BLOCK
-from raygeom.params import PGAParams
-from raygeom.store.tree import Store, atomic_write_text, content_key, encode_segment, read_table
+from raygeom.store.tree import Store, atomic_write_text, encode_segment, read_table
 
 MANIFEST = "sweep/manifest.json"
 
@@ -466,7 +465,8 @@ def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Tab
                     "params": revision.params, "step": spec.step,
                     "weights_flag": report.flag(spec.name, spec.revision),
                     "known_bad_note": report.notes.get((spec.name, spec.revision))})
-    out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"]))
+    out.sort(key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"], r["layer_index"],
+                        r.get("relative_depth") or 0.0))
     return pa.Table.from_pylist(out, schema=TIDY_SCHEMA)
 
 
@@ -491,7 +491,7 @@ def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float =
         groups.setdefault((row["model"], row["revision"]), []).append(row)
     out = []
     for (model, revision), group in groups.items():
-        group = sorted(group, key=lambda r: r["layer_index"])
+        group = sorted(group, key=lambda r: (r["layer_index"], r.get("relative_depth") or 0.0))
         candidates = group[:-final_layers] if final_layers else group
         early = [r for r in group if 0 < r["relative_depth"] <= 0.5]
         late = [r for r in candidates if r["relative_depth"] > 0.5]
@@ -548,7 +548,8 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         else:
             columns = list(dict.fromkeys(r["revision"] for r in group))
             column_of = lambda r: r["revision"]  # noqa: E731
-        layers = sorted({(r["layer_index"], r["layer"]) for r in group})
+        depth = {r["layer"]: r.get("relative_depth") or 0.0 for r in group}  # points inside a block share its index
+        layers = sorted({(r["layer_index"], r["layer"]) for r in group}, key=lambda pair: (pair[0], depth[pair[1]], pair[1]))
         grid = np.full((len(layers), len(columns)), np.nan)
         for r in group:
             grid[layers.index((r["layer_index"], r["layer"])), columns.index(column_of(r))] = r["z"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -12,13 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
 from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
 
 # Wide tables stay readable when the output goes to a log file.
-console = Console(width=None if sys.stdout.isatty() else 170)
+console = Console(width=output_width())
 errors = Console(stderr=True)
 
 AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster instead of starting a local one.")

@@ -10,9 +10,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
 
-console = Console()
+console = Console(width=output_width())
 errors = Console(stderr=True)
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.errors import MarkupError
 from rich.markup import escape
 
+from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
 
@@ -31,7 +32,7 @@ class SafeConsole(Console):
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure how a language model organises its hidden-state geometry for prediction.")
-console = SafeConsole()
+console = SafeConsole(width=output_width())
 errors = SafeConsole(stderr=True)
 
 AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.")
@@ -184,7 +185,7 @@ def pga(
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report",
-                "raygeom.cli.analyses", "raygeom.cli.verify"):
+                "raygeom.cli.analyses", "raygeom.cli.verify", "raygeom.cli.export"):
     __import__(_module, fromlist=["register"]).register(app)
 
 

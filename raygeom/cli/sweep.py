@@ -13,9 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
 
-console = Console()
+console = Console(width=output_width())
 errors = Console(stderr=True)
 
 

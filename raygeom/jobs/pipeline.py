@@ -103,7 +103,8 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
 
         every_row = orchestrate.run_sweep(store, items, units, progress=advance)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
-    every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"]))
+    every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
+                                    row.get("relative_depth") or 0.0))
     others = experiment.write_outputs(store, job, units, every_row, console)
     rows, table, plot = units.rows_of("pga", every_row), None, None
     if "pga" in names:

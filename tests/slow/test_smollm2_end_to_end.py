@@ -34,7 +34,7 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     assert (table["null_std"] > 0).all()
     plot = out / "plots" / "pga_z_vs_depth.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
-    samples = pq.read_table(out / "samples" / "model=smollm2-135m" / "revision=main" / "part-0.parquet")
+    samples = pq.read_table(out / "samples" / "model=smollm2-135m-instruct-q4_1" / "revision=main" / "part-0.parquet")
     # A PGA-only run skips the full-vocabulary LM head: the nll column is there, and empty.
     assert samples.num_rows == 24 and np.isnan(samples["nll"].to_numpy()).all()
     assert set(samples["label"].to_pylist()) <= {"business", "entertainment", "politics", "sports", "tech"}

@@ -5,7 +5,6 @@ tests/integration/test_reliability.py.
 """
 
 import errno
-import json
 import os
 import subprocess
 import sys

@@ -1,0 +1,117 @@
+"""`raygeom export STORE --tensorboard DIR`: every per-layer metric a store holds, as TensorBoard event files
+(registered by raygeom.cli.root).
+
+Every unit row under ``results/<analysis>/`` that names a layer becomes scalars: one TensorBoard run per
+(model, revision, settings) -- ``DIR/<analysis>/<model>@<revision>[/<settings hash>]`` --, one tag per float
+column (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
+``block_00`` 1, ..., ``final_norm`` last). Points inside a block get their own tags (``pga/z/mlp_out``) at their
+block's step. Each run also gets its settings as text. Written with tensorboardX; read with TensorBoard, or into
+Weights & Biases with ``wandb sync --sync-tensorboard DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from raygeom.cli.consoles import output_width
+from raygeom.errors import RaygeomError
+
+console = Console(width=output_width())
+errors = Console(stderr=True)
+
+# Columns that say what a row is, not a measured value, and columns that are measured but not geometry.
+IDENTITY = {"model", "revision", "layer", "layer_index", "relative_depth", "unit_key", "note", "fingerprint",
+            "raygeom_version", "corpus_fingerprint", "cpu_seconds"}
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, float)
+
+
+def _run_name(analysis: str, model: str, revision: str, settings: dict, several: bool) -> str:
+    from raygeom.store.tree import content_key, encode_segment
+
+    name = f"{encode_segment(model)}@{encode_segment(revision)}"
+    return f"{encode_segment(analysis)}/{name}" + (f"/{content_key(settings)[:10]}" if several else "")
+
+
+def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
+    """Write the event files; returns counts (runs, scalars, analyses, rows without a layer that were left out)."""
+    from tensorboardX import SummaryWriter
+
+    from raygeom.sources import layers as layer_position
+    from raygeom.store.tree import Store
+
+    root = Path(store_root)
+    if not root.is_dir():
+        raise RaygeomError(f"store {root} is not a directory")
+    results = root / "results"
+    analyses = sorted(p.name for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
+    store = Store(root)
+    runs: dict[str, dict] = {}
+    skipped = 0
+    for analysis in analyses:
+        rows = store.read_results(analysis).to_pylist()
+        groups: dict[tuple, list[dict]] = {}
+        for row in rows:
+            if not row.get("layer") or row.get("layer_index") is None:
+                skipped += 1
+                continue
+            settings = {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
+            groups.setdefault((row.get("model") or "model", row.get("revision") or "main",
+                               json.dumps(settings, sort_keys=True, default=str)), []).append(row)
+        per_revision: dict[tuple, int] = {}
+        for model, revision, _ in groups:
+            per_revision[(model, revision)] = per_revision.get((model, revision), 0) + 1
+        for (model, revision, settings), group in groups.items():
+            name = _run_name(analysis, model, revision, json.loads(settings), per_revision[(model, revision)] > 1)
+            run = runs.setdefault(name, {"settings": settings, "scalars": []})
+            for row in group:
+                _, sub = layer_position.split(row["layer"])
+                for column, value in row.items():
+                    if column in IDENTITY or not _is_float(value):
+                        continue
+                    tag = f"{analysis}/{column}" + (f"/{sub}" if sub else "")
+                    run["scalars"].append((tag, value, int(row["layer_index"])))
+    if not runs:
+        raise RaygeomError(f"store {root} holds no per-layer results (results/<analysis>/*.parquet) to export")
+    out = Path(out)
+    scalars = 0
+    for name, run in sorted(runs.items()):
+        writer = SummaryWriter(logdir=str(out / name))
+        try:
+            writer.add_text("settings", f"```\n{json.dumps(json.loads(run['settings']), indent=1, sort_keys=True)}\n```", 0)
+            for tag, value, step in sorted(run["scalars"], key=lambda item: (item[0], item[2])):
+                writer.add_scalar(tag, value, step)
+                scalars += 1
+        finally:
+            writer.close()
+    return {"runs": len(runs), "scalars": scalars, "analyses": analyses, "skipped": skipped}
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's command to the raygeom app."""
+
+    @app.command()
+    def export(store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
+               tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", help="Write TensorBoard event files "
+                                                          "of every per-layer metric into this directory.")):
+        """Export every per-layer metric in STORE (results/<analysis>/ unit rows) for a tracker: --tensorboard DIR
+        writes TensorBoard event files, one run per (analysis, model, revision, settings), the layer index as the
+        step. `tensorboard --logdir DIR` shows them; `wandb sync --sync-tensorboard DIR` takes them into W&B."""
+        try:
+            if tensorboard is None:
+                raise RaygeomError("choose what to export: --tensorboard DIR")
+            counts = export_tensorboard(store, tensorboard)
+        except RaygeomError as error:
+            errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        console.print(f"tensorboard: {escape(str(tensorboard))} ({counts['runs']} runs, {counts['scalars']} scalars from "
+                      f"{', '.join(counts['analyses'])}); view with: tensorboard --logdir {escape(str(tensorboard))}",
+                      highlight=False, soft_wrap=True)

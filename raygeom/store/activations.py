@@ -1,0 +1,179 @@
+"""Bring your own activations: vectors captured elsewhere (TransformerLens or nnsight hooks, another framework, a
+GPU run in bf16) written into a store as an extraction, so that every analysis of a store and ``raygeom report``
+read them as they read raygeom's own extractions.
+
+    import raygeom
+    raygeom.write_activations("runs/mine", model="pythia-70m-tl", revision="step1000", layer="block_03",
+                              vectors=H, texts=texts, labels=labels, readout=model.embed_out.weight, n_blocks=6)
+    rows = raygeom.store_pga("runs/mine", "pythia-70m-tl", "step1000", k=100)
+
+What is written is what an extraction writes (raygeom/store/tree.py): one Parquet file per layer, the readout basis
+of ``W_U``, the per-sample table (text hashes, labels; NLL is NaN: raygeom never saw the model) and the completion
+marker, last, with the content hash of every file. The marker says where the vectors came from (``source``) and its
+settings key hashes the bytes of every file, so results computed on other vectors are never read back as these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from raygeom.sources import layers as layer_position
+from raygeom.errors import InputError, RaygeomError
+
+BYO_VERSION = 1
+SOURCE = "write_activations"
+READOUT_COMPONENTS = 256  # as an extraction stores (raygeom.analyses.sweep.READOUT_COMPONENTS)
+
+
+def _all_layers(layer_names: list[str], n_blocks: int | None, previous: list[str] | None) -> list[str]:
+    """The model's depth-ordered layer list: the standard one with ``n_blocks``, else the names written so far."""
+    from raygeom.analyses.sweep import layer_names as standard
+
+    if n_blocks is not None:
+        if not isinstance(n_blocks, int) or isinstance(n_blocks, bool) or n_blocks <= 0:
+            raise InputError(f"n_blocks must be a positive integer, got {n_blocks!r}")
+        names = standard(n_blocks)
+    else:
+        names = list(previous or [])
+    for layer in layer_names:
+        block, sub = layer_position.split(layer)
+        if sub is not None and block not in names:
+            raise InputError(f"layer {layer} is inside {block}, which this model does not have "
+                             f"({'give n_blocks' if n_blocks is None else f'{n_blocks} blocks'})")
+        if sub is None and layer not in names:
+            if n_blocks is not None:
+                raise InputError(f"layer '{layer}' is not one of this model's layers (embed, block_00 .. "
+                                 f"{names[-2]}, final_norm, or a point inside a block such as {names[1]}.mlp_out)")
+            names.append(layer)
+    return names
+
+
+def write_activations(store, *, model: str, revision: str = "main", layer: str | None = None, vectors=None,
+                      texts: list[str] | None = None, labels: list[str] | None = None, readout=None,
+                      n_blocks: int | None = None, source: str | None = None, corpus: str | None = None,
+                      settings: dict | None = None) -> dict:
+    """Write vectors you captured into the store at ``store`` as an extraction of ``model`` at ``revision``;
+    returns its completion marker (a dict).
+
+    Args:
+        store: the store directory (a run's ``--out``); created if missing, locked while this process writes it.
+        model, revision: the names the store and every table use for these vectors.
+        layer, vectors: one layer's name and its N x d vectors, one row per text; or ``layer=None`` and ``vectors``
+            a dict of name -> N x d. Names as in ``--layers``: ``embed``, ``block_05``, ``final_norm``,
+            ``block_05.mlp_out`` (or any name, placed in the order written, when ``n_blocks`` is not given).
+            numpy or torch, any float dtype and device (bf16, fp16, CUDA, ``requires_grad``); stored as float32.
+        texts: the N texts (their SHA-1 is stored, as for an extraction); optional.
+        labels: N labels (topics, domains) for the analyses that group by them; optional.
+        readout: ``W_U`` (V x d), e.g. ``model.lm_head.weight``; its top right singular vectors are the readout basis
+            PGA scores against. Needed on the first write of a (model, revision); later writes may omit it.
+        n_blocks: the model's number of blocks, so standard names get their depth (``relative_depth``).
+        source: where the vectors came from (stored in the marker; default: "write_activations").
+        corpus, settings: free-form provenance: the corpus name and e.g. ``{"pool": "last", "seq_len": 128}``.
+
+    Calling it again for the same (model, revision) adds or replaces layers; every layer must have the same N, and
+    ``texts`` (when given) must be the same texts. A (model, revision) that raygeom extracted itself in this store is
+    refused, so the two are never mixed."""
+    from raygeom.api import as_array
+    from raygeom.numerics import pga
+    from raygeom.sources.corpus import text_sha1
+    from raygeom.store.tree import Store, check_writable, content_key, recorded_digest
+
+    if not isinstance(model, str) or not model or not isinstance(revision, str) or not revision:
+        raise InputError("model and revision must be non-empty strings")
+    if isinstance(vectors, dict):
+        if layer is not None:
+            raise InputError("give either layer= and one array, or vectors= as a dict of layer -> array")
+        given = dict(vectors)
+    else:
+        if layer is None or vectors is None:
+            raise InputError("write_activations needs layer= and vectors= (N x d), or vectors= as a dict of layer -> array")
+        given = {layer: vectors}
+    if not given:
+        raise InputError("no vectors given")
+    arrays = {}
+    for name, value in given.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"layer names must be non-empty strings, got {name!r}")
+        array = as_array(value, np.float32, f"vectors of {name}")
+        if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
+            raise InputError(f"vectors of {name} must be N x d (one row per text), got shape {array.shape}")
+        if not np.isfinite(array).all():
+            raise InputError(f"vectors of {name} contain NaN or inf values")
+        arrays[name] = np.ascontiguousarray(array)
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) > 1:
+        raise InputError(f"every layer needs the same N x d, got {sorted(shapes)}")
+    n, d = next(iter(shapes))
+    if texts is not None and len(texts) != n:
+        raise InputError(f"{len(texts)} texts for {n} vectors; give one text per row")
+    if labels is not None and len(labels) != n:
+        raise InputError(f"{len(labels)} labels for {n} vectors; give one label per row")
+
+    root = Path(store)
+    check_writable(root)
+    tree = Store(root)
+    previous = tree.completion(model, revision)
+    if previous is not None and previous.get("source") is None:
+        raise RaygeomError(f"{root} already holds raygeom's own extraction of {model}@{revision}; write your vectors "
+                           "under another model name or revision, or into another store")
+    if previous is not None:
+        if previous.get("n_samples") != n or previous.get("d") != d:
+            raise InputError(f"{model}@{revision} in {root} holds N={previous.get('n_samples')}, d={previous.get('d')}; "
+                             f"these vectors are {n} x {d}")
+        if texts is not None and previous.get("texts_sha1") not in (None, content_key([text_sha1(t) for t in texts])):
+            raise InputError(f"these texts are not the texts {model}@{revision} in {root} was written with")
+
+    if readout is not None:
+        w_u = as_array(readout, np.float64, "readout (W_U)")
+        if w_u.ndim != 2 or w_u.shape[1] != d:
+            raise InputError(f"readout must be W_U (V x d) with d={d}, got shape {w_u.shape}")
+        if not np.isfinite(w_u).all():
+            raise InputError("readout contains NaN or inf values")
+        basis, singular_values = pga.readout_basis_from_gram(w_u.T @ w_u, min(d - 1, READOUT_COMPONENTS))
+        tree.write_readout(model, revision, basis, singular_values)
+        readout_info = {"vocab_size": int(w_u.shape[0]), "readout_components": int(basis.shape[1])}
+    elif previous is None or not tree.readout_path(model, revision).is_file():
+        raise InputError("the first write of a model needs readout=W_U (V x d), e.g. model.lm_head.weight")
+    else:
+        readout_info = {key: previous.get(key) for key in ("vocab_size", "readout_components")}
+
+    all_layers = _all_layers(list(arrays), n_blocks if n_blocks is not None else previous and previous.get("n_blocks"),
+                             previous and previous.get("all_layers"))
+    sample_ids = np.arange(n, dtype=np.int32)
+    for name, array in arrays.items():
+        tree.write_layer(model, revision, name, layer_position.index(all_layers, name), sample_ids, array)
+    if previous is None or texts is not None or labels is not None or not tree.samples_path(model, revision).is_file():
+        old = tree.read_samples(model, revision).to_pydict() if previous is not None else {}
+        hashes = [text_sha1(t) for t in texts] if texts is not None else old.get("text_sha1", [""] * n)
+        columns = {"sample_id": sample_ids, "nll": np.full(n, np.nan), "n_tokens": np.zeros(n, dtype=np.int32),
+                   "text_sha1": hashes}
+        chosen_labels = [str(label) for label in labels] if labels is not None else old.get("label")
+        if chosen_labels is not None:
+            columns["label"] = chosen_labels
+        tree.write_samples(model, revision, columns)
+    layers = sorted({*(previous or {}).get("layers", []), *arrays}, key=lambda name: layer_position.position(all_layers, name))
+    files = [tree.layer_path(model, revision, name) for name in layers]
+    files += [tree.readout_path(model, revision), tree.samples_path(model, revision)]
+    digests = [recorded_digest(path) for path in files]
+    blocks = sum(1 for name in all_layers if name.startswith("block_") and layer_position.split(name)[1] is None)
+    info = {**(previous or {}),
+            "key": content_key("activations", BYO_VERSION, model, revision, digests),
+            "source": source or (previous or {}).get("source") or SOURCE, "written_by": "raygeom.write_activations",
+            "model": model, "revision": revision, "step": _step(revision), "all_layers": all_layers, "layers": layers,
+            "n_samples": n, "d": d, "n_blocks": blocks or None, "nll": False, "fingerprint": content_key(digests),
+            "corpus": corpus or (previous or {}).get("corpus") or SOURCE,
+            "settings": settings if settings is not None else (previous or {}).get("settings", {}), **readout_info}
+    if texts is not None:
+        info["texts_sha1"] = content_key([text_sha1(t) for t in texts])
+        info["corpus_fingerprint"] = info["texts_sha1"]
+    info.pop("files", None)
+    tree.mark_complete(model, revision, info)
+    return tree.completion(model, revision)
+
+
+def _step(revision: str) -> int | None:
+    from raygeom.sources.revisions import step_of
+
+    return step_of(revision)

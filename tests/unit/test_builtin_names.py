@@ -1,0 +1,36 @@
+"""Built-in models are named for what they are (quantised checkpoints, dequantised to fp32); the short names stay
+accepted, and a store's old partitions and keys under the old names are never mixed with the new ones."""
+
+import pytest
+
+from raygeom.analyses.sweep import extraction_key
+from raygeom.errors import RaygeomError
+from raygeom.replica.extract import ExtractionSettings
+from raygeom.sources.models import BUILTIN_MODELS, ModelSpec, resolve_model
+
+
+@pytest.mark.parametrize("typed, name", [("smollm2", "smollm2-135m-instruct-q4_1"), ("smollm2-135m", "smollm2-135m-instruct-q4_1"),
+                                         ("SmolLM2-135M-Instruct-Q4_1", "smollm2-135m-instruct-q4_1"),
+                                         ("gemma3", "gemma3-270m-q4_k_m"), ("gemma3-270m", "gemma3-270m-q4_k_m"),
+                                         ("gemma-3-270m", "gemma3-270m-q4_k_m"), ("gemma3-270m-q4_k_m", "gemma3-270m-q4_k_m")])
+def test_short_names_resolve_to_the_honest_name_used_in_tables_and_the_store(typed, name):
+    spec = resolve_model(typed)
+    assert (spec.kind, spec.name, spec.slug) == ("builtin", name, name)
+
+
+def test_descriptions_say_quantised_and_dequantised():
+    assert "Q4_1 dequantised to fp32" in BUILTIN_MODELS["smollm2-135m-instruct-q4_1"][2]
+    assert "Q4_K_M dequantised to fp32" in BUILTIN_MODELS["gemma3-270m-q4_k_m"][2]
+
+
+def test_the_new_name_never_shares_a_key_with_a_store_written_under_the_old_one():
+    settings = ExtractionSettings()
+    old = extraction_key(ModelSpec("smollm2-135m", "builtin"), "corpus", settings, "all", 256)
+    new = extraction_key(resolve_model("smollm2"), "corpus", settings, "all", 256)
+    assert old != new
+
+
+def test_an_unknown_name_lists_the_short_and_the_full_names():
+    with pytest.raises(RaygeomError, match=r"gemma3-270m, smollm2-135m \(gemma3-270m is gemma3-270m-q4_k_m, "
+                                           r"smollm2-135m is smollm2-135m-instruct-q4_1\)"):
+        resolve_model("smollm3")
