@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
+from raygeom import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.dispersion import (bits_per_byte, dispersion, dispersion_by_slice, gap_interval,
                                          gap_warning, kmeans_slices, perplexity_groups, rank_agreement,
@@ -179,12 +180,14 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     all_layers = described["layers"]
     depth = {name: i / (len(all_layers) - 2) for i, name in enumerate(all_layers[:-1])}
     depth["attn_last"] = depth[all_layers[-3]]  # inside the last block
+    for layer in layers:  # points inside a block (block_05.mlp_out) lie between its input and output
+        depth.setdefault(layer, layer_position.relative_depth(all_layers[:-1], layer))
     nll = np.concatenate([r[2] for r in results])
     n_predicted = results[0][3]
     chunk_ids = np.arange(n, dtype=np.int32)
     chunks = pa.table({"chunk_id": np.tile(chunk_ids, len(layers)), "domain": domains * len(layers),
                        "layer": [l for l in layers for _ in range(n)],
-                       "layer_index": np.repeat(np.array([all_layers.index(l) for l in layers], dtype=np.int16), n),
+                       "layer_index": np.repeat(np.array([layer_position.index(all_layers, l) for l in layers], dtype=np.int16), n),
                        "token_dispersion": np.concatenate([np.concatenate([r[0][l] for r in results]) for l in layers]),
                        "nll": np.tile(nll, len(layers)), "perplexity": np.exp(np.tile(nll, len(layers))),
                        "n_predicted": np.full(n * len(layers), n_predicted, dtype=np.int32),
@@ -213,7 +216,7 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     summary = []
     for layer in layers:
         values = np.concatenate([r[0][layer] for r in results])
-        summary.append({"model": spec.name, "revision": spec.revision, "layer": layer, "layer_index": all_layers.index(layer),
+        summary.append({"model": spec.name, "revision": spec.revision, "layer": layer, "layer_index": layer_position.index(all_layers, layer),
                         "relative_depth": depth[layer], "token_dispersion": float(np.nanmean(values)),
                         "sample_dispersion": dispersion(pooled[layer]), "perplexity": float(np.exp(token_nll_mean)),
                         "bits_per_byte": bpb, "n_chunks": n, "n_bytes": int(n_bytes.sum()), "d": described["d"],

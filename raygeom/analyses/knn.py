@@ -368,6 +368,10 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
             from raygeom.sources.layers import select_layers
 
             layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
+            inside = [name for name in layers if "." in name]
+            if inside:
+                raise RaygeomError(f"knn takes block outputs, not points inside a block ({inside[0]}); "
+                                   "those are for pga, sweeps, diagnose and dispersion")
             train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[0]
             test = _get(worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed))[0]
             _write_features(directory, worker, train, test, layers, settings.batch_size, progress)

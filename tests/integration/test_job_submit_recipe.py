@@ -34,6 +34,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def long_lived(pid: int) -> bool:
+    try:
+        return any(name in Path(f"/proc/{pid}/cmdline").read_bytes() for name in (b"gcs_server", b"raylet"))
+    except OSError:
+        return False
+
+
 def test_the_documented_job_submit_recipe_runs_with_a_head_started_outside_the_venv(hub_cache, ray_local, tmp_path):
     recipe = documented_recipe()
     out = tmp_path / "out"
@@ -57,7 +64,10 @@ def test_the_documented_job_submit_recipe_runs_with_a_head_started_outside_the_v
     outside = {key: value for key, value in os.environ.items()
                if not key.startswith(("VIRTUAL_ENV", "PYTHON", "RAY_", "COLUMNS", "LINES"))}
     outside.update(PATH="/usr/local/bin:/usr/bin:/bin", RAYGEOM=str(ROOT), HOME=str(tmp_path))
-    others = processes_naming(os.environ["RAY_TMPDIR"])  # this session's Ray (and any other on the machine)
+    # this session's own Ray (started by this process, so its GCS server and raylet are our children)
+    import psutil
+
+    others = [child.pid for child in psutil.Process().children(recursive=True) if long_lived(child.pid)]
     assert others
     temp = None
     try:
@@ -74,7 +84,8 @@ def test_the_documented_job_submit_recipe_runs_with_a_head_started_outside_the_v
         deadline = time.time() + 30
         while processes_naming(temp.group(1)) and time.time() < deadline:
             time.sleep(0.5)
-        assert not processes_naming(temp.group(1))
+        survivors = processes_naming(temp.group(1))
+        assert not survivors, [Path(f"/proc/{pid}/cmdline").read_bytes()[:300] for pid in survivors]
         # ... and nothing else: this session's own Ray is still up
         import ray
 

@@ -72,3 +72,15 @@ def test_an_unknown_family_says_which_families_have_points_inside_blocks():
     model.config.model_type = "mystery"
     with pytest.raises(RaygeomError, match="sub-layers of 'mystery'"):
         model_surgery.block_points(model)
+
+
+def test_token_level_statistics_take_points_inside_blocks():
+    """dispersion's token-level pass captures them through the same hooks."""
+    from raygeom.replica.tokens import chunk_statistics
+
+    model = tiny_causal_lm("gpt_neox")
+    ids = torch.randint(1, 300, (3, 12), generator=torch.Generator().manual_seed(1))
+    stats = chunk_statistics(model, ids, ["block_01.resid_mid", "block_01.mlp_out", "block_01", "attn_last"])
+    assert set(stats.pooled) == {"block_01.resid_mid", "block_01.mlp_out", "block_01", "attn_last"}
+    torch.testing.assert_close(torch.from_numpy(stats.pooled["block_01.resid_mid"] + stats.pooled["block_01.mlp_out"]),
+                               torch.from_numpy(stats.pooled["block_01"]), rtol=1e-4, atol=1e-4)
