@@ -69,7 +69,7 @@ def null_step(prepared, k: int, seed: int, indices: list[int], device: str | Non
 
 def texts_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, basis: np.ndarray, k: int,
                seed: int, halves: int, device: str | None) -> dict:
-    from raygeom.numerics.uncertainty import half_sample_spread
+    from raygeom.numerics.pga_texts import half_sample_spread
 
     start = time.perf_counter()
     try:
