@@ -163,7 +163,7 @@ def pga(
     n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one layer."),
     null_chunks: int = typer.Option(10, "--null-chunks", help="Ray tasks the nulls of one layer are split into."),
     seed: int = typer.Option(0, "--seed"),
-    out: Path = typer.Option(Path("runs/pga"), "--out", "-o"),
+    out: Path = typer.Option(Path("runs/default"), "--out", "-o", help="The store (shared by pga, diagnose, probe and the registry commands)."),
     address: Optional[str] = AddressOption,
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
 ):
