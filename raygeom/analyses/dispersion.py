@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
-from raygeom import layers as layer_position
+from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.dispersion import (bits_per_byte, dispersion, dispersion_by_slice, gap_interval,
                                          gap_warning, kmeans_slices, perplexity_groups, rank_agreement,
