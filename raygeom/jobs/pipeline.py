@@ -43,7 +43,8 @@ def report_distinct(job: JobSpec, corpus, console: Console) -> None:
     """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
     from raygeom.analyses.pga import check_corpus
 
-    line = check_corpus(corpus.name, corpus.texts, job.pga)
+    lines = [check_corpus(corpus.name, corpus.texts, item.params) for item in job.planned() if item.analysis == "pga"]
+    line = next((line for line in lines if line), None)
     if line:
         console.print(escape(line), highlight=False)
 
@@ -115,7 +116,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
         report.print_pga(console, rows)
         console.print(f"results: {table}\nplot:    {plot}", markup=False)
     for name, path in others.items():
-        console.print(f"{name + ':':<9}{path}", markup=False, highlight=False)
+        console.print(f"{name + ':':<10}{path}", markup=False, highlight=False)
     console.print(f"store:   {store.root}", markup=False)
     announce_report(store.root, console)
     return JobOutputs(rows, table, plot)

@@ -518,9 +518,11 @@ def analysis_sections(root: Path) -> list[Section]:
             continue
         section = Section(f"analysis-{name}", analysis.title, files=[p for p in [root / "results" / f"{name}.parquet"]
                                                                      if p.is_file()],
-                          intro=f"Registered analysis <code>{html.escape(name)}</code> (version {analysis.version}): "
+                          intro=f"Registered analysis '{name}' (version {analysis.version}): "
                                 "one line per model, revision and setting; bands are 95 % intervals where the rows carry them.")
-        lines = series(rows, extra=analysis.series)
+        order = {rev: i for i, rev in enumerate(_revision_order(r["revision"] for r in rows))}
+        lines = dict(sorted(series(rows, extra=analysis.series).items(),
+                            key=lambda kv: (kv[1][0]["model"], order[kv[1][0]["revision"]], kv[0])))
         revisions_of = {m: _revision_order(r["revision"] for r in rows if r["model"] == m) for m in {r["model"] for r in rows}}
         visible = {m: _visible_revisions(v) for m, v in revisions_of.items()}
         for metric in analysis.metrics:
