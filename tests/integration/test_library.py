@@ -93,6 +93,8 @@ def test_torch_inputs_of_any_dtype_with_grad_give_the_numpy_numbers(pythia):
     assert np.isnan(raygeom.subspace_pga(h, w_u, k=6, n_null=12, text_halves=0).rho_texts_lo)
     with pytest.raises(InputError, match="must hold real numbers"):
         raygeom.subspace_pga(torch.ones(24, 64, dtype=torch.bool), w_u, k=6)
+    with pytest.raises(InputError, match="must hold real numbers"):
+        raygeom.subspace_pga(np.ones((24, 64), dtype=complex), w_u, k=6)
 
 
 def hook_capture(model, tokenizer, texts, block_index):
@@ -140,7 +142,8 @@ def test_hook_captured_vectors_written_to_a_store_give_raygeoms_pga_and_a_report
     assert info["n_samples"] == len(TEXTS) and info["step"] == 143000
     got = raygeom.store_pga(mine, "pythia-14m-hooked", "step143000", k=6, n_null=12, seed=3, text_halves=4)
     assert [r["layer"] for r in got] == [r["layer"] for r in expected] == ["block_01", "block_02"]
-    for ours, theirs in zip(got, expected):
+    assert all(r["source"] == "torch forward hook on gpt_neox.layers" for r in got) and "source" not in expected[0]
+    for ours, theirs in zip(got, expected, strict=True):
         assert ours["relative_depth"] == theirs["relative_depth"] and ours["layer_index"] == theirs["layer_index"]
         for column in ("rho_readout", "null_mean", "null_std", "z", "z_lo", "z_hi", "rho_texts_lo", "rho_texts_hi"):
             assert ours[column] == pytest.approx(theirs[column], abs=1e-4), column
