@@ -45,6 +45,8 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
     import ray
 
     from raygeom.engine import orchestrate
+    from raygeom.jobs.pipeline import pga_units_for
+    from raygeom.replica.request import ExtractionRequest
     from raygeom.sources.corpus import load_corpus
     from raygeom.replica.extract import ExtractionSettings
     from raygeom.sources.models import resolve_model
@@ -74,12 +76,13 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
     items = []
     for model in ("EleutherAI/pythia-14m", "EleutherAI/pythia-31m"):
         for revision in REVISIONS:
-            request = orchestrate.ExtractionRequest(resolve_model(model, revision), texts, settings)
+            request = ExtractionRequest(resolve_model(model, revision), texts, settings)
             items.append(orchestrate.SweepItem(request))
     params = PGAParams(k=16, n_null=48, null_chunks=2, seed=0)
     before = _cpu_seconds()
     start = time.perf_counter()
-    rows = orchestrate.run_sweep(Store(out), items, params)
+    store = Store(out)
+    rows = orchestrate.run_sweep(store, items, pga_units_for(store, params))
     seconds = time.perf_counter() - start
     after = _cpu_seconds()
     if os.environ.get("RAYGEOM_BENCH_TIMELINE"):

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raygeom import layers as layer_position
 from raygeom.errors import InputError
 from raygeom.numerics import pga
 from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
 
 
@@ -183,7 +183,7 @@ def subspace_pga(h, w_u=None, *, readout=None, k: int = 100, r: int = 1, n_null:
     Arrays may be numpy or torch of any float dtype and device (bf16, CUDA, ``requires_grad``). The numbers are
     those of :func:`raygeom.numerics.pga.subspace_pga` and of ``raygeom pga`` on the same vectors."""
     from raygeom.analyses.pga import texts_columns
-    from raygeom.numerics.uncertainty import half_sample_spread
+    from raygeom.numerics.pga_texts import half_sample_spread
 
     if text_halves == 1 or text_halves < 0:
         raise InputError(f"text_halves must be 0 (no interval over texts) or at least 2, got {text_halves}")

@@ -43,6 +43,27 @@ class SweepSettings:
 
 
 @dataclass(frozen=True)
+class TrajectorySettings:
+    """[trajectory]: the dispersion side of a trajectory job, and where its report goes."""
+
+    chunk_len: int = 128  # tokens per chunk; at most the trained model's context
+    chunks_per_domain: int = 40
+    batch_size: int = 8
+    domain_tokens: str = "digits"
+    gap_layer: str = "final_norm"
+    group_size: int = 10
+    n_groups: int = 20
+    late_from: int = 512  # checkpoints from this step on are "late": ranked again among themselves
+    bootstrap: int = 2000
+    seed: int = 0
+    report: str = ""  # a Markdown file regenerated from the store, e.g. docs/results/trajectory.md
+
+    def __post_init__(self):
+        if self.chunk_len < 2 or self.chunks_per_domain < 1 or self.batch_size < 1 or self.bootstrap < 100:
+            raise RaygeomError("chunk_len >= 2, chunks_per_domain and batch_size >= 1, bootstrap >= 100")
+
+
+@dataclass(frozen=True)
 class TrainJob:
     """[train]: train a model first, saving checkpoints into ``run_dir`` on a Pythia-like schedule
     (``raygeom.analyses.train.checkpoint_steps``); skipped when they exist and match."""
@@ -72,10 +93,18 @@ class JobSpec:
     pga: PGAParams = field(default_factory=PGAParams)
     sweep: SweepSettings | None = None
     train: TrainJob | None = None
-    trajectory: object | None = None  # raygeom.analyses.trajectory.TrajectorySettings
+    trajectory: TrajectorySettings | None = None
+    # [analyses.<name>] tables (raygeom.analyses.registry), one Planned per grid point; empty: PGA with [pga]'s settings
+    analyses: tuple = ()
 
     def __post_init__(self):
         check_layer_selection(self.layers)
+
+    def planned(self) -> tuple:
+        """Every (analysis, parameters) this job runs on each extraction."""
+        from raygeom.analyses.registry import Planned
+
+        return self.analyses or (Planned("pga", self.pga),)
 
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
@@ -93,7 +122,12 @@ class JobSpec:
                 top[name] = value
         if "layers" in top:
             check_layer_selection(top["layers"])
-        return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis))
+        # A flag of `raygeom run` (--k, --seed, ...) overrides that parameter of every listed analysis that declares it.
+        planned = tuple(replace(p, params=replace(p.params, **{k: v for k, v in analysis.items()
+                                                               if k in {f.name for f in fields(p.params)}}))
+                        for p in self.analyses)
+        return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis),
+                       analyses=planned)
 
 
 def check_layer_selection(selection: str) -> None:
@@ -145,7 +179,8 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"cannot read job file {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise RaygeomError(f"{path}: malformed TOML: {str(error).splitlines()[0]}") from None
-    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "dispersion", "train", "trajectory"},
+    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "analyses", "dispersion", "train",
+                  "trajectory"},
            "top level", path)
     job = _section(data, "job", path)
     corpus = _section(data, "corpus", path)
@@ -192,11 +227,21 @@ def load_job(path: str | Path) -> JobSpec:
         if train is None:
             raise RaygeomError(f"{path}: corpus 'heldout' means the held-out articles of [train]; this job has no [train]")
         corpus_name = str(Path(train.run_dir) / "heldout.jsonl")
+    analyses = ()
+    if "analyses" in data:
+        from raygeom.analyses.registry import parse_analyses
+
+        analyses = parse_analyses(data["analyses"], f"{path}: ")
     try:
         layers = extract.pop("layers", "all")
+        if isinstance(layers, list):  # layers = [0, 5, -1] means "0,5,-1"
+            layers = ",".join(str(item) for item in layers)
+        out = job.get("out", f"runs/{path.stem}")
+        if not isinstance(out, str) or not out.strip():
+            raise RaygeomError(f"[job] out must be a directory path (a string), got {out!r}")
         return JobSpec(
             name=str(job.get("name", path.stem)),
-            out=str(job.get("out", f"runs/{path.stem}")),
+            out=str(out),
             models=tuple(entries),
             corpus=corpus_name,
             n_samples=int(corpus.get("n_samples", 500)),
@@ -207,6 +252,7 @@ def load_job(path: str | Path) -> JobSpec:
             sweep=sweep,
             train=train,
             trajectory=trajectory,
+            analyses=analyses,
         )
     except (TypeError, ValueError) as error:
         raise RaygeomError(f"{path}: {error}") from None
@@ -274,8 +320,6 @@ def _train(section: dict, path: Path) -> TrainJob:
 
 
 def _trajectory(section: dict, path: Path):
-    from raygeom.analyses.trajectory import TrajectorySettings
-
     _known(section, {f.name for f in fields(TrajectorySettings)}, "trajectory", path)
     try:
         return TrajectorySettings(**section)

@@ -2,52 +2,173 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
 
 from raygeom.errors import RaygeomError
+
+_TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def param(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+          high_open: bool = False, choices: tuple | None = None, nonempty: bool = False, flag: str | None = None):
+    """A declared parameter: its default, help text and the values allowed (``low``/``high`` bounds, closed
+    unless ``*_open``; ``choices``; ``nonempty`` strings). ``flag`` renames the CLI option (default ``--name``)."""
+    return field(default=default, metadata={"help": help, "low": low, "high": high, "low_open": low_open,
+                                            "high_open": high_open, "choices": choices, "nonempty": nonempty,
+                                            "flag": flag})
+
+
+def _declared_type(cls: type, name: str) -> type:
+    hint = typing.get_type_hints(cls)[name]
+    return hint if hint in _TYPES else typing.get_args(hint)[0] if typing.get_args(hint) else hint
+
+
+def allowed(cls: type, name: str) -> str:
+    """The declared range of one parameter, as the refusal line states it."""
+    spec = next(f for f in fields(cls) if f.name == name)
+    meta, kind = spec.metadata, _declared_type(cls, name)
+    if meta.get("choices"):
+        return "one of " + ", ".join(map(str, meta["choices"]))
+    parts = [_TYPES.get(kind, kind.__name__)]
+    if meta.get("low") is not None:
+        parts.append(f"{'>' if meta['low_open'] else '>='} {meta['low']:g}")
+    if meta.get("high") is not None:
+        parts.append(f"{'<' if meta['high_open'] else '<='} {meta['high']:g}")
+    if meta.get("nonempty"):
+        parts.append("not empty")
+    return " ".join(parts[:1]) + (" " + " and ".join(parts[1:]) if len(parts) > 1 else "")
+
+
+def check_value(cls: type, name: str, value: Any, where: str = "") -> Any:
+    """``value`` checked against its declaration; returns it (an int given for a float becomes a float)."""
+    spec = next(f for f in fields(cls) if f.name == name)
+    meta, kind = spec.metadata, _declared_type(cls, name)
+    label = f"{where}{name}" if where else name
+    refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {value!r}")
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise refuse
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise refuse
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise refuse
+        value = float(value)
+    elif kind is str:
+        if not isinstance(value, str) or (meta.get("nonempty") and not value.strip()):
+            raise refuse
+    if meta.get("choices") and value not in meta["choices"]:
+        raise refuse
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and (value <= low if meta["low_open"] else value < low):
+        raise refuse
+    if high is not None and (value >= high if meta["high_open"] else value > high):
+        raise refuse
+    return value
+
+
+def default_of(cls: type, name: str) -> Any:
+    spec = next(f for f in fields(cls) if f.name == name)
+    return spec.default if spec.default is not MISSING else spec.default_factory()
+
+
+
+def parse_text(cls: type, name: str, text: str, label: str | None = None) -> Any:
+    """A command-line value of a declared parameter: parsed to its declared type, then checked (``label``: the flag)."""
+    kind, shown = _declared_type(cls, name), label or name
+    try:
+        value = int(text.strip()) if kind is int else float(text.strip()) if kind is float else text
+        return check_value(cls, name, value)
+    except (ValueError, RaygeomError):
+        raise RaygeomError(f"{shown} must be {allowed(cls, name)}, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Params:
+    """Base of every analysis's parameters: each field declared with :func:`param`, checked on creation."""
+
+    def __post_init__(self):
+        for spec in fields(self):
+            if "help" in spec.metadata:
+                object.__setattr__(self, spec.name, check_value(type(self), spec.name, getattr(self, spec.name)))
+
+    @classmethod
+    def declared(cls) -> list:
+        return [f for f in fields(cls) if "help" in f.metadata]
+
+    @classmethod
+    def from_mapping(cls, values: dict, where: str = "") -> "Params":
+        """From a job-file table or CLI options (None = not given); unknown keys and bad values get one line."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise RaygeomError(f"{where}unknown key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        checked = {name: check_value(cls, name, value, where) for name, value in values.items()
+                   if value is not None and "help" in next(f for f in fields(cls) if f.name == name).metadata}
+        checked.update({name: value for name, value in values.items() if value is not None and name not in checked})
+        try:
+            return cls(**checked)
+        except RaygeomError as error:
+            raise RaygeomError(f"{where}{error}") from None
+
+    @classmethod
+    def grid(cls, values: dict, where: str = "") -> list["Params"]:
+        """A job-file table where a list means 'each of these': ``r = [0, 1, 5]`` gives three Params."""
+        import itertools
+
+        keys = list(values)
+        axes = [v if isinstance(v, list) else [v] for v in values.values()]
+        for key, axis in zip(keys, axes):
+            if not axis:
+                raise RaygeomError(f"{where}{key} is an empty list; give a value or a list of values")
+        return [cls.from_mapping(dict(zip(keys, combo)), where) for combo in itertools.product(*axes)]
+
+    def settings(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 
 
 def check_types(settings) -> None:
     """Job files are user input: a wrong type gets a one-line error naming the field."""
-    for field in fields(settings):
-        value = getattr(settings, field.name)
-        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(field.type))
+    for spec in fields(settings):
+        value = getattr(settings, spec.name)
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(spec.type))
         if expected is None:
             continue
         if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
-            raise RaygeomError(f"{field.name} must be {field.type}, got {value!r}")
+            raise RaygeomError(f"{spec.name} must be {spec.type}, got {value!r}")
 
 
 @dataclass(frozen=True)
-class PGAParams:
-    k: int = 100
-    r: int = 1
-    n_null: int = 100
-    seed: int = 0
-    null_chunks: int = 10
-    gpus_per_task: float = 0.0
+class PGAParams(Params):
+    k: int = param(100, "Readout subspace dimension (k < d).", low=1)
+    r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr")
+    n_null: int = param(100, "Random subspaces in the null.", low=2)
+    seed: int = param(0, "Seed of the nulls (and of the text sample).", low=0)
+    null_chunks: int = param(10, "Ray tasks the nulls of one layer are split into.", low=1)
+    gpus_per_task: float = param(0.0, "GPUs each PGA task asks Ray for (0: CPU).", low=0.0)
     # --n-null auto: nulls are added in blocks of AUTO_NULL_BLOCK until the 95 % half-width of z is at most
-    # z_half_width, or n_null_cap nulls; n_null is then the first block.
+    # max(z_half_width, z_rel_width * |z|), or n_null_cap nulls; n_null is then the first block.
     n_null_auto: bool = False
-    z_half_width: float = 0.25
-    n_null_cap: int = 1000
+    z_half_width: float = param(0.25, "Target 95% half-width of z for --n-null auto.", low=0.0, low_open=True)
+    z_rel_width: float = param(0.05, "--n-null auto also stops at this fraction of |z| (half-width <= max(z_half_width, "
+                                     "z_rel_width * |z|)).", low=0.0, high=1.0, high_open=True)
+    n_null_cap: int = param(1000, "Most nulls --n-null auto draws for one layer.", low=2)
     # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
-    text_halves: int = 10
+    text_halves: int = param(10, "Half-samples of the texts for the interval over texts (0: none, else >= 2).", low=0)
 
     def __post_init__(self):
-        check_types(self)
-        if self.text_halves == 1 or self.text_halves < 0:
+        super().__post_init__()
+        if self.text_halves == 1:
             raise RaygeomError(f"text-halves must be 0 (no interval over texts) or at least 2, got {self.text_halves}")
-        if self.n_null_auto and not (self.z_half_width > 0 and self.n_null_cap >= self.n_null):
-            raise RaygeomError(f"--n-null auto needs a positive half-width target and a cap of at least {self.n_null} nulls")
-        if self.k <= 0:
-            raise RaygeomError(f"k must be positive, got {self.k}")
-        if self.r < 0:
-            raise RaygeomError(f"ccr must be >= 0, got {self.r}")
-        if self.n_null < 2:
-            raise RaygeomError(f"n-null must be at least 2, got {self.n_null}")
-        if self.null_chunks < 1:
-            raise RaygeomError(f"null-chunks must be at least 1, got {self.null_chunks}")
+        if self.n_null_auto and not self.n_null_cap >= self.n_null:
+            raise RaygeomError(f"--n-null auto needs a cap of at least {self.n_null} nulls")
 
     def check_against(self, n: int, d: int | None = None, readout_components: int | None = None, what: str = "") -> None:
         """Refuse, before any extraction, sizes that can only give NaN: CCR removing every direction the
@@ -66,7 +187,7 @@ class PGAParams:
             raise RaygeomError(f"k={self.k} exceeds the {stored} readout components stored{of}; use --k {stored} or less")
 
 
-# The one rule of every --layers option (raygeom.layers.select_layers implements it).
+# The one rule of every --layers option (raygeom.sources.layers.select_layers implements it).
 LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
                "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "
                "e.g. embed,5,-1,final_norm. Inside a block: 5.attn_out, 5.resid_mid, 5.mlp_out (block_05.mlp_out; "

@@ -19,6 +19,16 @@ TINY_TEXT = (
 )
 
 
+def varied_text(i: int) -> str:
+    """Line ``i`` of a test corpus: two words of TINY_TEXT and a letter, at most 11 tokens of the tiny tokenizer, so it
+    is whole within any test's seq_len and its tokens, the last one included, differ from line to line. PGA scores a
+    layer only with rank k + 2 left after CCR-r, and the embedding layer sees only the last token: a corpus whose
+    texts share their first seq_len tokens, or their last token, has too few distinct rows to be scored."""
+    words = list(dict.fromkeys(TINY_TEXT.replace(".", " ").split()))
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    return f"{words[i % len(words)]} {words[(5 * i + 3) % len(words)]} {letters[(7 * i) % len(letters)]}"
+
+
 def tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
     from transformers import PreTrainedTokenizerFast
@@ -75,6 +85,7 @@ n_samples = 40
 [extract]
 seq_len = 32
 batch_size = 8
+pool = "{pool}"
 [pga]
 k = 8
 n_null = 12
@@ -82,13 +93,14 @@ null_chunks = 2
 """
 
 
-def write_tiny_job(path: Path, name: str, out, corpus, sweep: str = "", models: str = "", extra: str = "") -> Path:
+def write_tiny_job(path: Path, name: str, out, corpus, sweep: str = "", models: str = "", extra: str = "",
+                   pool: str = "last") -> Path:
     """A job file for a tiny sweep: 40 texts of 32 tokens, PGA with k=8 and 12 nulls in 2 chunks.
 
     ``sweep`` is the body of its [sweep] table, ``models`` its [[models]] tables, ``extra`` any further tables.
     """
     path.write_text(f'[job]\nname = "{name}"\nout = "{out}"\n[sweep]\n{sweep}\n{models}\n'
-                    + TINY_JOB_SETTINGS.format(corpus=corpus) + extra)
+                    + TINY_JOB_SETTINGS.format(corpus=corpus, pool=pool) + extra)
     return path
 
 

@@ -86,10 +86,11 @@ def ray_address(ray_local) -> str:
 
 @pytest.fixture
 def tiny_corpus(tmp_path) -> Path:
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
-    sentences = [s.strip() + " ." for s in TINY_TEXT.split(" . ") if s.strip()]
-    lines = [f"{sentences[i % len(sentences)]} item {i} {sentences[(i * 3 + 1) % len(sentences)]}" for i in range(60)]
+    # Texts that differ within the first 16 tokens and in their last token: with fewer distinct rows than k + 2 after
+    # CCR a layer is not scored (the old lines shared their first 16 tokens: 6 distinct rows in 60).
+    lines = [f"item {i} {varied_text(i)}" for i in range(60)]
     path = tmp_path / "tiny.txt"
     path.write_text("\n".join(lines) + "\n")
     return path

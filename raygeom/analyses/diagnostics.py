@@ -26,12 +26,10 @@ import numpy as np
 
 from raygeom.analyses import pga as pga_analysis
 from raygeom.analyses.pga import read_keyed_layer
-from raygeom.analyses.provenance import extraction_columns
+from raygeom.analyses.provenance import layer_row
 from raygeom.engine.contract import Step, Unit
-from raygeom import layers as layer_position
 from raygeom.errors import RaygeomError
-from raygeom.numerics import layer_geometry, probe, spectral
-from raygeom.numerics.uncertainty import wilson_interval
+from raygeom.numerics import layer_geometry
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, content_key
 
@@ -52,6 +50,7 @@ class DiagnosticsParams:
     probe_c: float = 1.0
     n_null_auto: bool = False  # --n-null auto for every PGA unit (raygeom.params.PGAParams)
     z_half_width: float = 0.25
+    z_rel_width: float = 0.05
     n_null_cap: int = 1000
 
     def __post_init__(self):
@@ -66,22 +65,14 @@ class DiagnosticsParams:
 
     def pga(self, r: int) -> PGAParams:
         return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks,
-                         n_null_auto=self.n_null_auto, z_half_width=self.z_half_width, n_null_cap=self.n_null_cap)
+                         n_null_auto=self.n_null_auto, z_half_width=self.z_half_width, z_rel_width=self.z_rel_width,
+                         n_null_cap=self.n_null_cap)
 
 
 def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None) -> list[dict]:
     from raygeom.engine.units import run_units
 
     return run_units(store, units, progress)
-
-
-def _spectral_task(root: str, model: str, revision: str, layer: str, k: int, key: str) -> dict:
-    store = Store(root)
-    h = read_keyed_layer(root, model, revision, layer, key)
-    basis, _ = store.read_readout(model, revision)
-    summary = spectral.spectral_summary(h, basis[:, :k])
-    summary["pc1_variance_fraction"] = layer_geometry.pc1_variance_fraction(h)
-    return summary
 
 
 def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: int, r: int, key: str) -> tuple[dict, dict]:
@@ -101,28 +92,6 @@ def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: i
     return {"loss_share_spearman": summary["spearman"], "loss_share_pearson": summary["pearson"],
             "readout_share_mean": float(np.nanmean(share)), "readout_share_chance": k / h.shape[1],
             "nll_mean": float(np.mean(nll))}, per_sample
-
-
-def _probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float,
-                key: str) -> dict:
-    store = Store(root)
-    h = read_keyed_layer(root, model, revision, layer, key)
-    ids = store.read_layer(model, revision, layer)[0]
-    samples = store.read_samples(model, revision)
-    if "label" not in samples.column_names:
-        raise RaygeomError("the corpus of this extraction has no labels, so there is nothing to probe")
-    labels = dict(zip(samples["sample_id"].to_pylist(), samples["label"].to_pylist()))
-    result = probe.linear_probe_accuracy(h, [labels[int(i)] for i in ids], test_fraction=test_fraction, seed=seed, c=c)
-    # Accuracy on a few dozen test texts is a coarse number: it travels with its Wilson interval.
-    low, high = wilson_interval(int(round(result["accuracy"] * result["n_test"])), result["n_test"])
-    return {**result, "accuracy_lo": low, "accuracy_hi": high}
-
-
-def _base_row(model: str, revision: str, layer: str, info: dict) -> dict:
-    names = info["all_layers"]
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": layer_position.index(names, layer),
-            "relative_depth": layer_position.relative_depth(names, layer), "d": info["d"],
-            "fingerprint": info["fingerprint"], **extraction_columns(info)}
 
 
 def _layer_units(store: Store, metric: str, info: dict, model: str, revision: str, layers: list[str],
@@ -153,11 +122,11 @@ def _check_k(info: dict, k: int, model: str) -> None:
 
 def run_spectral(store: Store, model: str, revision: str, layers: list[str], k: int,
                  progress: Callable[[int], None] | None = None) -> list[dict]:
+    from raygeom.analyses.spectral import Spectral, SpectralParams
+
     info = _complete(store, model, revision)
     _check_k(info, k, model)
-    return _run(store, _layer_units(store, "spectral", info, model, revision, layers, (k,), _spectral_task, (k,),
-                                    lambda layer, value: {**_base_row(model, revision, layer, info), "k": k, **value}),
-                progress)
+    return _run(store, Spectral().units(store, model, revision, layers, SpectralParams(k=k), info), progress)
 
 
 def run_sample_geometry(store: Store, model: str, revision: str, layers: list[str], k: int, r: int = 1,
@@ -168,7 +137,7 @@ def run_sample_geometry(store: Store, model: str, revision: str, layers: list[st
 
     def finish(layer: str, value) -> dict:
         summary, per_sample = value
-        base = _base_row(model, revision, layer, info)
+        base = layer_row(model, revision, layer, info)
         # The per-sample table is written before its summary unit, so a summary never exists without it.
         store.write_result("sample_geometry_samples", content_key("samples", info["key"], layer, k, r), [
             {"model": model, "revision": revision, "layer": layer, "layer_index": base["layer_index"],
@@ -182,15 +151,11 @@ def run_sample_geometry(store: Store, model: str, revision: str, layers: list[st
 
 def run_probes(store: Store, model: str, revision: str, layers: list[str], seed: int = 0, test_fraction: float = 0.25,
                c: float = 1.0, progress: Callable[[int], None] | None = None) -> list[dict]:
+    from raygeom.analyses.probe import Probe, ProbeParams
+
     info = _complete(store, model, revision)
-    samples = store.read_samples(model, revision)
-    if "label" not in samples.column_names:
-        raise RaygeomError(f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
-                           "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
-    return _run(store, _layer_units(store, "probe", info, model, revision, layers, (seed, test_fraction, c), _probe_task,
-                                    (test_fraction, seed, c),
-                                    lambda layer, value: {**_base_row(model, revision, layer, info), "seed": seed,
-                                                          "test_fraction": test_fraction, "c": c, **value}), progress)
+    params = ProbeParams(seed=seed, test_fraction=test_fraction, c=c)
+    return _run(store, Probe().units(store, model, revision, layers, params, info), progress)
 
 
 def run_restoration(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,

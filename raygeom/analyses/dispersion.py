@@ -23,13 +23,21 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
-from raygeom import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics.dispersion import (bits_per_byte, dispersion, dispersion_by_slice, gap_interval,
-                                         gap_warning, kmeans_slices, perplexity_groups, rank_agreement,
-                                         slice_agreement_interval)
+from raygeom.numerics.dispersion import (
+    bits_per_byte,
+    dispersion,
+    dispersion_by_slice,
+    gap_interval,
+    gap_warning,
+    kmeans_slices,
+    perplexity_groups,
+    rank_agreement,
+    slice_agreement_interval,
+)
 from raygeom.numerics.uncertainty import bootstrap_ci, spearman_with_ci
-from raygeom.report.figures import save_figure as _save
+from raygeom.report.figures import format_interval, pyplot, save_figure
+from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
@@ -126,7 +134,7 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
 
     Skipped when the unit's summary exists. Files of an interrupted run are overwritten.
     """
-    from raygeom.analyses.sweep import select_layers
+    from raygeom.sources.layers import select_layers
 
     key = unit_key(spec, corpus, settings)
     paths = _paths(store, spec, key)
@@ -501,40 +509,26 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
 
 # ---------------------------------------------------------------- plots
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _interval(row: dict, name: str) -> str:
-    lo, hi = row.get(f"{name}_lo", float("nan")), row.get(f"{name}_hi", float("nan"))
-    return f"{row.get(name, float('nan')):+.2f} [{lo:+.2f}, {hi:+.2f}]"
-
-
 def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers: list[str], path: Path) -> Path:
     """The authors' figure: per selected layer, group mean dispersion against group mean perplexity."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.3), dpi=110, squeeze=False)
     stats = {r["layer"]: r for r in layers_rows if r["model"] == model}
     for ax, layer in zip(axes[0], layers):
         pts = [g for g in groups if g["model"] == model and g["layer"] == layer]
         ax.plot([g["mean_perplexity"] for g in pts], [g["mean_dispersion"] for g in pts], "o", ms=4)
         s = stats.get(layer, {})
-        ax.set_title(f"{layer}\nSpearman {_interval(s, 'group_spearman')}\nPearson {_interval(s, 'group_pearson')}", fontsize=7)
+        ax.set_title(f"{layer}\nSpearman {format_interval(s, 'group_spearman')}\nPearson {format_interval(s, 'group_pearson')}", fontsize=7)
         ax.set_xlabel("group mean perplexity", fontsize=8)
     axes[0][0].set_ylabel("group mean token dispersion", fontsize=8)
     fig.suptitle(model, fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_layer_profile(rows: list[dict], path: Path) -> Path:
     """Per model, by relative depth: token dispersion, sample dispersion and the group Spearman with its interval."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
     for model in dict.fromkeys(r["model"] for r in rows):
         part = sorted((r for r in rows if r["model"] == model and r["layer"] != "attn_last"), key=lambda r: r["relative_depth"])
@@ -551,12 +545,12 @@ def plot_layer_profile(rows: list[dict], path: Path) -> Path:
     axes[2].axhline(0, color="black", lw=0.7)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_models(points: list[dict], path: Path) -> Path:
     """Per domain, dispersion against perplexity and against bits per byte (comparable across tokenizers)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
     for ax, x_name, label in ((axes[0], "perplexity", "perplexity (exp mean token NLL)"),
                               (axes[1], "bits_per_byte", "bits per byte (tokenizer-free)")):
@@ -570,12 +564,12 @@ def plot_models(points: list[dict], path: Path) -> Path:
         ax.set_ylabel(f"token dispersion at {points[0]['layer'] if points else ''}")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_select(rows: list[dict], path: Path) -> Path:
     """G per candidate (model@revision, in rank order) with its 95 % bootstrap interval; thin ones hollow."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(rows) + 2), 3.8), dpi=110)
     x = np.arange(len(rows))
     gap = np.array([r["gap"] for r in rows])
@@ -592,4 +586,4 @@ def plot_select(rows: list[dict], path: Path) -> Path:
     ax.set_title("G with 95 % bootstrap interval over chunks", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -365,7 +365,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None)
         try:
             selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
-            from raygeom.analyses.sweep import select_layers
+            from raygeom.sources.layers import select_layers
 
             layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
             inside = [name for name in layers if "." in name]
@@ -402,9 +402,9 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
 
 def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     """kNN-LM held-out perplexity per candidate layer with its 95 % bootstrap interval, beside the datastore dispersion."""
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8), dpi=110)
     names = [r["layer"] for r in rows]
     x = np.arange(len(rows))
@@ -428,4 +428,4 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     more = other.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

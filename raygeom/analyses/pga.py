@@ -8,22 +8,26 @@ however the nulls are split into chunks or tasks. No Ray here: the engine runs t
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from raygeom.analyses.provenance import extraction_columns
+from raygeom.analyses.registry import Analysis, Metric, Needs, register
 from raygeom.engine.contract import PREPARED, More, Step, Unit
-from raygeom import layers as layer_position
+from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics import pga
-from raygeom.numerics.uncertainty import half_sample_spread, normal_interval, z_uncertainty
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams
 from raygeom.store.tree import Store, content_key
 
-PGA_VERSION = 3  # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se
+# 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se; 4: z_se includes z's
+# jackknife bias, and no interval below 20 nulls; 5: layers without the rank to be scored (rank after CCR-r < k + 2, or
+# too few distinct distances) are not scored, so older units of such layers must not be read back as done
+PGA_VERSION = 5
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
-    null = ("auto", params.n_null, params.z_half_width, params.n_null_cap) if params.n_null_auto else params.n_null
+    null = (("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap) if params.n_null_auto
+            else params.n_null)
     return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves)
 
 
@@ -32,19 +36,32 @@ def read_keyed_layer(root: str, model: str, revision: str, layer: str, extractio
     return Store(root).read_layer(model, revision, layer, key=extraction_key)[1]
 
 
-def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str):
+def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, k: int):
+    from raygeom.numerics import pga, rank
+
     start = time.perf_counter()
-    prepared = pga.prepare_layer(read_keyed_layer(root, model, revision, layer, extraction_key), r)
+    h = read_keyed_layer(root, model, revision, layer, extraction_key)
+    # Only what has the rank to be scored is scored: an InputError here is the unit's "not scored" reason.
+    info = rank.layer_rank(h)
+    if info.rank > 0:  # rank 0 (one vector for every sample) gets prepare_layer's own reason
+        rank.check_rank(info, r, k)
+    prepared = pga.prepare_layer(h, r)
+    n = prepared.n_samples
+    rank.check_distinct_distances(prepared.centred_full_ranks, n * (n - 1) // 2, info, r)
     return prepared, time.perf_counter() - start
 
 
 def readout_step(prepared, basis: np.ndarray, device: str | None) -> tuple[float, float]:
+    from raygeom.numerics import pga
+
     layer, prepare_seconds = prepared
     start = time.perf_counter()
     return pga.subspace_rho(layer, basis, device), time.perf_counter() - start + prepare_seconds
 
 
 def null_step(prepared, k: int, seed: int, indices: list[int], device: str | None) -> tuple[np.ndarray, float]:
+    from raygeom.numerics import pga
+
     layer, _ = prepared
     start = time.perf_counter()
     return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
@@ -52,6 +69,8 @@ def null_step(prepared, k: int, seed: int, indices: list[int], device: str | Non
 
 def texts_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, basis: np.ndarray, k: int,
                seed: int, halves: int, device: str | None) -> dict:
+    from raygeom.numerics.pga_texts import half_sample_spread
+
     start = time.perf_counter()
     try:
         spread = half_sample_spread(read_keyed_layer(root, model, revision, layer, extraction_key), basis, r, k, seed,
@@ -62,6 +81,8 @@ def texts_step(root: str, model: str, revision: str, layer: str, r: int, extract
 
 
 def texts_columns(rho: float, margin: float, spread: dict | None) -> dict:
+    from raygeom.numerics.uncertainty import normal_interval
+
     if spread is None:
         return {}
     rho_lo, rho_hi = normal_interval(rho, spread["rho_texts_se"])
@@ -77,19 +98,24 @@ def null_chunks(params: PGAParams, start: int = 0, stop: int | None = None) -> l
 
 
 def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[int]]:
-    """``--n-null auto``: the next block of null indices while z's 95 % half-width is above the target.
+    """``--n-null auto``: the next block of null indices while z's 95 % half-width is above
+    ``max(z_half_width, z_rel_width * |z|)`` (:func:`raygeom.numerics.uncertainty.null_target_reached`).
 
     Decided only at block boundaries from the nulls so far, so the final count and z do not depend on
     how the nulls were split into chunks or tasks."""
-    if not params.n_null_auto or len(nulls) >= params.n_null_cap:
-        return []
-    if z_uncertainty(rho, nulls, params.seed)["z_half_width"] <= params.z_half_width:
+    from raygeom.numerics.uncertainty import null_target_reached
+
+    if not params.n_null_auto or null_target_reached(rho, nulls, params.z_half_width, params.n_null_cap,
+                                                      seed=params.seed, min_null=params.n_null,
+                                                      relative_target=params.z_rel_width):
         return []
     return null_chunks(params, len(nulls), min(len(nulls) + AUTO_NULL_BLOCK, params.n_null_cap))
 
 
 def check_params(info: dict, params: PGAParams, model: str, readout_components: int) -> None:
     """Everything that would make every layer fail, refused before any work."""
+    from raygeom.numerics import pga
+
     if not 0 < params.k < info["d"]:
         raise RaygeomError(f"k must satisfy 0 < k < d; got k={params.k}, d={info['d']} for {model}")
     if params.k > readout_components:
@@ -100,8 +126,30 @@ def check_params(info: dict, params: PGAParams, model: str, readout_components: 
         raise RaygeomError(f"ccr={params.r} must be below min(N, d) = {min(info['n_samples'], info['d'])} for {model}")
 
 
+def distinct_texts(texts: list[str]) -> int:
+    return len(set(texts))
+
+
+def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
+    """Refuse, before any work, a text sample with too few distinct texts for these settings: D distinct texts give
+    a centred layer of rank at most D - 1, and a layer is scored only with rank k + 2 left after CCR-r. Returns the
+    line that reports duplicates (None when every text is distinct)."""
+    distinct, n = distinct_texts(texts), len(texts)
+    need = params.k + params.r + 3
+    if distinct < need:
+        raise RaygeomError(f"the {n} texts sampled from corpus '{name}' hold {distinct} distinct texts; PGA with k={params.k} "
+                           f"after CCR-{params.r} needs at least {need} (rank k + 2 after CCR-r); use more distinct texts "
+                           "or a smaller --k")
+    if distinct < n:
+        return f"corpus '{name}': {n} texts sampled, {distinct} distinct (a duplicate adds no direction)"
+    return None
+
+
 def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
         note: str = "") -> dict:
+    from raygeom.numerics import pga
+    from raygeom.numerics.uncertainty import z_uncertainty
+
     if note:
         stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
     else:
@@ -156,7 +204,7 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
 
         out.append(Unit(
             analysis="pga", key=key, label=f"{model}@{revision} {layer}",
-            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"]))],
+            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"], params.k))],
             parts=[Step(readout_step, (PREPARED, basis, device), options)]
                   + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
                   + ([Step(texts_step, (root, model, revision, layer, params.r, info["key"], basis, params.k, params.seed,
@@ -169,3 +217,31 @@ def progress_units(n_layers: int, params: PGAParams) -> int:
     """What the engine's progress counts for ``n_layers`` PGA units."""
     return n_layers * (len(null_chunks(params)) + 2 + (1 if params.text_halves else 0))
 
+
+
+@register
+class SubspacePGA(Analysis):
+    name = "pga"
+    version = PGA_VERSION
+    Params = PGAParams
+    title = "Subspace PGA"
+    needs = Needs(readout=True)
+    columns = ("k", "r", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z", "z_se", "z_lo", "z_hi",
+               "z_half_width", "p_upper", "p_lower", "rho_texts_lo", "rho_texts_hi", "margin_texts_lo", "margin_texts_hi",
+               "note")
+    metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
+    series = ("k", "r")
+
+    def units(self, store, model, revision, layers, params: PGAParams, info):
+        return units(store, model, revision, layers, params, info=info)
+
+    def check(self, params: PGAParams, info: dict, model: str) -> None:
+        from raygeom.replica.request import READOUT_COMPONENTS
+
+        params.check_against(info["n_samples"], info.get("d"), READOUT_COMPONENTS, what=model)
+
+    def unit_key(self, extraction_key: str, layer: str, params: PGAParams) -> str:
+        return pga_unit_key(extraction_key, layer, params)
+
+    def progress_cost(self, params: PGAParams) -> int:
+        return progress_units(1, params)

@@ -20,3 +20,13 @@ def extraction_columns(info: dict) -> dict:
             "n": info.get("n_samples"), "seq_len": settings.get("seq_len"), "pool": settings.get("pool"),
             "skip_first": settings.get("skip_first"), "max_words": int(words.group(1)) if words else None,
             "raygeom_version": __version__, **({"source": info["source"]} if info.get("source") else {})}
+
+
+def layer_row(model: str, revision: str, layer: str, info: dict) -> dict:
+    """The columns every per-layer row starts with: where it comes from and the settings that made it."""
+    from raygeom.sources import layers
+
+    names = info["all_layers"]
+    return {"model": model, "revision": revision, "layer": layer, "layer_index": layers.index(names, layer),
+            "relative_depth": layers.relative_depth(names, layer), "d": info["d"],
+            "fingerprint": info.get("fingerprint"), **extraction_columns(info)}

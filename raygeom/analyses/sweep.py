@@ -2,61 +2,31 @@
 progress, cost estimates from measured unit times, checkpoint integrity, the tidy results table,
 collapse zones and the training-dynamics plots.
 
-No Ray here (the sweep's Ray side is orchestrate.run_sweep), so `raygeom plan` and `raygeom status`
-read the store without starting or importing Ray.
+No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.pipeline), so
+`raygeom plan` and `raygeom status` read the store without starting or importing Ray.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from raygeom.report.figures import save_figure as _save
+from raygeom.report.figures import pyplot, save_figure
 from raygeom.sources import revisions as pythia
 from raygeom.sources.corpus import Corpus
-from raygeom.replica.extract import ExtractionSettings
+from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
+from raygeom.sources.layers import layer_names, select_layers
 from raygeom.sources.models import ModelSpec
 from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
-from raygeom.params import PGAParams
-from raygeom.store.tree import Store, atomic_write_text, content_key, encode_segment, read_table
-from raygeom.layers import select_layers  # the one --layers parser (others import it from here)
+from raygeom.params import AUTO_NULL_BLOCK as AUTO_FIRST_BLOCK
+from raygeom.store.tree import Store, atomic_write_text, encode_segment, read_table
 
-EXTRACTION_VERSION = 2  # 2: one replica and one tokenize (BOS as trained, positions over real tokens)
-READOUT_COMPONENTS = 256
 MANIFEST = "sweep/manifest.json"
-
-
-def extraction_key(spec: ModelSpec, corpus_fingerprint: str, settings: ExtractionSettings, layer_selection: str,
-                   readout_components: int) -> str:
-    return content_key("extract", EXTRACTION_VERSION, spec.kind, spec.source, spec.revision, corpus_fingerprint,
-                       asdict(settings), layer_selection, readout_components)
-
-
-@dataclass(frozen=True)
-class ExtractionRequest:
-    spec: ModelSpec
-    corpus: Corpus  # already sampled: every model sees these texts in this order
-    settings: ExtractionSettings
-    layer_selection: str = "all"
-    readout_components: int = READOUT_COMPONENTS
-    # Per-sample NLL costs the full-vocabulary LM head; only analyses that read it ask. Not part of the key:
-    # the vectors are the same either way, and a later request adds the NLL to the stored samples.
-    nll: bool = False
-
-    def key(self) -> str:
-        return extraction_key(self.spec, self.corpus.fingerprint(), self.settings, self.layer_selection, self.readout_components)
-
-
-def layer_names(n_blocks: int) -> list[str]:
-    """The names model_surgery.layer_names gives a model with ``n_blocks`` blocks."""
-    width = max(2, len(str(n_blocks - 1)))
-    return ["embed", *[f"block_{i:0{width}d}" for i in range(n_blocks)], "final_norm"]
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -72,9 +42,14 @@ class RevisionPlan:
     extracted: bool
     done: set[str] = field(default_factory=set)
     marker: dict | None = None
+    # Every planned analysis (raygeom.analyses.registry), by its label in planned_labels: layer -> unit key, and done keys
+    analysis_units: dict[str, dict[str, str]] = field(default_factory=dict)
+    analysis_done: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
+        if self.analysis_units:
+            return all(len(self.analysis_done.get(name, ())) == len(units) for name, units in self.analysis_units.items())
         return bool(self.units) and len(self.done) == len(self.units)
 
 
@@ -92,6 +67,15 @@ class SweepPlan:
     @property
     def n_done(self) -> int:
         return sum(len(r.done) for r in self.revisions)
+
+    def per_analysis(self) -> dict[str, tuple[int, int]]:
+        """Planned analysis label -> (units, done) over every revision."""
+        out: dict[str, tuple[int, int]] = {}
+        for revision in self.revisions:
+            for name, units in revision.analysis_units.items():
+                total, done = out.get(name, (0, 0))
+                out[name] = (total + len(units), done + len(revision.analysis_done.get(name, ())))
+        return out
 
     def by_model(self) -> dict[str, list[RevisionPlan]]:
         groups: dict[str, list[RevisionPlan]] = {}
@@ -155,7 +139,35 @@ def corpus_fingerprint(job, store: Store) -> str:
 
 
 def job_specs(job) -> list[ModelSpec]:
-    return [spec for entry in job.models for spec in entry.specs()]
+    """Every (model, revision) of the job. The run directory of the job's [train] gives the checkpoints the trainer
+    writes (its plan), so a job can be checked and planned before training has made the directory."""
+    return [spec for entry in job.models for spec in (_trained_specs(job, entry) or entry.specs())]
+
+
+def _trained_specs(job, entry) -> list[ModelSpec] | None:
+    from raygeom.sources.checkpoints import Checkpoint, RunDirectory
+
+    if job.train is None or not entry.run_dir:
+        return None
+    plan = job.train.plan()
+    root = Path(plan.run_dir)
+    if Path(entry.source).expanduser().resolve() != root:
+        return None
+    run = RunDirectory(root, tuple(Checkpoint(f"step{step}", step, root / f"step{step}") for step in plan.steps), ())
+    return [ModelSpec(str(root), "checkpoint", checkpoint.label) for checkpoint in run.select(entry.revisions)]
+
+
+def planned_labels(job) -> dict:
+    """The job's planned analyses by a label that tells apart the grid points of one analysis (``pga r=5``)."""
+    from dataclasses import fields
+
+    planned = job.planned()
+    labels = {}
+    for item in planned:
+        same = [other.params for other in planned if other.analysis == item.analysis]
+        varying = [f.name for f in fields(item.params) if len({getattr(p, f.name) for p in same}) > 1]
+        labels[" ".join([item.analysis, *(f"{name}={getattr(item.params, name)}" for name in varying)])] = item
+    return labels
 
 
 def build_plan(job, store: Store | None = None, fingerprint: str | None = None) -> SweepPlan:
@@ -182,7 +194,12 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
             params_of_model.setdefault(spec.source, params)
         units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
         done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
-        plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker))
+        analysis_units = {label: {layer: item.spec.unit_key(key, layer, item.params) for layer in layers}
+                          for label, item in planned_labels(job).items()}
+        analysis_done = {label: {layer for layer, unit in keys.items() if store.has_result(item.analysis, unit)}
+                         for (label, keys), item in zip(analysis_units.items(), planned_labels(job).values())}
+        plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker,
+                                  analysis_units, analysis_done))
     for plan in plans:  # revisions not yet loaded take the measured size of their model
         if plan.marker is None and plan.spec.source in params_of_model:
             measured = [p.marker.get("params") for p in plans if p.marker and p.spec.source == plan.spec.source]
@@ -311,6 +328,93 @@ def reference_estimate(plan: SweepPlan) -> tuple[float, float] | None:
     return gpu, cpu
 
 
+@dataclass
+class AutoBudget:
+    """What ``--n-null auto`` is expected to cost for the units still to compute (``auto_budget``)."""
+
+    rule: str  # the stopping rule in words
+    units: int  # units to compute
+    fixed_nulls: int  # at the job's fixed n_null
+    low_nulls: int  # every unit stops at its first block
+    high_nulls: int  # every unit needs the most the rule can ask for Gaussian nulls (at |z| where the targets meet)
+    expected_nulls: float | None  # from the pilot's z, for the units of models with a pilot
+    pilot_rows: int  # stored units the expectation comes from
+    pilot_units: int  # units to compute whose model has a pilot
+    cpu_seconds: dict[str, float | None]  # fixed, low, high, expected (None where a rate or a width is unknown)
+
+
+def _seconds_per_null(plan: SweepPlan, cost: CostEstimate | None) -> dict[str, float | None]:
+    """CPU-seconds of one subspace scoring of a unit of each model revision: the store's measured rate x N^2,
+    else the reference rate at the model's width (REFERENCE_PGA_UNIT_SECONDS, 101 scorings at N = 2000)."""
+    n = plan.job.n_samples
+    widths = sorted(REFERENCE_PGA_UNIT_SECONDS)
+    out = {}
+    for revision in plan.revisions:
+        if cost is not None and cost.pga_rate is not None:
+            out[revision.key] = cost.pga_rate * n**2
+            continue
+        size = pythia.size_of(revision.spec.source)
+        d = (revision.marker or {}).get("d") or (size.d if size else None)
+        out[revision.key] = None if d is None else float(
+            np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths])) * (n / 2000) ** 2 / 101
+    return out
+
+
+def pilot_z(store: Store) -> tuple[dict[tuple[str, str], tuple[float, float]], int]:
+    """(model, layer) -> (median z, median (z_se / delta-method se)^2) over every intact PGA unit of the store (a pilot
+    of 100 nulls per unit, or any earlier run of the same model), and the number of rows behind it."""
+    table = store.read_results("pga") if (store.root / "results" / "pga").is_dir() else pa.table({})
+    if not table.num_rows or not {"model", "layer", "z", "n_null"} <= set(table.column_names):
+        return {}, 0
+    rows = table.select([c for c in ("model", "layer", "z", "z_se", "n_null") if c in table.column_names]).to_pylist()
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        if row["z"] is not None and np.isfinite(row["z"]):
+            groups.setdefault((row["model"], row["layer"]), []).append(row)
+    out = {}
+    for key, group in groups.items():
+        ratios = [(r["z_se"] / np.sqrt((1 + r["z"] ** 2 / 2) / r["n_null"])) ** 2 for r in group
+                  if r.get("z_se") is not None and np.isfinite(r["z_se"]) and r["n_null"]]
+        out[key] = (float(np.median([r["z"] for r in group])), float(np.median(ratios)) if ratios else 1.0)
+    return out, sum(len(group) for group in groups.values())
+
+
+def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget:
+    """Nulls and CPU time of ``--n-null auto`` under the job's rule (max(z_half_width, z_rel_width |z|), cap
+    n_null_cap) for the units still missing: bounds for Gaussian nulls (the first block; the most the rule asks,
+    900 at |z| = 5 for the defaults), and, where the store holds a pilot or an earlier run of the same model and
+    layer, the expected count ``expected_auto_nulls(z, inflation)`` from its z."""
+    from raygeom.numerics.uncertainty import expected_auto_nulls
+
+    pga = plan.job.pga
+    rule = {"target_half_width": pga.z_half_width, "relative_target": pga.z_rel_width or None, "cap": pga.n_null_cap,
+            "min_null": AUTO_FIRST_BLOCK, "block": AUTO_FIRST_BLOCK}
+    per_unit_high = float(expected_auto_nulls(np.linspace(0.0, 200.0, 20_001), **rule).max())
+    per_null = _seconds_per_null(plan, cost)
+    pilot, pilot_rows = pilot_z(plan.store)
+    missing = [(r, layer) for r in plan.revisions for layer in r.layers if layer not in r.done]
+    expected = {}
+    for revision, layer in missing:
+        if (revision.spec.slug, layer) in pilot:
+            z, inflation = pilot[(revision.spec.slug, layer)]
+            expected[(revision.key, layer)] = float(expected_auto_nulls(z, inflation=inflation, **rule))
+    known = all(per_null[r.key] is not None for r, _ in missing)
+
+    def cpu(per_unit) -> float | None:
+        if not known:
+            return None
+        return sum(per_null[r.key] * (per_unit(r, layer) + 1) for r, layer in missing)
+
+    cpu_seconds = {"fixed": cpu(lambda r, layer: pga.n_null), "low": cpu(lambda r, layer: AUTO_FIRST_BLOCK),
+                   "high": cpu(lambda r, layer: per_unit_high),
+                   "expected": cpu(lambda r, layer: expected.get((r.key, layer), 0.0)) if expected else None}
+    words = (f"stop at max({pga.z_half_width:g}, {pga.z_rel_width:g} x |z|)" if pga.z_rel_width
+             else f"stop at {pga.z_half_width:g}") + f", cap {pga.n_null_cap:,}"
+    return AutoBudget(words, len(missing), pga.n_null * len(missing), AUTO_FIRST_BLOCK * len(missing),
+                      int(per_unit_high * len(missing)), sum(expected.values()) if expected else None, pilot_rows,
+                      len(expected), cpu_seconds)
+
+
 def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, pga_unit_seconds, n_samples: int = 2000,
                         seq_len: int = 128, gpus: int = 8, deduped: bool = False) -> dict:
     """Every Pythia size x 154 revisions x all layers (see docs/sweeps.md). ``extract_rate_gpu``: GPU-seconds
@@ -429,10 +533,7 @@ def _step_label(step: int) -> str:
 def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched.
     A model with revisions that have no training step gets one column per revision, labelled by name."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.ticker import NullLocator
 
@@ -483,17 +584,13 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA z over training: {model}")
         fig.colorbar(mesh, ax=ax, label="z")
         fig.tight_layout()
-        paths.append(_save(fig, directory / f"heatmap_{model.replace('/', '--')}.png"))
+        paths.append(save_figure(fig, directory / f"heatmap_{model.replace('/', '--')}.png"))
     return paths
 
 
 def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
     """Per revision: z against relative depth, one line per model, coloured by size (the paper's figure)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = table.to_pylist()
     params = sorted({r["params"] or 0 for r in rows})
     colour = plt.get_cmap("viridis")
@@ -515,7 +612,7 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA by depth at {revision}")
         ax.legend(fontsize=6)
         fig.tight_layout()
-        paths.append(_save(fig, directory / f"z_vs_depth_{encode_segment(str(revision))}.png"))  # a revision may hold '/' or '..'
+        paths.append(save_figure(fig, directory / f"z_vs_depth_{encode_segment(str(revision))}.png"))  # a revision may hold '/' or '..'
     return paths
 
 

@@ -1,7 +1,8 @@
 """Push-away training with Ray Train: ``L = L_LM - lambda * D_batch`` on a small GPT-NeoX trained from scratch.
 
 ``D_batch`` is the differentiable dispersion (``numerics.dispersion.push_away_loss``)
-of one layer's representations in the batch. The TorchTrainer (``raygeom.engine.ray_train``; no Ray here) runs
+of one layer's representations in the batch. The TorchTrainer (``raygeom.engine.ray_train``, driven by
+``raygeom.jobs.train.run_training``; no Ray here) runs
 ``workers`` data-parallel workers (DDP; one GPU each on a cluster, CPU
 processes here); every worker draws the same global batch indices and takes
 its own slice, so a run depends on (settings, seed) and the worker count only.
@@ -30,7 +31,6 @@ import json
 import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 
 from raygeom.errors import RaygeomError
-from raygeom.report.figures import save_text
 from raygeom.store.tree import Store, content_key, read_table
 
 TRAIN_VERSION = 1
@@ -114,7 +113,6 @@ class TrainData:
 
 
 LOG_SAVES_UNTIL = 512
-RUN_MARKER = "raygeom_run.json"
 CHECKPOINT_INFO = "raygeom_checkpoint.json"
 
 
@@ -335,88 +333,6 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
     return history
 
 
-def completed_trajectory(plan: CheckpointPlan, key: str) -> dict | None:
-    """The run's summary row when its directory holds every checkpoint of this plan, written by a run with
-    this key (the checkpoints are the artefact: a store that lost its row does not retrain them)."""
-    root = Path(plan.run_dir)
-    try:
-        marker = json.loads((root / RUN_MARKER).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    complete = marker.get("key") == key and all((root / f"step{s}" / "config.json").is_file() for s in plan.steps)
-    return marker.get("row") if complete and isinstance(marker.get("row"), dict) else None
-
-
-def _claim_run_dir(plan: CheckpointPlan, key: str) -> None:
-    """Refuse to overwrite checkpoints another run (other settings, or not raygeom's) left there."""
-    root = Path(plan.run_dir)
-    for child in sorted(root.glob("*/config.json")):
-        try:
-            owner = json.loads((child.parent / CHECKPOINT_INFO).read_text()).get("key")
-        except (OSError, json.JSONDecodeError):
-            owner = None
-        if owner != key:
-            raise RaygeomError(f"{root} already holds checkpoints of another run ({child.parent.name}); "
-                               "remove them or give this run another run directory")
-    (root / RUN_MARKER).unlink(missing_ok=True)
-
-
-def model_name(settings: TrainSettings) -> str:
-    return f"gpt-neox-scratch-d{settings.hidden_size}-l{settings.n_layers}"
-
-
-def provenance_columns(settings: TrainSettings, corpus_fingerprint: str | None) -> dict:
-    """What produced a run's row: the model trained, its last step, the text, the sequence length, every setting."""
-    from raygeom import __version__
-
-    fields = {n: v for n, v in asdict(settings).items() if n not in ("use_gpu", "cpus_per_worker")}
-    return {"model": model_name(settings), "revision": f"step{settings.steps}", "step": settings.steps,
-            "corpus": settings.corpus, "corpus_fingerprint": corpus_fingerprint, "chunk_len": settings.seq_len,
-            "settings": json.dumps(fields, sort_keys=True), "raygeom_version": __version__}
-
-
-def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None) -> dict:
-    """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row."""
-    key = settings.key() if checkpoints is None else checkpoints.key(settings)
-    if checkpoints is not None:
-        done = completed_trajectory(checkpoints, key)
-        if done is not None:
-            if not store.has_result("train_runs", key):
-                store.write_result("train_runs", key, done)
-            return {**done, "cached": True}
-    elif store.has_result("train_runs", key):
-        return {**store.read_results("train_runs", [key]).to_pylist()[0], "cached": True}
-    if checkpoints is not None:
-        Path(checkpoints.run_dir).mkdir(parents=True, exist_ok=True)
-        _claim_run_dir(checkpoints, key)
-    data = prepare_data(settings.data_fields())
-    from raygeom.engine.ray_train import fit_on_workers
-
-    history_path = store.root / "train" / f"history-{key}.parquet"
-    started = time.perf_counter()
-    fit_on_workers(settings, data, history_path, checkpoints, store.root / "ray_train", f"push-away-{key}")
-    wall = time.perf_counter() - started
-    history = read_table(history_path).to_pylist()
-    last = history[-1]
-    row = {"key": key, "lam": settings.lam, "seed": settings.seed, "steps": settings.steps, "workers": settings.workers,
-           "push_layer": settings.push_layer, "over": settings.over, "final_train_loss": last["lm_loss"],
-           "heldout_perplexity": last["heldout_perplexity"], "heldout_dispersion": last["heldout_dispersion"],
-           "n_train_sequences": int(len(data.train)), "n_heldout_sequences": int(len(data.heldout)), "wall_s": wall,
-           "history": str(history_path), "unit_key": key, **provenance_columns(settings, data.corpus_fingerprint)}
-    if checkpoints is not None:
-        root = Path(checkpoints.run_dir)
-        save_text("".join(json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
-                                  for i, t in enumerate(data.heldout_texts)), root / "heldout.jsonl")
-        if data.tokenizer is not None:
-            data.tokenizer.save_pretrained(root)
-        row.update(run_dir=str(root), n_checkpoints=len(checkpoints.steps))
-    store.write_result("train_runs", key, row)
-    if checkpoints is not None:  # last: it is what marks the trajectory complete
-        save_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings), "row": row},
-                                     indent=2), Path(checkpoints.run_dir) / RUN_MARKER)
-    return row
-
-
 def checkpoint_evaluations(run_dir: str | Path) -> list[dict]:
     """Each saved checkpoint's held-out evaluation (loss, perplexity, dispersion), in step order."""
     rows = []
@@ -491,9 +407,9 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
     job_rows = [{k: v for k, v in r.items() if k != "cached"} for r in rows]
     runs = write_rows(accumulated_rows(store, "train_runs", job_rows), store.root / "results" / "train_runs.parquet")
     table = write_rows(summary, store.root / "results" / "train_summary.parquet")
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), dpi=110)
     lams = sorted({r["lam"] for r in rows})
     colours = {lam: plt.cm.viridis(i / max(1, len(lams) - 1)) for i, lam in enumerate(lams)}
@@ -525,5 +441,5 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
         ax.set_xlabel("step", fontsize=8)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    plot = _save(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
+    plot = save_figure(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
     return {"table": table, "runs": runs, "plot": plot}

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from raygeom.report.figures import save_figure as _save
+from raygeom.report.figures import pyplot, save_figure
 from raygeom.report.html import announce_report
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
@@ -86,7 +86,8 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     model pools the last token of exactly the same text."""
     from raygeom.engine import orchestrate
     from raygeom.sources.corpus import load_corpus
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
+    from raygeom.replica.request import ExtractionRequest
     from raygeom.store.tree import Store
 
     corpus = truncate_words(load_corpus(corpus_name).sample(n_samples, seed), max_words)
@@ -104,7 +105,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     with progress_bar(console) as progress:
         for spec in specs:
             task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
-            request = orchestrate.ExtractionRequest(spec, corpus, settings, layers, nll=nll)
+            request = ExtractionRequest(spec, corpus, settings, layers, nll=nll)
             infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
     for spec, _ in ([] if align else infos):
         cut = int(np.sum(store.read_samples(spec.slug, spec.revision)["n_tokens"].to_numpy() >= settings.seq_len))
@@ -139,15 +140,6 @@ def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
 
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _fmt(value, spec=".3f") -> str:
     if value is None or (isinstance(value, float) and not np.isfinite(value)):
         return "-"
@@ -175,7 +167,7 @@ def _copy_reports(paths: list[Path], report: Optional[Path]) -> None:
 
 def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) -> Path:
     """z (CCR-``z_rank``) on every panel's right axis; one spectral or probe metric per panel on the left."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = sorted(rows, key=lambda r: r["layer_index"])
     depth = [r["relative_depth"] for r in rows]
     z = [r.get(f"z_ccr{z_rank}", np.nan) for r in rows]
@@ -203,11 +195,11 @@ def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) 
         twin.set_ylabel("z", color="grey", fontsize=8)
     axes[-1].set_xlabel("relative depth (embedding = 0, final norm = 1)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
@@ -225,7 +217,7 @@ def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _z_cell(row: dict, rank: int) -> str:
@@ -315,7 +307,7 @@ def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
 # ---------------------------------------------------------------- converge: plots and tables
 
 def plot_convergence(rows: list[dict], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     a_layers = sorted({(r["layer_index_a"], r["layer_a"]) for r in rows})
     b_layers = sorted({(r["layer_index_b"], r["layer_b"]) for r in rows})
     ia = {name: i for i, (_, name) in enumerate(a_layers)}
@@ -351,7 +343,7 @@ def plot_convergence(rows: list[dict], path: Path) -> Path:
                  f"k={first['k']}, {first['n_null']} nulls)\n{first['model_a']}@{first['revision_a']} vs "
                  f"{first['model_b']}@{first['revision_b']}", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def depth_matched(rows: list[dict]) -> list[dict]:
@@ -415,7 +407,7 @@ def _pairs(rows: list[dict]) -> dict[tuple, list[dict]]:
 # ---------------------------------------------------------------- probe: plot
 
 def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     groups: dict[str, list[dict]] = {}
     for row in rows:
@@ -434,7 +426,7 @@ def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- commands
@@ -473,8 +465,10 @@ def register(app: typer.Typer) -> None:
         k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
         ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
         n_null: str = typer.Option("100", "--n-null", help="Nulls per PGA unit, or 'auto' (blocks of 100 until z's 95% "
-                                   "half-width is <= 0.25, at most 1000)."),
+                                   "half-width is <= max(0.25, 5% of |z|), at most 1000)."),
         z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
+        z_rel_width: float = typer.Option(0.05, "--z-rel-width", help="--n-null auto also stops at a 95% half-width of "
+                                          "this fraction of |z| (0: the absolute target alone)."),
         n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one unit (|z| = 35 "
                                        "needs about 38,000 for a half-width of 0.25)."),
         null_chunks: int = typer.Option(4, "--null-chunks"),
@@ -491,7 +485,7 @@ def register(app: typer.Typer) -> None:
         try:
             _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
                       null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus,
-                      z_half_width=z_half_width, n_null_cap=n_null_cap)
+                      z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap)
         except RaygeomError as error:
             cli._fail(str(error))
 
@@ -564,7 +558,7 @@ def _check_labels(corpus_name: str) -> None:
 
 def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
               null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus, z_half_width=0.25,
-              n_null_cap=1000):
+              n_null_cap=1000, z_rel_width=0.05):
     from raygeom.report.figures import write_rows
 
     cli = _cli()
@@ -572,7 +566,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     from raygeom.params import n_null_settings
 
     params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), **n_null_settings(n_null), null_chunks=null_chunks, seed=seed,
-                         z_half_width=z_half_width, n_null_cap=n_null_cap,
+                         z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
                          sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
     settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
     specs = _model_entries(model, revision)
@@ -580,7 +574,7 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
         _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, nll=True)
@@ -628,7 +622,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths, text_halves=text_halves)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import converge as converge_module
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, align=True)
@@ -665,7 +659,7 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
     _check_labels(corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
     rows = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -15,6 +14,7 @@ from rich.table import Table
 from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
+from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
 
 # Wide tables stay readable when the output goes to a log file.
@@ -66,19 +66,9 @@ def _specs(models: list[str], revisions: list[str]):
 
 
 def _progress():
-    from raygeom.engine.pipeline import progress_bar
+    from raygeom.jobs.pipeline import progress_bar
 
     return progress_bar(console)
-
-
-def _interval(row: dict, name: str, digits: int = 2) -> str:
-    """value [lo, hi] of a column with its interval columns, compact for the console."""
-    value, lo, hi = row.get(name), row.get(f"{name}_lo"), row.get(f"{name}_hi")
-    if not isinstance(value, float) or value != value:
-        return "nan"
-    if not isinstance(lo, float) or lo != lo:
-        return f"{value:+.{digits}f}"
-    return f"{value:+.{digits}f} [{lo:+.{digits}f},{hi:+.{digits}f}]"
 
 
 def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report: Optional[Path]) -> list[Path]:
@@ -174,11 +164,11 @@ def dispersion(
                 for row in rows:
                     for label, column in (("group Spearman", "group_spearman"), ("group Pearson", "group_pearson"),
                                           ("chunk Spearman", "chunk_spearman")):
-                        row[label] = _interval(row, column)
-                    row["G"] = _interval(row, "gap", 3)
+                        row[label] = format_interval(row, column, separator=",")
+                    row["G"] = format_interval(row, "gap", 3, ",")
                     for kind in ("domain", "kmeans"):
                         for level in ("token", "sample"):
-                            row[f"{kind} {level}"] = _interval(row, f"{kind}_agreement_{level}")
+                            row[f"{kind} {level}"] = format_interval(row, f"{kind}_agreement_{level}", separator=",")
                 title = (f"{name}@{revision_name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['bits_per_byte']:.4f} bits "
                          f"per byte, {rows[0]['n_chunks']} chunks; [95 % bootstrap interval])")
                 console.print(_table(rows, ["layer", "token_dispersion", "sample_dispersion", "group Spearman", "group Pearson",
@@ -238,7 +228,7 @@ def select(
             raise RaygeomError(f"--n-boot must be at least 10, got {n_boot}")
         if job is not None:
             from raygeom.jobspec import load_job
-            from raygeom.engine.pipeline import job_models
+            from raygeom.jobs.pipeline import job_models
 
             spec_job = load_job(job)
             specs, corpus, root = job_models(spec_job), spec_job.corpus, out or Path(spec_job.out)
@@ -254,7 +244,7 @@ def select(
         _start(address, num_cpus)
         from raygeom.analyses.dispersion import plot_select, rank_by_gap
         rows = rank_by_gap(store, specs, text, settings, layer, n_boot)
-        shown = [{**r, "G [95%]": _interval(r, "gap", 3)} for r in rows]
+        shown = [{**r, "G [95%]": format_interval(r, "gap", 3, ",")} for r in rows]
         console.print(_table(shown, ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion",
                                      "n_domain", "n_generic", "perplexity", "bits_per_byte"],
                              f"dispersion gap at {layer}, domain tokens: {domain_tokens} (interval: bootstrap over chunks, "
@@ -319,7 +309,7 @@ def knn(
             task = bar.add_task(f"kNN-LM {spec.name}", total=None)
             result = knn_module.run_knn(store, spec, text, settings, progress=lambda n: bar.advance(task, n))
         rows = result["layers"]
-        shown = [{**r, "ppl difference [95% CI]": _interval(r, "delta")} for r in rows]
+        shown = [{**r, "ppl difference [95% CI]": format_interval(r, "delta", separator=",")} for r in rows]
         console.print(_table(shown, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "ppl difference [95% CI]",
                                      "target_in_neighbours", "nearest_is_target"],
                              f"kNN-LM  {spec.name}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, k={k}, "
@@ -330,7 +320,7 @@ def knn(
             verdict = {True: "separated", False: "NOT separated (the interval contains 0)",
                        None: "not compared"}[versus["separated"]]
             console.print(f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity difference "
-                          f"{_interval({'d': versus['difference'], 'd_lo': versus['lo'], 'd_hi': versus['hi']}, 'd')} "
+                          f"{format_interval({'d': versus['difference'], 'd_lo': versus['lo'], 'd_hi': versus['hi']}, 'd', separator=',')} "
                           f"(paired bootstrap): {verdict}",
                           highlight=False)
         console.print(f"max-dispersion layer: {result['max_dispersion_layer']}   "
@@ -412,11 +402,12 @@ def train(
         check_writable(store.root)
         _start(address, num_cpus)
         from raygeom.analyses import train as train_module
+        from raygeom.jobs import train as train_job
 
         rows = []
         for settings in grid:
             with console.status(f"training lambda={settings.lam} seed={settings.seed} ({settings.steps} steps)"):
-                row = train_module.run_training(store, settings, plan_of(settings))
+                row = train_job.run_training(store, settings, plan_of(settings))
             rows.append(row)
             if row.get("run_dir"):
                 console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", highlight=False)

@@ -45,7 +45,7 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
     """Write the event files; returns counts (runs, scalars, analyses, rows without a layer that were left out)."""
     from tensorboardX import SummaryWriter
 
-    from raygeom import layers as layer_position
+    from raygeom.sources import layers as layer_position
     from raygeom.store.tree import Store
 
     root = Path(store_root)

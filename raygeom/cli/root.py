@@ -62,9 +62,10 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 
 
 def _check_pga_sizes(job) -> None:
-    """ccr and k against N and each model's d, from its config where that is known without loading it."""
-    from raygeom.analyses.sweep import READOUT_COMPONENTS, _cached_config
-    from raygeom.engine.pipeline import job_models
+    """Every planned analysis's parameters (e.g. ccr and k) against N and each model's d, from its config where that is
+    known without loading it."""
+    from raygeom.analyses.sweep import _cached_config
+    from raygeom.jobs.pipeline import job_models
 
     for spec in job_models(job):
         try:
@@ -72,17 +73,20 @@ def _check_pga_sizes(job) -> None:
         except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
             config = {}
         d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
-        job.pga.check_against(job.n_samples, d, READOUT_COMPONENTS, what=spec.name)
+        if d is None and job.train is not None and spec.kind == "checkpoint" and spec.source == job.train.plan().run_dir:
+            d = job.train.settings.hidden_size  # a checkpoint the job's [train] has yet to write
+        for item in job.planned():
+            item.spec.check(item.params, {"n_samples": job.n_samples, "d": d}, spec.name)
 
 
 def _run(job, address, num_cpus):
-    from raygeom.engine.pipeline import run_pga_job, run_sweep_job
+    from raygeom.jobs.pipeline import run_pga_job, run_sweep_job
 
     check_num_cpus(num_cpus)
     _check_pga_sizes(job)
     _prepare_ray(address)
     if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
-        from raygeom.analyses.trajectory import run_trajectory_job
+        from raygeom.jobs.trajectory import run_trajectory_job
 
         return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
     if job.sweep is not None:  # a job file with a [sweep] section
@@ -112,6 +116,7 @@ def run(
     ccr: Optional[int] = typer.Option(None, "--ccr"),
     n_null: Optional[str] = typer.Option(None, "--n-null", help="Random subspaces in the null, or 'auto'."),
     z_half_width: Optional[float] = typer.Option(None, "--z-half-width"),
+    z_rel_width: float | None = typer.Option(None, "--z-rel-width"),
     n_null_cap: Optional[int] = typer.Option(None, "--n-null-cap"),
     null_chunks: Optional[int] = typer.Option(None, "--null-chunks"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the text sample and of the nulls."),
@@ -130,7 +135,8 @@ def run(
         job = load_job(job_file).with_overrides(
             out=str(out) if out else None, models=models, corpus=corpus, n_samples=n_samples, sample_seed=seed,
             layers=layers, seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size, k=k, r=ccr,
-            seed=seed, null_chunks=null_chunks, z_half_width=z_half_width, n_null_cap=n_null_cap, **n_null_settings(n_null))
+            seed=seed, null_chunks=null_chunks, z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
+            **n_null_settings(n_null))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))
@@ -150,8 +156,10 @@ def pga(
     k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
     ccr: int = typer.Option(1, "--ccr", help="Top principal components removed after centring."),
     n_null: str = typer.Option("100", "--n-null", help="Random subspaces in the null, or 'auto': blocks of 100 until "
-                               "z's 95% half-width is <= --z-half-width, at most --n-null-cap."),
+                               "z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|), at most --n-null-cap."),
     z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
+    z_rel_width: float = typer.Option(0.05, "--z-rel-width", help="--n-null auto also stops at a 95% half-width of "
+                                      "this fraction of |z| (0: the absolute target alone)."),
     n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one layer."),
     null_chunks: int = typer.Option(10, "--null-chunks", help="Ray tasks the nulls of one layer are split into."),
     seed: int = typer.Option(0, "--seed"),
@@ -169,7 +177,7 @@ def pga(
                       n_samples=n_samples, sample_seed=seed, layers=layers,
                       extraction=ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size),
                       pga=PGAParams(k=k, r=ccr, seed=seed, null_chunks=null_chunks, z_half_width=z_half_width,
-                                    n_null_cap=n_null_cap, **n_null_settings(n_null)))
+                                    z_rel_width=z_rel_width, n_null_cap=n_null_cap, **n_null_settings(n_null)))
         _run(job, address, num_cpus)
     except RaygeomError as error:
         _fail(str(error))
@@ -177,14 +185,26 @@ def pga(
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report",
-                "raygeom.cli.export"):
+                "raygeom.cli.analyses", "raygeom.cli.verify", "raygeom.cli.export"):
     __import__(_module, fromlist=["register"]).register(app)
 
 
+_terminated: dict[str, int] = {}
+
+
 def _exit_on_sigterm(signum, frame):
-    # SystemExit runs atexit, where Ray stops the local cluster this process started;
-    # the default SIGTERM action would leave its workers running.
-    sys.exit(128 + signum)
+    # Ends the run as Ctrl-C does, so the finally blocks and _stop_local_ray run (the default action would leave
+    # the local Ray's workers running). KeyboardInterrupt, because Ray's blocking calls (ray.get, ray.wait) turn
+    # whatever a signal handler raises into a plain KeyboardInterrupt; the flag says it was SIGTERM.
+    if _terminated:  # a second SIGTERM while cleaning up: the first one is already ending the run
+        return
+    _terminated["signum"] = signum
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> None:
+    errors.print("interrupted; finished units are kept, rerun to resume")
+    sys.exit(128 + _terminated["signum"] if _terminated else 130)
 
 
 def _stop_local_ray() -> None:
@@ -216,11 +236,10 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        errors.print("interrupted; finished units are kept, rerun to resume")
-        sys.exit(130)
+        _interrupted()
     except SystemExit as done:
-        if done.code == 130:  # typer turns Ctrl-C into a silent exit 130
-            errors.print("interrupted; finished units are kept, rerun to resume")
+        if done.code == 130 or _terminated:  # typer turns Ctrl-C into a silent exit 130
+            _interrupted()
         raise
     except RaygeomError as error:  # a command that let one through still gets one line
         errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)

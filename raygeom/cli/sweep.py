@@ -63,6 +63,19 @@ def _show_untrained(job_file: Path, out: Optional[Path]) -> bool:
     return True
 
 
+def print_per_analysis(plan) -> None:
+    """Units and progress per planned analysis (each grid point of an analysis on its own line)."""
+    per = plan.per_analysis()
+    if not per or list(per) == ["pga"]:
+        return
+    table = Table(title="Per analysis", title_justify="left")
+    for name in ("analysis", "units", "done", "to compute"):
+        table.add_column(name, justify="left" if name == "analysis" else "right")
+    for name, (total, done) in per.items():
+        table.add_row(escape(name), f"{total:,}", f"{done:,}", f"{total - done:,}")
+    console.print(table)
+
+
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.analyses import sweep
     from raygeom.jobspec import SweepSettings
@@ -91,7 +104,9 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     console.print(table)
     console.print(f"grid: {len(plan.by_model())} models x {len(plan.revisions)} (model, revision) pairs -> "
                   f"{plan.n_units:,} units; {plan.n_done:,} done, {plan.n_units - plan.n_done:,} to compute")
+    print_per_analysis(plan)
     cost = sweep.estimate(plan)
+    _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
     if cost.measured_extractions == 0 and cost.measured_units == 0:
         reference = sweep.reference_estimate(plan)
         if reference is None:
@@ -111,6 +126,29 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
                   "(scaled from the measured units; see docs/sweeps.md)")
 
 
+def _show_auto_budget(budget) -> None:
+    """The nulls and CPU time `--n-null auto` would take for the units to compute (whatever the job's n_null)."""
+    def hours(key: str) -> str:
+        value = budget.cpu_seconds[key]
+        return "? CPU-h" if value is None else f"{value / 3600:,.0f} CPU-h"
+
+    if not budget.units:
+        return
+    console.print(f"--n-null auto ({budget.rule}) for the {budget.units:,} units to compute:", highlight=False, markup=False)
+    console.print(f"  pga: {budget.low_nulls:,} to {budget.high_nulls:,} nulls ({budget.low_nulls // budget.units:,} to "
+                  f"{budget.high_nulls // budget.units:,} per unit for Gaussian nulls), {hours('low')} to {hours('high')}; "
+                  f"fixed --n-null: {budget.fixed_nulls:,} nulls, {hours('fixed')}", highlight=False, markup=False)
+    if budget.expected_nulls is None:
+        console.print("  expected: no pilot in this store; run 100 nulls per unit on a few revisions of each model "
+                      "(`raygeom run JOB --n-null 100`), then plan again", highlight=False, markup=False)
+    else:
+        console.print(f"  expected from the z of {budget.pilot_rows:,} stored units (a pilot or an earlier run of the same "
+                      f"model and layer): {budget.expected_nulls:,.0f} nulls for {budget.pilot_units:,} of the "
+                      f"{budget.units:,} units, {hours('expected')} (the need (1.96 / h)^2 (1 + z^2/2) at the stop half-width h, "
+                      "times the pilot's (z_se / delta-method se)^2, in blocks of 100; docs/METRICS.md)",
+                      highlight=False, markup=False)
+
+
 def show_status(job_file: Path, out: Optional[Path]) -> None:
     from raygeom.analyses import sweep
 
@@ -127,6 +165,7 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     console.print(table)
     percent = 100.0 * plan.n_done / plan.n_units if plan.n_units else 0.0
     console.print(f"units: {plan.n_done:,}/{plan.n_units:,} done ({percent:.1f}%)")
+    print_per_analysis(plan)
     planned = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
     partial = [p for p in plan.store.partial_extractions() if p in planned]
     if partial:

@@ -1,4 +1,6 @@
-"""Ray orchestration: extraction through replica actors (engine.replica_actor), PGA through the unit engine.
+"""Ray orchestration: extraction through replica actors (engine.replica_actor), analysis through the unit engine.
+
+No analysis is imported here: a job driver (raygeom.jobs.pipeline) says which units each landed extraction gets.
 
 Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local (the CLI does).
@@ -7,6 +9,7 @@ this module when the cluster is local (the CLI does).
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -15,14 +18,13 @@ from typing import Callable
 import ray
 
 from raygeom.engine import replica_actor
+from raygeom.engine.contract import Unit
 from raygeom.errors import RaygeomError
-from raygeom.params import PGAParams
-from raygeom.engine.units import UnitRunner, run_units
+from raygeom.engine.units import UnitRunner, warn_damaged
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
+from raygeom.replica.request import ExtractionRequest
+from raygeom.sources.layers import select_layers
 from raygeom.store.tree import Store
-# Unit keys and requests are pure and live in raygeom.analyses.sweep, so plan/status need no Ray; re-exported here.
-from raygeom.analyses.sweep import (EXTRACTION_VERSION, PGA_VERSION, READOUT_COMPONENTS, ExtractionRequest,  # noqa: F401
-                           pga_unit_key, select_layers)
 
 CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
@@ -49,6 +51,24 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
         return
     # Refs of a layer dropped as degenerate are never fetched; Ray would print each one's traceback.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    handler = signal.getsignal(signal.SIGTERM)
+    if not (callable(handler) and threading.current_thread() is threading.main_thread()):
+        _start(address, num_cpus, timeout_s)  # nobody here handles SIGTERM: Ray's handlers stay
+        return
+    # The caller (the CLI) handles SIGTERM. ray.init would replace that twice: in Python (``sys.exit(15)``, and the
+    # local node's handler, ``sys.exit(1)``) and, below Python, by the core worker's abseil failure handler, which
+    # dumps native stacks and aborts (exit -6). So Ray's Python registrations are skipped, and afterwards the
+    # handler is installed again: that re-registers Python's C handler with sigaction, over abseil's.
+    from unittest import mock
+
+    try:
+        with mock.patch.object(ray._private.utils, "set_sigterm_handler", lambda _: None):
+            _start(address, num_cpus, timeout_s)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
@@ -151,6 +171,9 @@ def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
     """'extract', 'nll' (complete, but stored without the NLL this request wants) or None (complete)."""
     spec = request.spec
     if not store.is_complete(spec.slug, spec.revision, request.key()):
+        problem = store.extraction_problem(spec.slug, spec.revision, request.key())
+        if problem:
+            warn_damaged(f"{spec.name}@{spec.revision}: {problem}; extracting it again")
         return "extract"
     if request.nll and not store.completion(spec.slug, spec.revision).get("nll", True):
         return "nll"
@@ -274,36 +297,28 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         extractions.close()
 
 
-def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
-            progress: Callable[[int], None] | None = None, warn: Callable[[str], None] | None = None) -> list[dict]:
-    """PGA for every layer of one extraction, through the unit engine (finished layers are read back)."""
-    from raygeom.analyses import pga as pga_analysis
-
-    return run_units(store, pga_analysis.units(store, model, revision, layers, params), progress, warn)
-
-
-def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress: Callable[[str, int], None] | None = None,
-              max_in_flight: int | None = None, pga_threads: int = 4, keep_activations: bool = True) -> list[dict]:
-    """Extract every item not already complete and run PGA on every layer of every item.
+def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepItem, dict], list[Unit]],
+              progress: Callable[[str, int], None] | None = None, max_in_flight: int | None = None, pga_threads: int = 4,
+              keep_activations: bool = True) -> list[dict]:
+    """Extract every item not already complete and run the units ``units_for(item, info)`` gives each
+    landed extraction (``info``: its completion marker), e.g. PGA on every layer.
 
     Replica actors run as resources allow, at most ``max_in_flight`` at once; each finished revision's
-    PGA units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
+    units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
     for analysis. ``progress(kind, n)`` gets kind ``texts`` (per batch), ``extract`` (per revision),
     ``pga_units`` (a revision's engine progress total, when it lands) or ``pga``; callers ignore the rest.
     """
-    from raygeom.analyses import pga as pga_analysis
-
     progress = progress or (lambda kind, n: None)
-    # One driver loop: a revision's PGA units join the engine the moment its extraction lands, and
+    # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
     runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads)
     revision_units: dict[tuple[str, str], list[str]] = {}
 
-    def analyse(item: SweepItem, info: dict) -> None:
+    def analyse(item: SweepItem, info: dict, units: list[Unit] | None = None) -> None:
         spec = item.request.spec
-        units = pga_analysis.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
+        units = units_for(item, info) if units is None else units
         revision_units[(spec.slug, spec.revision)] = [unit.key for unit in units]
-        progress("pga_units", pga_analysis.progress_units(len(info["layers"]), params))
+        progress("pga_units", sum(unit.cost for unit in units))
         runner.add(units)
 
     def drop_finished() -> None:
@@ -318,14 +333,19 @@ def run_sweep(store: Store, items: list[SweepItem], params: PGAParams, progress:
         spec = item.request.spec
         key = item.request.key()
         info = store.completion(spec.slug, spec.revision)
-        # Revisions whose every PGA unit is done need no activations (they may have been dropped).
-        done_units = info is not None and info.get("key") == key and all(
-            store.has_result("pga", pga_unit_key(key, layer, params)) for layer in info["layers"])
+        # Revisions whose every unit is done need no activations (they may have been dropped).
+        units = None
+        if info is not None and info.get("key") == key:
+            try:
+                units = units_for(item, info)
+            except RaygeomError:  # e.g. a damaged readout: not done; extracted again, or the error comes back below
+                units = None
+        done_units = units is not None and all(store.has_result(unit.analysis, unit.key) for unit in units)
         need = None if done_units else needs_extraction(store, item.request)
         if need is None:
             progress("texts", len(item.request.corpus.texts))
             progress("extract", 1)
-            analyse(item, info)
+            analyse(item, info, units)
         else:
             queue.append((item, need))
     # A lone CPU replica gets a whole node; several share the CPUs one each.

@@ -1,13 +1,14 @@
 """Ray Train glue of push-away training: the TorchTrainer and the loop each of its workers runs.
 
-The training itself (model, data, loss, evaluation, checkpoints) is ``raygeom.analyses.train.fit``;
-only the Ray part lives here, so the analysis stays free of Ray.
+The training itself (model, data, loss, evaluation, checkpoints) is the ``fit`` function a caller passes in
+(``raygeom.analyses.train.fit``, by ``raygeom.jobs.train``); only the Ray part lives here, so the analysis
+stays free of Ray and the engine imports no analysis.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 
@@ -20,28 +21,27 @@ def worker_loop(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    from raygeom.analyses.train import CheckpointPlan, TrainSettings, fit
-
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    plan = config.get("checkpoints")
-    history = fit(TrainSettings(**config["settings"]), config["data"], rank, context.get_world_size(),
-                  prepare=ray.train.torch.prepare_model, report=ray.train.report,
-                  checkpoints=CheckpointPlan(plan["run_dir"], tuple(plan["steps"])) if plan else None)
+    history = config["fit"](config["settings"], config["data"], rank, context.get_world_size(),
+                            prepare=ray.train.torch.prepare_model, report=ray.train.report, checkpoints=config["checkpoints"])
     if rank == 0:
         atomic_write_table(pa.Table.from_pylist(history), Path(config["history_path"]))
 
 
-def fit_on_workers(settings, data, history_path: Path, checkpoints, storage: Path, name: str) -> None:
-    """One TorchTrainer run of ``settings`` on ``settings.workers`` workers; a failure is one RaygeomError line."""
+def fit_on_workers(fit: Callable, settings, data, history_path: Path, checkpoints, storage: Path, name: str) -> None:
+    """One TorchTrainer run of ``settings`` on ``settings.workers`` workers; a failure is one RaygeomError line.
+
+    Every worker calls ``fit(settings, data, rank, world, prepare=, report=, checkpoints=)`` and returns its
+    per-step log (``raygeom.analyses.train.fit``); ``fit`` is pickled by reference, so it must be importable."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     resources = {"CPU": settings.cpus_per_worker} | ({"GPU": 1} if settings.use_gpu else {})
     trainer = TorchTrainer(
         worker_loop,
-        train_loop_config={"settings": asdict(settings), "data": data, "history_path": str(Path(history_path).resolve()),
-                           "checkpoints": asdict(checkpoints) if checkpoints else None},
+        train_loop_config={"fit": fit, "settings": settings, "data": data, "history_path": str(Path(history_path).resolve()),
+                           "checkpoints": checkpoints},
         scaling_config=ScalingConfig(num_workers=settings.workers, use_gpu=settings.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
     )

@@ -11,6 +11,7 @@ more parts (``More``, used by ``--n-null auto``). Large numpy arguments are put 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -45,6 +46,11 @@ def one_line(error: BaseException, where: str) -> RaygeomError:
                         "(rerun with RAYGEOM_DEBUG=1 for the traceback)")
 
 
+def warn_damaged(message: str) -> None:
+    """One line on stderr for a stored file that is damaged and will be recomputed: never silent, never fatal."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 class UnitRunner:
     """Runs units to completion on Ray; units can be added while others run (streaming)."""
 
@@ -73,6 +79,9 @@ class UnitRunner:
                 self.rows[unit.key] = self.store.read_results(unit.analysis, [unit.key]).to_pylist()
                 self.progress(unit.cost)
             else:
+                problem = self.store.result_problem(unit.analysis, unit.key) if unit.store_rows else None
+                if problem:
+                    warn_damaged(f"{unit.label}: {problem}; recomputing it")
                 self._queue.append(unit)
 
     def _arg(self, value):
@@ -149,7 +158,8 @@ class UnitRunner:
             for offset, step in enumerate(produced.parts):
                 self._submit(key, step, start + offset, state["prepared"])
             return
-        rows = [produced] if isinstance(produced, dict) else list(produced)
+        # Each row names its unit, so a unit file read back under another unit's name is recognised as damaged.
+        rows = [{**row, "unit_key": key} for row in ([produced] if isinstance(produced, dict) else produced)]
         if unit.store_rows:
             self.store.write_result(unit.analysis, key, rows)
         self.rows[key] = rows

@@ -15,18 +15,17 @@ from raygeom.numerics.pga import (
     subspace_rho,
     summarize_null,
 )
+from raygeom.numerics.pga_texts import half_sample_spread, pga_text_interval
 from raygeom.numerics.uncertainty import (
     auto_null_count,
     auto_nulls,
     bootstrap_ci,
     empirical_p_values,
-    half_sample_spread,
     jackknife_se,
     normal_interval,
     null_blocks,
     null_target_reached,
     paired_t,
-    pga_text_interval,
     spearman_with_ci,
     text_subsample,
     text_subsamples,

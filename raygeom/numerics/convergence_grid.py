@@ -146,10 +146,11 @@ def grid_text_spread(raw_a: Sequence[np.ndarray], raw_b: Sequence[np.ndarray], b
                      device: str = "cpu") -> dict[str, np.ndarray]:
     """Standard errors over texts, per cell, of ``rho_full``, ``rho_readout``, the readout's excess over full
     space ``rho_readout - rho_full`` and the margin ``rho_readout - mean(null rhos)``: the delete-half
-    jackknife of :func:`raygeom.numerics.uncertainty.half_sample_spread`, on the same seeded subsets for
+    jackknife of :func:`raygeom.numerics.pga_texts.half_sample_spread`, on the same seeded subsets for
     every layer of both models (row ``i`` of ``raw_a`` and ``raw_b`` is the same text). Each subset is
     corrected afresh (CCR-r); every subset uses null draws ``0..n_null-1``."""
-    from raygeom.numerics.uncertainty import _check_subsampling, jackknife_se, text_subsamples
+    from raygeom.numerics.pga_texts import _check_subsampling
+    from raygeom.numerics.uncertainty import jackknife_se, text_subsamples
 
     n = raw_a[0].shape[0]
     size = n // 2

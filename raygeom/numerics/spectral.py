@@ -199,3 +199,20 @@ def spectral_summary(h: np.ndarray, readout_basis: np.ndarray | None = None,
     if readout_basis is not None:
         summary.update(_pc1_readout_share(centred, readout_basis))
     return summary
+
+
+def pc1_readout_share_interval(h: np.ndarray, readout_basis: np.ndarray, seed: int = 0, n_half: int = 10) -> dict[str, float]:
+    """The PC1 readout share with its standard error over texts: the delete-half jackknife of
+    :func:`pc1_readout_share` on ``n_half`` seeded half-samples of the rows (without replacement, as PGA's
+    interval over texts), and its 95 % normal interval clipped to [0, 1]."""
+    from raygeom.numerics.uncertainty import jackknife_se, normal_interval, text_subsamples
+
+    h = _checked(h)
+    full = pc1_readout_share(h, readout_basis)
+    n, size = h.shape[0], h.shape[0] // 2
+    shares = [pc1_readout_share(h[rows], readout_basis)["pc1_readout_share"]
+              for rows in text_subsamples(n, size, seed, n_half)]
+    se = jackknife_se(shares, n, size)
+    low, high = normal_interval(full["pc1_readout_share"], se)
+    return {**full, "pc1_readout_share_se": se, "pc1_readout_share_lo": max(0.0, low),
+            "pc1_readout_share_hi": min(1.0, high), "n_half_samples": n_half}

@@ -34,6 +34,11 @@ NULL_BLOCK = 100  # as the CLI's --n-null auto (raygeom.params.AUTO_NULL_BLOCK)
 NULL_CAP = 1000
 NULL_MIN = 100
 TARGET_HALF_WIDTH = 0.25
+TARGET_REL_WIDTH = 0.05  # --z-rel-width: a half-width of 5 % of |z| is enough far from the thresholds
+# Fewest null draws that carry an interval for z (METRICS.md, "No interval below 20 nulls").
+Z_MIN_NULL = 20
+# A null spread below this is float rounding of rho (float32 cosines), not a distribution: no interval.
+NULL_SD_FLOOR = 1e-6
 # Second seed words keep each use of a caller's seed on its own random stream, apart from the null
 # subspaces (seeded by (seed, i) with i < 2**32 - 1 in practice).
 BOOT_STREAM = 0xB007  # z's bootstrap over the null draws
@@ -75,17 +80,56 @@ def z_delta_se(z: float, n: int) -> float:
     return float(np.sqrt((1.0 + z * z / 2.0) / n)) if n > 0 else float("nan")
 
 
+def z_jackknife_bias(rho: float, nulls) -> np.ndarray | float:
+    """Jackknife estimate of the small-sample bias of ``z = (rho - mean) / sd`` over the null draws.
+
+    ``bias = (n - 1) (mean_i z_(-i) - z)`` (Quenouille 1956; Efron & Tibshirani 1993, ch. 11), with
+    ``z_(-i)`` the z of the ``n - 1`` draws left when draw ``i`` is deleted, in closed form: the deleted
+    mean is ``(n m - x_i) / (n - 1)`` and the deleted sum of squares ``S - n (x_i - m)^2 / (n - 1)``.
+    ``nulls`` may be 2-D (one set of draws per row; one answer per row). The bias is O(1/n): for
+    Gaussian draws ``E[z] = z_true E[sigma / sd]`` = ``z_true (1 + 3 / (4 n) + ...)``, outward; heavier
+    tails (excess kurtosis ``g``) make it about ``z_true (3/8) (2 + g) / n``.
+    """
+    x = np.asarray(nulls, dtype=np.float64)
+    n = x.shape[-1]
+    if n < 3:
+        raise InputError("the jackknife of z needs at least 3 null draws")
+    m = x.mean(axis=-1, keepdims=True)
+    dev = x - m
+    ss = (dev * dev).sum(axis=-1, keepdims=True)
+    z = (rho - m[..., 0]) / np.sqrt(ss[..., 0] / (n - 1))
+    m_del = (n * m - x) / (n - 1)
+    ss_del = np.maximum(ss - n * dev * dev / (n - 1), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z_del = (rho - m_del) / np.sqrt(ss_del / (n - 2))
+    bias = (n - 1) * (z_del.mean(axis=-1) - z)
+    return float(bias) if np.ndim(bias) == 0 else bias
+
+
+def _no_interval() -> dict[str, float]:
+    nan = float("nan")
+    return {"z_se": nan, "z_lo": nan, "z_hi": nan, "z_half_width": nan}
+
+
 def z_uncertainty(rho: float, nulls: Sequence[float], seed: int = 0, n_boot: int = N_BOOT,
                   level: float = LEVEL) -> dict[str, float]:
-    """z and its Monte-Carlo error from the finite null.
+    """z and its Monte-Carlo error from the finite null, including z's small-sample bias.
 
-    ``z_se``: the standard deviation of z recomputed on ``n_boot`` bootstrap resamples of the null
+    ``z_se``: the root-mean-square error of z as an estimate of the true z, ``sqrt(sd_boot^2 + bias^2)``.
+    ``sd_boot`` is the standard deviation of z recomputed on ``n_boot`` bootstrap resamples of the null
     draws (with replacement, ``rho`` held fixed; generator seeded by ``(seed, BOOT_STREAM)``, so
-    deterministic). ``z_lo`` / ``z_hi``: ``z -+ q z_se`` with ``q`` the normal quantile of ``level``
-    (1.96 for 95 %), and ``z_half_width = q z_se``: a normal interval from the bootstrap SE, which
-    covered the true z more closely than the percentile interval at 50-100 nulls (METRICS.md).
-    Also ``z`` and the empirical p-values of :func:`empirical_p_values`. Nulls without spread
-    (z undefined) are an error.
+    deterministic); ``bias`` the jackknife estimate of z's small-sample bias (:func:`z_jackknife_bias`;
+    outward, about 0.2 at |z| = 10 with 100 real nulls). ``z_lo`` / ``z_hi``: ``z -+ q z_se`` with
+    ``q`` the normal quantile of ``level`` (1.96 for 95 %), and ``z_half_width = q z_se``. A normal
+    interval covered the true z more closely than the percentile interval at 50-100 nulls; the bias
+    term keeps it at nominal coverage where the bias is a sizeable part of the error (for an error
+    ``N(b, s^2)``, ``z -+ 1.96 sqrt(s^2 + b^2)`` covers 95.0 % at ``b = s / 4``; METRICS.md). Also ``z``
+    (the plain estimate ``(rho - mean) / sd``) and the empirical p-values of :func:`empirical_p_values`.
+
+    No interval (``z_se``, ``z_lo``, ``z_hi``, ``z_half_width`` NaN) below ``Z_MIN_NULL`` draws, where
+    the draws cannot support one (METRICS.md), nor from degenerate draws: a null spread at float
+    rounding level (below ``NULL_SD_FLOOR``), a bootstrap resample without spread, or a non-finite
+    result. Nulls without any spread (z undefined) are an error.
     """
     nulls = _finite_1d("nulls", nulls)
     n = nulls.size
@@ -96,15 +140,29 @@ def z_uncertainty(rho: float, nulls: Sequence[float], seed: int = 0, n_boot: int
     if np.ptp(nulls) == 0:
         raise InputError("the null rhos have no spread, so z is undefined")
     q = _quantile(level)
-    z = (rho - float(nulls.mean())) / float(nulls.std(ddof=1))
+    sd = float(nulls.std(ddof=1))
+    z = (rho - float(nulls.mean())) / sd
+    result = {"z": float(z), **_no_interval(), **empirical_p_values(rho, nulls)}
+    if n < Z_MIN_NULL or not sd > NULL_SD_FLOOR:
+        return result
     rng = np.random.default_rng([int(seed), BOOT_STREAM])
     resampled = nulls[rng.integers(0, n, size=(n_boot, n))]
     sds = resampled.std(axis=1, ddof=1)
-    ok = sds > 0  # a resample of one repeated draw has no z
-    boot_z = (rho - resampled[ok].mean(axis=1)) / sds[ok]
-    se = float(boot_z.std(ddof=1)) if boot_z.size > 1 else float("nan")
-    return {"z": float(z), "z_se": se, "z_lo": z - q * se, "z_hi": z + q * se, "z_half_width": q * se,
-            **empirical_p_values(rho, nulls)}
+    if not (sds > NULL_SD_FLOOR).all():  # a resample of one repeated draw: too few distinct draws to bound z
+        return result
+    boot_z = (rho - resampled.mean(axis=1)) / sds
+    se = float(np.sqrt(boot_z.var(ddof=1) + z_jackknife_bias(rho, nulls) ** 2))
+    if not (np.isfinite(se) and se > 0):
+        return result
+    result.update(z_se=se, z_lo=z - q * se, z_hi=z + q * se, z_half_width=q * se)
+    return result
+
+
+def interval_note(n_null: int) -> str:
+    """What the console says where a z carries no interval."""
+    if n_null < Z_MIN_NULL:
+        return f"no interval below {Z_MIN_NULL} nulls"
+    return "no interval: degenerate null draws"
 
 
 # ----------------------------------------------------------------------------- --n-null auto
@@ -124,24 +182,51 @@ def null_blocks(cap: int = NULL_CAP, block: int = NULL_BLOCK, start: int = 0) ->
 def null_target_reached(rho: float, nulls: Sequence[float], target_half_width: float = TARGET_HALF_WIDTH,
                         cap: int = NULL_CAP, *, seed: int = 0, min_null: int = NULL_MIN,
                         relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL) -> bool:
-    """Whether ``--n-null auto`` may stop with these nulls: at least ``min_null`` of them and the
-    95 % half-width of z (:func:`z_uncertainty`) at most ``target_half_width`` (or, with
-    ``relative_target``, at most ``relative_target * |z|`` when that is larger), or ``cap`` reached.
+    """Whether ``--n-null auto`` may stop with these nulls: at least ``min_null`` (and ``Z_MIN_NULL``)
+    of them and the 95 % half-width of z (:func:`z_uncertainty`) at most
+    :func:`stop_half_width` ``(z, target_half_width, relative_target)``, or ``cap`` reached.
 
-    A degenerate null (no spread, z undefined) stops at once: more draws cannot help.
+    A degenerate null (no spread, z undefined; or draws too degenerate for an interval) stops at
+    once: more draws cannot help.
     """
     nulls = _finite_1d("nulls", nulls)
     if nulls.size >= cap:
         return True
-    if nulls.size < max(min_null, 3):
+    if nulls.size < max(min_null, Z_MIN_NULL):
         return False
     if np.ptp(nulls) == 0:
         return True
     result = z_uncertainty(rho, nulls, seed=seed, n_boot=n_boot, level=level)
-    target = target_half_width
-    if relative_target is not None:
-        target = max(target, relative_target * abs(result["z"]))
-    return bool(result["z_half_width"] <= target)
+    if not np.isfinite(result["z_half_width"]):
+        return True
+    return bool(result["z_half_width"] <= stop_half_width(result["z"], target_half_width, relative_target))
+
+
+def stop_half_width(z: float, target_half_width: float = TARGET_HALF_WIDTH,
+                    relative_target: float | None = None) -> float:
+    """The half-width at which ``--n-null auto`` stops a layer: ``max(target_half_width,
+    relative_target * |z|)`` (``target_half_width`` alone without ``relative_target``). Absolute near
+    the decision thresholds (|z| <= 5 at the defaults 0.25 and 0.05), relative far out."""
+    if relative_target is None:
+        return float(target_half_width)
+    return float(max(target_half_width, relative_target * abs(z)))
+
+
+def expected_auto_nulls(z, target_half_width: float = TARGET_HALF_WIDTH, relative_target: float | None = None,
+                        cap: int = NULL_CAP, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
+                        level: float = LEVEL, inflation: float = 1.0):
+    """Nulls ``--n-null auto`` is expected to draw for a layer whose z is ``z`` (array or scalar): the
+    delta method's need ``(q / h)^2 (1 + z^2 / 2)`` at the stop half-width ``h`` of
+    :func:`stop_half_width`, times ``inflation`` (the null's measured ``(z_se / delta se)^2``; 1 for
+    Gaussian nulls), rounded up to a whole block, at least ``min_null``, at most ``cap``. At the
+    defaults (0.25, no relative target) the need is ``61.5 (1 + z^2 / 2)``; with 5 % of |z| it levels
+    off at ``(q / 0.05)^2 / 2 = 768`` for large |z|."""
+    z = np.abs(np.asarray(z, dtype=np.float64))
+    h = np.full_like(z, float(target_half_width)) if relative_target is None else np.maximum(target_half_width,
+                                                                                             relative_target * z)
+    need = (_quantile(level) / h) ** 2 * (1.0 + z * z / 2.0) * inflation
+    blocks = np.ceil(np.maximum(need, min_null) / block) * block
+    return np.minimum(blocks, cap)
 
 
 def auto_null_count(rho: float, nulls: Sequence[float], target_half_width: float = TARGET_HALF_WIDTH,
@@ -211,104 +296,6 @@ def jackknife_se(values: Sequence[float], n: int, size: int) -> float:
     if values.size < 2:
         return float("nan")
     return float(np.sqrt(size / (n - size) * values.var(ddof=1)))
-
-
-def _subsample_scores(h: np.ndarray, basis: np.ndarray, k: int, r: int, seed: int, count: int, size: int,
-                      n_null: int, device: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """rho_readout and the margin ``rho - mean(null rhos)`` on each of ``count`` subsamples of ``size`` texts.
-
-    Each subset is prepared afresh (its own centring, CCR and full-space ranks). Every subset uses the
-    same null draws ``0..n_null-1`` (seeded by ``(seed, i)``), so their Monte-Carlo noise is largely
-    shared and does not inflate the spread across subsets.
-    """
-    from raygeom.numerics import pga
-
-    rhos, margins = [], []
-    for rows in text_subsamples(h.shape[0], size, seed, count):
-        layer = pga.prepare_layer(h[rows], r)
-        rho = pga.subspace_rho(layer, basis[:, :k], device)
-        rhos.append(rho)
-        margins.append(rho - float(np.mean(pga.null_rhos(layer, k, seed, range(n_null), device))))
-    return np.array(rhos), np.array(margins)
-
-
-def _check_subsampling(h: np.ndarray, r: int, count: int, size: int, n_null: int) -> None:
-    from raygeom.numerics import pga
-
-    if count < 2 or n_null < 1 or size < pga.MIN_SAMPLES or size >= h.shape[0] or r >= min(size, h.shape[1]):
-        raise InputError(f"N={h.shape[0]} texts are too few for {count} subsamples of {size} with CCR-{r}")
-
-
-def half_sample_spread(h, basis, r: int, k: int, seed: int = 0, n_half: int = 10, n_null: int = 10,
-                       device: str | None = None) -> dict[str, float]:
-    """Standard errors over texts of the readout rho and of the PGA margin (rho - mean of nulls), by the
-    delete-d jackknife with d about N/2: ``n_half`` seeded subsets of ``N // 2`` texts
-    (:func:`text_subsamples`: without replacement, so a duplicated text never meets itself), each
-    scored with the readout basis and ``n_null`` nulls, and :func:`jackknife_se` of each statistic
-    (factor ``(N//2) / (N - N//2)``: 1 for even N)."""
-    h = np.asarray(h)
-    size = h.shape[0] // 2
-    _check_subsampling(h, r, n_half, size, n_null)
-    rhos, margins = _subsample_scores(h, basis, k, r, seed, n_half, size, n_null, device)
-    return {"rho_texts_se": jackknife_se(rhos, h.shape[0], size),
-            "margin_texts_se": jackknife_se(margins, h.shape[0], size), "n_half_samples": n_half}
-
-
-def pga_text_interval(h: np.ndarray, readout: np.ndarray, k: int, r: int = 1, seed: int = 0, *,
-                      n_subsamples: int = 30, fraction: float = 0.5, n_null: int = 30,
-                      z: float | None = None, null_std: float | None = None, level: float = LEVEL,
-                      device: str | None = None) -> dict[str, float]:
-    """How much rho_readout and z depend on which N texts were sampled: intervals over texts.
-
-    Delete-d jackknife by seeded subsampling without replacement: ``n_subsamples`` subsets of
-    ``size = int(fraction * N)`` texts (:func:`text_subsamples`), each scored as in
-    :func:`half_sample_spread` (rho_readout, and the margin rho - mean of ``n_null`` nulls), and
-    :func:`jackknife_se` of each gives its standard error over texts; ``estimate -+ q se`` is the
-    interval. No bootstrap with replacement: a text drawn twice is a duplicated row, whose zero
-    distances would be artefacts.
-
-    z itself grows with N (the null sd shrinks as pairs are added), so z is not recomputed per
-    subset: the interval on the z scale is ``z -+ q se(margin) / null_std``, with ``z`` and
-    ``null_std`` those of the full data (pass them from the PGA result, or they are computed here
-    with ``n_null`` nulls).
-
-    Cost: ``n_subsamples * (1 + n_null)`` subspace scorings on ``size`` texts, each about
-    ``fraction^2`` of a full-N scoring (pairs grow as N^2), plus one CCR per subset; the
-    defaults cost about 232 full-N scorings, about 2.3 times a 100-null PGA of the layer.
-    """
-    from raygeom.numerics.pga import _check_k, _check_matrix, null_rhos, prepare_layer, subspace_rho
-
-    h = _check_matrix("H", h)
-    n, d = h.shape
-    _check_k(k, d)
-    readout = _check_matrix("readout basis", readout)
-    if readout.shape[0] != d or readout.shape[1] < k:
-        raise InputError(f"readout basis is {readout.shape}; need {d} rows and at least k={k} columns")
-    if not 0.0 < fraction < 1.0:
-        raise InputError(f"fraction must lie in (0, 1); got {fraction}")
-    size = int(fraction * n)
-    _check_subsampling(h, r, n_subsamples, size, n_null)
-    if n_null < 2:
-        raise InputError(f"need at least 2 nulls per subsample; got {n_null}")
-    basis = readout[:, :k]
-    q = _quantile(level)
-    full = prepare_layer(h, r)
-    rho_full = subspace_rho(full, basis, device)
-    if z is None or null_std is None:
-        nulls = null_rhos(full, k, seed, range(n_null), device)
-        null_std = float(nulls.std(ddof=1))
-        z = (rho_full - float(nulls.mean())) / null_std
-    rhos, margins = _subsample_scores(h, basis, k, r, seed, n_subsamples, size, n_null, device)
-    rho_se = jackknife_se(rhos, n, size)
-    margin_se = jackknife_se(margins, n, size)
-    z_se = margin_se / null_std if null_std > 0 else float("nan")
-    return {"rho_readout": float(rho_full), "rho_texts_se": rho_se, "rho_texts_lo": rho_full - q * rho_se,
-            "rho_texts_hi": rho_full + q * rho_se, "margin_texts_se": margin_se, "z": float(z), "z_texts_se": z_se,
-            "z_texts_lo": z - q * z_se, "z_texts_hi": z + q * z_se, "n": n, "subsample_size": size,
-            "n_subsamples": n_subsamples, "n_null_per_subsample": n_null, "level": level, "seed": int(seed)}
-
-
-# ----------------------------------------------------------------------------- other decisions
 
 
 def normal_interval(value: float, se: float, level: float = LEVEL) -> tuple[float, float]:

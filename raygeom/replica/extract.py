@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raygeom import layers as layer_position
+from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.params import check_types
 from raygeom.replica import tokenize
@@ -81,7 +81,7 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
     """Run ``reduce(name, hidden)`` on each wanted layer's hidden states during a forward pass.
 
     Besides ``embed``, ``block_XX`` and ``final_norm``, ``wanted`` may name points inside a block
-    (``block_XX.attn_out``, ``.resid_mid``, ``.mlp_out``; see raygeom.layers), hooked where
+    (``block_XX.attn_out``, ``.resid_mid``, ``.mlp_out``; see raygeom.sources.layers), hooked where
     ``model_surgery.block_points`` says they are."""
     names = model_surgery.layer_names(model)
     blocks = model_surgery.blocks(model)

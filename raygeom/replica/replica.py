@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from raygeom import layers as layer_position
+from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.replica import tokenize
 from raygeom.replica.extract import BatchActivations, ExtractionSettings, extract_batch

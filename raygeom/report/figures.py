@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -11,23 +12,50 @@ from rich.table import Table
 from raygeom.store.tree import atomic_write_table
 
 
-def _interval(row: dict) -> tuple[float, float] | None:
-    lo, hi = row.get("z_lo"), row.get("z_hi")
+def interval_bounds(row: dict, name: str = "z") -> tuple[float, float] | None:
+    """(lo, hi) of column ``name`` from the row's ``<name>_lo`` and ``<name>_hi``; None unless it has both, not NaN."""
+    lo, hi = row.get(f"{name}_lo"), row.get(f"{name}_hi")
     return (lo, hi) if lo is not None and hi is not None and lo == lo and hi == hi else None
 
 
+def format_interval(row: dict, name: str, digits: int = 2, separator: str = ", ") -> str:
+    """``value [lo, hi]`` of column ``name`` with its interval columns, signed, for tables and titles: ``nan`` where
+    the row has no value, the value alone where it has no interval."""
+    value, bounds = row.get(name), interval_bounds(row, name)
+    if not isinstance(value, float) or value != value:
+        return "nan"
+    if bounds is None:
+        return f"{value:+.{digits}f}"
+    return f"{value:+.{digits}f} [{bounds[0]:+.{digits}f}{separator}{bounds[1]:+.{digits}f}]"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, never a window): the one way raygeom gets it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def pga_table(rows: list[dict], title: str) -> Table:
-    """z with the 95 % half-width of its Monte-Carlo interval (from the finite null) and the empirical p-value."""
+    """z with the 95 % half-width of its Monte-Carlo interval (from the finite null) and the empirical p-value;
+    where a z carries no interval, why (fewer nulls than can support one, or degenerate draws)."""
+    from raygeom.numerics.uncertainty import interval_note
+
     table = Table(title=title, title_justify="left")
     for name in ("layer", "rho_readout", "null mean", "null std", "z ± 95%", "p (upper)", "nulls"):
         table.add_column(name, justify="left" if name == "layer" else "right")
     for row in rows:
         z = row["z"]
-        interval = _interval(row)
+        interval = interval_bounds(row)
         # Coloured only when the whole interval is past +-2, not just the point.
         low, high = interval or (z, z)
         style = "green" if low > 2 else "red" if high < -2 else ""
         text = f"{z:+.2f}" + (f" ± {(high - low) / 2:.2f}" if interval else "")
+        if not interval and not math.isnan(z) and row.get("n_null") is not None:
+            text += f" ({interval_note(int(row['n_null']))})"
         p = row.get("p_upper")
         table.add_row(row["layer"], f"{row['rho_readout']:.4f}", f"{row['null_mean']:.4f}", f"{row['null_std']:.4f}",
                       f"[{style}]{text}[/]" if style else text, "" if p is None else f"{p:.3g}", str(row.get("n_null", "")))
@@ -48,7 +76,7 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
         table.add_column(name, justify="left" if name in ("model", "revision", "at") else "right")
 
     def cell(row: dict) -> str:
-        interval = _interval(row)
+        interval = interval_bounds(row)
         return f"{row['z']:+.2f}" + (f" ± {(interval[1] - interval[0]) / 2:.2f}" if interval else "")
 
     keys = list(groups)
@@ -66,20 +94,16 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
 
 def print_pga(console: Console, rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["model"], row["revision"]), []).append(row)
-    for (model, revision), group in groups.items():
+    for row in rows:  # one table per setting: rows of two CCR ranks or k never share a table
+        groups.setdefault((row["model"], row["revision"], row.get("k"), row.get("r")), []).append(row)
+    for (model, revision, _, _), group in groups.items():
         first = group[0]
         title = f"Subspace PGA  {escape(model)}@{escape(revision)}  (N={first['n']}, d={first['d']}, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})"
         console.print(pga_table(sorted(group, key=lambda r: (r["layer_index"], r.get("relative_depth") or 0.0)), title))
 
 
 def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by depth") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(f"{row['model']}@{row['revision']} (k={row['k']}, CCR-{row['r']})", []).append(row)
@@ -88,7 +112,7 @@ def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by 
         group = sorted(group, key=lambda r: r["relative_depth"])
         depth = [r["relative_depth"] for r in group]
         line, = ax.plot(depth, [r["z"] for r in group], marker="o", ms=3, label=label)
-        intervals = [_interval(r) for r in group]
+        intervals = [interval_bounds(r) for r in group]
         if all(intervals):
             ax.fill_between(depth, [i[0] for i in intervals], [i[1] for i in intervals], color=line.get_color(), alpha=0.2, lw=0)
     ax.axhline(0, color="black", lw=0.8)

@@ -75,13 +75,16 @@ def _read(path: Path) -> list[dict]:
 def _read_dir(directory: Path) -> list[dict]:
     import pyarrow as pa
 
-    from raygeom.store.tree import read_table
+    from raygeom.store.tree import Store, read_table
 
+    # A unit directory's files are read as units: one copied over another unit's name is not shown twice.
+    store = Store(directory.parent.parent)
+    read = (lambda path: store.read_unit_file(path, strict=False)) if directory.parent.name == "results" else read_table
     paths = sorted(directory.glob("*.parquet")) if directory.is_dir() else []
     tables = []
     for path in paths:
         try:
-            tables.append(read_table(path))
+            tables.append(read(path))
         except RaygeomError as error:  # a unit being rewritten or a damaged file: the report shows the rest and says so
             _UNREADABLE.append((path, str(error)))
     if not tables:
@@ -159,6 +162,31 @@ def _variants(rows: list[dict]) -> list[str]:
 def _variant_label(row: dict, columns: list[str]) -> str:
     names = {"r": "CCR", "n_null": "nulls"}
     return ", ".join(f"{names.get(c, c)}={row.get(c)}" for c in columns)
+
+
+def series(rows: list[dict], base: tuple[str, ...] = ("model", "revision"), extra: tuple[str, ...] = (),
+           x: str = "relative_depth") -> dict[str, list[dict]]:
+    """Rows split into lines that never join two settings: one per combination of ``base`` and of every setting
+    column (VARIANT_COLUMNS and ``extra``) that varies across ``rows``; each line sorted by ``x``. A line that
+    would still hold two rows at one x (a setting no column names) is split by its unit key."""
+    varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if c not in base
+               and len({json.dumps(r.get(c), default=str) for r in rows}) > 1]
+    lines: dict[str, list[dict]] = {}
+    for row in rows:
+        label = "@".join(str(row.get(c)) for c in base if row.get(c) is not None)
+        if varying:
+            label += f" ({_variant_label(row, varying)})"
+        lines.setdefault(label, []).append(row)
+    out = {}
+    for label, line in lines.items():
+        positions = [r.get(x) for r in line]
+        if len(set(positions)) < len(positions):  # same settings, same position: separate runs, kept apart
+            for key in dict.fromkeys(r.get("unit_key") or id(r) for r in line):
+                part = [r for r in line if (r.get("unit_key") or id(r)) == key]
+                out[f"{label} [{str(key)[:8]}]"] = sorted(part, key=lambda r: (r.get(x) is None, r.get(x)))
+        else:
+            out[label] = sorted(line, key=lambda r: (r.get(x) is None, r.get(x)))
+    return out
 
 
 def _visible_revisions(revisions: list[str], keep: int = VISIBLE_REVISIONS) -> set[str]:
@@ -304,9 +332,7 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
         finals += [r for r in group if r["revision"] == last]
     if len(models) > 1:
         fig = _fig("Every model at its last revision", xaxis_title="relative depth", yaxis_title="z")
-        for i, model in enumerate(models):
-            line = sorted((r for r in finals if r["model"] == model), key=lambda r: r["relative_depth"])
-            label = f"{model}@{line[0]['revision']}"
+        for i, (label, line) in enumerate(series(finals).items()):
             if has_band:
                 _band(fig, _num(line, "relative_depth"), _num(line, "z_lo"), _num(line, "z_hi"), _colour(i), label, True)
             fig.add_trace(go.Scatter(x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
@@ -420,9 +446,8 @@ def diagnostics_section(root: Path) -> Section | None:
         panels = ([(f"z_ccr{z_rank}", f"z (CCR-{z_rank})")] if z_rank is not None else []) + metrics
         fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.025,
                             subplot_titles=[label for _, label in panels])
-        labels = sorted({f"{r['model']}@{r['revision']}" for r in rows})
-        for i, label in enumerate(labels):
-            group = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+        lines = sorted(series(rows).items())
+        for i, (label, group) in enumerate(lines):
             for p, (column, name) in enumerate(panels, start=1):
                 interval = _interval(group, column)
                 if interval is not None:
@@ -444,8 +469,7 @@ def diagnostics_section(root: Path) -> Section | None:
         section.figures.append(fig)
         if len(ranks) > 1:
             fig = _fig("CCR restoration: z at CCR-r", xaxis_title="relative depth", yaxis_title="z")
-            for i, label in enumerate(labels):
-                group = sorted((r for r in rows if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+            for i, (label, group) in enumerate(lines):
                 for j, rank in enumerate(ranks):
                     name = f"{label} CCR-{rank}"
                     interval = _interval(group, f"z_ccr{rank}")
@@ -461,9 +485,7 @@ def diagnostics_section(root: Path) -> Section | None:
     if probes:
         fig = _fig("Linear probe accuracy by depth (dotted: majority class)", xaxis_title="relative depth",
                    yaxis_title="test accuracy", yaxis_range=[0, 1.02])
-        labels = sorted({f"{r['model']}@{r['revision']}" for r in probes})
-        for i, label in enumerate(labels):
-            group = sorted((r for r in probes if f"{r['model']}@{r['revision']}" == label), key=lambda r: r["layer_index"])
+        for i, (label, group) in enumerate(sorted(series(probes, extra=("test_fraction", "c")).items())):
             interval = _interval(group, "accuracy")
             if interval is not None:
                 _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True)
@@ -471,10 +493,98 @@ def diagnostics_section(root: Path) -> Section | None:
                                      name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
                                      hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))
             fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
-                                     showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip"))
+                                     showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip",
+                                     name=f"{label} chance"))
         section.figures.append(fig)
         section.tables.append(_settings_block(probes, title="Probe settings per run"))
     return section
+
+
+def analysis_sections(root: Path) -> list[Section]:
+    """A section per registered analysis the store holds rows of (raygeom.analyses.registry): each declared
+    metric against depth, one line per model, revision and setting, with its interval as a band and its chance
+    level dotted; and, for a model with several revisions, a (revision x layer) heatmap per setting."""
+    import plotly.graph_objects as go
+
+    from raygeom.analyses import registry
+
+    sections = []
+    for name, analysis in sorted(registry.analyses().items()):
+        if name == "pga":  # z has its own sections above (depth profiles, sweep heatmaps, collapse zones)
+            continue
+        directory = root / "results" / name
+        rows = [r for r in _read_dir(directory) if r.get("relative_depth") is not None]
+        if not rows:
+            continue
+        section = Section(f"analysis-{name}", analysis.title, files=[p for p in [root / "results" / f"{name}.parquet"]
+                                                                     if p.is_file()],
+                          intro=f"Registered analysis <code>{html.escape(name)}</code> (version {analysis.version}): "
+                                "one line per model, revision and setting; bands are 95 % intervals where the rows carry them.")
+        lines = series(rows, extra=analysis.series)
+        revisions_of = {m: _revision_order(r["revision"] for r in rows if r["model"] == m) for m in {r["model"] for r in rows}}
+        visible = {m: _visible_revisions(v) for m, v in revisions_of.items()}
+        for metric in analysis.metrics:
+            if not any(_finite(r.get(metric.column)) for r in rows):
+                continue
+            fig = _fig(f"{metric.title} by depth", xaxis_title="relative depth (embedding = 0, final norm = 1)",
+                       yaxis_title=metric.title)
+            for i, (label, line) in enumerate(lines.items()):
+                shown = True if line[0]["revision"] in visible[line[0]["model"]] else "legendonly"
+                x = _num(line, "relative_depth")
+                if metric.lo and metric.hi:
+                    _band(fig, x, _num(line, metric.lo), _num(line, metric.hi), _colour(i), label, shown)
+                fig.add_trace(go.Scatter(x=x, y=_num(line, metric.column), mode="lines+markers", marker={"size": 4},
+                                         line={"color": _colour(i)}, name=label, legendgroup=label, visible=shown,
+                                         text=[r["layer"] for r in line], meta={"series": label},
+                                         hovertemplate=_hover("%{text}: " + html.escape(metric.title) + " = %{y:.4g}", label)))
+                if metric.chance:
+                    fig.add_trace(go.Scatter(x=x, y=_num(line, metric.chance), mode="lines", legendgroup=label,
+                                             showlegend=False, visible=shown, name=f"{label} chance", hoverinfo="skip",
+                                             meta={"series": label, "role": "chance"},
+                                             line={"color": _colour(i), "dash": "dot", "width": 1}))
+            section.figures.append(fig)
+            section.figures += _step_layer_heatmaps(rows, metric, analysis.series)
+        section.tables.append(_settings_block(rows))
+        sections.append(section)
+    return sections
+
+
+def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> list:
+    """(revision x layer) heatmaps of one metric, one per model and setting that has several revisions."""
+    import plotly.graph_objects as go
+
+    figures = []
+    groups: dict = {}
+    varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if len({json.dumps(r.get(c), default=str) for r in rows}) > 1]
+    for row in rows:
+        groups.setdefault((row["model"], _variant_label(row, varying)), []).append(row)
+    for (model, variant), group in sorted(groups.items()):
+        revisions = _revision_order(r["revision"] for r in group)
+        if len(revisions) < 2:
+            continue
+        layers = [name for _, name in sorted({(r.get("layer_index", 0), r["layer"]) for r in group})]
+        ci, li = {v: i for i, v in enumerate(revisions)}, {v: i for i, v in enumerate(layers)}
+        values = np.full((len(layers), len(revisions)), np.nan)
+        bounds = np.full((len(layers), len(revisions), 2), np.nan)
+        for r in group:
+            values[li[r["layer"]], ci[r["revision"]]] = r.get(metric.column) if _finite(r.get(metric.column)) else np.nan
+            if metric.lo and metric.hi:
+                bounds[li[r["layer"]], ci[r["revision"]]] = [r.get(c) if _finite(r.get(c)) else np.nan
+                                                             for c in (metric.lo, metric.hi)]
+        title = f"{model}: {metric.title} over training" + (f" ({variant})" if variant else "")
+        fig = _fig(title, height=max(320, 14 * len(layers) + 140), xaxis_title="revision (ordered by training step)",
+                   yaxis_title="layer")
+        hover = "%{y} @ %{x}<br>" + html.escape(metric.title) + " = %{z:.4g}"
+        if metric.lo and metric.hi:
+            hover += " [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
+        fig.add_trace(go.Heatmap(z=values, x=revisions, y=layers, customdata=bounds, colorscale="Viridis",
+                                 colorbar={"title": {"text": metric.title}}, hovertemplate=hover + "<extra></extra>",
+                                 hoverongaps=False, name=metric.column))
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=revisions, tickangle=-60, tickfont={"size": 8},
+                         tickvals=[revisions[i] for i in _tick_positions([_step(v) for v in revisions])])
+        fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": 8})
+        figures.append(fig)
+    return figures
 
 
 def converge_section(root: Path) -> Section | None:
@@ -542,10 +652,9 @@ def dispersion_section(root: Path) -> Section | None:
     if layers:
         fig = make_subplots(rows=1, cols=3, subplot_titles=["token dispersion", "sample dispersion", "dispersion gap"],
                             horizontal_spacing=0.07)
-        models = list(dict.fromkeys(r["model"] for r in layers))
-        for i, model in enumerate(models):
-            part = sorted((r for r in layers if r["model"] == model and r["layer"] != "attn_last"),
-                          key=lambda r: r["relative_depth"])
+        lines = series([r for r in layers if r["layer"] != "attn_last"], extra=("chunk_len", "chunks_per_domain",
+                                                                                "domain_tokens"))
+        for i, (model, part) in enumerate(lines.items()):
             for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
                 fig.add_trace(go.Scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
@@ -555,7 +664,7 @@ def dispersion_section(root: Path) -> Section | None:
         fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400, template="plotly_white",
                           margin={"l": 60, "r": 20, "t": 60, "b": 50})
         section.figures.append(fig)
-        columns = ["model", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
+        columns = ["model", "revision", "step", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
                    "domain_agreement_sample", "domain_agreement_token", "kmeans_agreement_sample", "kmeans_agreement_token",
                    "gap"]
         section.tables.append("<h4>Per layer</h4>" + _table_html(layers, [c for c in columns if any(c in r for r in layers)]))
@@ -801,7 +910,7 @@ def build_sections(root: Path) -> list[Section]:
     pga = pga_rows(root)
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
     sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
-                converge_section(root), dispersion_section(root), knn_section(root), train_section(root),
+                *analysis_sections(root), converge_section(root), dispersion_section(root), knn_section(root), train_section(root),
                 trajectory_section(root), extraction_section(root)]
     return [s for s in sections if s is not None]
 

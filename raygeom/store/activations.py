@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raygeom import layers as layer_position
+from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
 
 BYO_VERSION = 1

@@ -101,6 +101,8 @@ def _write_replacing(data: bytes | memoryview, path: Path) -> str:
         for target, payload in ((path, data), (sidecar, digest.encode())):
             fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.", suffix=".tmp")
             written.append(temporary)
+            # mkstemp creates 0600 whatever the umask; a stored file gets the mode open() would give it.
+            os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "wb") as handle:
                 handle.write(payload)
         os.replace(written[0], path)
@@ -116,10 +118,39 @@ def _write_replacing(data: bytes | memoryview, path: Path) -> str:
     return digest
 
 
+def _umask() -> int:
+    """The process umask, read from /proc (os.umask can only read it by changing it, which races other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _os_error(error: OSError, what: str) -> RaygeomError:
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return RaygeomError(f"{what}: the disk is full (nothing partial was kept; free space and rerun to resume)")
     return RaygeomError(f"{what}: {error.strerror or error}")
+
+
+IDENTITY = b"raygeom.identity"  # Parquet schema metadata: what a stored file is, checked against where it is
+
+
+def with_identity(table: pa.Table, identity: dict) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), IDENTITY: json.dumps(identity, sort_keys=True).encode()})
+
+
+def identity_of(table: pa.Table) -> dict | None:
+    raw = (table.schema.metadata or {}).get(IDENTITY)
+    try:
+        found = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def atomic_write_table(table: pa.Table, path: Path) -> str:
@@ -167,11 +198,23 @@ def verified(path: Path, expected: str | None = None) -> bool:
 
 
 def read_table(path: Path, expected: str | None = None) -> pa.Table:
-    data = read_verified(path, expected)
+    return _decode(read_verified(path, expected), path)
+
+
+def _decode(data: bytes, path: Path, columns: list[str] | None = None) -> pa.Table:
     try:
-        return pq.read_table(pa.BufferReader(data))
-    except (OSError, pa.ArrowInvalid) as error:
+        return pq.read_table(pa.BufferReader(data), columns=columns)
+    except (OSError, pa.ArrowInvalid, KeyError) as error:
         raise CorruptFile(f"corrupt or unreadable Parquet file {path}: {error}") from None
+
+
+def _row_keys_problem(table: pa.Table, key: str, path: Path) -> str | None:
+    if "unit_key" not in table.column_names:
+        return None
+    found = set(table["unit_key"].to_pylist())
+    if found - {key}:
+        return f"{path} holds rows of unit {min(map(str, found - {key}))}, not {key} (copied or moved over it)"
+    return None
 
 
 def check_writable(root: Path) -> None:
@@ -244,7 +287,9 @@ class Store:
     Model names and revisions are percent-encoded into one path segment each."""
 
     def __init__(self, root: str | Path):
-        self.root = Path(root)
+        # Absolute: the root is handed to Ray workers and actors, whose working directory is not the driver's (on a
+        # cluster, or a Ray started elsewhere), so a relative --out would be read and written somewhere else.
+        self.root = Path(root).expanduser().absolute()
         self._digests: dict[Path, str] = {}  # files this instance wrote: the marker records these hashes
 
     def _partition(self, kind: str, model: str, revision: str) -> Path:
@@ -265,57 +310,119 @@ class Store:
                 "vector": vector_column(vectors.astype(np.float32)),
             }
         )
-        self._write(table, self.layer_path(model, revision, layer))
+        identity = {"kind": "layer", "model": model, "revision": revision, "layer": layer, "layer_index": int(layer_index)}
+        self._write(with_identity(table, identity), self.layer_path(model, revision, layer))
 
-    def _expected(self, model: str, revision: str, path: Path, key: str | None) -> str | None:
-        """The hash the completion marker recorded for ``path``; with ``key``, the marker must be that
-        extraction's, so an analysis never reads activations made for other settings."""
+    def _expected(self, model: str, revision: str, path: Path, key: str | None) -> tuple[str | None, dict | None]:
+        """The hash the completion marker recorded for ``path``, and the marker; with ``key``, the marker must be
+        that extraction's, so an analysis never reads activations made for other settings."""
         marker = self.completion(model, revision)
         if key is not None and (marker is None or marker.get("key") != key):
             found = "none" if marker is None else f"settings key {marker.get('key')}"
             raise RaygeomError(f"the stored extraction of {model}@{revision} in {self.root} is not the one this run "
                                f"made (expected settings key {key}, found {found}); another run may be writing this store")
         if marker is None:
-            return None
-        return marker.get("files", {}).get(self._relative(path))
+            return None, None
+        return marker.get("files", {}).get(self._relative(path)), marker
 
     def _relative(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
+
+    @staticmethod
+    def layer_problem(table: pa.Table, model: str, revision: str, layer: str, path: Path, marker: dict | None) -> str | None:
+        """Why a layer file's content is not the layer its path names (e.g. another layer's file copied over it)."""
+        identity = identity_of(table) or {}
+        stated = {name: identity.get(name) for name in ("kind", "model", "revision", "layer")}
+        if stated != {"kind": "layer", "model": model, "revision": revision, "layer": layer}:
+            what = f"{stated['model']}@{stated['revision']} layer {stated['layer']}" if identity else "no stated layer"
+            return f"{path} holds {what}, not {model}@{revision} layer {layer} (copied or moved over it)"
+        indices = set(table["layer_index"].to_pylist()) if "layer_index" in table.column_names else set()
+        names = (marker or {}).get("all_layers")
+        expected = names.index(layer) if isinstance(names, list) and layer in names else identity.get("layer_index")
+        if indices != {expected}:
+            return f"{path} holds layer_index {sorted(indices)}, but layer {layer} is index {expected}"
+        return None
 
     def read_layer(self, model: str, revision: str, layer: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         path = self.layer_path(model, revision, layer)
         if not path.is_file():
             raise RaygeomError(f"no activations for {model}@{revision} layer {layer} in {self.root}")
-        table = read_table(path, self._expected(model, revision, path, key))
+        digest, marker = self._expected(model, revision, path, key)
+        table = read_table(path, digest)
+        problem = self.layer_problem(table, model, revision, layer, path, marker)
+        if problem:
+            raise CorruptFile(problem)
         order = np.argsort(table["sample_id"].to_numpy())
         return table["sample_id"].to_numpy()[order], column_to_matrix(table["vector"])[order]
 
     def marker_path(self, model: str, revision: str) -> Path:
         return self._partition("activations", model, revision) / COMPLETE_MARKER
 
-    def completion(self, model: str, revision: str) -> dict | None:
-        """The completion marker, or None when there is none or it does not match its checksum."""
-        marker = self.marker_path(model, revision)
-        if not marker.is_file():
-            return None
+    def _marker(self, model: str, revision: str) -> tuple[dict | None, str | None]:
+        """The completion marker (None when absent or damaged) and, when it is there but unusable, why."""
+        path = self.marker_path(model, revision)
+        if not path.is_file():
+            return None, None
         try:
-            info = json.loads(read_verified(marker))
-        except (RaygeomError, json.JSONDecodeError, UnicodeDecodeError):
-            return None
-        return info if isinstance(info, dict) else None
+            info = json.loads(read_verified(path))
+        except RaygeomError as error:
+            return None, str(error)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None, f"{path} is not a readable completion marker"
+        if not isinstance(info, dict):
+            return None, f"{path} is not a readable completion marker"
+        location = info.get("location")
+        if location != {"model": model, "revision": revision}:
+            where = f"{location.get('model')}@{location.get('revision')}" if isinstance(location, dict) else "no stated place"
+            return None, f"{path} is the completion marker of {where}, not of {model}@{revision} (copied or moved here)"
+        return info, None
+
+    def completion(self, model: str, revision: str) -> dict | None:
+        """The completion marker, or None when there is none, it does not match its checksum, or it was written
+        for another model or revision."""
+        return self._marker(model, revision)[0]
+
+    def extraction_problem(self, model: str, revision: str, key: str | None = None) -> str | None:
+        """Why the stored extraction of (model, revision) cannot be used; None when it is complete (for ``key``,
+        when given), absent, or made with other settings (that is not damage, only another job's)."""
+        marker, problem = self._marker(model, revision)
+        if problem or marker is None or (key is not None and marker.get("key") != key):
+            return problem
+        where = self.marker_path(model, revision)
+        files = marker.get("files")
+        if not isinstance(files, dict):
+            return f"{where} lists no files"
+        for layer in marker.get("layers", []):
+            if self._relative(self.layer_path(model, revision, layer)) not in files:
+                return f"{where} does not list layer {layer}"
+        for name, digest in files.items():
+            path = self.root / name
+            if not path.is_file():
+                return f"{path} is missing"
+            try:
+                data = read_verified(path, digest)
+            except RaygeomError as error:
+                return str(error)
+            if path.parent.name.startswith("layer="):
+                layer = decode_segment(path.parent.name.split("=", 1)[1])
+                try:
+                    table = _decode(data, path, ["layer_index"])
+                except CorruptFile as error:
+                    return str(error)
+                problem = self.layer_problem(table, model, revision, layer, path, marker)
+                if problem:
+                    return problem
+        return None
 
     def is_complete(self, model: str, revision: str, key: str) -> bool:
-        """Complete means: the marker matches ``key`` and every file it lists has the bytes it recorded."""
+        """Complete means: the marker is this place's and matches ``key``, and every file it lists has the bytes
+        it recorded and is the file its path names."""
         marker = self.completion(model, revision)
-        if not marker or marker.get("key") != key or not isinstance(marker.get("files"), dict):
-            return False
-        expected = {self._relative(self.layer_path(model, revision, layer)) for layer in marker.get("layers", [])}
-        if not expected <= set(marker["files"]):
-            return False
-        return all(verified(self.root / name, digest) for name, digest in marker["files"].items())
+        return bool(marker) and marker.get("key") == key and self.extraction_problem(model, revision, key) is None
 
     def mark_complete(self, model: str, revision: str, info: dict) -> None:
-        """Write the marker last; it records the content hash of every layer, readout and samples file."""
+        """Write the marker last; it records the content hash of every layer, readout and samples file, and
+        the place it is written for (a marker copied elsewhere is not that place's)."""
         paths = [self.layer_path(model, revision, layer) for layer in info.get("layers", [])]
         paths += [p for p in (self.readout_path(model, revision), self.samples_path(model, revision)) if p.is_file()]
         files = {}
@@ -324,7 +431,8 @@ class Store:
             if digest is None:
                 raise CorruptFile(f"cannot mark {model}@{revision} complete: {path} has no recorded checksum")
             files[self._relative(path)] = digest
-        atomic_write_text(json.dumps({**info, "files": files}, indent=2, sort_keys=True), self.marker_path(model, revision))
+        record = {**info, "files": files, "location": {"model": model, "revision": revision}}
+        atomic_write_text(json.dumps(record, indent=2, sort_keys=True), self.marker_path(model, revision))
 
     def drop_activations(self, model: str, revision: str) -> None:
         """Delete one revision's layer files once its analysis is done; marker, readout and samples stay."""
@@ -373,7 +481,7 @@ class Store:
 
     def read_readout(self, model: str, revision: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         path = self.readout_path(model, revision)
-        table = read_table(path, self._expected(model, revision, path, key))
+        table = read_table(path, self._expected(model, revision, path, key)[0])
         return column_to_matrix(table["vector"]).T.copy(), table["singular_value"].to_numpy()
 
     # per-sample data
@@ -385,31 +493,67 @@ class Store:
 
     def read_samples(self, model: str, revision: str, key: str | None = None) -> pa.Table:
         path = self.samples_path(model, revision)
-        return read_table(path, self._expected(model, revision, path, key))
+        return read_table(path, self._expected(model, revision, path, key)[0])
 
     # unit results
     def result_path(self, metric: str, key: str) -> Path:
         return self.root / "results" / encode_segment(metric) / f"{encode_segment(key)}.parquet"
 
     def has_result(self, metric: str, key: str) -> bool:
-        """Done means: the unit's file is there and matches the checksum recorded when it was written."""
-        return verified(self.result_path(metric, key))
+        """Done means: the unit's file is there, matches the checksum recorded when it was written, and holds
+        this unit's rows (its stated analysis and key, and every row's ``unit_key``, are the ones asked for)."""
+        return self.result_path(metric, key).is_file() and self.result_problem(metric, key) is None
+
+    def result_problem(self, metric: str, key: str) -> str | None:
+        """Why the stored unit (metric, key) is damaged, or None when it is intact or absent."""
+        path = self.result_path(metric, key)
+        if not path.is_file():
+            return None
+        try:
+            self._read_result(path, metric, key)
+        except RaygeomError as error:
+            return str(error)
+        return None
+
+    def read_unit_file(self, path: Path, strict: bool = True) -> pa.Table:
+        """The rows of ``results/<metric>/<key>.parquet``, checked against the metric and key its path names. With
+        ``strict=False`` (showing a store, not resuming from it) a file that states no unit, as an older raygeom wrote
+        them, is read when its rows' ``unit_key`` (if any) agree with its name."""
+        path = Path(path)
+        return self._read_result(path, decode_segment(path.parent.name), decode_segment(path.name[: -len(".parquet")]), strict)
+
+    def _read_result(self, path: Path, metric: str, key: str, strict: bool = True) -> pa.Table:
+        table = read_table(path)
+        identity = identity_of(table) or {}
+        if (strict or identity) and (identity.get("kind"), identity.get("analysis"), identity.get("unit_key")) != ("result", metric, key):
+            what = f"{identity.get('analysis')} unit {identity.get('unit_key')}" if identity else "no stated unit"
+            raise CorruptFile(f"{path} holds {what}, not {metric} unit {key} (copied or moved over it)")
+        problem = _row_keys_problem(table, key, path)
+        if problem:
+            raise CorruptFile(problem)
+        return table.replace_schema_metadata(None)
 
     def write_result(self, metric: str, key: str, rows: list[dict] | dict) -> None:
+        """The file states its analysis and key (and the engine's rows carry ``unit_key``), so a file that is not
+        where it belongs (copied over another unit's name) is found on read."""
         rows = [rows] if isinstance(rows, dict) else rows
-        self._write(pa.Table.from_pylist(rows), self.result_path(metric, key))
+        if any(row.get("unit_key", key) != key for row in rows):
+            raise RaygeomError(f"rows of {metric} unit {key} carry another unit_key")
+        table = pa.Table.from_pylist(rows)
+        self._write(with_identity(table, {"kind": "result", "analysis": metric, "unit_key": key}), self.result_path(metric, key))
 
     def read_results(self, metric: str, keys: Iterable[str] | None = None) -> pa.Table:
         """The rows of the named units (a damaged one raises :class:`CorruptFile`), or with ``keys=None`` of
-        every intact unit: a damaged unit is not done, so it is left out until it is recomputed."""
+        every intact unit: a damaged unit, or one whose rows are not the unit its name says, is not done, so it
+        is left out until it is recomputed."""
         directory = self.root / "results" / encode_segment(metric)
         if keys is None:
             tables = []
             for path in sorted(directory.glob("*.parquet")):
                 try:
-                    tables.append(read_table(path))
+                    tables.append(self.read_unit_file(path))
                 except RaygeomError:
                     continue
         else:
-            tables = [read_table(p) for p in (self.result_path(metric, k) for k in keys) if p.is_file()]
+            tables = [self._read_result(p, metric, k) for k, p in ((k, self.result_path(metric, k)) for k in keys) if p.is_file()]
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})

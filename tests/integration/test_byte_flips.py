@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from raygeom.engine.pipeline import run_pga_job
+from raygeom.jobs.pipeline import run_pga_job
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams
@@ -41,12 +41,11 @@ def numbers(rows) -> dict:
 
 @pytest.fixture(scope="module")
 def pristine(hub_cache, ray_local, tmp_path_factory):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
     root = tmp_path_factory.mktemp("flips")
     corpus = root / "corpus.txt"
-    sentences = [s.strip() + " ." for s in TINY_TEXT.split(" . ") if s.strip()]
-    corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]}" for i in range(30)) + "\n")
+    corpus.write_text("\n".join(f"item {i} {varied_text(i)} ." for i in range(30)) + "\n")
     outputs = run_pga_job(job(root / "store", corpus), Console(quiet=True))
     reference = numbers(outputs.rows)
     assert sum(1 for r in outputs.rows if not r["note"]) >= 2, outputs.rows  # real numbers to protect
@@ -82,3 +81,27 @@ def test_random_byte_flips_never_change_a_number(pristine, tmp_path):
         outcomes["recomputed"] += 1
     assert sum(outcomes.values()) == FLIPS
     print(f"{FLIPS} flips: {outcomes}")
+
+
+def test_a_unit_file_copied_over_another_units_name_is_recomputed(pristine, tmp_path, capfd):
+    """`cp results/pga/<A>.parquet results/pga/<B>.parquet` with its sidecar: bytes and checksum agree, only the rows'
+    unit_key says they are A's. The rerun recomputes B (one warning line) and the table has each layer once."""
+    from raygeom.store.tree import checksum_path
+
+    store, corpus, reference = pristine
+    work = tmp_path / "work"
+    shutil.copytree(store, work)
+    units = {pq.read_table(p)["layer"][0].as_py(): p for p in (work / "results" / "pga").glob("*.parquet")}
+    assert len(units) >= 2, units
+    (_, a), (layer_b, b) = sorted(units.items())[:2]
+    shutil.copyfile(a, b)
+    shutil.copyfile(checksum_path(a), checksum_path(b))
+    capfd.readouterr()
+    outputs = run_pga_job(job(work, corpus), Console(quiet=True))
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "copied or moved" in line]
+    assert len(warnings) == 1 and layer_b in warnings[0] and "recomputing" in warnings[0], warnings
+    assert numbers(outputs.rows) == reference
+    table = pq.read_table(outputs.table).to_pylist()
+    assert numbers(table) == reference
+    assert sorted(r["layer"] for r in table) == sorted(r["layer"] for r in outputs.rows)  # each layer exactly once
+    assert pq.read_table(b)["layer"].to_pylist() == [layer_b] and pq.read_table(b)["unit_key"][0].as_py() == b.stem

@@ -61,7 +61,7 @@ def test_errors_found_by_the_ray_workers(hub_cache, ray_address, tiny_corpus, tm
 
 def test_nan_activations(nan_model, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("pga", "--model", nan_model, "--n-samples", "8", "--k", "8", "--corpus", tiny_corpus, "--out", out,
+    result = run_cli("pga", "--model", nan_model, "--n-samples", "12", "--k", "8", "--corpus", tiny_corpus, "--out", out,
                      "--address", ray_address)
     assert_clean_failure(result, "produced NaN or inf activations", out)
     assert not list(out.glob("activations/**/_COMPLETE.json"))
@@ -95,7 +95,7 @@ def test_unwritable_output_directory(tiny_corpus, tmp_path):
     ("[job\nname = 1", "malformed TOML"),
     ("[job]\nname = 'x'\n", "needs at least one [[models]]"),
     ("[[models]]\nid = 'smollm2'\n[pga]\nkk = 3\n", "unknown key(s) in [pga]: kk"),
-    ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be int, got 'many'"),
+    ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be an integer >= 1, got 'many'"),
 ])
 def test_malformed_job_file(tmp_path, text, message):
     job = tmp_path / "job.toml"
@@ -131,3 +131,24 @@ def test_sigterm_stops_the_local_ray_it_started(hub_cache, tiny_corpus, tmp_path
     assert process.wait(timeout=60) != 0
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
+
+
+def test_sigterm_ends_a_run_like_ctrl_c_with_exit_143(hub_cache, ray_address, tiny_corpus, tmp_path):
+    """SIGTERM while PGA runs: the interrupted line and 128 + 15, not Ray's abseil stack dump and SIGABRT (-6)."""
+    import signal
+    import time
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY[:-2], "--n-null", "100000", "--k", "8",
+                                "--corpus", tiny_corpus, "--out", out, "--address", ray_address], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None and not list(out.glob("activations/**/_COMPLETE.json")):
+        time.sleep(0.2)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, (process.returncode, stderr[-2000:])
+    assert "interrupted; finished units are kept, rerun to resume" in stderr
+    assert "SIGTERM received" not in stderr and "Traceback" not in stderr + stdout, stderr[-2000:]

@@ -50,7 +50,8 @@ def planted(ray_local, tmp_path_factory):
     basis_a = np.linalg.qr(rng.standard_normal((D_A, 6)))[0]
     write_model(store, "a", LAYERS_A, by_text_a, np.arange(N), basis_a)
     write_model(store, "b", LAYERS_B, by_text_b, rng.permutation(N + 5), embedding.T @ basis_a)
-    params = converge.ConvergeParams(k=K, r=1, n_null=8, null_chunks=3, seed=2)
+    # 20 nulls: the fewest that carry an interval for z (uncertainty.Z_MIN_NULL)
+    params = converge.ConvergeParams(k=K, r=1, n_null=20, null_chunks=3, seed=2)
     rows = converge.run_converge(store, [("a", "main"), ("b", "main")], params)
     return store, by_text_a, by_text_b, basis_a, embedding, params, rows
 
@@ -76,7 +77,7 @@ def test_cells_equal_the_pairwise_numerics_on_text_aligned_rows(planted):
     # The store keeps float32 vectors.
     h_a, h_b = by_text_a["block_00"][:N].astype(np.float32), by_text_b["block_01"][:N].astype(np.float32)
     expected = convergence(h_a, h_b, basis_a, embedding.T @ basis_a, K,
-                           r=1, n_null=8, seed=2)
+                           r=1, n_null=20, seed=2)
     for name in ("rho_full", "rho_readout", "null_mean", "null_std", "z"):
         assert got[name] == pytest.approx(expected[name], rel=1e-9, abs=1e-12), name
 
@@ -85,7 +86,7 @@ def test_result_does_not_depend_on_null_chunks(planted):
     store, *_, params, rows = planted
     shutil.rmtree(store.root / "results" / "converge")
     again = converge.run_converge(store, [("a", "main"), ("b", "main")],
-                                  converge.ConvergeParams(k=K, r=1, n_null=8, null_chunks=8, seed=2))
+                                  converge.ConvergeParams(k=K, r=1, n_null=20, null_chunks=8, seed=2))
     assert [r["z"] for r in again] == [r["z"] for r in rows]
     assert [r["null_std"] for r in again] == [r["null_std"] for r in rows]
     for name in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower"):  # the interval does not depend on the split either

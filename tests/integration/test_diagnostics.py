@@ -9,12 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from raygeom.analyses import diagnostics
-from raygeom.engine import orchestrate
 from raygeom.sources.corpus import load_corpus
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.sources.models import resolve_model
 from raygeom.numerics import layer_geometry, pga, probe, spectral
+from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
@@ -134,12 +134,11 @@ def test_bad_requests_fail_with_one_clear_message(planted, tmp_path):
 
 @pytest.fixture
 def labelled_corpus(tmp_path):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
     topics = ["markets", "politics", "sport", "film", "tech"]
     path = tmp_path / "labelled.jsonl"
-    path.write_text("\n".join(json.dumps({"text": f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}",
+    path.write_text("\n".join(json.dumps({"text": f"number {i} {varied_text(i)}",
                                           "label": topics[i % 5]}) for i in range(60)))
     return path
 
@@ -159,8 +158,8 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
         assert 0.0 <= row["probe_accuracy"] <= 1.0 and row["pc1_readout_chance"] == pytest.approx(8 / 64)
     # The CLI's extraction is the pipeline's: same stored layer as a direct extraction request would key.
     corpus = load_corpus(str(labelled_corpus)).sample(40, 0)
-    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), corpus,
-                                            ExtractionSettings(seq_len=32), "all")
+    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), corpus,
+                                ExtractionSettings(seq_len=32), "all")
     assert Store(out).is_complete("EleutherAI--pythia-14m", "step1000", request.key())
     for name in ("diagnostics_EleutherAI--pythia-14m@step1000.png", "ccr_restoration.png", "diagnostics.md",
                  "diagnostics_layers.parquet", "diagnostics_samples.parquet"):

@@ -187,7 +187,7 @@ def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(
     rerun of both reuses every extraction and unit."""
     from rich.console import Console
 
-    from raygeom.engine.pipeline import run_pga_job
+    from raygeom.jobs.pipeline import run_pga_job
     from raygeom.jobspec import JobSpec, ModelEntry
     from raygeom.params import PGAParams
     from raygeom.replica.extract import ExtractionSettings
@@ -199,7 +199,8 @@ def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(
     def pga_job(out):
         return JobSpec(name="shared", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
                        corpus=str(corpus_file), n_samples=30, layers="embed,1,final_norm",
-                       extraction=ExtractionSettings(seq_len=32, batch_size=8), pga=PGAParams(k=8, n_null=6, null_chunks=2))
+                       extraction=ExtractionSettings(seq_len=32, batch_size=8, pool="mean"),  # the last tokens: 6 values
+                       pga=PGAParams(k=8, n_null=20, null_chunks=2))
 
     key = ("model", "revision", "layer", "rho_readout", "z", "z_lo", "z_hi")
     pga_alone = sorted(tuple(r[k] for k in key) for r in run_pga_job(pga_job(tmp_path / "pga_alone"), Console(quiet=True)).rows)

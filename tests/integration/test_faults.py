@@ -41,7 +41,7 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     from rich.console import Console
 
     from raygeom.jobspec import load_job
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     job_file, report_path = sys.argv[1], sys.argv[2]
     report = {}
@@ -89,7 +89,7 @@ CLUSTER_SCRIPT = textwrap.dedent('''
 
     # Fake GPUs: a node with 2 GPUs and no CPUs; replicas go there by their num_gpus alone.
     from raygeom.engine import orchestrate
-    from raygeom.engine.pipeline import replica_gpus
+    from raygeom.jobs.pipeline import replica_gpus
     from raygeom.sources.revisions import PYTHIA_SIZES
 
     gpu_node = cluster.add_node(num_cpus=0, num_gpus=2, resources={"gpu_node": 1})
@@ -206,7 +206,7 @@ def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, r
 
 
 def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep_setup, tmp_path, ray_tmp):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, corpus, reference = sweep_setup
     out = tmp_path / "out"

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from raygeom.analyses import knn, train
+from raygeom.analyses import knn
+from raygeom.jobs import train as train_job
 from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import resolve_model
 from raygeom.store.tree import Store, atomic_write_table
@@ -106,11 +107,11 @@ def test_train_command_prints_the_paired_test_and_writes_its_report(ray_local, t
                "seed": settings.seed, "steps": settings.steps, "workers": 1, "push_layer": "final_norm", "over": "tokens",
                "final_train_loss": 4.6, "heldout_perplexity": ppl[(settings.lam, settings.seed)], "heldout_dispersion": 0.87,
                "n_train_sequences": 10, "n_heldout_sequences": 2, "wall_s": 1.0, "history": str(history),
-               **train.provenance_columns(settings, "f" * 20)}
+               **train_job.provenance_columns(settings, "f" * 20)}
         store.write_result("train_runs", row["key"], row)
         return row
 
-    monkeypatch.setattr(train, "run_training", fake_run)
+    monkeypatch.setattr(train_job, "run_training", fake_run)
     report = tmp_path / "docs"
     output = invoke("train", "--lam", 0, "--lam", 0.1, "--seeds", "0,1,2", "--steps", 4, "-o", tmp_path / "store",
                     "--report", report)

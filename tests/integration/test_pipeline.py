@@ -16,8 +16,9 @@ from raygeom.replica.extract import ExtractionSettings
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.sources.models import resolve_model
 from raygeom.params import PGAParams
-from raygeom.engine.pipeline import run_pga_job
-from raygeom.store.tree import Store, column_to_matrix
+from raygeom.jobs.pipeline import run_pga, run_pga_job
+from raygeom.replica.request import ExtractionRequest
+from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +31,12 @@ def tiny_job(out, corpus, **pga):
 
 @pytest.fixture(scope="module")
 def finished_job(hub_cache, ray_local, tmp_path_factory):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
     root = tmp_path_factory.mktemp("job")
     corpus = root / "corpus.txt"
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
-    corpus.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}" for i in range(80)))
+    # Distinct within 32 tokens and in the last token (the old lines shared their first 32 tokens: 5 distinct rows).
+    corpus.write_text("\n".join(f"number {i} {varied_text(i)}" for i in range(80)))
     outputs = run_pga_job(tiny_job(root / "out", corpus), Console(quiet=True))
     return root, corpus, outputs
 
@@ -99,8 +100,8 @@ def test_a_pga_run_skips_nll_and_a_later_request_adds_it_without_touching_layers
     layer_time = layer_file.stat().st_mtime_ns
     job = tiny_job(root / "out", corpus)
     texts = load_corpus(str(corpus)).sample(40, 0).texts
-    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), load_corpus(str(corpus)).sample(40, 0),
-                                            job.extraction, job.layers, nll=True)
+    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), load_corpus(str(corpus)).sample(40, 0),
+                                job.extraction, job.layers, nll=True)
     assert request.key() == before["key"]
     info = orchestrate.extract(store, request)
     assert info["nll"] is True and info["key"] == before["key"] and info["layers"] == before["layers"]
@@ -124,7 +125,7 @@ def test_null_chunking_through_ray_gives_identical_z(finished_job):
         params = PGAParams(k=8, n_null=100, seed=5, null_chunks=chunks)
         for path in (root / "results" / "pga").glob("*.parquet"):
             path.unlink()
-        results.append(orchestrate.run_pga(store, "EleutherAI--pythia-14m", "step0", layers, params))
+        results.append(run_pga(store, "EleutherAI--pythia-14m", "step0", layers, params))
     for other in results[1:]:
         assert [r["z"] for r in other] == [r["z"] for r in results[0]]
         assert [r["null_std"] for r in other] == [r["null_std"] for r in results[0]]
@@ -147,8 +148,8 @@ def test_truncated_layer_file_is_detected_and_recomputed(finished_job):
     root, corpus, _ = finished_job
     store = Store(root / "out")
     job = tiny_job(root / "out", corpus)
-    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step0"),
-                                            load_corpus(str(corpus)).sample(40, 0), job.extraction, job.layers)
+    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step0"),
+                                load_corpus(str(corpus)).sample(40, 0), job.extraction, job.layers)
     path = store.layer_path("EleutherAI--pythia-14m", "step0", "block_00")
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])
@@ -218,10 +219,12 @@ def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_change
     layers = ["block_01", "final_norm"]
     runs = []
     for chunks in (1, 3, 7):
-        params = PGAParams(k=8, n_null=100, n_null_auto=True, z_half_width=0.15, n_null_cap=400, null_chunks=chunks, seed=1)
+        # z_rel_width=0: the absolute target alone (test_null_rule.py covers the relative one)
+        params = PGAParams(k=8, n_null=100, n_null_auto=True, z_half_width=0.15, z_rel_width=0.0, n_null_cap=400,
+                           null_chunks=chunks, seed=1)
         for path in (root / "results" / "pga").glob("*.parquet"):
             path.unlink()
-        runs.append(orchestrate.run_pga(store, "EleutherAI--pythia-14m", "step1000", layers, params))
+        runs.append(run_pga(store, "EleutherAI--pythia-14m", "step1000", layers, params))
     for row in runs[0]:
         assert row["n_null"] % 100 == 0 and 100 <= row["n_null"] <= 400
         assert row["z_half_width"] <= 0.15 or row["n_null"] == 400

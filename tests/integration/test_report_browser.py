@@ -43,12 +43,12 @@ def invoke(*args):
 
 
 def corpus(path: Path) -> Path:
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import TINY_TEXT, varied_text
 
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     with path.open("w") as handle:
         for i in range(60):
-            text = (f"{sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]} . "
+            text = (f"{varied_text(i)} {sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]} . "
                     f"{sentences[(i + 3) % 5]}")
             handle.write(json.dumps({"text": text, "label": ["markets", "politics", "sport"][i % 3]}) + "\n")
     return path

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from raygeom.engine.pipeline import run_pga_job
+from raygeom.jobs.pipeline import run_pga_job
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams
 from raygeom.replica.extract import ExtractionSettings
@@ -39,10 +39,9 @@ def references(hub_cache, ray_local, tmp_path_factory):
     """Each setting's numbers, each in a store of its own."""
     root = tmp_path_factory.mktemp("race")
     corpus = root / "corpus.txt"
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
-    sentences = [s.strip() for s in TINY_TEXT.split(" . ") if s.strip()]
-    corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]} {i % 7}" for i in range(60)) + "\n")
+    corpus.write_text("\n".join(f"item {i} {varied_text(i)} {i % 7}" for i in range(60)) + "\n")
     expected = {}
     for n in SIZES:
         spec = JobSpec(name="race", out=str(root / f"ref{n}"), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),

@@ -35,10 +35,10 @@ def write_sweep_job(directory, out, corpus, **sweep_keys):
 
 
 def write_corpus(path):
-    from raygeom.testing import TINY_TEXT
+    from raygeom.testing import varied_text
 
-    sentences = [s for s in TINY_TEXT.split(" . ") if s]
-    path.write_text("\n".join(f"{sentences[i % 5]} number {i} {sentences[(3 * i + 1) % 5]}" for i in range(60)))
+    # Distinct within 32 tokens and in the last token (the old lines shared their first 32 tokens: 5 distinct rows).
+    path.write_text("\n".join(f"number {i} {varied_text(i)}" for i in range(60)))
     return path
 
 
@@ -54,7 +54,7 @@ def tidy(path):
 def first_run(hub_cache, tmp_path_factory):
     """One uninterrupted sweep per session: these tests inspect it, the fault tests compare against it."""
     if not _FIRST_RUN:
-        from raygeom.engine.pipeline import run_sweep_job
+        from raygeom.jobs.pipeline import run_sweep_job
 
         add_sweep_models(hub_cache)
         root = tmp_path_factory.mktemp("sweep")
@@ -136,7 +136,7 @@ def test_plan_of_a_fresh_store_estimates_from_measured_units(swept, tmp_path):
 
 
 def test_rerun_recomputes_nothing(swept):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted((root / "out" / "activations").rglob("_COMPLETE.json"))
@@ -150,7 +150,7 @@ def test_rerun_recomputes_nothing(swept):
 
 
 def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -167,7 +167,7 @@ def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
 
 
 def test_dropped_activations_do_not_force_recomputation(swept):
-    from raygeom.engine.pipeline import run_sweep_job
+    from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -192,6 +192,7 @@ def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
 
 def test_sweep_replicas_and_the_laptop_replica_extract_the_same_activations(swept, tmp_path):
     from raygeom.engine import orchestrate
+    from raygeom.replica.request import ExtractionRequest
     from raygeom.sources.corpus import load_corpus
     from raygeom.sources.models import resolve_model
     from raygeom.store.tree import Store
@@ -199,8 +200,8 @@ def test_sweep_replicas_and_the_laptop_replica_extract_the_same_activations(swep
     root, job_file, _ = swept
     job = load_job(job_file)
     laptop = Store(tmp_path / "laptop")
-    request = orchestrate.ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
-                                            load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
+    request = ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
+                                load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
     info = orchestrate.extract(laptop, request)
     swept_info = Store(root / "out").completion("EleutherAI--pythia-31m", "step1000")
     assert info["key"] == swept_info["key"] and info["fingerprint"] == swept_info["fingerprint"]

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raygeom.analyses import train
+from raygeom.jobs import train as train_job
 from raygeom.errors import RaygeomError
 from raygeom.store.tree import Store
 
@@ -46,7 +47,7 @@ def test_ray_train_run_logs_every_step_and_is_cached(ray_local, data, tmp_path, 
     monkeypatch.setattr(train, "prepare_data", lambda fields: data)
     settings = train.TrainSettings(**{**SMALL, "eval_every": 10}, lam=0.5, seed=2)
     store = Store(tmp_path)
-    row = train.run_training(store, settings)
+    row = train_job.run_training(store, settings)
     history = pq.read_table(row["history"]).to_pylist()
     assert [h["step"] for h in history] == list(range(1, 26))
     assert all(math.isfinite(h["loss"]) and 0 <= h["dispersion"] <= 2 for h in history)
@@ -54,7 +55,7 @@ def test_ray_train_run_logs_every_step_and_is_cached(ray_local, data, tmp_path, 
     assert row["heldout_perplexity"] == pytest.approx(history[-1]["heldout_perplexity"])
     in_process = train.fit(settings, data)
     assert [h["loss"] for h in in_process] == pytest.approx([h["loss"] for h in history], rel=1e-6)
-    assert train.run_training(store, settings)["cached"]
+    assert train_job.run_training(store, settings)["cached"]
     summary = train.summarise([row, {**row, "lam": 0.0, "heldout_perplexity": row["heldout_perplexity"] + 1.0}])
     assert summary[1]["paired_delta_mean"] == pytest.approx(-1.0)
     paths = train.write_report(store, [row], summary)
@@ -75,7 +76,7 @@ def test_settings_are_validated_and_the_cli_fails_cleanly(tmp_path):
 def test_two_data_parallel_workers_on_fractional_cpus(ray_local, data, tmp_path, monkeypatch):
     monkeypatch.setattr(train, "prepare_data", lambda fields: data)
     settings = train.TrainSettings(**{**SMALL, "steps": 4, "eval_every": 4}, lam=0.5, seed=3, workers=2, cpus_per_worker=0.5)
-    row = train.run_training(Store(tmp_path), settings)
+    row = train_job.run_training(Store(tmp_path), settings)
     history = pq.read_table(row["history"]).to_pylist()
     assert [h["step"] for h in history] == [1, 2, 3, 4] and row["workers"] == 2
     assert math.isfinite(row["heldout_perplexity"]) and 0 < row["heldout_dispersion"] <= 2

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from raygeom.analyses import train
+from raygeom.jobs import train as train_job
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import load_job
 
@@ -63,7 +64,7 @@ def test_another_runs_checkpoints_are_never_overwritten(tmp_path):
     (tmp_path / "run" / "checkpoint-10" / "config.json").write_text("{}")
     plan = train.CheckpointPlan(str(tmp_path / "run"), (0, 1))
     with pytest.raises(RaygeomError, match="already holds checkpoints of another run"):
-        train._claim_run_dir(plan, "some-key")
+        train_job._claim_run_dir(plan, "some-key")
 
 
 def test_train_and_trajectory_sections_are_checked(tmp_path):
@@ -120,7 +121,7 @@ def test_trajectory_job_ranks_checkpoints_and_writes_its_report(trajectory):
 
 
 def test_trajectory_rerun_computes_nothing(trajectory):
-    from raygeom.analyses.trajectory import run_trajectory_job
+    from raygeom.jobs.trajectory import run_trajectory_job
 
     root, job_file, first = trajectory
     again = run_trajectory_job(load_job(job_file), Console(quiet=True))
@@ -145,6 +146,6 @@ def test_cli_train_saves_checkpoints_through_ray_train_and_reuses_them(ray_local
     assert first.exit_code == 0, first.output
     run_dir = tmp_path / "out" / "checkpoints" / "lam0-seed0"
     assert [s.step for s in resolve_models(str(run_dir))] == [0, 1, 2, 4, 5]
-    assert (run_dir / "heldout.jsonl").is_file() and (run_dir / train.RUN_MARKER).is_file()
+    assert (run_dir / "heldout.jsonl").is_file() and (run_dir / train_job.RUN_MARKER).is_file()
     again = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert again.exit_code == 0 and "cached" in again.output

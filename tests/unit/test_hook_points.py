@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from raygeom.errors import RaygeomError
-from raygeom.layers import relative_depth, select_layers
+from raygeom.sources.layers import relative_depth, select_layers
 from raygeom.replica.extract import capture_layers
 from raygeom.sources import model_surgery
 from raygeom.testing import tiny_causal_lm

@@ -2,7 +2,7 @@
 
 import pytest
 
-from raygeom.analyses.sweep import layer_names, select_layers
+from raygeom.sources.layers import layer_names, select_layers
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
 

@@ -2,10 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from raygeom.cli.root import app
 from raygeom.analyses.train import checkpoint_steps
+from raygeom.errors import RaygeomError
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "trajectory.toml"
 
@@ -36,3 +38,22 @@ def test_plan_after_training_reads_the_held_out_corpus(tmp_path):
     result = CliRunner().invoke(app, ["plan", str(job), "--out", str(tmp_path / "store")], env={"COLUMNS": "250"})
     assert "has not run yet" not in result.output
     assert result.exit_code == 2
+
+
+def test_a_train_job_lists_the_checkpoints_it_will_write_before_its_run_directory_exists(tmp_path):
+    # `raygeom run` checked the job's sizes by listing the run directory first: `run directory not found` before training.
+    from raygeom.analyses.sweep import job_specs
+    from raygeom.cli.root import _check_pga_sizes
+    from raygeom.jobspec import load_job
+
+    job = load_job(_job_into(tmp_path, steps=300, n_layers=3))
+    assert not (tmp_path / "ckpt").exists()
+    specs = job_specs(job)
+    assert [s.revision for s in specs] == [f"step{s}" for s in checkpoint_steps(300, 100, 512)]
+    assert {(s.kind, s.source) for s in specs} == {("checkpoint", str((tmp_path / "ckpt").resolve()))}
+    _check_pga_sizes(job)  # d comes from [train]'s hidden_size: k = 32 < d = 128
+    assert not (tmp_path / "ckpt").exists()
+    small = tmp_path / "small.toml"
+    small.write_text(_job_into(tmp_path, steps=300, n_layers=3).read_text().replace("hidden_size = 128", "hidden_size = 32"))
+    with pytest.raises(RaygeomError, match="k must satisfy 0 < k < d; got k=32, d=32"):
+        _check_pga_sizes(load_job(small))

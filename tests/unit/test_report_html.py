@@ -123,6 +123,20 @@ def test_unit_rows_and_the_job_table_are_merged_per_unit(tmp_path):
     assert np.allclose(sorted(r["z"] for r in merged), sorted(r["z"] for r in rows))
 
 
+def test_a_unit_file_copied_over_another_units_name_is_not_reported_twice(tmp_path):
+    from raygeom.store.tree import Store, checksum_path
+
+    rows = pythia_grid_rows(sizes=["14m"], revisions=["step1000"], intervals=False)
+    store = Store(tmp_path)
+    for r in rows:
+        store.write_result("pga", r["unit_key"], r)
+    a, b = (store.result_path("pga", r["unit_key"]) for r in rows[:2])
+    b.write_bytes(a.read_bytes())
+    checksum_path(b).write_bytes(checksum_path(a).read_bytes())
+    merged = report.pga_rows(tmp_path)
+    assert sorted(r["unit_key"] for r in merged) == sorted(r["unit_key"] for r in rows if r["unit_key"] != rows[1]["unit_key"])
+
+
 def test_bad_stores_are_one_clear_error(tmp_path):
     with pytest.raises(RaygeomError, match="not a directory"):
         report.write_report(tmp_path / "missing")
@@ -145,7 +159,7 @@ def test_report_command_writes_the_file_and_fails_cleanly(grid, tmp_path):
 
 
 def test_a_trajectory_store_gets_its_checkpoint_plots(tmp_path):
-    from raygeom.analyses.trajectory import agreement, checkpoint_table, dispersion_by_step
+    from raygeom.jobs.trajectory import agreement, checkpoint_table, dispersion_by_step
 
     steps = {f"step{s}": s for s in (0, 1, 2, 4, 8, 16, 100, 200)}
     ranking = [{"model": "tiny", "revision": rev, "gap": 0.01 * i, "rank": len(steps) - i, "domain_dispersion": 0.5,

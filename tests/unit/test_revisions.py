@@ -6,7 +6,8 @@ import pytest
 
 from raygeom.sources import revisions as pythia
 from raygeom.errors import RaygeomError
-from raygeom.analyses.sweep import _step_edges, collapse_zones, layer_names, select_layers
+from raygeom.analyses.sweep import _step_edges, collapse_zones
+from raygeom.sources.layers import layer_names, select_layers
 
 
 def test_the_154_pythia_revisions():

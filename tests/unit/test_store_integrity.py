@@ -5,7 +5,6 @@ tests/integration/test_reliability.py.
 """
 
 import errno
-import json
 import os
 import subprocess
 import sys
@@ -131,6 +130,129 @@ def test_unit_results_verify_and_a_damaged_unit_is_not_done(tmp_path):
     assert not store.has_result("pga", "abc")
 
 
+def copy_over(source: Path, target: Path) -> None:
+    """What `cp A B; cp .A.sha256 .B.sha256` does: the bytes and their (valid) sidecar land under another name."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+    checksum_path(target).write_bytes(checksum_path(source).read_bytes())
+
+
+def test_a_unit_file_copied_over_another_units_name_is_damaged_not_done(tmp_path):
+    store = Store(tmp_path)
+    store.write_result("pga", "key-a", {"z": 4.327277, "layer": "block_29", "unit_key": "key-a"})
+    store.write_result("pga", "key-b", {"z": -1.25, "layer": "block_05", "unit_key": "key-b"})
+    copy_over(store.result_path("pga", "key-a"), store.result_path("pga", "key-b"))
+    assert tree.verified(store.result_path("pga", "key-b"))  # the checksum alone cannot see it
+    assert store.has_result("pga", "key-a") and not store.has_result("pga", "key-b")
+    assert "key-a" in store.result_problem("pga", "key-b") and "\n" not in store.result_problem("pga", "key-b")
+    with pytest.raises(CorruptFile, match="copied or moved"):
+        store.read_results("pga", ["key-b"])
+    assert [r["layer"] for r in store.read_results("pga").to_pylist()] == ["block_29"]  # block_29 once, not twice
+    # Same rows under another analysis's directory: the file states its analysis too.
+    copy_over(store.result_path("pga", "key-a"), store.result_path("dispersion_layers", "key-a"))
+    assert not store.has_result("dispersion_layers", "key-a")
+    # A file that states no unit (an older raygeom, or forged) is not trusted either.
+    import pyarrow as pa
+
+    tree.atomic_write_table(pa.table({"z": [0.5]}), store.result_path("pga", "key-c"))
+    assert not store.has_result("pga", "key-c") and store.read_results("pga").num_rows == 1
+
+
+def test_a_layer_file_copied_over_another_layers_name_is_found(tmp_path):
+    store = build(tmp_path)
+    copy_over(store.layer_path("m", "main", "final_norm"), store.layer_path("m", "main", "embed"))
+    assert not store.is_complete("m", "main", "k1")  # the marker's recorded hash sees this one
+    assert "embed" in store.extraction_problem("m", "main", "k1")
+    # A marker written after the copy records the copied file's hash: only the file's identity tells it apart.
+    Store(tmp_path).mark_complete("m", "main", {"key": "k2", "layers": LAYERS, "all_layers": LAYERS, "n_samples": 12, "d": 8})
+    assert not store.is_complete("m", "main", "k2")
+    assert "holds m@main layer final_norm, not m@main layer embed" in store.extraction_problem("m", "main", "k2")
+    for key in ("k2", None):
+        with pytest.raises(CorruptFile, match="holds m@main layer final_norm, not m@main layer embed"):
+            store.read_layer("m", "main", "embed", key=key)
+
+
+def test_a_layer_whose_index_is_not_its_names_is_found(tmp_path):
+    store = build(tmp_path)  # LAYERS: embed is index 0
+    Store(tmp_path).write_layer("m", "main", "embed", 2, np.arange(12), np.ones((12, 8)))
+    Store(tmp_path).mark_complete("m", "main", {"key": "k1", "layers": LAYERS, "all_layers": LAYERS, "n_samples": 12, "d": 8})
+    assert not store.is_complete("m", "main", "k1")
+    with pytest.raises(CorruptFile, match="layer_index \\[2\\], but layer embed is index 0"):
+        store.read_layer("m", "main", "embed", key="k1")
+
+
+def test_a_completion_marker_copied_from_another_revision_is_not_this_ones(tmp_path):
+    store = build(tmp_path, revision="step1")
+    build(tmp_path, revision="step2")
+    copy_over(store.marker_path("m", "step1"), store.marker_path("m", "step2"))
+    assert store.completion("m", "step2") is None
+    assert not store.is_complete("m", "step2", "k1") and store.is_complete("m", "step1", "k1")
+    assert "completion marker of m@step1, not of m@step2" in store.extraction_problem("m", "step2", "k1")
+
+
+def test_stored_files_honour_the_umask(tmp_path):
+    script = f"""
+import os, numpy as np
+os.umask(0o022)
+from raygeom.store.tree import Store, atomic_write_text
+store = Store({str(tmp_path)!r})
+store.write_result("pga", "abc", {{"z": 1.0}})
+store.write_layer("m", "main", "embed", 0, np.arange(3), np.ones((3, 2)))
+atomic_write_text("<html></html>", store.root / "report.html")
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    modes = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777) for p in tmp_path.rglob("*") if p.is_file()}
+    assert len(modes) == 6, modes  # three files and their sidecars
+    assert set(modes.values()) == {"0o644"}, modes
+
+
+def verify_cli(store: Path):
+    from typer.testing import CliRunner
+
+    from raygeom.cli.root import app
+
+    return CliRunner().invoke(app, ["verify", str(store)])
+
+
+def test_verify_finds_a_flipped_byte_in_a_layer_no_unit_needs(tmp_path):
+    store = build(tmp_path)
+    store.write_result("pga", "key-a", {"z": 1.0, "layer": "embed", "unit_key": "key-a"})
+    tree.atomic_write_text("<html></html>", tmp_path / "report.html")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "z.png").write_bytes(b"png")  # not written through the store: nothing to check
+    clean = verify_cli(tmp_path)
+    assert clean.exit_code == 0, clean.output
+    # 3 layers, readout, samples, marker, 1 unit, report.html
+    assert "8 files checked, 0 damaged, 1 not written by the store" in clean.output
+    Store(tmp_path).write_layer("m", "main", "block_07", 1, np.arange(12), np.ones((12, 8)))  # listed by no marker
+    for layer in ("block_00", "block_07"):
+        flip(store.layer_path("m", "main", layer), offset=40)
+    found = verify_cli(tmp_path)
+    assert found.exit_code == 1
+    damaged = [line for line in found.output.splitlines() if line.startswith("damaged:")]
+    assert len(damaged) == 2 and "layer=block_00" in damaged[0] and "layer=block_07" in damaged[1], found.output
+    assert "9 files checked, 2 damaged" in found.output
+
+
+def test_verify_finds_files_under_another_files_name(tmp_path):
+    store = build(tmp_path, revision="step1")
+    build(tmp_path, revision="step2")
+    store.write_result("pga", "key-a", {"z": 1.0, "unit_key": "key-a"})
+    store.write_result("pga", "key-b", {"z": 2.0, "unit_key": "key-b"})
+    copy_over(store.result_path("pga", "key-a"), store.result_path("pga", "key-b"))
+    copy_over(store.marker_path("m", "step1"), store.marker_path("m", "step2"))
+    Store(tmp_path).write_layer("m", "step1", "block_09", 0, np.arange(12), np.ones((12, 8)))
+    copy_over(store.layer_path("m", "step1", "embed"), store.layer_path("m", "step1", "block_09"))
+    found = verify_cli(tmp_path)
+    assert found.exit_code == 1
+    damaged = sorted(line for line in found.output.splitlines() if line.startswith("damaged:"))
+    assert len(damaged) == 3, found.output
+    assert "revision=step2/_COMPLETE.json is the completion marker of m@step1" in " ".join(damaged)
+    assert "holds m@step1 layer embed, not m@step1 layer block_09" in " ".join(damaged)
+    assert "holds pga unit key-a, not pga unit key-b" in " ".join(damaged)
+    assert verify_cli(tmp_path / "nowhere").exit_code == 2
+
+
 def test_tables_written_through_the_store_helpers_are_verified(tmp_path):
     import pyarrow as pa
 
@@ -244,3 +366,9 @@ def test_hash_cost_on_a_2000_by_2048_layer_is_small_next_to_reading_it(tmp_path)
     hashing = best_of_5(lambda: tree.file_digest(data))
     reading = best_of_5(lambda: store.read_layer("m", "main", "embed"))
     assert hashing < reading  # the check never costs more than the read it guards
+
+
+def test_a_relative_store_root_is_made_absolute(tmp_path, monkeypatch):
+    # Ray workers do not share the driver's working directory: a relative --out must reach them as an absolute path.
+    monkeypatch.chdir(tmp_path)
+    assert Store("runs/x").root == tmp_path / "runs" / "x"

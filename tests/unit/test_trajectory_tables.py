@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from raygeom.analyses.trajectory import agreement, checkpoint_table, organisation_summary, pick_layers
+from raygeom.jobs.trajectory import agreement, checkpoint_table, organisation_summary, pick_layers
 from raygeom.analyses.train import checkpoint_steps
 from raygeom.errors import RaygeomError
 from raygeom.sources.revisions import PYTHIA_STEPS

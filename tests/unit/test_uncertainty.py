@@ -240,7 +240,7 @@ def test_half_sample_spread_matches_the_spread_of_rho_over_independent_samples_o
     """Planted geometry: texts drawn from one Gaussian population; the delete-half jackknife se of rho on one
     sample of N texts should be close to the true sd of rho across independent samples of N texts."""
     from raygeom.numerics import pga
-    from raygeom.numerics.uncertainty import half_sample_spread
+    from raygeom.numerics.pga_texts import half_sample_spread
 
     d, k, n = 24, 6, 60
     rng = np.random.default_rng(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,8 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raygeom.report import figures as report
 from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
+from raygeom.jobs import experiment
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
+from raygeom.params import PGAParams
+from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store, check_writable
 
 
@@ -30,7 +34,38 @@ def progress_bar(console: Console) -> Progress:
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
-    return [spec for entry in job.models for spec in entry.specs()]
+    from raygeom.analyses.sweep import job_specs
+
+    return job_specs(job)
+
+
+def report_distinct(job: JobSpec, corpus, console: Console) -> None:
+    """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
+    from raygeom.analyses.pga import check_corpus
+
+    line = check_corpus(corpus.name, corpus.texts, job.pga)
+    if line:
+        console.print(escape(line), highlight=False)
+
+
+def pga_units_for(store: Store, params: PGAParams):
+    """``run_sweep``'s ``units_for``: PGA on every layer of each landed extraction."""
+    from raygeom.analyses import pga
+
+    def units_for(item, info: dict) -> list:
+        spec = item.request.spec
+        return pga.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
+
+    return units_for
+
+
+def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
+            progress: Callable[[int], None] | None = None, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """PGA for every layer of one extraction, through the unit engine (finished layers are read back)."""
+    from raygeom.analyses import pga
+    from raygeom.engine.units import run_units
+
+    return run_units(store, pga.units(store, model, revision, layers, params), progress, warn)
 
 
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
@@ -39,18 +74,22 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     check_writable(store.root)
     specs = job_models(job)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    report_distinct(job, corpus, console)
 
     from raygeom.engine import orchestrate
 
     with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
         orchestrate.start_ray(address, num_cpus)
     # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
-    items = [orchestrate.SweepItem(orchestrate.ExtractionRequest(spec, corpus, job.extraction, job.layers),
+    nll = experiment.needs_nll(job)
+    items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll),
                                    replica_gpus(spec, job, orchestrate.cluster_gpus(), None)) for spec in specs]
     label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
+    names = experiment.analyses_of(job)
+    units = experiment.JobUnits(store, job)
     with progress_bar(console) as progress:
         extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(specs))
-        pga_task = progress.add_task(f"PGA     {escape(label)}", total=None)
+        pga_task = progress.add_task(f"{'PGA' if names == ['pga'] else ', '.join(names):<7} {escape(label)}", total=None)
         pga_total = [0]
 
         def advance(kind: str, n: int) -> None:
@@ -62,15 +101,22 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
             elif kind == "pga":
                 progress.advance(pga_task, n)
 
-        rows = orchestrate.run_sweep(store, items, job.pga, progress=advance)
+        every_row = orchestrate.run_sweep(store, items, units, progress=advance)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
-    rows.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"], row.get("relative_depth") or 0.0))
-    from raygeom.engine.units import accumulated_rows
+    every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
+                                    row.get("relative_depth") or 0.0))
+    others = experiment.write_outputs(store, job, units, every_row, console)
+    rows, table, plot = units.rows_of("pga", every_row), None, None
+    if "pga" in names:
+        from raygeom.engine.units import accumulated_rows
 
-    table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
-    plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
-    report.print_pga(console, rows)
-    console.print(f"results: {table}\nplot:    {plot}\nstore:   {store.root}", markup=False)
+        table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
+        plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
+        report.print_pga(console, rows)
+        console.print(f"results: {table}\nplot:    {plot}", markup=False)
+    for name, path in others.items():
+        console.print(f"{name + ':':<9}{path}", markup=False, highlight=False)
+    console.print(f"store:   {store.root}", markup=False)
     announce_report(store.root, console)
     return JobOutputs(rows, table, plot)
 
@@ -105,6 +151,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     store = Store(job.out)
     check_writable(store.root)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    report_distinct(job, corpus, console)
     plan = sweep.build_plan(job, store, corpus.fingerprint())
     sweep.write_manifest(store, job, corpus)
 
@@ -118,7 +165,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     for revisions in by_model.values():
         for i, revision in enumerate(revisions):
             following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
-            request = sweep.ExtractionRequest(revision.spec, corpus, job.extraction, job.layers)
+            request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
     missing = plan.n_units - plan.n_done
     console.print(f"sweep {escape(job.name)}: {len(plan.revisions)} revisions of {len(by_model)} models, {plan.n_units} units, "
@@ -128,7 +175,13 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         extract_task = progress.add_task("extract revisions", total=len(items))
         from raygeom.analyses.pga import progress_units
 
-        pga_task = progress.add_task("PGA tasks", total=progress_units(plan.n_units, job.pga))
+        names = experiment.analyses_of(job)
+        total = sum(len(units) * item.spec.progress_cost(item.params)
+                    for revision in plan.revisions for units, item in zip(revision.analysis_units.values(),
+                                                                          sweep.planned_labels(job).values()))
+        pga_task = progress.add_task("PGA tasks" if names == ["pga"] else f"{', '.join(names)} tasks",
+                                     total=total or progress_units(plan.n_units, job.pga))
+        units = experiment.JobUnits(store, job)
 
         def advance(kind: str, n: int) -> None:
             if kind == "pga":
@@ -137,8 +190,10 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
                 progress.advance(extract_task if kind == "extract" else pga_task, n)
 
         settings = job.sweep
-        orchestrate.run_sweep(store, items, job.pga, progress=advance, max_in_flight=settings.max_in_flight or None,
-                              pga_threads=settings.pga_threads, keep_activations=settings.keep_activations)
+        every_row = orchestrate.run_sweep(store, items, units, progress=advance,
+                                          max_in_flight=settings.max_in_flight or None, pga_threads=settings.pga_threads,
+                                          keep_activations=settings.keep_activations)
+    experiment.write_outputs(store, job, units, every_row, console)
     final = sweep.build_plan(job, store, corpus.fingerprint())
     outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]

@@ -17,7 +17,7 @@ def _f(value, digits: int = 2, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def _interval(s: dict) -> str:
+def _spearman_reading(s: dict) -> str:
     return (f"{_f(s['spearman'], 3, True)} (n = {s['n']}; 95% Fisher-z, Bonett-Wright variance [{_f(s['fisher_lo'], 2, True)}, {_f(s['fisher_hi'], 2, True)}], "
             f"bootstrap over checkpoints [{_f(s['boot_lo'], 2, True)}, {_f(s['boot_hi'], 2, True)}])")
 
@@ -72,10 +72,20 @@ def _wall_line(outputs: dict, load: float) -> str:
     return line
 
 
+def rank_interval(x, y, n_boot: int, seed: int) -> dict:
+    """Spearman with two 95% intervals (numerics.uncertainty): Fisher z with the Bonett-Wright variance, and a
+    percentile bootstrap over the pairs (here: over checkpoints)."""
+    from raygeom.numerics.uncertainty import spearman_with_ci
+
+    fisher = spearman_with_ci(x, y, seed=seed, method="fisher")
+    boot = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
+    return {"spearman": fisher["rho"], "fisher_lo": fisher["lo"], "fisher_hi": fisher["hi"], "boot_lo": boot["lo"],
+            "boot_hi": boot["hi"], "n_boot": n_boot}
+
+
 def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_rows: list[dict], picked: dict[str, str]) -> Path:
     import pyarrow.parquet as pq
 
-    from raygeom.analyses.trajectory import rank_interval
 
     path = Path(path)
     figures_dir = path.parent / path.stem
@@ -178,7 +188,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     for r in rows:
         lines.append(f"| {r['revision']} | {r['step']} | {_f(r['gap'], 4, True)} | {r['select_rank']} | {_f(r['heldout_perplexity'], 2)} | "
                      f"{r['perplexity_rank']} |")
-    lines += ["", f"- Over all checkpoints: {_interval(everything)}.", f"- Over the late ones ({late['subset']}): {_interval(late)}."]
+    lines += ["", f"- Over all checkpoints: {_spearman_reading(everything)}.", f"- Over the late ones ({late['subset']}): {_spearman_reading(late)}."]
     for s in summary:
         if s.get("select_pick"):
             lines.append(f"- {s['subset']}: `select` puts {s['select_pick']} first (perplexity {_f(s['select_pick_perplexity'])}, "

@@ -91,3 +91,9 @@ def select_layers(all_layers: list[str], selection: str) -> list[str]:
     if not chosen:
         raise RaygeomError(f"layer selection '{selection}' picks none of this model's {len(all_layers)} layers")
     return sorted(chosen, key=lambda name: position(all_layers, name))
+
+
+def layer_names(n_blocks: int) -> list[str]:
+    """The names model_surgery.layer_names gives a model with ``n_blocks`` blocks."""
+    width = max(2, len(str(n_blocks - 1)))
+    return ["embed", *[f"block_{i:0{width}d}" for i in range(n_blocks)], "final_norm"]

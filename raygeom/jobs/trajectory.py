@@ -3,30 +3,8 @@ and the dispersion gap's checkpoint ranking set against the ranking by held-out 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from raygeom.errors import RaygeomError
-
-
-@dataclass(frozen=True)
-class TrajectorySettings:
-    """[trajectory]: the dispersion side of a trajectory job, and where its report goes."""
-
-    chunk_len: int = 128  # tokens per chunk; at most the trained model's context
-    chunks_per_domain: int = 40
-    batch_size: int = 8
-    domain_tokens: str = "digits"
-    gap_layer: str = "final_norm"
-    group_size: int = 10
-    n_groups: int = 20
-    late_from: int = 512  # checkpoints from this step on are "late": ranked again among themselves
-    bootstrap: int = 2000
-    seed: int = 0
-    report: str = ""  # a Markdown file regenerated from the store, e.g. docs/results/trajectory.md
-
-    def __post_init__(self):
-        if self.chunk_len < 2 or self.chunks_per_domain < 1 or self.batch_size < 1 or self.bootstrap < 100:
-            raise RaygeomError("chunk_len >= 2, chunks_per_domain and batch_size >= 1, bootstrap >= 100")
+from raygeom.jobs.trajectory_report import rank_interval
+from raygeom.jobspec import TrajectorySettings
 
 
 # ------------------------------------------------------------------------------------------- tables
@@ -56,17 +34,6 @@ def checkpoint_table(ranking: list[dict], evaluations: list[dict], steps: dict[s
     for rank, r in enumerate(sorted(rows, key=lambda r: (r["heldout_perplexity"], r["revision"])), 1):
         r["perplexity_rank"] = rank
     return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["revision"]))
-
-
-def rank_interval(x, y, n_boot: int, seed: int) -> dict:
-    """Spearman with two 95% intervals (numerics.uncertainty): Fisher z with the Bonett-Wright variance, and a
-    percentile bootstrap over the pairs (here: over checkpoints)."""
-    from raygeom.numerics.uncertainty import spearman_with_ci
-
-    fisher = spearman_with_ci(x, y, seed=seed, method="fisher")
-    boot = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
-    return {"spearman": fisher["rho"], "fisher_lo": fisher["lo"], "fisher_hi": fisher["hi"], "boot_lo": boot["lo"],
-            "boot_hi": boot["hi"], "n_boot": n_boot}
 
 
 def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[dict]:
@@ -146,9 +113,9 @@ def _log_step_axis(ax, steps: list[int]) -> None:
 
 def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str):
     """z against step for the early, middle and late blocks and the final norm; a band where z_lo/z_hi exist."""
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     for role, layer in layers.items():
         series = sorted((r for r in z_rows if r["layer"] == layer), key=lambda r: r["step"])
@@ -165,13 +132,13 @@ def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, title: str):
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
     for role, layer in layers.items():
         series = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["step"])
@@ -184,13 +151,13 @@ def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, titl
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_gap_against_perplexity(rows: list[dict], path, title: str):
-    from raygeom.analyses.dispersion import _pyplot, _save
+    from raygeom.report.figures import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
     steps = [r["step"] + 1 for r in rows]
     axes[0].plot(steps, [r["gap"] for r in rows], marker="o", ms=3, color="tab:blue")
@@ -214,14 +181,14 @@ def plot_gap_against_perplexity(rows: list[dict], path, title: str):
     axes[1].set_ylabel("dispersion gap G")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------- run
 
 def train_stage(job, store, console, address=None, num_cpus=None) -> dict:
     """[train]: run it, or reuse its checkpoints when they exist and match its settings and schedule."""
-    from raygeom.analyses import train as train_module
+    from raygeom.jobs import train as train_module
 
     plan = job.train.plan()
     settings = job.train.settings
@@ -251,7 +218,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     import pyarrow as pa
 
     from raygeom.analyses import sweep
-    from raygeom.engine.pipeline import progress_bar, run_sweep_job
+    from raygeom.jobs.pipeline import progress_bar, run_sweep_job
     from raygeom.jobspec import SweepSettings
     from raygeom.report.html import announce_report
     from raygeom.store.tree import Store, atomic_write_table, check_writable, read_table
@@ -322,7 +289,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     outputs.update(rows=rows, summary=summary, organisation=organisation, figures=figures, wall_s=wall,
                    full_run=full_run_record(store, trained, wall, swept.computed_units, len(missing)))
     if settings.report:
-        from raygeom.analyses.trajectory_report import write_report
+        from raygeom.jobs.trajectory_report import write_report
 
         path = write_report(settings.report, job, outputs, by_step, table, picked)
         console.print(f"report: {path}")

@@ -1,0 +1,171 @@
+"""The analysis registry, in the manner of lm-evaluation-harness's ``register_task``.
+
+An analysis is one file: a class decorated with :func:`register` that declares, in one place, its name and
+version, its typed :class:`Params` (every field declared once with :func:`param`: type, range, help), the
+extraction it needs, its units (pure steps for the engine), its tidy table's columns, the per-layer metrics
+the report draws and the settings that tell its series apart. The CLI commands, the ``[analyses.<name>]``
+sections of job files, ``plan``/``status`` and the report are built from here; none of them names an analysis.
+
+Declarations import no torch, Ray or model code, so a bad value is refused in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable
+
+from raygeom.errors import RaygeomError
+from raygeom.params import Params, param  # noqa: F401 - an analysis file declares its Params with these
+
+@dataclass(frozen=True)
+class Needs:
+    """What an analysis asks of the extraction it runs on."""
+
+    nll: bool = False  # per-sample NLL (costs the full-vocabulary LM head)
+    labels: bool = False  # corpus labels
+    readout: bool = False  # the stored readout basis of W_U
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A per-layer number the report draws (against depth, and as a step x layer heatmap in sweeps)."""
+
+    column: str
+    title: str
+    lo: str | None = None  # columns of its 95 % interval, when it has one
+    hi: str | None = None
+    chance: str | None = None  # a column with the chance level to draw beside it
+
+
+class Analysis:
+    """One registered analysis. Subclasses set the class attributes and implement :meth:`units`."""
+
+    name: ClassVar[str]
+    version: ClassVar[int]
+    Params: ClassVar[type]
+    title: ClassVar[str]
+    needs: ClassVar[Needs] = Needs()
+    columns: ClassVar[tuple[str, ...]] = ()  # its own columns in the tidy table (beside model/revision/layer/...)
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+    series: ClassVar[tuple[str, ...]] = ()  # parameter columns that make rows of one model/revision different series
+
+    def check(self, params, info: dict, model: str) -> None:
+        """Refuse, before any work, parameters this extraction cannot serve (e.g. k >= d)."""
+
+    def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
+        raise NotImplementedError
+
+    def progress_cost(self, params) -> int:
+        """What one unit counts on the progress bar (its steps)."""
+        return 1
+
+    def unit_key(self, extraction_key: str, layer: str, params) -> str:
+        """The content key of one unit: the extraction, the layer, this analysis's version and every parameter, so
+        a store reused with other settings never mixes them; ``plan`` and ``status`` count units by it."""
+        from raygeom.store.tree import content_key
+
+        return content_key(self.name, self.version, extraction_key, layer, *params.settings().values())
+
+
+_REGISTRY: dict[str, Analysis] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: add an analysis to the registry under ``cls.name`` (once)."""
+    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
+        raise RuntimeError(f"analysis {cls.name!r} is registered twice")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def _discover() -> None:
+    import raygeom.analyses as package
+
+    # Only the files that register something are imported: the other analysis modules pull in torch, and the CLI
+    # (built from this registry) must refuse bad input before any of that loads.
+    for module in pkgutil.iter_modules(package.__path__):
+        path = Path(package.__path__[0]) / f"{module.name}.py"
+        if module.name != "registry" and path.is_file() and "\n@register\n" in path.read_text():
+            importlib.import_module(f"raygeom.analyses.{module.name}")
+
+
+def analyses() -> dict[str, Analysis]:
+    """Every registered analysis by name (every module of raygeom.analyses is imported once)."""
+    if not _REGISTRY.get("_discovered"):
+        _discover()
+        _REGISTRY["_discovered"] = True  # type: ignore[assignment]
+    return {name: a for name, a in _REGISTRY.items() if name != "_discovered"}
+
+
+def get(name: str) -> Analysis:
+    known = analyses()
+    if name not in known:
+        raise RaygeomError(f"unknown analysis {name!r}; registered: {', '.join(sorted(known))}")
+    return known[name]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One analysis with one set of parameters, as a job runs it."""
+
+    analysis: str
+    params: Any
+
+    @property
+    def spec(self) -> Analysis:
+        return get(self.analysis)
+
+
+def parse_analyses(section: dict, where: str = "") -> tuple[Planned, ...]:
+    """The ``[analyses]`` table of a job file: ``[analyses.<name>]`` sub-tables of parameters (lists = grids)."""
+    if not isinstance(section, dict):
+        raise RaygeomError(f"{where}[analyses] must be a table of [analyses.<name>] tables")
+    planned = []
+    for name, values in section.items():
+        analysis = get(name)
+        if not isinstance(values, dict):
+            raise RaygeomError(f"{where}[analyses.{name}] must be a table (possibly empty)")
+        planned += [Planned(name, p) for p in analysis.Params.grid(values, f"{where}[analyses.{name}] ")]
+    if not planned:
+        raise RaygeomError(f"{where}[analyses] names no analysis; registered: {', '.join(sorted(analyses()))}")
+    return tuple(planned)
+
+
+def units_for(store, model: str, revision: str, layers: list[str], info: dict, planned: Iterable[Planned]) -> list:
+    """Every unit of ``planned`` on one landed extraction."""
+    out = []
+    for item in planned:
+        spec = item.spec
+        spec.check(item.params, info, model)
+        out += spec.units(store, model, revision, layers, item.params, info)
+    return out
+
+
+def layer_units(analysis: Analysis, params, store, model: str, revision: str, layers: list[str], info: dict, task,
+                args: tuple, finish) -> list:
+    """One unit per layer: ``task(root, model, revision, layer, *args, extraction key)`` on a worker, then
+    ``finish(layer, value)`` on the driver gives its row(s), each carrying its ``unit_key``."""
+    from raygeom.engine.contract import Step, Unit
+
+    root = str(store.root)
+    out = []
+    for layer in layers:
+        key = analysis.unit_key(info["key"], layer, params)
+
+        def done(values, layer=layer, key=key):
+            rows = finish(layer, values[0])
+            return [{**row, "unit_key": key} for row in rows] if isinstance(rows, list) else {**rows, "unit_key": key}
+
+        out.append(Unit(analysis=analysis.name, key=key, label=f"{model}@{revision} {layer} ({analysis.name})",
+                        parts=[Step(task, (root, model, revision, layer, *args, info["key"]))], finish=done))
+    return out
+
+
+def read_layer(root: str, model: str, revision: str, layer: str, extraction_key: str):
+    """(sample ids, vectors) of a layer, only if the store still holds the extraction the unit was planned on."""
+    from raygeom.store.tree import Store
+
+    return Store(root).read_layer(model, revision, layer, key=extraction_key)

@@ -1,0 +1,53 @@
+"""Spectral metrics of each layer: RankMe, alpha-ReQ, condition number, isotropy (raygeom.numerics.spectral),
+and the share of variance on PC1. One unit per (extraction, layer, k)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raygeom.analyses.provenance import layer_row
+from raygeom.analyses.registry import Analysis, Metric, Needs, Params, layer_units, param, read_layer, register
+from raygeom.errors import RaygeomError
+
+
+@dataclass(frozen=True)
+class SpectralParams(Params):
+    k: int = param(100, "Readout subspace dimension for the PC1 readout share (k < d).", low=1)
+
+
+def spectral_task(root: str, model: str, revision: str, layer: str, k: int, key: str) -> dict:
+    from raygeom.numerics import layer_geometry, spectral
+    from raygeom.store.tree import Store
+
+    h = read_layer(root, model, revision, layer, key)[1]
+    basis, _ = Store(root).read_readout(model, revision)
+    summary = spectral.spectral_summary(h, basis[:, :k])
+    summary["pc1_variance_fraction"] = layer_geometry.pc1_variance_fraction(h)
+    return summary
+
+
+def check_k(info: dict, k: int, model: str) -> None:
+    if info.get("d") is not None and not 0 < k < info["d"]:
+        raise RaygeomError(f"k must satisfy 0 < k < d; got k={k}, d={info['d']} for {model}")
+
+
+@register
+class Spectral(Analysis):
+    name = "spectral"
+    version = 2  # shares its units with `raygeom diagnose` (DIAGNOSTICS_VERSION 2)
+    Params = SpectralParams
+    title = "Spectral metrics"
+    needs = Needs(readout=True)
+    columns = ("k", "rankme", "rankme_centred", "alpha_req", "alpha_req_r2", "condition_number", "isotropy",
+               "pc1_readout_share", "pc1_readout_chance", "pc1_variance_fraction")
+    metrics = (Metric("rankme", "RankMe"), Metric("alpha_req", "alpha-ReQ"), Metric("isotropy", "isotropy"),
+               Metric("condition_number", "condition number"))
+    series = ("k",)
+
+    def check(self, params: SpectralParams, info: dict, model: str) -> None:
+        check_k(info, params.k, model)
+
+    def units(self, store, model, revision, layers, params: SpectralParams, info):
+        return layer_units(self, params, store, model, revision, layers, info, spectral_task,
+                           (params.k,), lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
+                                                               **value})

@@ -1,0 +1,91 @@
+"""Console tables and PNG plots of any registered analysis's rows, from its declaration: its metrics with their
+intervals, one table and one line per model, revision and setting (never two settings in one)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _setting_label(row: dict, columns: tuple[str, ...]) -> str:
+    return ", ".join(f"{c}={row.get(c)}" for c in columns)
+
+
+def _groups(rows: list[dict], series: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["revision"], _setting_label(row, series)), []).append(row)
+    return groups
+
+
+def _value(row: dict, column: str, lo: str | None, hi: str | None) -> str:
+    value = row.get(column)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    text = f"{value:.4g}"
+    low, high = row.get(lo) if lo else None, row.get(hi) if hi else None
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and math.isfinite(low) and math.isfinite(high):
+        text += f" [{low:.3g}, {high:.3g}]"
+    return text
+
+
+def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
+    """One table per model, revision and setting: every declared metric per layer, with its 95 % interval."""
+    for (model, revision, setting), group in _groups(rows, analysis.series).items():
+        first = group[0]
+        table = Table(title=f"{analysis.title}  {escape(model)}@{escape(revision)}  (N={first.get('n')}, d={first.get('d')}"
+                            + (f", {escape(setting)}" if setting else "") + ")", title_justify="left")
+        table.add_column("layer", no_wrap=True)
+        for metric in analysis.metrics:
+            table.add_column(metric.title + (" [95 %]" if metric.lo else ""), justify="right")
+            if metric.chance:
+                table.add_column("chance", justify="right")
+        for row in sorted(group, key=lambda r: r.get("layer_index", 0)):
+            cells = [escape(str(row["layer"]))]
+            for metric in analysis.metrics:
+                cells.append(_value(row, metric.column, metric.lo, metric.hi))
+                if metric.chance:
+                    cells.append(_value(row, metric.chance, None, None))
+            table.add_row(*cells)
+        console.print(table)
+
+
+def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
+    """One PNG per declared metric: the metric against relative depth, a line (and band) per model, revision and
+    setting."""
+    from raygeom.report.figures import save_figure
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    groups = _groups(rows, analysis.series)
+    for metric in analysis.metrics:
+        fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+        for (model, revision, setting), group in sorted(groups.items()):
+            group = sorted(group, key=lambda r: r["relative_depth"])
+            x = [r["relative_depth"] for r in group]
+            label = f"{model}@{revision}" + (f" ({setting})" if setting else "")
+            line, = ax.plot(x, [_finite(r.get(metric.column)) for r in group], marker="o", ms=3, label=label)
+            if metric.lo and metric.hi:
+                ax.fill_between(x, [_finite(r.get(metric.lo)) for r in group], [_finite(r.get(metric.hi)) for r in group],
+                                color=line.get_color(), alpha=0.2, lw=0)
+            if metric.chance:
+                ax.plot(x, [_finite(r.get(metric.chance)) for r in group], color=line.get_color(), ls=":", lw=0.8)
+        ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
+        ax.set_ylabel(metric.title + (" (band: 95 % interval)" if metric.lo else ""))
+        ax.set_title(f"{analysis.title} by depth")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(save_figure(fig, Path(directory) / f"{analysis.name}_{metric.column}_vs_depth.png"))
+    return paths
+
+
+def _finite(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else math.nan

@@ -1,0 +1,72 @@
+"""Check every file of a store, needed now or not: its checksum, and for layer, unit and marker files whether
+the content is what its place says (``raygeom verify``). Reads only; takes no lock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raygeom.errors import RaygeomError
+from raygeom.store.tree import COMPLETE_MARKER, Store, _decode, checksum_path, decode_segment, read_verified
+
+
+@dataclass
+class Audit:
+    checked: int = 0  # files whose checksum (and identity, where they state one) was checked
+    unrecorded: int = 0  # files the store did not write (plots, Ray Train's own files): nothing to check them against
+    damaged: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _value(segment: str) -> str:
+    return decode_segment(segment.split("=", 1)[1])
+
+
+def audit(root: str | Path) -> Audit:
+    store = Store(root)
+    root = store.root
+    if not root.is_dir():
+        raise RaygeomError(f"store {root} not found")
+    result = Audit()
+    recorded: dict[Path, tuple[str, dict]] = {}  # an extraction's files: the marker's hash is the one that counts
+    for marker in sorted(root.glob(f"activations/model=*/revision=*/{COMPLETE_MARKER}")):
+        model, revision = _value(marker.parent.parent.name), _value(marker.parent.name)
+        info, problem = store._marker(model, revision)
+        result.checked += 1
+        if problem:
+            result.damaged.append((marker, problem))
+            continue
+        files = info.get("files") if info else None
+        for name, digest in (files if isinstance(files, dict) else {}).items():
+            recorded[root / name] = (digest, info)
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+            continue  # sidecars, temporaries, the lock
+        parts = relative.parts
+        if parts[0] == "activations" and path.name == COMPLETE_MARKER:
+            continue  # checked above
+        layer = len(parts) == 5 and parts[0] == "activations" and parts[3].startswith("layer=")
+        unit = len(parts) == 3 and parts[0] == "results" and path.suffix == ".parquet"
+        keyed = layer or unit or (parts[0] in ("readout", "samples") and path.suffix == ".parquet")
+        digest, marker = recorded.get(path, (None, None))
+        if digest is None and not checksum_path(path).is_file():
+            if keyed:
+                result.damaged.append((path, f"{path} has no recorded checksum"))
+            else:
+                result.unrecorded += 1
+            continue
+        result.checked += 1
+        try:
+            data = read_verified(path, digest)
+            problem = None
+            if layer:
+                table = _decode(data, path, ["layer_index"])
+                problem = Store.layer_problem(table, _value(parts[1]), _value(parts[2]), _value(parts[3]), path, marker)
+            elif unit:
+                store.read_unit_file(path)
+        except RaygeomError as error:
+            problem = str(error)
+        if problem:
+            result.damaged.append((path, problem))
+    return result
+

@@ -1,0 +1,136 @@
+"""One `raygeom run` of a job with [analyses.*] over several checkpoints, through the real CLI from an empty
+working directory: each (checkpoint, extraction) is extracted once, every analysis writes its table, the report
+keeps every series apart (every line trace has strictly increasing x and a setting tuple no other line has), and
+a rerun computes nothing."""
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+REVISIONS = ("step0", "step1000", "step143000")
+
+
+def run_cli(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
+
+
+JOB = """[job]
+name = "experiment"
+out = "store"
+[[models]]
+id = "EleutherAI/pythia-14m"
+revisions = {revisions}
+[corpus]
+name = "bbc"
+n_samples = 40
+[extract]
+seq_len = 32
+batch_size = 8
+layers = "all"
+[analyses.pga]
+k = 8
+r = [0, 1, 5]
+n_null = 20
+null_chunks = 2
+text_halves = 0
+[analyses.spectral]
+k = 8
+[analyses.pc1]
+k = 8
+[analyses.probe]
+[analyses.twonn]
+"""
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory, hub_cache, ray_address):
+    workdir = tmp_path_factory.mktemp("empty-cwd")
+    (workdir / "job.toml").write_text(JOB.format(revisions=json.dumps(list(REVISIONS))))
+    first = run_cli("run", "job.toml", "--address", ray_address, cwd=workdir)
+    assert first.returncode == 0, first.stdout + first.stderr
+    store = workdir / "store"
+    written = {p: p.stat().st_mtime_ns for p in [*(store / "results").rglob("*.parquet"), *store.rglob("_COMPLETE.json")]
+               if p.parent.name != "results"}
+    second = run_cli("run", "job.toml", "--address", ray_address, cwd=workdir)
+    assert second.returncode == 0, second.stdout + second.stderr
+    return store, first, second, written
+
+
+def test_every_analysis_writes_its_table_once_per_unit(experiment):
+    store, first, _, _ = experiment
+    layers = 5  # embed, 3 blocks, final_norm
+    expected = {"pga": 3 * 3 * layers, "spectral": 3 * layers, "pc1": 3 * layers, "probe": 3 * layers, "twonn": 3 * layers}
+    for name, count in expected.items():
+        table = pq.read_table(store / "results" / f"{name}.parquet").to_pylist()
+        assert len(table) == count, name
+        assert len({row["unit_key"] for row in table}) == count, name
+        assert {row["revision"] for row in table} == set(REVISIONS), name
+    pga = pq.read_table(store / "results" / "pga.parquet").to_pylist()
+    assert sorted({row["r"] for row in pga}) == [0, 1, 5]
+    pc1 = pq.read_table(store / "results" / "pc1.parquet").to_pylist()
+    assert all(row["pc1_readout_share_lo"] <= row["pc1_readout_share"] <= row["pc1_readout_share_hi"] for row in pc1)
+    # One extraction per checkpoint, shared by every analysis.
+    markers = list((store / "activations").glob("model=*/revision=*/_COMPLETE.json"))
+    assert len(markers) == len(REVISIONS)
+    assert "TwoNN intrinsic dimension" in first.stdout and "PC1 readout share" in first.stdout
+
+
+def test_a_rerun_computes_no_unit_and_extracts_nothing(experiment):
+    store, _, _, written = experiment
+    units = [p for p in written if p.suffix == ".parquet"]
+    assert len(units) == 3 * 5 * (3 + 4) and len(written) == len(units) + 3  # unit files and one marker per checkpoint
+    assert {p: p.stat().st_mtime_ns for p in written} == written  # the rerun read every unit and extraction back
+
+
+def _decode(value):
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+    return np.asarray(value, dtype=float) if value is not None else None
+
+
+def figures_of(html: str) -> list[dict]:
+    """Every figure's traces and layout, decoded from the report's Plotly.newPlot calls."""
+    decoder, figures = json.JSONDecoder(), []
+    for match in re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*', html):
+        data, end = decoder.raw_decode(html, match.end())
+        layout, _ = decoder.raw_decode(html, html.index("{", end))
+        figures.append({"data": data, "layout": layout})
+    return figures
+
+
+def test_the_report_never_joins_two_settings_in_one_line(experiment):
+    store, _, _, _ = experiment
+    html = (store / "report.html").read_text()
+    figures = figures_of(html)
+    assert len(figures) >= 8
+    titles = [str(f["layout"].get("title", {}).get("text", "")) for f in figures]
+    for wanted in ("RankMe over training", "PC1 readout share over training", "TwoNN dimension (MLE) over training",
+                   "probe accuracy over training"):
+        assert any(wanted in t for t in titles), (wanted, titles)
+    checked = 0
+    for figure, title in zip(figures, titles):
+        lines = [t for t in figure["data"] if t.get("type", "scatter") == "scatter" and "lines" in str(t.get("mode", ""))
+                 and t.get("fill") != "toself"]
+        seen = set()
+        for trace in lines:
+            x = _decode(trace.get("x"))
+            if x is None or x.dtype.kind not in "fiu":
+                continue
+            assert np.all(np.diff(x) > 0), (title, trace.get("name"))
+            setting = (trace.get("name"), json.dumps(trace.get("meta"), sort_keys=True), trace.get("xaxis"), trace.get("yaxis"))
+            assert setting not in seen, (title, setting)
+            seen.add(setting)
+            checked += 1
+    assert checked > 20

@@ -1,0 +1,65 @@
+"""`raygeom run` on a [train] job from an empty working directory: the CLI (not the Python function) trains, sweeps
+the checkpoints the trainer wrote and writes the report, with the job's relative paths resolved in that directory.
+Before issue 21 this exited 2 in seconds: `run directory not found: runs/trajectory/checkpoints`."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
+    """jobs/trajectory.toml with every size cut down: 2 steps (checkpoints step0, step1, step2), d = 32, one block."""
+    text = (ROOT / "jobs" / "trajectory.toml").read_text()
+    replacements = {'save_every = 100': 'save_every = 2', 'log_until = 512': 'log_until = 1', 'corpus = "bbc"': f'corpus = "{corpus}"',
+                    'steps = 800': 'steps = 2', 'batch_size = 16': 'batch_size = 4', 'seq_len = 128': 'seq_len = 16',
+                    'warmup = 50': 'warmup = 1', 'hidden_size = 128': 'hidden_size = 32', 'n_layers = 4': 'n_layers = 1',
+                    'vocab_size = 4096': 'vocab_size = 300', 'eval_every = 100': 'eval_every = 2',
+                    'eval_sequences = 128': 'eval_sequences = 4', 'cpus_per_worker = 2': 'cpus_per_worker = 1',
+                    'pga_threads = 2': 'pga_threads = 1', 'n_samples = 400': 'n_samples = 16', 'batch_size = 32': 'batch_size = 16',
+                    'k = 32 ': 'k = 8 ', 'n_null = 100': 'n_null = 6', 'null_chunks = 4': 'null_chunks = 1',
+                    'chunk_len = 128': 'chunk_len = 16', 'chunks_per_domain = 40': 'chunks_per_domain = 3',
+                    'late_from = 512': 'late_from = 1\nbootstrap = 100\nbatch_size = 3', 'pool = "last"': 'pool = "mean"'}
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray_address, tmp_path):
+    from raygeom.testing import varied_text
+
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"in {1990 + i} about {i * 7} {varied_text(i)} . " * 2,
+                                          "label": f"topic{i % 3}"}) + "\n" for i in range(100)))
+    job = tiny_trajectory_job(tmp_path / "trajectory.toml", corpus)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
+    plan = subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(job)], cwd=work, env=env, capture_output=True, check=False,
+                          text=True, timeout=120)
+    assert plan.returncode == 0 and "3 checkpoints x 3 layers -> 9 PGA units" in plan.stdout, plan.stdout + plan.stderr
+    assert not any(work.iterdir())  # plan writes nothing
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    print(f"raygeom run (train, sweep, report) from an empty directory: {seconds:.1f} s")
+    run_dir = work / "runs" / "trajectory" / "checkpoints"
+    assert sorted(p.name for p in run_dir.glob("step*")) == ["step0", "step1", "step2"]
+    table = pq.read_table(work / "runs" / "trajectory" / "results" / "sweep_pga.parquet").to_pylist()
+    assert sorted({r["revision"] for r in table}) == ["step0", "step1", "step2"] and len(table) == 9
+    rows = pq.read_table(work / "runs" / "trajectory" / "results" / "trajectory_checkpoints.parquet").to_pylist()
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert (work / "docs" / "results" / "trajectory.md").is_file()
