@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError
 from raygeom.numerics import pga
 from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
 
 
@@ -41,9 +41,13 @@ def as_array(x, dtype=np.float64, name: str = "array") -> np.ndarray:
             return x.cpu().numpy().astype(dtype, copy=False)
     try:
         array = np.asarray(x)
+        if array.dtype.kind in "bcUSmM":
+            raise InputError(f"{name} must hold real numbers, got {array.dtype}")
         if array.dtype.kind not in "fiu":  # e.g. ml_dtypes' bfloat16 reads as kind 'V'
             array = array.astype(np.float32)
         return array.astype(dtype, copy=False)
+    except InputError:
+        raise
     except (TypeError, ValueError) as error:
         raise InputError(f"{name} must be a numeric array or tensor, got {type(x).__name__}: {error}") from None
 

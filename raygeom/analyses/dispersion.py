@@ -23,13 +23,21 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
-from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics.dispersion import (bits_per_byte, dispersion, dispersion_by_slice, gap_interval,
-                                         gap_warning, kmeans_slices, perplexity_groups, rank_agreement,
-                                         slice_agreement_interval)
+from raygeom.numerics.dispersion import (
+    bits_per_byte,
+    dispersion,
+    dispersion_by_slice,
+    gap_interval,
+    gap_warning,
+    kmeans_slices,
+    perplexity_groups,
+    rank_agreement,
+    slice_agreement_interval,
+)
 from raygeom.numerics.uncertainty import bootstrap_ci, spearman_with_ci
 from raygeom.report.figures import format_interval, pyplot, save_figure
+from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified

@@ -9,7 +9,8 @@ WORDS = re.compile(r"\[:(\d+)w\]")
 
 
 def extraction_columns(info: dict) -> dict:
-    """model, revision, step, corpus and its fingerprint, n, seq_len, pool, skip_first, max_words, raygeom version."""
+    """model, revision, step, corpus and its fingerprint, n, seq_len, pool, skip_first, max_words, raygeom version;
+    for vectors written with raygeom.write_activations also ``source``, where they came from."""
     from raygeom import __version__
 
     settings = info.get("settings") or {}
@@ -18,7 +19,7 @@ def extraction_columns(info: dict) -> dict:
     return {"step": info.get("step"), "corpus": corpus, "corpus_fingerprint": info.get("corpus_fingerprint"),
             "n": info.get("n_samples"), "seq_len": settings.get("seq_len"), "pool": settings.get("pool"),
             "skip_first": settings.get("skip_first"), "max_words": int(words.group(1)) if words else None,
-            "raygeom_version": __version__}
+            "raygeom_version": __version__, **({"source": info["source"]} if info.get("source") else {})}
 
 
 def layer_row(model: str, revision: str, layer: str, info: dict) -> dict:
