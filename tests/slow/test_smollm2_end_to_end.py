@@ -20,7 +20,7 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     env.pop("HF_HUB_CACHE", None)
     result = subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), "run", str(ROOT / "jobs" / "laptop.toml"), "--out", str(out),
-         "--n-samples", "24", "--n-null", "6", "--seq-len", "48"],
+         "--n-samples", "110", "--n-null", "6", "--seq-len", "48"],  # k=100 after CCR-1 needs rank 102: at least 104 distinct texts
         capture_output=True, text=True, env=env, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -28,7 +28,7 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     table = pq.read_table(out / "results" / "pga.parquet").to_pandas()
     expected_layers = ["embed", *[f"block_{i:02d}" for i in range(30)], "final_norm"]
     assert sorted(table["layer"]) == sorted(expected_layers)
-    assert (table["d"] == 576).all() and (table["k"] == 100).all() and (table["n"] == 24).all()
+    assert (table["d"] == 576).all() and (table["k"] == 100).all() and (table["n"] == 110).all()
     for column in ("rho_readout", "null_mean", "null_std", "z"):
         assert np.isfinite(table[column]).all(), column
     assert (table["null_std"] > 0).all()
@@ -36,7 +36,7 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
     samples = pq.read_table(out / "samples" / "model=smollm2-135m-instruct-q4_1" / "revision=main" / "part-0.parquet")
     # A PGA-only run skips the full-vocabulary LM head: the nll column is there, and empty.
-    assert samples.num_rows == 24 and np.isnan(samples["nll"].to_numpy()).all()
+    assert samples.num_rows == 110 and np.isnan(samples["nll"].to_numpy()).all()
     assert set(samples["label"].to_pylist()) <= {"business", "entertainment", "politics", "sports", "tech"}
     # The run ends with the store's HTML report, which renders in headless Chromium without errors.
     from tests.browser import pixel_spread, visit
