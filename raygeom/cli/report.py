@@ -21,15 +21,19 @@ def register(app: typer.Typer) -> None:
     """Add this module's command to the raygeom app."""
 
     @app.command()
-    def report(store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
-               out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: STORE/report.html).")):
+    def report(stores: list[Path] = typer.Argument(..., help="The store (a run's --out directory); more stores are "
+                                                             "overlaid on the first, each store one more facet of every series."),
+               out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: STORE/report.html "
+                                                                           "of the first store).")):
         """Write one self-contained, interactive HTML report of every result in STORE: PGA z by depth, sweep heatmaps,
-        diagnostics, convergence, dispersion, kNN-LM, training curves and the settings of every run. It opens offline."""
+        diagnostics, convergence, dispersion, kNN-LM, training curves and the settings of every run. It opens offline.
+        `raygeom report A B` draws B's rows beside A's (every line labelled with its store)."""
         from raygeom.report.html import write_report
 
+        store = stores[0]
         try:
-            with console.status(f"reading {store}"):
-                path = write_report(store, out)
+            with console.status(f"reading {', '.join(map(str, stores))}"):
+                path = write_report(store, out, overlay=stores[1:])
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2)

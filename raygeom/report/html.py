@@ -42,12 +42,12 @@ MAX_TABLE_ROWS = 400
 
 # Columns that say how a row was produced (the rest are measurements or identifiers). A "run" is one
 # distinct combination of the ones a table has; provenance columns added later are picked up by name.
-SETTING_COLUMNS = ("corpus", "corpus_fingerprint", "n_samples", "sample_seed", "n", "seq_len", "pool", "skip_first",
+SETTING_COLUMNS = ("store", "corpus", "corpus_fingerprint", "n_samples", "sample_seed", "n", "seq_len", "pool", "skip_first",
                    "max_words", "batch_size", "k", "r", "n_null", "seed", "ccr_ranks", "sample_ccr", "chunk_len",
                    "domain_tokens", "steps", "lr", "over", "push_layer", "workers", "raygeom_version",
                    "version", "settings_key", "extraction_key")
 # Settings that split one model's z profiles into separate traces when a store holds several.
-VARIANT_COLUMNS = ("k", "r", "n", "n_null", "seed", "pool", "seq_len", "skip_first", "max_words", "corpus",
+VARIANT_COLUMNS = ("store", "k", "r", "n", "n_null", "seed", "pool", "seq_len", "skip_first", "max_words", "corpus",
                    "corpus_fingerprint")
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -60,7 +60,28 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 _UNREADABLE: list[tuple[Path, str]] = []
 
 
-def _read(path: Path) -> list[dict]:
+# `raygeom report A B ...`: the first store is read as usual and every table is read from the others too, each row
+# tagged with its store, which is then one more setting that tells series apart. Set by write_report.
+_OVERLAY: dict = {}  # {"primary": Path, "label": str, "others": [(Path, label), ...]} while overlaying
+
+
+def _overlaid(read):
+    def both(path: Path) -> list[dict]:
+        if not _OVERLAY:
+            return read(path)
+        try:
+            relative = Path(path).relative_to(_OVERLAY["primary"])
+        except ValueError:
+            return read(path)
+        rows = [{**row, "store": _OVERLAY["label"]} for row in read(path)]
+        for other, label in _OVERLAY["others"]:
+            rows += [{**row, "store": label} for row in read(other / relative)]
+        return rows
+
+    return both
+
+
+def _read_one(path: Path) -> list[dict]:
     from raygeom.store.tree import read_table
 
     if not path.is_file():
@@ -72,7 +93,7 @@ def _read(path: Path) -> list[dict]:
         return []
 
 
-def _read_dir(directory: Path) -> list[dict]:
+def _read_dir_one(directory: Path) -> list[dict]:
     import pyarrow as pa
 
     from raygeom.store.tree import Store, read_table
@@ -90,6 +111,10 @@ def _read_dir(directory: Path) -> list[dict]:
     if not tables:
         return []
     return pa.concat_tables(tables, promote_options="permissive").to_pylist()
+
+
+_read = _overlaid(_read_one)
+_read_dir = _overlaid(_read_dir_one)
 
 
 def _step(revision: str) -> int | None:
@@ -978,15 +1003,24 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
             "</body></html>")
 
 
-def write_report(store_root: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of everything under ``store_root`` (default ``<store>/report.html``); return its path."""
+def write_report(store_root: str | Path, out: str | Path | None = None, overlay: list[str | Path] = ()) -> Path:
+    """Write the report of everything under ``store_root`` (default ``<store>/report.html``); return its path. With
+    ``overlay`` stores, their rows are drawn beside the first store's, each store one more setting of the series."""
     root = Path(store_root)
-    if not root.is_dir():
-        raise RaygeomError(f"store {root} is not a directory")
+    for store in (root, *map(Path, overlay)):
+        if not store.is_dir():
+            raise RaygeomError(f"store {store} is not a directory")
     out = Path(out) if out is not None else root / REPORT_NAME
     from raygeom.store.tree import atomic_write_text
 
-    sections = build_sections(root)
+    labels = _store_labels([root, *map(Path, overlay)])
+    if overlay:
+        _OVERLAY.update(primary=root.absolute(), label=labels[0],
+                        others=[(Path(other).absolute(), label) for other, label in zip(overlay, labels[1:])])
+    try:
+        sections = build_sections(root.absolute())
+    finally:
+        _OVERLAY.clear()
     if not sections:
         unreadable = f"; {len(_UNREADABLE)} file(s) could not be read, e.g. {_UNREADABLE[0][1]}" if _UNREADABLE else ""
         raise RaygeomError(f"nothing to report in {root}: no readable result tables under {root / 'results'} and no "
@@ -997,6 +1031,12 @@ def write_report(store_root: str | Path, out: str | Path | None = None) -> Path:
     except OSError as error:
         raise RaygeomError(f"cannot write the report to {out}: {error.strerror or error}") from None
     return out
+
+
+def _store_labels(stores: list[Path]) -> list[str]:
+    """Short distinct names of the stores: their folder names, or their paths where two share a name."""
+    names = [store.name or str(store) for store in stores]
+    return names if len(set(names)) == len(names) else [str(store) for store in stores]
 
 
 def announce_report(store_root: str | Path, console) -> Path | None:

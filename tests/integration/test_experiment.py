@@ -3,10 +3,8 @@ working directory: each (checkpoint, extraction) is extracted once, every analys
 keeps every series apart (every line trace has strictly increasing x and a setting tuple no other line has), and
 a rerun computes nothing."""
 
-import base64
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
+from tests.figures import decode as _decode, figures_of
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,22 +92,6 @@ def test_a_rerun_computes_no_unit_and_extracts_nothing(experiment):
     units = [p for p in written if p.suffix == ".parquet"]
     assert len(units) == 3 * 5 * (3 + 4) and len(written) == len(units) + 3  # unit files and one marker per checkpoint
     assert {p: p.stat().st_mtime_ns for p in written} == written  # the rerun read every unit and extraction back
-
-
-def _decode(value):
-    if isinstance(value, dict) and "bdata" in value:
-        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-    return np.asarray(value, dtype=float) if value is not None else None
-
-
-def figures_of(html: str) -> list[dict]:
-    """Every figure's traces and layout, decoded from the report's Plotly.newPlot calls."""
-    decoder, figures = json.JSONDecoder(), []
-    for match in re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*', html):
-        data, end = decoder.raw_decode(html, match.end())
-        layout, _ = decoder.raw_decode(html, html.index("{", end))
-        figures.append({"data": data, "layout": layout})
-    return figures
 
 
 def test_the_report_never_joins_two_settings_in_one_line(experiment):

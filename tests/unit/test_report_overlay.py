@@ -1,0 +1,41 @@
+"""`raygeom report A B` through the CLI: B's rows are drawn beside A's, each store its own series, never joined."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from raygeom.report.synthetic import write_pythia_grid_store
+from tests.figures import decode as _decode, figures_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_two_stores_overlay_with_each_store_a_facet(tmp_path):
+    first = write_pythia_grid_store(tmp_path / "run-a", sizes=("70m",), revisions=("step1000", "step143000"), seed=1)
+    second = write_pythia_grid_store(tmp_path / "run-b", sizes=("70m",), revisions=("step1000", "step143000"), seed=2)
+    out = tmp_path / "both.html"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "report", str(first), str(second), "--out", str(out)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = figures_of(out.read_text())
+    names = [trace.get("name") or "" for figure in figures for trace in figure["data"]]
+    assert any("store=run-a" in n for n in names) and any("store=run-b" in n for n in names)
+    for figure in figures:
+        lines = [t for t in figure["data"] if "lines" in str(t.get("mode", "")) and t.get("fill") != "toself"]
+        seen = set()
+        for trace in lines:
+            x = _decode(trace.get("x"))
+            if x is None or x.dtype.kind not in "fiu":
+                continue
+            assert np.all(np.diff(x) > 0), trace.get("name")
+            assert trace.get("name") not in seen
+            seen.add(trace.get("name"))
+    # The overlay changes nothing in either store; each store's own report is still its own.
+    assert not (first / "report.html").exists() and not (second / "report.html").exists()
+    missing = subprocess.run([sys.executable, str(ROOT / "cli.py"), "report", str(first), str(tmp_path / "nope")],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert missing.returncode == 2 and "nope is not a directory" in missing.stderr
