@@ -8,7 +8,7 @@ from pathlib import Path
 
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
-from raygeom.params import PGAParams, n_null_settings
+from raygeom.params import Params, PGAParams, n_null_settings, param
 from raygeom.sources.checkpoints import is_run_directory
 
 
@@ -25,42 +25,52 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
-class SweepSettings:
+class SweepSettings(Params):
     """How a sweep runs; its grid is JobSpec.models (the [sweep] sizes x revisions plus any [[models]])."""
 
-    gpu_memory_gib: float = 80.0  # per GPU, decides how many GPUs one replica asks for
-    gpus_per_node: int = 8
-    max_in_flight: int = 0  # extraction tasks submitted at once; 0 = twice the replicas that fit
-    pga_threads: int = 4  # revisions analysed at once
-    keep_activations: bool = True
-    collapse_threshold: float = 0.0
-    positive_z: float = 2.0
-    plots: bool = True
-
-    def __post_init__(self):
-        if self.gpu_memory_gib <= 0 or self.gpus_per_node < 1 or self.max_in_flight < 0 or self.pga_threads < 1:
-            raise RaygeomError("sweep: gpu_memory_gib and gpus_per_node must be positive, max_in_flight >= 0, pga_threads >= 1")
+    gpu_memory_gib: float = param(80.0, "Memory per GPU; decides how many GPUs one replica asks for.", low=0.0,
+                                  low_open=True)
+    gpus_per_node: int = param(8, "GPUs per node.", low=1)
+    max_in_flight: int = param(0, "Extraction tasks submitted at once (0: twice the replicas that fit).", low=0)
+    pga_threads: int = param(4, "Revisions analysed at once.", low=1)
+    keep_activations: bool = param(True, "Keep layer files after every unit of a revision is done.")
+    collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.")
+    positive_z: float = param(2.0, "z above which an earlier layer counts as organised.")
+    plots: bool = param(True, "Write the sweep's PNG plots.")
 
 
 @dataclass(frozen=True)
-class TrajectorySettings:
+class JobSection(Params):
+    """[job]: its name and its store."""
+
+    name: str = param("", "Name shown in titles (default: the file's name).")
+    out: str = param("runs/default", "The store directory (a job file without it: runs/<file name>).", nonempty=True)
+
+
+@dataclass(frozen=True)
+class CorpusSection(Params):
+    """[corpus]: the texts every model reads, sampled in a seeded order."""
+
+    name: str = param("bbc", "Built-in name, .txt/.jsonl/.parquet file, hf:<dataset>[:<split>], or 'heldout'.", nonempty=True)
+    n_samples: int = param(500, "Texts.", low=3)
+    seed: int = param(0, "Seed of the sample.", low=0)
+
+
+@dataclass(frozen=True)
+class TrajectorySettings(Params):
     """[trajectory]: the dispersion side of a trajectory job, and where its report goes."""
 
-    chunk_len: int = 128  # tokens per chunk; at most the trained model's context
-    chunks_per_domain: int = 40
-    batch_size: int = 8
-    domain_tokens: str = "digits"
-    gap_layer: str = "final_norm"
-    group_size: int = 10
-    n_groups: int = 20
-    late_from: int = 512  # checkpoints from this step on are "late": ranked again among themselves
-    bootstrap: int = 2000
-    seed: int = 0
-    report: str = ""  # a Markdown file regenerated from the store, e.g. docs/results/trajectory.md
-
-    def __post_init__(self):
-        if self.chunk_len < 2 or self.chunks_per_domain < 1 or self.batch_size < 1 or self.bootstrap < 100:
-            raise RaygeomError("chunk_len >= 2, chunks_per_domain and batch_size >= 1, bootstrap >= 100")
+    chunk_len: int = param(128, "Tokens per chunk; at most the trained model's context.", low=2)
+    chunks_per_domain: int = param(40, "Chunks per domain.", low=1)
+    batch_size: int = param(8, "Chunks per forward batch.", low=1)
+    domain_tokens: str = param("digits", "Which tokens make the domain side of the gap G.", nonempty=True)
+    gap_layer: str = param("final_norm", "Layer of the dispersion gap G.", nonempty=True)
+    group_size: int = param(10, "Chunks per perplexity group.", low=1)
+    n_groups: int = param(20, "Perplexity groups.", low=1)
+    late_from: int = param(512, "Checkpoints from this step on are 'late' (ranked again among themselves).", low=0)
+    bootstrap: int = param(2000, "Bootstrap draws of the ranking intervals.", low=100)
+    seed: int = param(0, "Seed of the bootstrap.", low=0)
+    report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/trajectory.md.")
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,8 @@ def load_job(path: str | Path) -> JobSpec:
     _known(job, {"name", "out"}, "job", path)
     _known(corpus, {"name", "n_samples", "seed"}, "corpus", path)
     _known(extract, {"seq_len", "pool", "skip_first", "batch_size", "layers"}, "extract", path)
+    JobSection.from_mapping(job, f"{path}: [job] ")  # types and ranges, one line naming the key
+    CorpusSection.from_mapping(corpus, f"{path}: [corpus] ")
     _known(analysis, {f.name for f in fields(PGAParams)}, "pga", path)
     sweep_section = data.get("sweep")
     train = _train(_section(data, "train", path), path) if "train" in data else None
@@ -288,7 +300,7 @@ def _sweep(section: dict, path: Path) -> tuple[SweepSettings, list[ModelEntry]]:
         entries = [ModelEntry(repo_id(size, d), tuple(revisions)) for size in sizes for d in variants]
         settings = SweepSettings(**{k: v for k, v in section.items() if k not in ("sizes", "deduped", "revisions")})
     except RaygeomError as error:
-        raise RaygeomError(f"{path}: {error}") from None
+        raise RaygeomError(f"{path}: [sweep] {error}") from None
     except TypeError as error:
         raise RaygeomError(f"{path}: [sweep] {error}") from None
     return settings, entries

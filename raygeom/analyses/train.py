@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from raygeom.errors import RaygeomError
+from raygeom.params import Params, param
 from raygeom.store.tree import Store, content_key, read_table
 
 TRAIN_VERSION = 1
@@ -45,31 +46,34 @@ DATA_SEED = 0
 
 
 @dataclass(frozen=True)
-class TrainSettings:
-    corpus: str = "bbc"
-    steps: int = 600
-    batch_size: int = 16
-    seq_len: int = 128
-    lr: float = 2e-3
-    warmup: int = 50
-    weight_decay: float = 0.01
-    hidden_size: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    vocab_size: int = 4096
-    push_layer: str = "final_norm"
-    over: str = "tokens"
-    lam: float = 0.0
-    seed: int = 0
-    eval_every: int = 100
-    eval_sequences: int = 128
-    heldout_fraction: float = 0.1
-    max_texts: int = 0  # 0: the whole corpus
-    workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
+class TrainSettings(Params):
+    corpus: str = param("bbc", "Training corpus (as --corpus).", nonempty=True)
+    steps: int = param(600, "Optimiser steps.", low=1)
+    batch_size: int = param(16, "Sequences per step (a multiple of workers).", low=2)
+    seq_len: int = param(128, "Tokens per training sequence.", low=2)
+    lr: float = param(2e-3, "Peak learning rate.", low=0.0, low_open=True)
+    warmup: int = param(50, "Linear warm-up steps.", low=0)
+    weight_decay: float = param(0.01, "AdamW weight decay.", low=0.0)
+    hidden_size: int = param(128, "Model width d (a multiple of n_heads).", low=1)
+    n_layers: int = param(4, "Blocks.", low=1)
+    n_heads: int = param(4, "Attention heads.", low=1)
+    vocab_size: int = param(4096, "BPE vocabulary (at least the 260-symbol byte alphabet).", low=260)
+    push_layer: str = param("final_norm", "Layer whose dispersion the push-away loss raises.", nonempty=True)
+    over: str = param("tokens", "What D_batch spreads: tokens, or last/mean pooled sequences.",
+                      choices=("tokens", "last", "mean"))
+    lam: float = param(0.0, "Push-away weight lambda (0: plain LM loss).", low=0.0)
+    seed: int = param(0, "Seed of the initialisation and batches.", low=0)
+    eval_every: int = param(100, "Steps between held-out evaluations.", low=1)
+    eval_sequences: int = param(128, "Held-out sequences per evaluation.", low=1)
+    heldout_fraction: float = param(0.1, "Share of the articles held out.", low=0.0, high=1.0, low_open=True,
+                                    high_open=True)
+    max_texts: int = param(0, "Texts of the corpus used (0: all).", low=0)
+    workers: int = param(1, "Data-parallel Ray Train workers.", low=1)
+    use_gpu: bool = param(False, "One GPU per worker.")
+    cpus_per_worker: float = param(1.0, "CPUs each worker asks Ray for.", low=0.0, low_open=True)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.steps < 1 or self.batch_size < 2 or self.seq_len < 2:
             raise RaygeomError("steps must be >= 1, batch-size >= 2 and seq-len >= 2")
         if self.workers < 1 or self.batch_size % self.workers:

@@ -107,3 +107,48 @@ def test_unknown_analysis_and_key_are_refused_in_one_line(tmp_path):
         result = runner.invoke(app, ["run", str(job)])
         assert result.exit_code == 2 and expected in result.output, result.output
         assert not Path(tmp_path / "out").exists()
+
+
+# Job-file sections declared with Params: each with the smallest valid job around it.
+SECTIONS = {
+    "job": ("raygeom.jobspec", "JobSection", "[[models]]\nid = 'smollm2'\n"),
+    "corpus": ("raygeom.jobspec", "CorpusSection", "[[models]]\nid = 'smollm2'\n"),
+    "sweep": ("raygeom.jobspec", "SweepSettings", "[[models]]\nid = 'smollm2'\n"),
+    "trajectory": ("raygeom.jobspec", "TrajectorySettings", "[train]\nrun_dir = 'run'\nsave_every = 100\n"),
+    "train": ("raygeom.analyses.train", "TrainSettings", ""),
+}
+
+
+def section_cases():
+    import importlib
+
+    for section, (module, name, base) in SECTIONS.items():
+        cls = getattr(importlib.import_module(module), name)
+        for spec in cls.declared():
+            for case, value, _ in bad_values(cls, spec):
+                yield pytest.param(section, base, spec, value, id=f"[{section}].{spec.name}:{case}")
+
+
+def toml_literal(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return repr(value).replace("'", '"')
+
+
+@pytest.mark.parametrize("section,base,spec,value", list(section_cases()))
+def test_bad_job_section_value_is_refused_by_its_declaration(section, base, spec, value, tmp_path):
+    out = tmp_path / "out"
+    body = {"train": "run_dir = 'run'\nsave_every = 100\n"}.get(section, "")
+    if section == "job":
+        text = f"{base}[job]\n{spec.name} = {toml_literal(value)}\n" + ("" if spec.name == "out" else f"out = {str(out)!r}\n")
+    else:
+        text = f"[job]\nout = {str(out)!r}\n{base}[{section}]\n{body}{spec.name} = {toml_literal(value)}\n"
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    result = CliRunner().invoke(app, ["run", str(job)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"[{section}] {spec.name} must be" in lines[0], result.output
+    assert not out.exists() and not (tmp_path / "run").exists()
