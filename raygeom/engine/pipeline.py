@@ -150,8 +150,12 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
                 progress.advance(extract_task if kind == "extract" else pga_task, n)
 
         settings = job.sweep
-        orchestrate.run_sweep(store, items, job.pga, progress=advance, max_in_flight=settings.max_in_flight or None,
-                              pga_threads=settings.pga_threads, keep_activations=settings.keep_activations)
+        rows = orchestrate.run_sweep(store, items, job.pga, progress=advance, max_in_flight=settings.max_in_flight or None,
+                                     pga_threads=settings.pga_threads, keep_activations=settings.keep_activations)
+    for row in rows:  # degenerate units are not stored, so the tables below do not show them: say so here
+        if row.get("note"):
+            console.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
+                          f"{escape(row['note'])} (not stored; a rerun tries it again)", highlight=False, soft_wrap=True)
     final = sweep.build_plan(job, store, corpus.fingerprint())
     outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]
