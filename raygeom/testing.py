@@ -85,7 +85,6 @@ n_samples = 40
 [extract]
 seq_len = 32
 batch_size = 8
-pool = "{pool}"
 [pga]
 k = 8
 n_null = 12
@@ -93,14 +92,13 @@ null_chunks = 2
 """
 
 
-def write_tiny_job(path: Path, name: str, out, corpus, sweep: str = "", models: str = "", extra: str = "",
-                   pool: str = "last") -> Path:
+def write_tiny_job(path: Path, name: str, out, corpus, sweep: str = "", models: str = "", extra: str = "") -> Path:
     """A job file for a tiny sweep: 40 texts of 32 tokens, PGA with k=8 and 12 nulls in 2 chunks.
 
     ``sweep`` is the body of its [sweep] table, ``models`` its [[models]] tables, ``extra`` any further tables.
     """
     path.write_text(f'[job]\nname = "{name}"\nout = "{out}"\n[sweep]\n{sweep}\n{models}\n'
-                    + TINY_JOB_SETTINGS.format(corpus=corpus, pool=pool) + extra)
+                    + TINY_JOB_SETTINGS.format(corpus=corpus) + extra)
     return path
 
 

@@ -195,6 +195,10 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
                                           max_in_flight=settings.max_in_flight or None, pga_threads=settings.pga_threads,
                                           keep_activations=settings.keep_activations)
     experiment.write_outputs(store, job, units, every_row, console)
+    for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
+        if row.get("note"):
+            console.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
+                          f"{escape(row['note'])} (not stored; a rerun tries it again)", highlight=False, soft_wrap=True)
     final = sweep.build_plan(job, store, corpus.fingerprint())
     outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]

@@ -50,8 +50,9 @@ TINY = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--n-sampl
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "EleutherAI/pythia-9000b", "--n-samples", "12"], "cannot load model 'EleutherAI/pythia-9000b'"),
-    (["--model", "EleutherAI/pythia-14m", "--revision", "step2000", "--n-samples", "12"], "revision 'step2000'"),
+    # --k 8: with the default k = 100, 12 texts are refused before any model is loaded (PGA needs k + r + 3 of them)
+    (["--model", "EleutherAI/pythia-9000b", "--n-samples", "12", "--k", "8"], "cannot load model 'EleutherAI/pythia-9000b'"),
+    (["--model", "EleutherAI/pythia-14m", "--revision", "step2000", "--n-samples", "12", "--k", "8"], "revision 'step2000'"),
     ([*TINY, "--k", "64"], "k must satisfy 0 < k < d; got k=64, d=64"),
 ])
 def test_errors_found_by_the_ray_workers(hub_cache, ray_address, tiny_corpus, tmp_path, args, message):

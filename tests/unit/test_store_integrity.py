@@ -191,16 +191,14 @@ def test_a_completion_marker_copied_from_another_revision_is_not_this_ones(tmp_p
 
 
 def test_stored_files_honour_the_umask(tmp_path):
-    script = f"""
-import os, numpy as np
-os.umask(0o022)
-from raygeom.store.tree import Store, atomic_write_text
-store = Store({str(tmp_path)!r})
-store.write_result("pga", "abc", {{"z": 1.0}})
-store.write_layer("m", "main", "embed", 0, np.arange(3), np.ones((3, 2)))
-atomic_write_text("<html></html>", store.root / "report.html")
-"""
-    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    previous = os.umask(0o022)
+    try:
+        store = Store(tmp_path)
+        store.write_result("pga", "abc", {"z": 1.0})
+        store.write_layer("m", "main", "embed", 0, np.arange(3), np.ones((3, 2)))
+        tree.atomic_write_text("<html></html>", store.root / "report.html")
+    finally:
+        os.umask(previous)
     modes = {p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777) for p in tmp_path.rglob("*") if p.is_file()}
     assert len(modes) == 6, modes  # three files and their sidecars
     assert set(modes.values()) == {"0o644"}, modes
