@@ -30,6 +30,11 @@ class SafeConsole(Console):
             return super().render_str(text, **{**kwargs, "markup": False})
 
 
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click.exceptions import ClickException as UsageErrors
+except ImportError:  # pragma: no cover - older typer on click itself
+    from click.exceptions import ClickException as UsageErrors
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure how a language model organises its hidden-state geometry for prediction.")
 console = SafeConsole(width=output_width())
@@ -234,11 +239,21 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        app()
+        # Not standalone: a usage error (unknown option, a value click cannot parse) comes back here, so it is one line
+        # like every other refusal instead of click's usage panel.
+        code = app(standalone_mode=False)
+        if code == 130 or (code and _terminated):  # typer turns Ctrl-C into exit code 130
+            _interrupted()
+        sys.exit(code if isinstance(code, int) else 0)
+    except UsageErrors as error:
+        command = f" (see {error.ctx.command_path} --help)" if getattr(error, "ctx", None) is not None else ""
+        errors.print(f"[bold red]error:[/] {escape(error.format_message())}{escape(command)}", highlight=False,
+                     soft_wrap=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         _interrupted()
     except SystemExit as done:
-        if done.code == 130 or _terminated:  # typer turns Ctrl-C into a silent exit 130
+        if done.code == 130 or _terminated:
             _interrupted()
         raise
     except RaygeomError as error:  # a command that let one through still gets one line

@@ -152,3 +152,41 @@ def test_bad_job_section_value_is_refused_by_its_declaration(section, base, spec
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and f"[{section}] {spec.name} must be" in lines[0], result.output
     assert not out.exists() and not (tmp_path / "run").exists()
+
+
+def _numeric_options():
+    import typer
+
+    from raygeom.cli.root import app as root_app
+
+    group = typer.main.get_command(root_app)
+
+    def walk(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from walk(sub, [*path, name])
+            return
+        for option in command.params:
+            kind = option.bare_type() if option.param_type_name == "option" else None
+            if kind in (int, float, "int", "float") and option.opts[0].startswith("--"):
+                yield pytest.param(path, option.opts[0], id=f"{' '.join(path)} {option.opts[0]}")
+
+    yield from walk(group, [])
+
+
+@pytest.mark.parametrize("path,flag", list(_numeric_options()))
+def test_every_numeric_flag_of_every_command_refuses_text_in_one_line(path, flag, tmp_path, monkeypatch, capsys):
+    """The hand-written commands' typed flags too: a value their type cannot parse is one line and exit 2 (the CLI's
+    main() turns click's usage errors into its one-line refusal), before anything starts."""
+    import sys
+
+    from raygeom.cli import root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["raygeom", *path, flag, "not-a-number"])
+    with pytest.raises(SystemExit) as done:
+        root.main()
+    assert done.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and flag in lines[0] and "error:" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []
