@@ -189,7 +189,8 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     depth = {name: i / (len(all_layers) - 2) for i, name in enumerate(all_layers[:-1])}
     depth["attn_last"] = depth[all_layers[-3]]  # inside the last block
     for layer in layers:  # points inside a block (block_05.mlp_out) lie between its input and output
-        depth.setdefault(layer, layer_position.relative_depth(all_layers[:-1], layer))
+        if layer not in depth:
+            depth[layer] = layer_position.relative_depth(all_layers[:-1], layer)
     nll = np.concatenate([r[2] for r in results])
     n_predicted = results[0][3]
     chunk_ids = np.arange(n, dtype=np.int32)
