@@ -117,7 +117,8 @@ def test_rerun_reads_every_unit_back(planted):
     before = {p: p.stat().st_mtime_ns for p in results.rglob("*.parquet")}
     again = diagnostics.run_diagnostics(store, "planted", "main", LAYERS, params)
     assert {p: p.stat().st_mtime_ns for p in results.rglob("*.parquet")} == before
-    assert again["layers"] == result["layers"]
+    # NaN (an interval below 20 nulls) is not equal to itself: compare the rows' text
+    assert repr(again["layers"]) == repr(result["layers"])
 
 
 def test_bad_requests_fail_with_one_clear_message(planted, tmp_path):

@@ -65,11 +65,11 @@ def test_ray_train_run_logs_every_step_and_is_cached(ray_local, data, tmp_path, 
 def test_settings_are_validated_and_the_cli_fails_cleanly(tmp_path):
     with pytest.raises(RaygeomError, match="multiple of workers"):
         train.TrainSettings(batch_size=10, workers=3)
-    with pytest.raises(RaygeomError, match="lambda must be a non-negative"):
+    with pytest.raises(RaygeomError, match="lam must be a number >= 0"):
         train.TrainSettings(lam=-1.0)
     done = subprocess.run([sys.executable, "-m", "raygeom.cli", "train", "--over", "median", "-o", str(tmp_path / "out")],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
-    assert done.returncode == 2 and "over must be tokens, last or mean" in done.stderr
+    assert done.returncode == 2 and "over must be one of tokens, last, mean" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 
 
