@@ -71,6 +71,7 @@ class Analysis:
 
 
 _REGISTRY: dict[str, Analysis] = {}
+_DISCOVERED: list[bool] = []  # every registering module imported once
 
 
 def register(cls: type) -> type:
@@ -94,10 +95,10 @@ def _discover() -> None:
 
 def analyses() -> dict[str, Analysis]:
     """Every registered analysis by name (every module of raygeom.analyses is imported once)."""
-    if not _REGISTRY.get("_discovered"):
+    if not _DISCOVERED:
         _discover()
-        _REGISTRY["_discovered"] = True  # type: ignore[assignment]
-    return {name: a for name, a in _REGISTRY.items() if name != "_discovered"}
+        _DISCOVERED.append(True)
+    return dict(_REGISTRY)
 
 
 def get(name: str) -> Analysis:
