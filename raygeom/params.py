@@ -21,7 +21,7 @@ def param(default: Any, help: str, *, low: float | None = None, high: float | No
                                             "flag": flag})
 
 
-def _declared_type(cls: type, name: str) -> type:
+def declared_type(cls: type, name: str) -> type:
     hint = typing.get_type_hints(cls)[name]
     return hint if hint in _TYPES else typing.get_args(hint)[0] if typing.get_args(hint) else hint
 
@@ -29,7 +29,7 @@ def _declared_type(cls: type, name: str) -> type:
 def allowed(cls: type, name: str) -> str:
     """The declared range of one parameter, as the refusal line states it."""
     spec = next(f for f in fields(cls) if f.name == name)
-    meta, kind = spec.metadata, _declared_type(cls, name)
+    meta, kind = spec.metadata, declared_type(cls, name)
     if meta.get("choices"):
         return "one of " + ", ".join(map(str, meta["choices"]))
     parts = [_TYPES.get(kind, kind.__name__)]
@@ -45,7 +45,7 @@ def allowed(cls: type, name: str) -> str:
 def check_value(cls: type, name: str, value: Any, where: str = "") -> Any:
     """``value`` checked against its declaration; returns it (an int given for a float becomes a float)."""
     spec = next(f for f in fields(cls) if f.name == name)
-    meta, kind = spec.metadata, _declared_type(cls, name)
+    meta, kind = spec.metadata, declared_type(cls, name)
     label = f"{where}{name}" if where else name
     refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {value!r}")
     if kind is bool:
@@ -80,7 +80,7 @@ def default_of(cls: type, name: str) -> Any:
 
 def parse_text(cls: type, name: str, text: str, label: str | None = None) -> Any:
     """A command-line value of a declared parameter: parsed to its declared type, then checked (``label``: the flag)."""
-    kind, shown = _declared_type(cls, name), label or name
+    kind, shown = declared_type(cls, name), label or name
     try:
         value = int(text.strip()) if kind is int else float(text.strip()) if kind is float else text
         return check_value(cls, name, value)

@@ -175,6 +175,7 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
     fingerprint = fingerprint or corpus_fingerprint(job, store)
     plans = []
     params_of_model: dict[str, int] = {}
+    labels = planned_labels(job)
     for spec in job_specs(job):
         key = extraction_key(spec, fingerprint, job.extraction, job.layers, READOUT_COMPONENTS)
         marker = store.completion(spec.slug, spec.revision)
@@ -195,9 +196,9 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
         units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
         done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
         analysis_units = {label: {layer: item.spec.unit_key(key, layer, item.params) for layer in layers}
-                          for label, item in planned_labels(job).items()}
-        analysis_done = {label: {layer for layer, unit in keys.items() if store.has_result(item.analysis, unit)}
-                         for (label, keys), item in zip(analysis_units.items(), planned_labels(job).values())}
+                          for label, item in labels.items()}
+        analysis_done = {label: {layer for layer, unit in keys.items() if store.has_result(labels[label].analysis, unit)}
+                         for label, keys in analysis_units.items()}
         plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker,
                                   analysis_units, analysis_done))
     for plan in plans:  # revisions not yet loaded take the measured size of their model

@@ -14,7 +14,7 @@ import typer
 
 from raygeom.analyses import registry
 from raygeom.errors import RaygeomError
-from raygeom.params import LAYERS_HELP, allowed, default_of, parse_text
+from raygeom.params import LAYERS_HELP, allowed, declared_type, default_of, parse_text
 
 DEFAULT_STORE = "runs/default"
 
@@ -49,7 +49,7 @@ def _flag(spec) -> str:
 def _param_options(params_cls) -> dict:
     options = {}
     for spec in params_cls.declared():
-        kind = typing_kind(params_cls, spec.name)
+        kind = declared_type(params_cls, spec.name)
         flag = _flag(spec)
         names = (f"{flag}/--no-{flag[2:]}",) if kind is bool else (flag,)
         text = f"{spec.metadata['help']} Allowed: {allowed(params_cls, spec.name)}. (default: {default_of(params_cls, spec.name)})"
@@ -60,12 +60,6 @@ def _param_options(params_cls) -> dict:
 
 def _field(params_cls, name: str):
     return next(spec for spec in params_cls.declared() if spec.name == name)
-
-
-def typing_kind(params_cls, name: str) -> type:
-    from raygeom.params import _declared_type
-
-    return _declared_type(params_cls, name)
 
 
 def build_job(analysis_name: str, grid: dict, values: dict):

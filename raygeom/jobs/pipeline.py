@@ -177,9 +177,9 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         from raygeom.analyses.pga import progress_units
 
         names = experiment.analyses_of(job)
-        total = sum(len(units) * item.spec.progress_cost(item.params)
-                    for revision in plan.revisions for units, item in zip(revision.analysis_units.values(),
-                                                                          sweep.planned_labels(job).values()))
+        labels = sweep.planned_labels(job)
+        total = sum(len(units) * labels[label].spec.progress_cost(labels[label].params)
+                    for revision in plan.revisions for label, units in revision.analysis_units.items())
         pga_task = progress.add_task("PGA tasks" if names == ["pga"] else f"{', '.join(names)} tasks",
                                      total=total or progress_units(plan.n_units, job.pga))
         units = experiment.JobUnits(store, job)

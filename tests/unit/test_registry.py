@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 
 from raygeom.analyses import registry
 from raygeom.cli.root import app
-from raygeom.params import Params, _declared_type, check_value
+from raygeom.params import Params, declared_type, check_value
 
 ANALYSES = registry.analyses()
 
 
 def bad_values(cls, spec) -> list[tuple[str, object, str]]:
     """(case, job-file value, command-line text) that the declaration must refuse."""
-    kind, meta = _declared_type(cls, spec.name), spec.metadata
+    kind, meta = declared_type(cls, spec.name), spec.metadata
     cases = []
     if kind is int:
         cases += [("wrong type", 1.5, "1.5"), ("empty", "", "")]
