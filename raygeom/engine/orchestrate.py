@@ -25,6 +25,9 @@ from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.replica.request import ExtractionRequest
 from raygeom.sources.layers import select_layers
 from raygeom.store.tree import Store
+from raygeom.engine.worker_setup import HOOK
+
+WORKER_ENV = {"worker_process_setup_hook": HOOK}
 
 CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
@@ -72,7 +75,7 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
     if address is None:
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=True, logging_level="ERROR")
+                     configure_logging=True, logging_level="ERROR", runtime_env=WORKER_ENV)
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
         return
@@ -127,7 +130,7 @@ def _connect(address: str, timeout_s: float) -> None:
 
     def connect() -> None:
         try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR", runtime_env=WORKER_ENV)
             outcome["ok"] = True
         except BaseException as error:  # noqa: BLE001 - reported below as one line
             outcome["error"] = error

@@ -174,6 +174,20 @@ def test_local_ray_traffic_stays_on_loopback(ray_local):
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
 
 
+def test_every_worker_imports_the_numerics_before_its_first_task(ray_local):
+    """A cancel (KeyboardInterrupt) landing in a worker's first `import scipy.stats` would leave scipy half-imported
+    there and fail every later task (NameError: '_ndimage_api'); the setup hook imports them before any task runs."""
+    import ray
+
+    def modules_in_this_worker() -> list[str]:
+        import sys
+
+        return sorted(sys.modules)
+
+    modules = ray.get(ray.remote(modules_in_this_worker).remote())
+    assert {"scipy.ndimage", "scipy.stats", "raygeom.numerics.pga", "raygeom.numerics.probe"} <= set(modules)
+
+
 def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub_cache, ray_local, tmp_path):
     corpus = tmp_path / "same-ending.txt"
     corpus.write_text("\n".join(f"the market rose {i} times as investors bought shares" for i in range(30)))
