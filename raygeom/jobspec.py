@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -74,6 +75,16 @@ class TrajectorySettings(Params):
 
 
 @dataclass(frozen=True)
+class WidthSettings(Params):
+    """[width]: the page a width ladder (a [train] grid over hidden_size) regenerates, and how it decides."""
+
+    report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/width.md.")
+    positive_z: float = param(2.0, "z whose whole interval lies above this counts as organised.")
+    collapse_z: float = param(0.0, "z whose whole interval lies below this counts as collapsed.")
+    seed: int = param(0, "Seed of the bootstrap intervals.", low=0)
+
+
+@dataclass(frozen=True)
 class TrainJob:
     """[train]: train a model first, saving checkpoints into ``run_dir`` on a Pythia-like schedule
     (``raygeom.analyses.train.checkpoint_steps``); skipped when they exist and match."""
@@ -82,6 +93,7 @@ class TrainJob:
     run_dir: str
     save_every: int
     log_until: int = 512
+    variant: str = ""  # the name of this grid point of [train] (e.g. d64-seed1); "" when [train] is one run
 
     def plan(self):
         from raygeom.analyses.train import CheckpointPlan, checkpoint_steps
@@ -102,13 +114,19 @@ class JobSpec:
     extraction: ExtractionSettings = field(default_factory=ExtractionSettings)
     pga: PGAParams = field(default_factory=PGAParams)
     sweep: SweepSettings | None = None
-    train: TrainJob | None = None
+    trains: tuple[TrainJob, ...] = ()  # [train]: one run, or one per grid point of its list values
     trajectory: TrajectorySettings | None = None
+    width: WidthSettings | None = None
     # [analyses.<name>] tables (raygeom.analyses.registry), one Planned per grid point; empty: PGA with [pga]'s settings
     analyses: tuple = ()
 
     def __post_init__(self):
         check_layer_selection(self.layers)
+
+    @property
+    def train(self) -> TrainJob | None:
+        """The first (often the only) run of [train]; every run shares its data and held-out texts."""
+        return self.trains[0] if self.trains else None
 
     def planned(self) -> tuple:
         """Every (analysis, parameters) this job runs on each extraction."""
@@ -190,7 +208,7 @@ def load_job(path: str | Path) -> JobSpec:
     except tomllib.TOMLDecodeError as error:
         raise RaygeomError(f"{path}: malformed TOML: {str(error).splitlines()[0]}") from None
     _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "analyses", "dispersion", "train",
-                  "trajectory"},
+                  "trajectory", "width"},
            "top level", path)
     job = _section(data, "job", path)
     corpus = _section(data, "corpus", path)
@@ -203,8 +221,12 @@ def load_job(path: str | Path) -> JobSpec:
     CorpusSection.from_mapping(corpus, f"{path}: [corpus] ")
     _known(analysis, {f.name for f in fields(PGAParams)}, "pga", path)
     sweep_section = data.get("sweep")
-    train = _train(_section(data, "train", path), path) if "train" in data else None
+    trains = _train(_section(data, "train", path), path) if "train" in data else ()
+    train = trains[0] if trains else None
     trajectory = _trajectory(_section(data, "trajectory", path), path) if "trajectory" in data else None
+    width = WidthSettings.from_mapping(_section(data, "width", path), f"{path}: [width] ") if "width" in data else None
+    if width is not None and len({run.settings.hidden_size for run in trains}) < 2:
+        raise RaygeomError(f"{path}: [width] reads a width ladder: [train] needs hidden_size = [a list of widths]")
     models = data.get("models", [] if sweep_section is not None or train is not None else None)
     if not isinstance(models, list) or (not models and sweep_section is None and train is None):
         raise RaygeomError(f"{path}: needs at least one [[models]] entry with an 'id'")
@@ -226,8 +248,9 @@ def load_job(path: str | Path) -> JobSpec:
         if not isinstance(revisions, list) or not all(isinstance(r, str) for r in revisions) or not revisions:
             raise RaygeomError(f"{path}: 'revisions' of model {entry['id']} must be a non-empty list of strings")
         entries.append(ModelEntry(entry["id"], tuple(revisions), run_dir))
-    if train is not None and not any(e.run_dir and _same_path(e.source, train.run_dir) for e in entries):
-        entries.append(ModelEntry(train.run_dir, ("all",), True))  # what [train] writes is what the job sweeps
+    for run in trains:  # what [train] writes is what the job sweeps
+        if not any(e.run_dir and _same_path(e.source, run.run_dir) for e in entries):
+            entries.append(ModelEntry(run.run_dir, ("all",), True))
     sweep = None
     if sweep_section is not None:
         sweep, generated = _sweep(_section(data, "sweep", path), path)
@@ -262,8 +285,9 @@ def load_job(path: str | Path) -> JobSpec:
             extraction=ExtractionSettings(**extract),
             pga=PGAParams(**{**analysis, **n_null_settings(analysis.get("n_null"))}),
             sweep=sweep,
-            train=train,
+            trains=trains,
             trajectory=trajectory,
+            width=width,
             analyses=analyses,
         )
     except (TypeError, ValueError) as error:
@@ -310,25 +334,53 @@ def _same_path(a: str, b: str) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
-TRAIN_KEYS = {"run_dir", "save_every", "log_until"}
+TRAIN_KEYS = {"run_dir", "save_every", "log_until", "head_dim"}
+# Every run of a [train] grid is trained and evaluated on the same articles, split and tokenizer.
+SHARED_DATA = ("corpus", "seq_len", "vocab_size", "eval_sequences", "heldout_fraction", "max_texts")
+VARIANT_PREFIX = {"hidden_size": "d", "n_layers": "l", "seed": "seed", "lam": "lam"}
 
 
-def _train(section: dict, path: Path) -> TrainJob:
-    """[train]: the TrainSettings fields, plus run_dir (where checkpoints go), save_every and log_until."""
+def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
+    """[train]: the TrainSettings fields, plus run_dir (where checkpoints go), save_every and log_until. A list value
+    (``hidden_size = [64, 128]``, ``seed = [0, 1]``) makes a grid: one run per combination, each in its own
+    ``run_dir/<variant>`` (e.g. ``d64-seed1``); ``head_dim`` sets n_heads = hidden_size / head_dim for each."""
     from raygeom.analyses.train import TrainSettings
 
     _known(section, TRAIN_KEYS | {f.name for f in fields(TrainSettings)}, "train", path)
     if not isinstance(section.get("run_dir"), str) or not isinstance(section.get("save_every"), int):
         raise RaygeomError(f"{path}: [train] needs run_dir (a directory) and save_every (steps between checkpoints after the log-spaced ones)")
-    try:
-        settings = TrainSettings(**{k: v for k, v in section.items() if k not in TRAIN_KEYS})
-        job = TrainJob(settings, section["run_dir"], section["save_every"], int(section.get("log_until", 512)))
-        job.plan()  # validates the schedule
-        return job
-    except RaygeomError as error:
-        raise RaygeomError(f"{path}: [train] {error}") from None
-    except (TypeError, ValueError) as error:
-        raise RaygeomError(f"{path}: [train] {error}") from None
+    grid = {k: v for k, v in section.items() if isinstance(v, list) and k not in TRAIN_KEYS}
+    shared = [k for k in grid if k in SHARED_DATA]
+    if shared:
+        raise RaygeomError(f"{path}: [train] {shared[0]} cannot be a list: every run of a grid shares its data "
+                           f"({', '.join(SHARED_DATA)})")
+    empty = [k for k, v in grid.items() if not v or len(set(map(repr, v))) != len(v)]
+    if empty:
+        raise RaygeomError(f"{path}: [train] {empty[0]} must list distinct values, got {section[empty[0]]!r}")
+    head_dim = section.get("head_dim")
+    if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1):
+        raise RaygeomError(f"{path}: [train] head_dim must be a positive integer, got {head_dim!r}")
+    runs = []
+    for values in itertools.product(*grid.values()):
+        point = dict(zip(grid, values))
+        variant = "-".join(f"{VARIANT_PREFIX.get(k, k)}{v}" for k, v in point.items())
+        fields_ = {k: v for k, v in {**section, **point}.items() if k not in TRAIN_KEYS}
+        try:
+            if head_dim is not None:
+                width = fields_.get("hidden_size", TrainSettings().hidden_size)
+                if not isinstance(width, int) or width % head_dim:
+                    raise RaygeomError(f"hidden_size {width!r} is not a multiple of head_dim {head_dim}")
+                fields_["n_heads"] = width // head_dim
+            settings = TrainSettings(**fields_)
+            run_dir = str(Path(section["run_dir"]) / variant) if variant else section["run_dir"]
+            job = TrainJob(settings, run_dir, section["save_every"], int(section.get("log_until", 512)), variant)
+            job.plan()  # validates the schedule
+        except RaygeomError as error:
+            raise RaygeomError(f"{path}: [train]{' ' + variant if variant else ''} {error}") from None
+        except (TypeError, ValueError) as error:
+            raise RaygeomError(f"{path}: [train]{' ' + variant if variant else ''} {error}") from None
+        runs.append(job)
+    return tuple(runs)
 
 
 def _trajectory(section: dict, path: Path):

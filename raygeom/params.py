@@ -145,9 +145,31 @@ def check_types(settings) -> None:
             raise RaygeomError(f"{spec.name} must be {spec.type}, got {value!r}")
 
 
+def k_per_d_param():
+    """The k/d declaration shared by every analysis with a readout subspace of dimension k."""
+    return param(0.0, "When > 0: k = round(k_per_d * d) for each model, the same k/d at every width (k is then "
+                      "ignored); 0: the fixed k.", low=0.0, high=1.0, high_open=True)
+
+
+def for_width(params, d: int | None):
+    """``params`` on a model of width ``d``: k resolved from k_per_d when the analysis has one and it is set."""
+    if not getattr(params, "k_per_d", 0.0) or d is None:
+        return params
+    from dataclasses import replace
+
+    return replace(params, k=max(1, round(params.k_per_d * d)))
+
+
+def key_settings(params) -> list:
+    """The values a unit key is made of: every setting, except a k_per_d of 0 (a fixed k), so the units stored
+    before k_per_d existed keep their keys."""
+    return [v for n, v in params.settings().items() if not (n == "k_per_d" and not v)]
+
+
 @dataclass(frozen=True)
 class PGAParams(Params):
     k: int = param(100, "Readout subspace dimension (k < d).", low=1)
+    k_per_d: float = k_per_d_param()
     r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr")
     n_null: int = param(100, "Random subspaces in the null.", low=2)
     seed: int = param(0, "Seed of the nulls (and of the text sample).", low=0)

@@ -7,13 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Needs, Params, layer_units, param, read_layer, register
+from raygeom.analyses.registry import (Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer,
+                                      register)
 from raygeom.analyses.spectral import check_k
 
 
 @dataclass(frozen=True)
 class PC1Params(Params):
     k: int = param(100, "Readout subspace dimension (k < d).", low=1)
+    k_per_d: float = k_per_d_param()
     seed: int = param(0, "Seed of the half-samples of the interval over texts.", low=0)
     text_halves: int = param(10, "Half-samples of the texts for the interval.", low=2)
 
@@ -35,11 +37,11 @@ class PC1Share(Analysis):
     Params = PC1Params
     title = "PC1 readout share"
     needs = Needs(readout=True)
-    columns = ("k", "seed", "pc1_readout_share", "pc1_readout_share_lo", "pc1_readout_share_hi", "pc1_readout_share_se",
+    columns = ("k", "k_per_d", "seed", "pc1_readout_share", "pc1_readout_share_lo", "pc1_readout_share_hi", "pc1_readout_share_se",
                "pc1_readout_chance", "pc1_variance_fraction", "n_half_samples")
     metrics = (Metric("pc1_readout_share", "PC1 readout share", "pc1_readout_share_lo", "pc1_readout_share_hi",
                       chance="pc1_readout_chance"),)
-    series = ("k",)
+    series = ("k_per_d", "k")
 
     def check(self, params: PC1Params, info: dict, model: str) -> None:
         check_k(info, params.k, model)
@@ -47,4 +49,4 @@ class PC1Share(Analysis):
     def units(self, store, model, revision, layers, params: PC1Params, info):
         return layer_units(self, params, store, model, revision, layers, info, pc1_task, (params.k, params.seed, params.text_halves),
                            lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
-                                                 "seed": params.seed, **value})
+                                                 "k_per_d": params.k_per_d, "seed": params.seed, **value})

@@ -16,7 +16,7 @@ from raygeom.analyses.registry import Analysis, Metric, Needs, register
 from raygeom.engine.contract import PREPARED, More, Step, Unit
 from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
-from raygeom.params import AUTO_NULL_BLOCK, PGAParams
+from raygeom.params import AUTO_NULL_BLOCK, PGAParams, for_width
 from raygeom.store.tree import Store, content_key
 
 # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se; 4: z_se includes z's
@@ -28,7 +28,9 @@ PGA_VERSION = 5
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
     null = (("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap) if params.n_null_auto
             else params.n_null)
-    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves)
+    per_d = (("k_per_d", params.k_per_d),) if params.k_per_d else ()  # keys of fixed-k units stay as they were
+    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves,
+                       *per_d)
 
 
 def read_keyed_layer(root: str, model: str, revision: str, layer: str, extraction_key: str) -> np.ndarray:
@@ -156,8 +158,8 @@ def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rh
         stats = {**pga.summarize_null(rho, nulls), **z_uncertainty(rho, nulls, params.seed)}
     names = info["all_layers"]
     return {"model": model, "revision": revision, "layer": layer, "layer_index": layer_position.index(names, layer),
-            "relative_depth": layer_position.relative_depth(names, layer), "k": params.k, "r": params.r,
-            "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
+            "relative_depth": layer_position.relative_depth(names, layer), "k": params.k, "k_per_d": params.k_per_d,
+            "r": params.r, "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
             "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"], "note": note,
             **extraction_columns(info)}
 
@@ -168,6 +170,7 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
     info = info or store.completion(model, revision)
     if info is None:
         raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
+    params = for_width(params, info.get("d"))
     if basis is None:
         basis = store.read_readout(model, revision, key=info["key"])[0]
     check_params(info, params, model, basis.shape[1])
@@ -226,11 +229,11 @@ class SubspacePGA(Analysis):
     Params = PGAParams
     title = "Subspace PGA"
     needs = Needs(readout=True)
-    columns = ("k", "r", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z", "z_se", "z_lo", "z_hi",
+    columns = ("k", "k_per_d", "r", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z", "z_se", "z_lo", "z_hi",
                "z_half_width", "p_upper", "p_lower", "rho_texts_lo", "rho_texts_hi", "margin_texts_lo", "margin_texts_hi",
                "note")
     metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
-    series = ("k", "r")
+    series = ("k_per_d", "k", "r")
 
     def units(self, store, model, revision, layers, params: PGAParams, info):
         return units(store, model, revision, layers, params, info=info)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
 from raygeom.errors import RaygeomError
-from raygeom.params import Params, param  # noqa: F401 - an analysis file declares its Params with these
+from raygeom.params import Params, for_width, k_per_d_param, key_settings, param  # noqa: F401 - an analysis file declares its Params with these
 
 @dataclass(frozen=True)
 class Needs:
@@ -52,6 +52,10 @@ class Analysis:
     metrics: ClassVar[tuple[Metric, ...]] = ()
     series: ClassVar[tuple[str, ...]] = ()  # parameter columns that make rows of one model/revision different series
 
+    def for_width(self, params, d: int | None):
+        """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""
+        return for_width(params, d)
+
     def check(self, params, info: dict, model: str) -> None:
         """Refuse, before any work, parameters this extraction cannot serve (e.g. k >= d)."""
 
@@ -67,7 +71,7 @@ class Analysis:
         a store reused with other settings never mixes them; ``plan`` and ``status`` count units by it."""
         from raygeom.store.tree import content_key
 
-        return content_key(self.name, self.version, extraction_key, layer, *params.settings().values())
+        return content_key(self.name, self.version, extraction_key, layer, *key_settings(params))
 
 
 _REGISTRY: dict[str, Analysis] = {}
@@ -127,9 +131,14 @@ def parse_analyses(section: dict, where: str = "") -> tuple[Planned, ...]:
     planned = []
     for name, values in section.items():
         analysis = get(name)
-        if not isinstance(values, dict):
-            raise RaygeomError(f"{where}[analyses.{name}] must be a table (possibly empty)")
-        planned += [Planned(name, p) for p in analysis.Params.grid(values, f"{where}[analyses.{name}] ")]
+        # [[analyses.<name>]] (an array of tables): several grids of one analysis, e.g. a k/d ladder and one fixed k
+        tables = values if isinstance(values, list) and values else [values]
+        for index, table in enumerate(tables):
+            label = f"[analyses.{name}]" if len(tables) == 1 else f"[[analyses.{name}]] #{index + 1}"
+            if not isinstance(table, dict):
+                raise RaygeomError(f"{where}{label} must be a table (possibly empty)")
+            planned += [Planned(name, p) for p in analysis.Params.grid(table, f"{where}{label} ")
+                        if Planned(name, p) not in planned]
     if not planned:
         raise RaygeomError(f"{where}[analyses] names no analysis; registered: {', '.join(sorted(analyses()))}")
     return tuple(planned)
@@ -140,8 +149,9 @@ def units_for(store, model: str, revision: str, layers: list[str], info: dict, p
     out = []
     for item in planned:
         spec = item.spec
-        spec.check(item.params, info, model)
-        out += spec.units(store, model, revision, layers, item.params, info)
+        params = spec.for_width(item.params, info.get("d"))
+        spec.check(params, info, model)
+        out += spec.units(store, model, revision, layers, params, info)
     return out
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Needs, Params, layer_units, param, read_layer, register
+from raygeom.analyses.registry import (Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer,
+                                      register)
 from raygeom.errors import RaygeomError
 
 
 @dataclass(frozen=True)
 class SpectralParams(Params):
     k: int = param(100, "Readout subspace dimension for the PC1 readout share (k < d).", low=1)
+    k_per_d: float = k_per_d_param()
 
 
 def spectral_task(root: str, model: str, revision: str, layer: str, k: int, key: str) -> dict:
@@ -38,11 +40,11 @@ class Spectral(Analysis):
     Params = SpectralParams
     title = "Spectral metrics"
     needs = Needs(readout=True)
-    columns = ("k", "rankme", "rankme_centred", "alpha_req", "alpha_req_r2", "condition_number", "isotropy",
+    columns = ("k", "k_per_d", "rankme", "rankme_centred", "alpha_req", "alpha_req_r2", "condition_number", "isotropy",
                "pc1_readout_share", "pc1_readout_chance", "pc1_variance_fraction")
     metrics = (Metric("rankme", "RankMe"), Metric("alpha_req", "alpha-ReQ"), Metric("isotropy", "isotropy"),
                Metric("condition_number", "condition number"))
-    series = ("k",)
+    series = ("k_per_d", "k")
 
     def check(self, params: SpectralParams, info: dict, model: str) -> None:
         check_k(info, params.k, model)
@@ -50,4 +52,4 @@ class Spectral(Analysis):
     def units(self, store, model, revision, layers, params: SpectralParams, info):
         return layer_units(self, params, store, model, revision, layers, info, spectral_task,
                            (params.k,), lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
-                                                               **value})
+                                                               "k_per_d": params.k_per_d, **value})

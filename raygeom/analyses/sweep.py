@@ -147,12 +147,13 @@ def job_specs(job) -> list[ModelSpec]:
 def _trained_specs(job, entry) -> list[ModelSpec] | None:
     from raygeom.sources.checkpoints import Checkpoint, RunDirectory
 
-    if job.train is None or not entry.run_dir:
+    if not entry.run_dir:
         return None
-    plan = job.train.plan()
+    source = Path(entry.source).expanduser().resolve()
+    plan = next((p for p in (run.plan() for run in job.trains) if Path(p.run_dir) == source), None)
+    if plan is None:
+        return None
     root = Path(plan.run_dir)
-    if Path(entry.source).expanduser().resolve() != root:
-        return None
     run = RunDirectory(root, tuple(Checkpoint(f"step{step}", step, root / f"step{step}") for step in plan.steps), ())
     return [ModelSpec(str(root), "checkpoint", checkpoint.label) for checkpoint in run.select(entry.revisions)]
 
@@ -195,8 +196,9 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
             params_of_model.setdefault(spec.source, params)
         units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
         done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
-        analysis_units = {label: {layer: item.spec.unit_key(key, layer, item.params) for layer in layers}
-                          for label, item in labels.items()}
+        d = (marker or {}).get("d") or (config or {}).get("hidden_size") or (size.d if size else None)
+        analysis_units = {label: {layer: item.spec.unit_key(key, layer, item.spec.for_width(item.params, d))
+                                  for layer in layers} for label, item in labels.items()}
         analysis_done = {label: {layer for layer, unit in keys.items() if store.has_result(labels[label].analysis, unit)}
                          for label, keys in analysis_units.items()}
         plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker,

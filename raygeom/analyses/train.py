@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -256,6 +257,22 @@ def evaluate(core, heldout, layer: str, batch_size: int = 16) -> dict:
     core.train(was_training)
     return {"heldout_loss": total / count, "heldout_perplexity": math.exp(total / count),
             "heldout_dispersion": float(np.nanmean(np.concatenate(dispersions)))}
+
+
+def estimate_training_seconds(settings: TrainSettings, checkpoints: int, probe_steps: int = 5) -> float:
+    """Wall seconds a run should take on this machine, from timing ``probe_steps`` optimiser steps in this process
+    (with the run's threads): its steps, plus one held-out evaluation per checkpoint and per ``eval_every`` steps,
+    each costing about a third of a training step (forward only) per batch of held-out sequences."""
+    data = prepare_data(settings.data_fields())
+    quick = replace(settings, warmup=0, eval_every=10**9)
+    timed = []
+    for steps in (1, 1, 1 + probe_steps):  # the first warms up (allocator, kernels) and is not counted
+        started = time.perf_counter()
+        fit(replace(quick, steps=steps), replace(data, heldout=data.heldout[:1]))
+        timed.append(time.perf_counter() - started)
+    per_step = max(timed[2] - timed[1], 1e-3) / probe_steps
+    evaluations = checkpoints + settings.steps // settings.eval_every
+    return per_step * (settings.steps + evaluations * max(1.0, len(data.heldout) / settings.batch_size) / 3)
 
 
 def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1, prepare=None, report=None,

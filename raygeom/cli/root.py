@@ -78,10 +78,10 @@ def _check_pga_sizes(job) -> None:
         except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
             config = {}
         d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
-        if d is None and job.train is not None and spec.kind == "checkpoint" and spec.source == job.train.plan().run_dir:
-            d = job.train.settings.hidden_size  # a checkpoint the job's [train] has yet to write
+        if d is None and spec.kind == "checkpoint":  # a checkpoint the job's [train] has yet to write
+            d = next((run.settings.hidden_size for run in job.trains if spec.source == run.plan().run_dir), None)
         for item in job.planned():
-            item.spec.check(item.params, {"n_samples": job.n_samples, "d": d}, spec.name)
+            item.spec.check(item.spec.for_width(item.params, d), {"n_samples": job.n_samples, "d": d}, spec.name)
 
 
 def _run(job, address, num_cpus):

@@ -40,26 +40,38 @@ def _revision_span(revisions) -> str:
     return names[0] if len(names) == 1 else f"{len(names)}: {names[0]} .. {names[-1]}"
 
 
-def _show_untrained(job_file: Path, out: Optional[Path]) -> bool:
-    """A job whose [train] has not run yet has no checkpoints and no held-out texts to plan over:
-    show what training will write and how many units follow, instead of failing on the missing corpus."""
+def _show_training(job_file: Path, out: Optional[Path]) -> bool:
+    """The runs [train] will make (a grid: one per variant), whether each is trained, and for those that are not
+    the time it should take, measured from a few steps here. Returns True when there is nothing more to plan: a
+    job whose [train] has not run has no checkpoints and no held-out texts yet, so what follows is only counted."""
+    from raygeom.analyses.sweep import format_seconds
+    from raygeom.analyses.train import estimate_training_seconds
+    from raygeom.jobs.train import completed_trajectory
     from raygeom.jobspec import load_job
 
     job = load_job(job_file).with_overrides(out=str(out) if out else None)
-    if job.train is None or (Path(job.train.run_dir) / "heldout.jsonl").is_file():
+    if not job.trains:
         return False
-    checkpoints = job.train.plan()
-    settings = job.train.settings
-    layers = settings.n_layers + 2  # embed, every block, final_norm
-    steps = checkpoints.steps
-    console.print(f"Plan {job.name}: [train] has not run yet (no {Path(job.train.run_dir) / 'heldout.jsonl'})", highlight=False, markup=False)
-    console.print(f"  train: GPT-NeoX d={settings.hidden_size}, {settings.n_layers} blocks, {settings.steps} steps, "
-                  f"{len(steps)} checkpoints (step {', '.join(map(str, steps[:6]))}{', ...' if len(steps) > 6 else ''}"
-                  f" {steps[-1]}) into {job.train.run_dir}", highlight=False, markup=False)
-    console.print(f"  then: {len(steps)} checkpoints x {layers} layers -> {len(steps) * layers:,} PGA units "
-                  f"(N={job.n_samples}, k={job.pga.k}, CCR-{job.pga.r}, {job.pga.n_null} nulls, seed {job.pga.seed}); 0 done",
+    table = Table(title=f"Plan {job.name}: [train] runs", title_justify="left")
+    for name in ("run", "d", "heads", "blocks", "seed", "steps", "checkpoints", "status", "train time"):
+        table.add_column(name, justify="left" if name in ("run", "status") else "right")
+    units = 0
+    with console.status("timing a few training steps per run to estimate the time of the runs to train"):
+        for run in job.trains:
+            plan, settings = run.plan(), run.settings
+            trained = completed_trajectory(plan, plan.key(settings)) is not None
+            estimate = "" if trained else f"~{format_seconds(estimate_training_seconds(settings, len(plan.steps)))}"
+            table.add_row(run.variant or Path(run.run_dir).name, str(settings.hidden_size), str(settings.n_heads),
+                          str(settings.n_layers), str(settings.seed), f"{settings.steps:,}", str(len(plan.steps)),
+                          "trained" if trained else "to train", estimate)
+            units += len(plan.steps) * (settings.n_layers + 2) * len(job.planned())
+    console.print(table)
+    if (Path(job.train.run_dir) / "heldout.jsonl").is_file():
+        return False
+    console.print(f"then: {units:,} units ({len(job.planned())} planned analyses x every checkpoint x layer of every run, "
+                  f"N={job.n_samples}); 0 done", highlight=False, markup=False)
+    console.print("cost of the analyses: nothing measured yet; `raygeom run` trains first, then plan again",
                   highlight=False, markup=False)
-    console.print("cost: nothing measured yet; `raygeom run` trains first, then plan again", highlight=False, markup=False)
     return True
 
 
@@ -81,7 +93,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     from raygeom.jobspec import SweepSettings
     from raygeom.sources.revisions import gpus_per_model
 
-    if _show_untrained(job_file, out):
+    if _show_training(job_file, out):
         return
     job, plan = _load(job_file, out)
     settings = job.sweep or SweepSettings()
@@ -169,7 +181,7 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     planned = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
     partial = [p for p in plan.store.partial_extractions() if p in planned]
     if partial:
-        console.print(f"partial extractions (running, or interrupted and to be redone): "
+        console.print("partial extractions (running, or interrupted and to be redone): "
                       + ", ".join(f"{m}@{r}" for m, r in partial), highlight=False)
     for model, revision, flag in report.flagged:
         note = report.notes.get((model, revision))

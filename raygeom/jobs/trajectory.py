@@ -186,28 +186,31 @@ def plot_gap_against_perplexity(rows: list[dict], path, title: str):
 
 # --------------------------------------------------------------------------------------------- run
 
-def train_stage(job, store, console, address=None, num_cpus=None) -> dict:
-    """[train]: run it, or reuse its checkpoints when they exist and match its settings and schedule."""
+def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
+    """[train]: every run of it, in order, each skipped when its checkpoints exist and match its settings and schedule."""
     from raygeom.jobs import train as train_module
 
-    plan = job.train.plan()
-    settings = job.train.settings
-    key = plan.key(settings)
-    if train_module.completed_trajectory(plan, key) is not None:
-        row = train_module.run_training(store, settings, plan)  # reads it back, no Ray needed
-        console.print(f"train: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
-                      f"(trained in {row['wall_s'] / 60:.1f} min)")
-        return row
-    from raygeom.engine import orchestrate
+    rows = []
+    for run in job.trains:
+        plan, settings = run.plan(), run.settings
+        name = f"train {run.variant}" if run.variant else "train"
+        if train_module.completed_trajectory(plan, plan.key(settings)) is not None:
+            row = train_module.run_training(store, settings, plan)  # reads it back, no Ray needed
+            console.print(f"{name}: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
+                          f"(trained in {row['wall_s'] / 60:.1f} min)")
+            rows.append(row)
+            continue
+        from raygeom.engine import orchestrate
 
-    with console.status("starting Ray" + (f" at {address}" if address else " locally")):
-        orchestrate.start_ray(address, num_cpus)
-    with console.status(f"training d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; "
-                        f"{len(plan.steps)} checkpoints into {plan.run_dir}"):
-        row = train_module.run_training(store, settings, plan)
-    console.print(f"train: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity {row['heldout_perplexity']:.2f}; "
-                  f"{len(plan.steps)} checkpoints in {plan.run_dir}")
-    return row
+        with console.status("starting Ray" + (f" at {address}" if address else " locally")):
+            orchestrate.start_ray(address, num_cpus)
+        with console.status(f"{name}: d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; "
+                            f"{len(plan.steps)} checkpoints into {plan.run_dir}"):
+            row = train_module.run_training(store, settings, plan)
+        console.print(f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
+                      f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}")
+        rows.append(row)
+    return rows
 
 
 def run_trajectory_job(job, console, address: str | None = None, num_cpus: int | None = None) -> dict:
@@ -226,11 +229,19 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     started = time.perf_counter()
     store = Store(job.out)
     check_writable(store.root)
-    trained = train_stage(job, store, console, address, num_cpus) if job.train is not None else None
+    trained_runs = train_stage(job, store, console, address, num_cpus)
+    trained = trained_runs[0] if trained_runs else None
     if job.sweep is None:
         job = replace(job, sweep=SweepSettings())
     swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus)
-    outputs = {"trained": trained, "swept": swept, "computed_dispersion_units": 0}
+    outputs = {"trained": trained, "trained_runs": trained_runs, "swept": swept, "computed_dispersion_units": 0}
+    if job.width is not None:
+        from raygeom.jobs.width import write_width_report
+
+        together = {"wall_s": sum(r["wall_s"] for r in trained_runs), "cached": all(r.get("cached") for r in trained_runs)}
+        record = full_run_record(store, together, time.perf_counter() - started, swept.computed_units, 0)
+        if job.width.report:
+            outputs["width_report"] = write_width_report(job, store, console, record)
     settings = job.trajectory
     if settings is None:
         return outputs

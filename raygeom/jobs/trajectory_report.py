@@ -116,7 +116,6 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     early_status, early_text = _verdict_early(organisation, last_step)
     late_role = next((o for o in organisation if o["role"] == "late"), None)
     flagged = [r["revision"] for r in rows if r["weights_flag"]]
-    wall = outputs["wall_s"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
     lines = [
@@ -226,7 +225,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
         "",
         "- It can show the *shape* of a trajectory: when z first rises above chance at each depth, whether late",
         "  layers lose it again, and whether G moves with held-out perplexity, on real text and a real optimiser.",
-        f"- It cannot test the scale claim: the PGA paper's two regimes are about width (d <= 1024 against d >= 2048); one",
+        "- It cannot test the scale claim: the PGA paper's two regimes are about width (d <= 1024 against d >= 2048); one",
         f"  run at d = {train.hidden_size if train else '?'} sits far inside the small regime and has nothing to compare against.",
         f"- k = {job.pga.k} of d = {train.hidden_size if train else '?'} is a large share of the space (the paper used k = 100",
         "  of d >= 512), so readout and random subspaces overlap more; z values are not comparable in size with the paper's.",

@@ -405,6 +405,21 @@ def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "f
     raise InputError(f"method must be 'fisher' or 'bootstrap'; got {method!r}")
 
 
+def mean_t_interval(values, level: float = LEVEL) -> dict[str, float]:
+    """Mean of independent replicates (e.g. one value per training seed) with its Student-t interval,
+    ``mean -+ t_{n-1} sd / sqrt(n)``: with 2 seeds t is 12.7, so the interval is honest about how little two
+    runs pin down. NaN bounds with fewer than 2 values."""
+    x = _finite_1d("values", values)
+    if x.size == 0:
+        raise InputError("need at least one value")
+    mean = float(x.mean())
+    if x.size < 2:
+        return {"mean": mean, "lo": float("nan"), "hi": float("nan"), "sd": float("nan"), "n": 1}
+    sd = float(x.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1)) * sd / np.sqrt(x.size)
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "sd": sd, "n": int(x.size)}
+
+
 def paired_t(a, b) -> dict[str, float]:
     """Paired t-test of ``mean(a - b) = 0`` (e.g. a metric with and without push-away, per seed).
 

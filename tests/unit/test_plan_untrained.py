@@ -26,8 +26,10 @@ def test_plan_before_training_counts_checkpoints_and_units(tmp_path):
     result = CliRunner().invoke(app, ["plan", str(job), "--out", str(tmp_path / "store")], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     n_checkpoints = len(checkpoint_steps(300, 100, 512))  # the job's save_every = 100, log_until = 512
-    assert f"[train] has not run yet" in result.output
-    assert f"{n_checkpoints} checkpoints x 5 layers -> {n_checkpoints * 5} PGA units" in result.output
+    run = next(line for line in result.output.splitlines() if "to train" in line)
+    assert [cell.strip() for cell in run.split("│")[1:8]] == [str(v) for v in ("ckpt", 128, 4, 3, 0, 300, n_checkpoints)], run
+    assert run.rstrip("│ ").endswith(("s", "min"))  # the measured time of the run
+    assert f"then: {n_checkpoints * 5:,} units" in result.output
     assert "0 done" in result.output
 
 
