@@ -159,6 +159,7 @@ def layer_units(analysis: Analysis, params, store, model: str, revision: str, la
                 args: tuple, finish) -> list:
     """One unit per layer: ``task(root, model, revision, layer, *args, extraction key)`` on a worker, then
     ``finish(layer, value)`` on the driver gives its row(s), each carrying its ``unit_key``."""
+    from raygeom.analyses.provenance import layer_row
     from raygeom.engine.contract import Step, Unit
 
     root = str(store.root)
@@ -170,8 +171,13 @@ def layer_units(analysis: Analysis, params, store, model: str, revision: str, la
             rows = finish(layer, values[0])
             return [{**row, "unit_key": key} for row in rows] if isinstance(rows, list) else {**rows, "unit_key": key}
 
+        def degenerate(reason: str, layer=layer, key=key) -> dict:
+            # A layer the task refuses (e.g. every sample one vector): shown with its reason, never stored as done.
+            return {**layer_row(model, revision, layer, info), "note": reason, "unit_key": key}
+
         out.append(Unit(analysis=analysis.name, key=key, label=f"{model}@{revision} {layer} ({analysis.name})",
-                        parts=[Step(task, (root, model, revision, layer, *args, info["key"]))], finish=done))
+                        parts=[Step(task, (root, model, revision, layer, *args, info["key"]))], finish=done,
+                        degenerate=degenerate))
     return out
 
 

@@ -265,12 +265,16 @@ def estimate_training_seconds(settings: TrainSettings, checkpoints: int, probe_s
     each costing about a third of a training step (forward only) per batch of held-out sequences."""
     data = prepare_data(settings.data_fields())
     quick = replace(settings, warmup=0, eval_every=10**9)
-    timed = []
-    for steps in (1, 1, 1 + probe_steps):  # the first warms up (allocator, kernels) and is not counted
+    heldout = replace(data, heldout=data.heldout[:1])
+
+    def seconds(steps: int) -> float:
         started = time.perf_counter()
-        fit(replace(quick, steps=steps), replace(data, heldout=data.heldout[:1]))
-        timed.append(time.perf_counter() - started)
-    per_step = max(timed[2] - timed[1], 1e-3) / probe_steps
+        fit(replace(quick, steps=steps), heldout)
+        return time.perf_counter() - started
+
+    seconds(1 + probe_steps)  # warms up (allocator, kernels, lazy imports); not counted
+    # The fastest of two of each: one stall (a page fault, another process) would otherwise count for every step.
+    per_step = max(min(seconds(1 + probe_steps) for _ in range(2)) - min(seconds(1) for _ in range(2)), 1e-3) / probe_steps
     evaluations = checkpoints + settings.steps // settings.eval_every
     return per_step * (settings.steps + evaluations * max(1.0, len(data.heldout) / settings.batch_size) / 3)
 

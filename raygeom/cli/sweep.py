@@ -68,8 +68,11 @@ def _show_training(job_file: Path, out: Optional[Path]) -> bool:
     console.print(table)
     if (Path(job.train.run_dir) / "heldout.jsonl").is_file():
         return False
-    console.print(f"then: {units:,} units ({len(job.planned())} planned analyses x every checkpoint x layer of every run, "
-                  f"N={job.n_samples}); 0 done", highlight=False, markup=False)
+    shape = sorted({(len(run.plan().steps), run.settings.n_layers + 2) for run in job.trains})
+    grid = (f"{len(job.trains)} runs x " if len(job.trains) > 1 else "") + (
+        f"{shape[0][0]} checkpoints x {shape[0][1]} layers" if len(shape) == 1 else "their checkpoints x layers")
+    console.print(f"then: {grid} x {len(job.planned())} planned analyses -> {units:,} units (N={job.n_samples}); 0 done",
+                  highlight=False, markup=False)
     console.print("cost of the analyses: nothing measured yet; `raygeom run` trains first, then plan again",
                   highlight=False, markup=False)
     return True

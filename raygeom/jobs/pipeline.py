@@ -42,8 +42,13 @@ def job_models(job: JobSpec) -> list[ModelSpec]:
 def report_distinct(job: JobSpec, corpus, console: Console) -> None:
     """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
     from raygeom.analyses.pga import check_corpus
+    from raygeom.params import for_width
 
-    lines = [check_corpus(corpus.name, corpus.texts, item.params) for item in job.planned() if item.analysis == "pga"]
+    # k_per_d gives each width its own k: the widest [train] run needs the most texts. Other models' widths are not
+    # known before they load; their units are refused by rank there.
+    widest = max((run.settings.hidden_size for run in job.trains), default=None)
+    lines = [check_corpus(corpus.name, corpus.texts, for_width(item.params, widest)) for item in job.planned()
+             if item.analysis == "pga" and (widest or not item.params.k_per_d)]
     line = next((line for line in lines if line), None)
     if line:
         console.print(escape(line), highlight=False)

@@ -294,9 +294,15 @@ def pga_configs(pga: list[dict]) -> list[dict]:
 
 def write_width_report(job, store, console, wall: dict | None = None) -> Path:
     """Regenerate ``[width] report`` (and its figures beside it) from this job's units in the store."""
+    import pyarrow as pa
+
+    from raygeom.store.tree import atomic_write_table
+
     settings = job.width
     rows = job_rows(job, store)
     pga, spectral, pc1, probe = (rows.get(name, []) for name in ("pga", "spectral", "pc1", "probe"))
+    if pga:  # the report's width facet reads it; every row keeps the settings that made it
+        atomic_write_table(pa.Table.from_pylist(pga), store.root / "results" / "width_pga.parquet")
     runs = ladder(job)
     last = {run.name: max(job.trains[i].plan().steps) for i, run in enumerate(runs)}
     configs = []

@@ -43,11 +43,11 @@ MAX_TABLE_ROWS = 400
 # Columns that say how a row was produced (the rest are measurements or identifiers). A "run" is one
 # distinct combination of the ones a table has; provenance columns added later are picked up by name.
 SETTING_COLUMNS = ("store", "corpus", "corpus_fingerprint", "n_samples", "sample_seed", "n", "seq_len", "pool", "skip_first",
-                   "max_words", "batch_size", "k", "r", "n_null", "seed", "ccr_ranks", "sample_ccr", "chunk_len",
+                   "max_words", "batch_size", "k", "k_per_d", "r", "n_null", "seed", "ccr_ranks", "sample_ccr", "chunk_len",
                    "domain_tokens", "steps", "lr", "over", "push_layer", "workers", "raygeom_version",
                    "version", "settings_key", "extraction_key")
 # Settings that split one model's z profiles into separate traces when a store holds several.
-VARIANT_COLUMNS = ("store", "k", "r", "n", "n_null", "seed", "pool", "seq_len", "skip_first", "max_words", "corpus",
+VARIANT_COLUMNS = ("store", "k", "k_per_d", "r", "n", "n_null", "seed", "pool", "seq_len", "skip_first", "max_words", "corpus",
                    "corpus_fingerprint")
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -879,6 +879,63 @@ def trajectory_section(root: Path) -> Section | None:
     return section
 
 
+def width_section(root: Path) -> Section | None:
+    """A width ladder (``results/width_pga.parquet``, written by a job with [width]): per PGA setting, z over
+    step x layer with the widths side by side (a row per seed), and z at the last checkpoint against depth, one line
+    per width (the seed mean; the band spans the seeds' 95 % intervals)."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    path = root / "results" / "width_pga.parquet"
+    rows = [r for r in _read(path) if r.get("width") is not None and _finite(r.get("z"))]
+    if not rows:
+        return None
+    section = Section("width", "Width ladder: Subspace PGA by width", files=[path],
+                      intro="Runs that differ only in width d (and seed). Each PGA setting separately: never joined.")
+    configs = sorted({(r["k_per_d"], r["k"] if not r["k_per_d"] else None, r["r"]) for r in rows}, key=lambda c: (c[0] == 0, c[2]))
+    widths = sorted({r["width"] for r in rows})
+    seeds = sorted({r["run_seed"] for r in rows})
+    limit = max(2.0, float(np.nanmax(np.abs(_num(rows, "z")))))
+    for k_per_d, k, rank in configs:
+        name = (f"k/d = {k_per_d:g}" if k_per_d else f"k = {k}") + f", CCR-{rank}"
+        group = [r for r in rows if r["k_per_d"] == k_per_d and r["r"] == rank and (k_per_d or r["k"] == k)]
+        fig = make_subplots(rows=len(seeds), cols=len(widths), shared_yaxes=True,
+                            subplot_titles=[f"d = {w}, seed {s}" for s in seeds for w in widths])
+        for i, seed in enumerate(seeds):
+            for j, width in enumerate(widths):
+                cell = [r for r in group if r["width"] == width and r["run_seed"] == seed]
+                steps = sorted({r["step"] for r in cell})
+                layers = [n for _, n in sorted({(r["layer_index"], r["layer"]) for r in cell})]
+                values = np.full((len(layers), len(steps)), np.nan)
+                for r in cell:
+                    values[layers.index(r["layer"]), steps.index(r["step"])] = r["z"]
+                fig.add_trace(go.Heatmap(z=values, x=[str(s) for s in steps], y=layers, zmin=-limit, zmax=limit,
+                                         colorscale="RdBu", reversescale=True, showscale=i == 0 and j == 0,
+                                         hovertemplate=f"d = {width}, seed {seed}<br>" + "%{y} @ step %{x}: z = %{z:.2f}<extra></extra>"),
+                              row=i + 1, col=j + 1)
+        fig.update_layout(title={"text": f"z over step x layer by width ({html.escape(name)})", "x": 0.01},
+                          height=260 * len(seeds) + 80, template="plotly_white", margin={"l": 70, "r": 30, "t": 70, "b": 40})
+        section.figures.append(fig)
+        depth = _fig(f"z at the last checkpoint by depth, one line per width ({name})",
+                     xaxis_title="relative depth (embedding = 0, final norm = 1)", yaxis_title="z")
+        for j, width in enumerate(widths):
+            at = [r for r in group if r["width"] == width]
+            last = [r for r in at if r["step"] == max(x["step"] for x in at if x["run"] == r["run"])]
+            x = sorted({r["relative_depth"] for r in last})
+            mean = [float(np.mean([r["z"] for r in last if r["relative_depth"] == v])) for v in x]
+            lo = [min((r.get("z_lo") if _finite(r.get("z_lo")) else r["z"]) for r in last if r["relative_depth"] == v) for v in x]
+            hi = [max((r.get("z_hi") if _finite(r.get("z_hi")) else r["z"]) for r in last if r["relative_depth"] == v) for v in x]
+            label = f"d = {width}"
+            _band(depth, np.array(x), np.array(lo), np.array(hi), _colour(j), label, True)
+            depth.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", line={"color": _colour(j)}, name=label,
+                                       legendgroup=label, meta={"series": f"{label} {name}"},
+                                       hovertemplate=_hover("depth %{x:.2f}: mean z over seeds = %{y:.2f}", label)))
+        _zero_lines(depth)
+        section.figures.append(depth)
+    section.tables.append(_settings_block(rows, by=("run", "k_per_d", "k", "r")))
+    return section
+
+
 def extraction_section(root: Path) -> Section | None:
     """Settings of every extraction (the completion markers) and the sweep's corpus manifest."""
     from raygeom.store.tree import COMPLETE_MARKER
@@ -938,7 +995,7 @@ def build_sections(root: Path) -> list[Section]:
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
     sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
                 *analysis_sections(root), converge_section(root), dispersion_section(root), knn_section(root), train_section(root),
-                trajectory_section(root), extraction_section(root)]
+                trajectory_section(root), width_section(root), extraction_section(root)]
     return [s for s in sections if s is not None]
 
 

@@ -47,7 +47,7 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
     plan = subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(job)], cwd=work, env=env, capture_output=True, check=False,
                           text=True, timeout=120)
-    assert plan.returncode == 0 and "3 checkpoints x 3 layers -> 9 PGA units" in plan.stdout, plan.stdout + plan.stderr
+    assert plan.returncode == 0 and "then: 3 checkpoints x 3 layers x 1 planned analyses -> 9 units" in plan.stdout, plan.stdout + plan.stderr
     assert not any(work.iterdir())  # plan writes nothing
     started = time.perf_counter()
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address], cwd=work, env=env,
