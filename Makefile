@@ -1,5 +1,5 @@
 # Two set-up commands, each self-contained on a fresh machine:
-#   make demo   - the laptop job: real SmolLM2-135M on BBC News, every layer, Subspace PGA, on a local Ray
+#   make demo   - the laptop job: SmolLM2-135M-Instruct (Q4_1, dequantised) on real BBC News, every layer, Subspace PGA, on a local Ray
 #   make test   - the whole test suite (what CI runs), on 2 pytest-xdist workers; installs headless Chromium (Debian's package) for the report's browser test
 VENV ?= .venv
 PY := $(VENV)/bin/python

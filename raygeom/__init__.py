@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 _LAZY = {
     **{name: "raygeom.api" for name in ("PGAResult", "as_array", "dispersion", "layer_activations", "layer_names",
                                          "load_builtin", "load_model", "load_texts", "pga_by_layer", "readout_basis",
-                                         "select_layers", "subspace_pga", "unembedding_matrix", "store_pga")},
+                                         "select_layers", "subspace_pga", "unembedding_matrix", "store_pga",
+                                         "store_analysis")},
     "ExtractionSettings": "raygeom.replica.extract",
     "write_activations": "raygeom.store.activations",
 }
@@ -37,9 +38,10 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-def write_report(store_root, out=None):
+def write_report(store_root, out=None, overlay=()):
     """Write the interactive HTML report of everything the store at ``store_root`` holds (default
-    ``<store>/report.html``, as ``raygeom report STORE`` does) and return its path."""
+    ``<store>/report.html``, as ``raygeom report STORE`` does) and return its path. ``overlay``: more stores drawn
+    in the same figures, one facet each (as ``raygeom report STORE OTHER ...``)."""
     from raygeom.report.html import write_report as write
 
-    return write(store_root, out)
+    return write(store_root, out, overlay=overlay)

@@ -8,6 +8,7 @@
     table = raygeom.pga_by_layer(model, tokenizer, texts, k=100)
     raygeom.write_activations("runs/mine", model="my-model", revision="main", layer="block_05", vectors=H, readout=W_U)
     rows = raygeom.store_pga("runs/mine", "my-model")        # PGA rows stored as the CLI stores them
+    rows = raygeom.store_analysis("runs/mine", "my-model", "main", "twonn")  # any registered analysis, the same way
 
 Every array argument takes numpy arrays or torch tensors of any float dtype, on any device, with or without
 ``requires_grad`` (see :func:`as_array`). No Ray is started here; use the CLI to fan work out.
@@ -285,12 +286,26 @@ def store_pga(store, model: str, revision: str = "main", *, layers: str | list[s
     (one per layer, with z's interval, p-values and the interval over texts) are the CLI's, and they are stored
     under ``results/pga/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
     recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list)."""
+    return store_analysis(store, model, revision, "pga", layers=layers, k=k, r=r, n_null=n_null, seed=seed,
+                          null_chunks=1, text_halves=text_halves)
+
+
+def store_analysis(store, model: str, revision: str, analysis: str, *, layers: str | list[str] = "all",
+                   **params) -> list[dict]:
+    """Any registered analysis (``pga``, ``spectral``, ``pc1``, ``twonn``, ``probe``, ...: the names
+    ``raygeom.analyses.registry.analyses()`` lists) of the layers of one extraction in ``store`` (raygeom's own, or
+    vectors written with :func:`write_activations`), in this process, without Ray. ``params`` are the analysis's
+    parameters, as in a job file's ``[analyses.<name>]`` table (e.g. ``k=6``), checked the same way; the units are
+    the ones a job runs, so the rows (a list of dicts, per layer) are the CLI's, stored under
+    ``results/<analysis>/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
+    recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list)."""
     from pathlib import Path
 
-    from raygeom.analyses import pga as pga_analysis
-    from raygeom.params import PGAParams
+    from raygeom.analyses import registry
     from raygeom.store.tree import Store, lock_store
 
+    spec = registry.get(analysis)
+    planned = registry.Planned(analysis, spec.Params.from_mapping(params, f"{analysis}: "))
     root = Path(store)
     tree = Store(root)
     info = tree.completion(model, revision)
@@ -301,6 +316,5 @@ def store_pga(store, model: str, revision: str = "main", *, layers: str | list[s
     missing = [name for name in chosen if name not in stored]
     if missing:
         raise InputError(f"{model}@{revision} in {root} stores no layer {missing[0]} (stored: {', '.join(stored)})")
-    params = PGAParams(k=k, r=r, n_null=n_null, seed=seed, null_chunks=1, text_halves=text_halves)
     lock_store(root)
-    return _run_units_here(tree, pga_analysis.units(tree, model, revision, chosen, params, info=info))
+    return _run_units_here(tree, registry.units_for(tree, model, revision, chosen, info, [planned]))

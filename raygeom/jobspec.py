@@ -11,6 +11,7 @@ from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.params import Params, PGAParams, n_null_settings, param
 from raygeom.sources.checkpoints import is_run_directory
+from raygeom.sources.layers import _INSIDE
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ def check_layer_selection(selection: str) -> None:
     if any(not p for p in parts):
         raise RaygeomError(f"layer selection '{selection}' has an empty item; use e.g. 'embed,5:10,-1'")
     for part in parts:
-        start, colon, stop = part.partition(":")
+        inside = _INSIDE.fullmatch(part)  # 0:4.attn_out is the range 0:4, at a point inside each block
+        start, colon, stop = (inside.group(1) if inside else part).partition(":")
         if not colon:
             continue
         try:

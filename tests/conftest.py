@@ -37,6 +37,7 @@ RUNS_WITH = {"tests/integration/test_faults.py": "tests/integration/test_sweep.p
 FIRST = {"slow": 0, "integration": 1}
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without the plugin (-p no:xdist) it is never called
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None

@@ -127,6 +127,14 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _depth_order(rows: list[dict]) -> list[str]:
+    """The rows' layers from the embedding down: by relative_depth where every row has it (the points inside a block
+    share the block's layer_index, so that alone would order them by name), else by layer_index."""
+    deep = all(_finite(r.get("relative_depth")) for r in rows)
+    order = sorted({(r["relative_depth"] if deep else r.get("layer_index", 0), r["layer"]) for r in rows})
+    return list(dict.fromkeys(name for _, name in order))
+
+
 def _num(rows: list[dict], column: str) -> np.ndarray:
     return np.array([r.get(column) if _finite(r.get(column)) else np.nan for r in rows], dtype=float)
 
@@ -390,7 +398,7 @@ def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | 
                             + "A diamond above a column marks a revision whose weights duplicate another's.")
     for (model, variant), group in sorted(groups.items(), key=lambda kv: (min((r.get("params") or 0) for r in kv[1]), kv[0])):
         revisions = _revision_order(r["revision"] for r in group)
-        layers = [name for _, name in sorted({(r.get("layer_index", 0), r["layer"]) for r in group})]
+        layers = _depth_order(group)
         ci, li = {v: i for i, v in enumerate(revisions)}, {v: i for i, v in enumerate(layers)}
         z = np.full((len(layers), len(revisions)), np.nan)
         extra = np.full((len(layers), len(revisions), 3), np.nan)
@@ -589,7 +597,7 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
         revisions = _revision_order(r["revision"] for r in group)
         if len(revisions) < 2:
             continue
-        layers = [name for _, name in sorted({(r.get("layer_index", 0), r["layer"]) for r in group})]
+        layers = _depth_order(group)
         ci, li = {v: i for i, v in enumerate(revisions)}, {v: i for i, v in enumerate(layers)}
         values = np.full((len(layers), len(revisions)), np.nan)
         bounds = np.full((len(layers), len(revisions), 2), np.nan)
@@ -846,7 +854,7 @@ def trajectory_section(root: Path) -> Section | None:
     if by_step:
         fig = _fig("Token dispersion over training", xaxis_title="training step + 1", yaxis_title="token dispersion",
                    xaxis_type="log")
-        layers = [n for _, n in sorted({(r.get("layer_index", 0), r["layer"]) for r in by_step if r["layer"] != "attn_last"})]
+        layers = _depth_order([r for r in by_step if r["layer"] != "attn_last"])
         shown = _visible_revisions(layers, 4)
         for i, layer in enumerate(layers):
             line = sorted((r for r in by_step if r["layer"] == layer), key=lambda r: r["step"])
@@ -905,7 +913,7 @@ def width_section(root: Path) -> Section | None:
             for j, width in enumerate(widths):
                 cell = [r for r in group if r["width"] == width and r["run_seed"] == seed]
                 steps = sorted({r["step"] for r in cell})
-                layers = [n for _, n in sorted({(r["layer_index"], r["layer"]) for r in cell})]
+                layers = _depth_order(cell)
                 values = np.full((len(layers), len(steps)), np.nan)
                 for r in cell:
                     values[layers.index(r["layer"]), steps.index(r["step"])] = r["z"]
@@ -941,17 +949,24 @@ def extraction_section(root: Path) -> Section | None:
     from raygeom.store.tree import COMPLETE_MARKER
 
     rows = []
-    for marker in sorted((root / "activations").glob(f"model=*/revision=*/{COMPLETE_MARKER}")):
-        try:
-            info = json.loads(marker.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        settings = info.get("settings") or {}
-        rows.append({"model": info.get("model") or marker.parent.parent.name.split("=", 1)[1],
-                     "revision": info.get("revision") or marker.parent.name.split("=", 1)[1], "corpus": info.get("corpus"),
-                     "n_samples": info.get("n_samples"), **settings, "d": info.get("d"), "n_blocks": info.get("n_blocks"),
-                     "layers stored": len(info.get("layers", [])), "params": info.get("params"), "device": info.get("device"),
-                     "fingerprint": (info.get("fingerprint") or "")[:12], "key": info.get("key")})
+    stores = [(root, _OVERLAY["label"]), *_OVERLAY["others"]] if _OVERLAY else [(root, None)]
+    for store, label in stores:
+        found = []
+        for marker in sorted((Path(store) / "activations").glob(f"model=*/revision=*/{COMPLETE_MARKER}")):
+            try:
+                info = json.loads(marker.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            settings = info.get("settings") or {}
+            found.append({**({"store": label} if label else {}),
+                          "model": info.get("model") or marker.parent.parent.name.split("=", 1)[1],
+                          "revision": info.get("revision") or marker.parent.name.split("=", 1)[1],
+                          "corpus": info.get("corpus"), "source": info.get("source"), "n_samples": info.get("n_samples"),
+                          **settings, "d": info.get("d"), "n_blocks": info.get("n_blocks"),
+                          "layers stored": len(info.get("layers", [])), "params": info.get("params"),
+                          "device": info.get("device"), "fingerprint": (info.get("fingerprint") or "")[:12],
+                          "key": info.get("key")})
+        rows += sorted(found, key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"]))
     manifest_path = root / "sweep" / "manifest.json"
     manifest = None
     if manifest_path.is_file():
@@ -966,7 +981,6 @@ def extraction_section(root: Path) -> Section | None:
     if manifest:
         section.tables.append("<h4>Sweep corpus (sweep/manifest.json)</h4>" + _table_html([manifest]))
     if rows:
-        rows.sort(key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"]))
         section.tables.append(_table_html(rows, limit=2000))
     return section
 

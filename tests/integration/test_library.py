@@ -33,7 +33,8 @@ def test_every_public_name_is_documented_and_listed():
         value = getattr(raygeom, name)
         assert (value.__doc__ or "").strip(), f"raygeom.{name} has no docstring"
         assert name in dir(raygeom)
-    for name in ("load_model", "readout_basis", "write_activations", "select_layers", "PGAResult", "store_pga"):
+    for name in ("load_model", "readout_basis", "write_activations", "select_layers", "PGAResult", "store_pga",
+                 "store_analysis"):
         assert name in raygeom.__all__
     for field in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower", "rho_texts_lo", "margin_texts_hi"):
         assert field in raygeom.PGAResult.__doc__
@@ -181,3 +182,28 @@ def test_hook_captured_vectors_written_to_a_store_give_raygeoms_pga_and_a_report
     assert done.returncode == 0, done.stderr
     html = (mine / "report.html").read_text()
     assert "pythia-14m-hooked" in html and "torch forward hook" not in done.stderr
+    from raygeom.report.html import extraction_section
+
+    settings_table = extraction_section(mine).tables[-1]
+    assert "<th>source</th>" in settings_table and "torch forward hook on gpt_neox.layers" in settings_table
+
+
+def test_every_registered_analysis_runs_on_hook_captured_vectors(pythia, tmp_path):
+    from raygeom.analyses.registry import analyses
+
+    model, tokenizer = pythia
+    for index in (1, 2):
+        raygeom.write_activations(tmp_path, model="pythia-14m-hooked", revision="step143000", layer=f"block_{index:02d}",
+                                  vectors=hook_capture(model, tokenizer, TEXTS, index), texts=TEXTS,
+                                  labels=["business" if i % 2 else "sport" for i in range(len(TEXTS))],
+                                  readout=model.get_output_embeddings().weight, n_blocks=3)
+    small = {"k": 6, "n_null": 20, "text_halves": 4}  # d = 64 and 24 texts: the defaults (k = 100) do not fit
+    for name, spec in analyses().items():
+        params = {key: value for key, value in small.items() if key in {f.name for f in spec.Params.declared()}}
+        rows = raygeom.store_analysis(tmp_path, "pythia-14m-hooked", "step143000", name, **params)
+        assert sorted({r["layer"] for r in rows}) == ["block_01", "block_02"], name
+        assert not any(r.get("note") for r in rows), (name, [r.get("note") for r in rows])
+        assert rows[0]["relative_depth"] == pytest.approx(2 / 4), name
+        assert (tmp_path / "results" / name).is_dir(), name
+    with pytest.raises(raygeom.RaygeomError, match="unknown key"):
+        raygeom.store_analysis(tmp_path, "pythia-14m-hooked", "step143000", "twonn", k=6)

@@ -1,6 +1,9 @@
 """Built-in models are named for what they are (quantised checkpoints, dequantised to fp32); the short names stay
 accepted, and a store's old partitions and keys under the old names are never mixed with the new ones."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from raygeom.analyses.sweep import extraction_key
@@ -34,3 +37,9 @@ def test_an_unknown_name_lists_the_short_and_the_full_names():
     with pytest.raises(RaygeomError, match=r"gemma3-270m, smollm2-135m \(gemma3-270m is gemma3-270m-q4_k_m, "
                                            r"smollm2-135m is smollm2-135m-instruct-q4_1\)"):
         resolve_model("smollm3")
+
+
+@pytest.mark.parametrize("path", ["docs/quickstart.ipynb", "Makefile"])
+def test_the_quickstart_and_the_makefile_name_the_instruct_q4_1_model(path):
+    text = (Path(__file__).resolve().parents[2] / path).read_text()
+    assert "SmolLM2-135M-Instruct (Q4_1" in text and not re.search(r"SmolLM2-135M(?!-Instruct)", text)

@@ -62,3 +62,12 @@ def test_every_layers_option_states_the_rule_in_its_help(command):
     assert result.exit_code == 0
     text = " ".join(result.output.replace("│", " ").split())
     assert "--layers" in text and "Integers count blocks: 5 = block_05" in text and "final_norm are named" in text
+
+
+def test_a_job_file_range_may_name_a_point_inside_its_blocks():
+    from raygeom.jobspec import check_layer_selection
+
+    check_layer_selection("0:2.mlp_out,-1.attn_out")
+    assert select_layers(LAYERS, "0:2.mlp_out") == ["block_00.mlp_out", "block_01.mlp_out"]
+    with pytest.raises(RaygeomError, match="selects no layer"):
+        check_layer_selection("4:2.resid_mid")

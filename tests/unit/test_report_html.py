@@ -215,3 +215,20 @@ def test_diagnostics_and_probes_draw_the_intervals_their_rows_carry(tmp_path):
     assert list(bands[0].y) == pytest.approx([1.5, 2.5, 3.5, 4.5, 3.5, 2.5, 1.5, 0.5])
     assert len([t for t in restoration.data if t.fill == "toself"]) == 1  # CCR-0 has no half-width: no band
     assert list(next(t for t in probe.data if t.fill == "toself").y) == pytest.approx([0.7] * 4 + [0.3] * 4)
+
+
+def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(tmp_path):
+    from raygeom.analyses.registry import Metric
+    from raygeom.sources.layers import layer_names, relative_depth
+
+    rows = pythia_grid_rows(sizes=["14m"], revisions=["step1000", "step143000"], intervals=False)
+    names = layer_names(6)
+    inside = [{**r, "layer": f"block_01.{sub}", "unit_key": f"{r['unit_key']}.{sub}",
+               "relative_depth": relative_depth(names, f"block_01.{sub}")}  # layer_index stays block_01's
+              for r in rows if r["layer"] == "block_01" for sub in ("mlp_out", "attn_out", "resid_mid")]
+    expected = ["embed", "block_00", "block_01.attn_out", "block_01.resid_mid", "block_01.mlp_out", "block_01",
+                "block_02", "block_03", "block_04", "block_05", "final_norm"]
+    atomic_write_table(pa.Table.from_pylist(rows + inside), tmp_path / "results" / "sweep_pga.parquet")
+    assert list(figures_of(tmp_path)["sweep"].figures[0].data[0].y) == expected
+    heatmap = report._step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
+    assert list(heatmap.data[0].y) == expected

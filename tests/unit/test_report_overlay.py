@@ -39,3 +39,16 @@ def test_two_stores_overlay_with_each_store_a_facet(tmp_path):
     missing = subprocess.run([sys.executable, str(ROOT / "cli.py"), "report", str(first), str(tmp_path / "nope")],
                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert missing.returncode == 2 and "nope is not a directory" in missing.stderr
+
+
+def test_the_public_write_report_overlays_and_lists_every_stores_extractions(tmp_path):
+    import raygeom
+
+    rng = np.random.default_rng(0)
+    for name in ("run-a", "run-b"):
+        raygeom.write_activations(tmp_path / name, model=f"model-{name}", layer="block_00", vectors=rng.normal(size=(6, 8)),
+                                  readout=rng.normal(size=(10, 8)), n_blocks=2, source=f"hooks of {name}")
+    out = raygeom.write_report(tmp_path / "run-a", tmp_path / "both.html", overlay=[tmp_path / "run-b"])
+    text = out.read_text()
+    for name in ("run-a", "run-b"):
+        assert f"<td>{name}</td><td>model-{name}</td>" in text and f"hooks of {name}" in text
