@@ -476,3 +476,34 @@ def bits_per_byte(nll_nats, n_predicted, n_bytes) -> float:
     if total <= 0:
         raise InputError("bits per byte needs predicted text of at least one byte")
     return float((nll * tokens).sum() / np.log(2.0) / total)
+
+
+def sample_dispersion_interval(h, level: float = 0.95) -> dict[str, float]:
+    """Sample-level dispersion ``D`` of the rows of ``h`` (N x d, raw, not centred) with its delete-one jackknife
+    interval over the samples: ``D ± z sqrt((N-1)/N sum_i (D_(-i) - mean D_(-))^2)``.
+
+    D is a U-statistic of the pairs, and every leave-one-out value comes from the row sums of the distance
+    matrix, ``r_i = sum_{j != i} (1 - cos_ij) = N - u_i . s`` with ``s = sum_j u_j``, so no pair is formed:
+    ``D_(-i) = (S - 2 r_i) / ((N-1)(N-2))`` with ``S = sum_i r_i``. Zero rows have cosine 0 to everything.
+    """
+    from scipy import stats
+
+    x = np.asarray(h.detach().cpu().double().numpy() if isinstance(h, torch.Tensor) else h, dtype=np.float64)
+    if x.ndim != 2:
+        raise InputError(f"H must be a 2-D array (N x d), got shape {x.shape}")
+    n = x.shape[0]
+    if n < 3:
+        raise InputError(f"dispersion with an interval needs at least 3 vectors, got N={n}")
+    if not np.isfinite(x).all():
+        raise InputError("H contains NaN or inf values")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    unit = x / np.where(norms > 0, norms, 1.0)
+    s = unit.sum(axis=0)
+    self_cos = (unit * unit).sum(axis=1)  # 1, or 0 for a zero row
+    row = (n - 1) - (unit @ s - self_cos)
+    total = float(row.sum())
+    value = total / (n * (n - 1))
+    leave_out = (total - 2 * row) / ((n - 1) * (n - 2))
+    se = float(np.sqrt((n - 1) / n * np.sum((leave_out - leave_out.mean()) ** 2)))
+    half = float(stats.norm.ppf(0.5 + level / 2)) * se
+    return {"dispersion": value, "dispersion_se": se, "dispersion_lo": value - half, "dispersion_hi": value + half}

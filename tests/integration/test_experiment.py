@@ -51,6 +51,7 @@ k = 8
 k = 8
 [analyses.probe]
 [analyses.twonn]
+[analyses.sample_dispersion]
 """
 
 
@@ -71,7 +72,8 @@ def experiment(tmp_path_factory, hub_cache, ray_address):
 def test_every_analysis_writes_its_table_once_per_unit(experiment):
     store, first, _, _ = experiment
     layers = 5  # embed, 3 blocks, final_norm
-    expected = {"pga": 3 * 3 * layers, "spectral": 3 * layers, "pc1": 3 * layers, "probe": 3 * layers, "twonn": 3 * layers}
+    expected = {"pga": 3 * 3 * layers, "spectral": 3 * layers, "pc1": 3 * layers, "probe": 3 * layers, "twonn": 3 * layers,
+                "sample_dispersion": 3 * layers}
     for name, count in expected.items():
         table = pq.read_table(store / "results" / f"{name}.parquet").to_pylist()
         assert len(table) == count, name
@@ -85,12 +87,14 @@ def test_every_analysis_writes_its_table_once_per_unit(experiment):
     markers = list((store / "activations").glob("model=*/revision=*/_COMPLETE.json"))
     assert len(markers) == len(REVISIONS)
     assert "TwoNN intrinsic dimension" in first.stdout and "PC1 readout share" in first.stdout
+    dispersion = pq.read_table(store / "results" / "sample_dispersion.parquet").to_pylist()
+    assert dispersion and all(r["dispersion_lo"] <= r["dispersion"] <= r["dispersion_hi"] for r in dispersion)
 
 
 def test_a_rerun_computes_no_unit_and_extracts_nothing(experiment):
     store, _, _, written = experiment
     units = [p for p in written if p.suffix == ".parquet"]
-    assert len(units) == 3 * 5 * (3 + 4) and len(written) == len(units) + 3  # unit files and one marker per checkpoint
+    assert len(units) == 3 * 5 * (3 + 5) and len(written) == len(units) + 3  # unit files and one marker per checkpoint
     assert {p: p.stat().st_mtime_ns for p in written} == written  # the rerun read every unit and extraction back
 
 
