@@ -39,6 +39,21 @@ def job_models(job: JobSpec) -> list[ModelSpec]:
     return job_specs(job)
 
 
+def check_layers(job: JobSpec, specs: list[ModelSpec]) -> None:
+    """Refuse a layer selection a model lacks (``--layers 99``) from its config, before Ray starts and it loads.
+    A model whose config is not known without loading it is checked once it loads."""
+    from raygeom.analyses.sweep import _cached_config
+    from raygeom.sources.layers import layer_names, select_layers
+
+    for spec in specs:
+        try:
+            blocks = (_cached_config(spec) or {}).get("num_hidden_layers")
+        except Exception:  # noqa: BLE001 - an unreadable cache only means the layers are checked after loading
+            blocks = None
+        if isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 0:
+            select_layers(layer_names(blocks), job.layers)
+
+
 def report_distinct(job: JobSpec, corpus, console: Console) -> None:
     """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
     from raygeom.analyses.pga import check_corpus
@@ -76,9 +91,10 @@ def run_pga(store: Store, model: str, revision: str, layers: list[str], params: 
 
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
     # Everything that can fail on bad input fails here, before Ray starts.
+    specs = job_models(job)
+    check_layers(job, specs)
     store = Store(job.out)
     check_writable(store.root)
-    specs = job_models(job)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
     report_distinct(job, corpus, console)
 
@@ -154,6 +170,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     table, collapse zones, plots and the integrity report, all from the store."""
     from raygeom.analyses import sweep
 
+    check_layers(job, job_models(job))
     store = Store(job.out)
     check_writable(store.root)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
@@ -211,11 +228,13 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         console.print(f"[yellow]weights flag[/] {escape(f'{model}@{revision}: {flag}')}", highlight=False)
     from raygeom.report.figures import sweep_table
 
-    console.print(sweep_table(outputs["table_rows"], outputs["zones"]))
-    collapsed = [z for z in outputs["zones"] if z["collapsed"]]
-    console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
-    console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
-                  f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}\nstore:   {store.root}", markup=False)
+    if outputs["rows"]:  # a job whose PGA is only in [analyses.pga] has its tables printed above, per setting
+        console.print(sweep_table(outputs["table_rows"], outputs["zones"]))
+        collapsed = [z for z in outputs["zones"] if z["collapsed"]]
+        console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
+        console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
+                      f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}", markup=False)
+    console.print(f"store:   {store.root}", markup=False)
     announce_report(store.root, console)
     return SweepOutputs(outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"],
                         final.n_done - plan.n_done, report.flagged)

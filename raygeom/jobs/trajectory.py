@@ -235,34 +235,41 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         job = replace(job, sweep=SweepSettings())
     swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus)
     outputs = {"trained": trained, "trained_runs": trained_runs, "swept": swept, "computed_dispersion_units": 0}
+    settings = job.trajectory
+    if settings is not None:
+        from raygeom.analyses import dispersion as dp
+        from raygeom.sources.corpus import load_corpus
+
+        specs = sweep.job_specs(job)
+        corpus = load_corpus(job.corpus)
+        dsettings = dp.DispersionSettings(settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all",
+                                          settings.domain_tokens, settings.seed)
+        analysis = dp.AnalysisSettings(settings.group_size, settings.n_groups, 8, settings.gap_layer)
+        missing = [s for s in specs if not dp.is_extracted(store, s, corpus, dsettings)]
+        with progress_bar(console) as progress:
+            def factory(label, _):
+                task = progress.add_task(f"dispersion {label}", total=len(set(corpus.labels or ["all"])) * settings.chunks_per_domain)
+                return lambda n: progress.advance(task, n)
+
+            result = dp.run_dispersion(store, specs, corpus, dsettings, analysis, factory)
+        ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer)
+        outputs["computed_dispersion_units"] = len(missing)
     if job.width is not None:
-        from raygeom.jobs.width import write_width_report
+        from raygeom.jobs.width import gap_by_run, write_width_report
 
         together = {"wall_s": sum(r["wall_s"] for r in trained_runs), "cached": all(r.get("cached") for r in trained_runs)}
-        record = full_run_record(store, together, time.perf_counter() - started, swept.computed_units, 0)
+        record = full_run_record(store, together, time.perf_counter() - started, swept.computed_units,
+                                 outputs["computed_dispersion_units"])
+        gaps = gap_by_run(job, ranking, _settings_columns(job, settings)) if settings is not None else []
+        if gaps:
+            atomic_write_table(pa.Table.from_pylist([r for run in gaps for r in run["rows"]]),
+                               store.root / "results" / "width_gap.parquet")
         if job.width.report:
-            outputs["width_report"] = write_width_report(job, store, console, record)
-    settings = job.trajectory
+            outputs["width_report"] = write_width_report(job, store, console, record, gaps)
+        announce_report(store.root, console)
+        return outputs
     if settings is None:
         return outputs
-
-    from raygeom.analyses import dispersion as dp
-    from raygeom.sources.corpus import load_corpus
-
-    specs = sweep.job_specs(job)
-    corpus = load_corpus(job.corpus)
-    dsettings = dp.DispersionSettings(settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all",
-                                      settings.domain_tokens, settings.seed)
-    analysis = dp.AnalysisSettings(settings.group_size, settings.n_groups, 8, settings.gap_layer)
-    missing = [s for s in specs if not dp.is_extracted(store, s, corpus, dsettings)]
-    with progress_bar(console) as progress:
-        def factory(label, _):
-            task = progress.add_task(f"dispersion {label}", total=len(set(corpus.labels or ["all"])) * settings.chunks_per_domain)
-            return lambda n: progress.advance(task, n)
-
-        result = dp.run_dispersion(store, specs, corpus, dsettings, analysis, factory)
-    ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer)
-    outputs["computed_dispersion_units"] = len(missing)
 
     steps = {s.revision: s.step for s in specs}
     table = read_table(swept.table).to_pylist()

@@ -219,6 +219,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
                      f"{_verdict(dispersion_agreement['fisher_lo'], dispersion_agreement['fisher_hi'])}: token-level dispersion at `{final_layer}` "
                      f"against -perplexity across checkpoints, Spearman {_f(dispersion_agreement['spearman'], 2, True)} "
                      f"(Fisher [{_f(dispersion_agreement['fisher_lo'], 2, True)}, {_f(dispersion_agreement['fisher_hi'], 2, True)}]).")
+    lines += [""] + mechanism_lines(job)
     lines += [
         "",
         "## What a model this small can and cannot show",
@@ -240,3 +241,86 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
     ]
     save_text("\n".join(lines), path)
     return path
+
+
+def mechanism_lines(job) -> list[str]:
+    """The PGA paper's mechanism read over one run's checkpoints from the job's registered analyses ([analyses.*]):
+    spectral blindness, PC1's readout share against k/d, restoration by CCR rank and probe accuracy against z, each
+    decided on its interval. Empty when the job plans none of them."""
+    from types import SimpleNamespace
+
+    from raygeom.jobs.width import (job_rows, markdown_table, pc1_reading, restoration, spectral_against_z,
+                                    spectral_reading, with_interval)
+    from raygeom.numerics.uncertainty import spearman_with_ci
+    from raygeom.store.tree import Store
+
+    if job.train is None or not job.planned():
+        return []
+    rows = job_rows(job, Store(job.out))
+    pga, spectral, pc1, probe = (rows.get(name, []) for name in ("pga", "spectral", "pc1", "probe"))
+    if not pga:
+        return []
+    ranks = sorted({r["r"] for r in pga})
+    config = {"k": job.pga.k, "r": job.pga.r} if any(r["r"] == job.pga.r and r["k"] == job.pga.k for r in pga) else \
+        {"k": pga[0]["k"], "r": ranks[0]}
+    decide = SimpleNamespace(collapse_z=job.sweep.collapse_threshold, positive_z=job.sweep.positive_z)
+    steps = sorted({r["step"] for r in pga})
+    last = {r["run"]: steps[-1] for r in pga}
+    lines = ["## The PGA paper's mechanism over training", "",
+             f"Read from the job's registered analyses at every checkpoint x layer (PGA at CCR {', '.join(map(str, ranks))}, "
+             "spectral metrics, PC1 readout share, the topic probe); every number carries its interval.", ""]
+    if spectral:
+        flat = spectral_against_z(pga, spectral, config, job.trajectory.seed)
+        lines += [f"### Spectral blindness: do the spectral metrics move when z moves? (k = {config['k']}, CCR-{config['r']})", "",
+                  "Spearman of z against each metric over every (checkpoint, block) point, 95% Fisher interval.", ""]
+        lines += markdown_table(flat, [("points", "points"), ("z range", "z_range"), ("RankMe", "rankme"),
+                                       ("alpha-ReQ", "alpha_req"), ("isotropy", "isotropy")])
+        lines += ["", "**Reading**: " + "; ".join(spectral_reading(flat)) + ".", ""]
+    if pc1:
+        k = pc1[0]["k"]
+        lines += [f"### PC1's share of the readout subspace over steps (k = {k}, chance k/d = {pc1[0]['pc1_readout_chance']:.3f})", "",
+                  "Each layer's share [half-sample 95% interval] at the first, middle and last checkpoint.", ""]
+        picks = [steps[0], steps[len(steps) // 2], steps[-1]]
+        names = [n for _, n in sorted({(r["layer_index"], r["layer"]) for r in pc1})]
+        table = [{"layer": n, **{f"s{s}": next((with_interval(r, "pc1_readout_share", 3) for r in pc1
+                                                if r["layer"] == n and r["step"] == s), "n/a") for s in picks}} for n in names]
+        lines += markdown_table(table, [("layer", "layer")] + [(f"step {s}", f"s{s}") for s in picks])
+        lines += ["", "**Reading** (last checkpoint): " + "; ".join(pc1_reading(pc1, last)) + ".", ""]
+    if len(ranks) > 1:
+        lines += ["### Restoration by CCR rank over steps", "",
+                  f"Lowest non-final z per checkpoint at each CCR rank (k = {config['k']}) [95% interval], and how many "
+                  f"(checkpoint, layer) points with z below {decide.collapse_z:g} at CCR-0 a higher rank lifts above "
+                  f"{decide.positive_z:g} (whole intervals).", ""]
+        table = []
+        for step in steps:
+            row = {"step": step}
+            for rank in ranks:
+                at = [r for r in pga if r["step"] == step and r["r"] == rank and r["k"] == config["k"]
+                      and r["layer"] not in ("embed", "final_norm")]
+                low = min(at, key=lambda r: r["z"], default=None)
+                row[f"r{rank}"] = f"{with_interval(low)} at {low['layer']}" if low else "n/a"
+            table.append(row)
+        lines += markdown_table(table, [("step", "step")] + [(f"CCR-{rank}", f"r{rank}") for rank in ranks])
+        restored = restoration([r for r in pga if r["k"] == config["k"]], 0.0, decide)
+        if restored:
+            counts = restored[0]
+            lines += ["", f"**Reading**: {counts['low_at_ccr0']} of {counts['points']} points fall below "
+                          f"{decide.collapse_z:g} at CCR-0; CCR-1 lifts {counts.get('organised_at_ccr1', 0)}, CCR-5 "
+                          f"{counts.get('organised_at_ccr5', 0)} and CCR-10 {counts.get('organised_at_ccr10', 0)} of them above "
+                          f"{decide.positive_z:g}.", ""]
+    if probe:
+        z_of = {(r["step"], r["layer"]): r["z"] for r in pga if r["k"] == config["k"] and r["r"] == config["r"]}
+        pairs = [(r["accuracy"], z_of[(r["step"], r["layer"])]) for r in probe if (r["step"], r["layer"]) in z_of]
+        lines += [f"### Probe accuracy against z (k = {config['k']}, CCR-{config['r']})", ""]
+        if len(pairs) >= 4:
+            fit = spearman_with_ci(*map(list, zip(*pairs)), seed=0, method="fisher")
+            verdict = ("accuracy rises with z" if fit["lo"] > 0 else "accuracy falls as z rises" if fit["hi"] < 0
+                       else "no relation decided (the interval holds 0)")
+            lines += [f"**Reading**: Spearman(accuracy, z) over {len(pairs)} (checkpoint, layer) points: "
+                      f"{fit['rho']:+.2f} [{fit['lo']:+.2f}, {fit['hi']:+.2f}]: {verdict}.", ""]
+        final = [r for r in probe if r["step"] == steps[-1]]
+        lines += markdown_table(sorted(({"layer": r["layer"], "accuracy": with_interval(r, "accuracy", 3), "chance": r.get("chance"),
+                                         "index": r["layer_index"]} for r in final), key=lambda r: r["index"]),
+                                [("layer", "layer"), ("accuracy at the last step [95%]", "accuracy"), ("chance", "chance")])
+        lines.append("")
+    return lines

@@ -70,7 +70,7 @@ def _fmt(value: float | None, digits: int = 2, sign: bool = True) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def _with_interval(row: dict, name: str = "z", digits: int = 2) -> str:
+def with_interval(row: dict, name: str = "z", digits: int = 2) -> str:
     bounds = interval_bounds(row, name)
     text = _fmt(row.get(name), digits)
     return text + (f" [{_fmt(bounds[0], digits)}, {_fmt(bounds[1], digits)}]" if bounds else "")
@@ -132,7 +132,7 @@ def pc1_by_width(pc1: list[dict], last: dict[str, int]) -> list[dict]:
             out.append({"width": width, "layer": layer,
                         "step0": _seed_mean([r["pc1_readout_share"] for r in at["first"]], 3),
                         "last": _seed_mean([r["pc1_readout_share"] for r in at["last"]], 3),
-                        "last_runs": "; ".join(_with_interval(r, "pc1_readout_share", 3) for r in at["last"]),
+                        "last_runs": "; ".join(with_interval(r, "pc1_readout_share", 3) for r in at["last"]),
                         "chance": chance})
     return out
 
@@ -169,7 +169,7 @@ def seed_agreement(pga: list[dict], config: dict, last: dict[str, int], settings
         for layer in sorted({r["layer"] for r in at}, key=lambda name: next(r["layer_index"] for r in at if r["layer"] == name)):
             seeds = sorted((r for r in at if r["layer"] == layer), key=lambda r: r["run_seed"])
             decisions = {(r["z"] > 0, (interval_bounds(r, "z") or (r["z"],) * 2)[0] > settings.positive_z) for r in seeds}
-            out.append({"width": width, "layer": layer, "seeds": "; ".join(_with_interval(r) for r in seeds),
+            out.append({"width": width, "layer": layer, "seeds": "; ".join(with_interval(r) for r in seeds),
                         "mean": _seed_mean([r["z"] for r in seeds]), "same_decision": len(decisions) == 1})
     return out
 
@@ -183,6 +183,98 @@ def loss_table(job) -> list[dict]:
         if evaluations:
             out.append({"run": run.name, "width": run.d, "seed": run.seed, "evaluations": evaluations,
                         "final_perplexity": evaluations[-1].get("heldout_perplexity")})
+    return out
+
+
+def gap_by_run(job, ranking: list[dict], extra: dict) -> list[dict]:
+    """Per run of the ladder: G at each checkpoint against the trainer's held-out perplexity there, and
+    Spearman(G, -perplexity) over its checkpoints with Fisher and bootstrap intervals (the trajectory job's reading,
+    one run at a time, so checkpoints of different widths are never ranked together)."""
+    from raygeom.analyses.train import checkpoint_evaluations
+    from raygeom.jobs.trajectory import agreement, checkpoint_table
+
+    out = []
+    settings = job.trajectory
+    for run in ladder(job):
+        mine = [r for r in ranking if r["model"] == run.model]
+        if not mine:
+            continue
+        steps = {r["revision"]: _step(r["revision"]) for r in mine}
+        columns = {**extra, "run": run.name, "width": run.d, "run_seed": run.seed}
+        rows = checkpoint_table(mine, checkpoint_evaluations(run.run_dir), steps, {}, columns)
+        summary = agreement(rows, settings.late_from, settings.bootstrap, settings.seed)
+        out.append({"run": run.name, "width": run.d, "seed": run.seed, "rows": rows,
+                    "summary": [{**row, **columns} for row in summary]})
+    return out
+
+
+def gap_table(gaps: list[dict]) -> list[dict]:
+    """One line per (run, subset of checkpoints): Spearman(G, -held-out perplexity) with its intervals."""
+    out = []
+    for run in gaps:
+        for s in run["summary"]:
+            ok = math.isfinite(s.get("spearman", float("nan")))
+            out.append({"width": run["width"], "seed": run["seed"], "subset": s["subset"], "n": s["n"],
+                        "spearman": (f"{s['spearman']:+.2f} [{s['fisher_lo']:+.2f}, {s['fisher_hi']:+.2f}]" if ok else "n/a"),
+                        "boot": f"[{s['boot_lo']:+.2f}, {s['boot_hi']:+.2f}]" if ok else "n/a",
+                        "pick": f"{s.get('select_pick')} (perplexity rank {s.get('pick_perplexity_rank')})"
+                        if s.get("select_pick") else ""})
+    return out
+
+
+def dispersion_by_width(rows: list[dict], last: dict[str, int]) -> list[dict]:
+    """Sample-level dispersion of each layer at the last checkpoint, per width: each seed with its jackknife
+    interval, and the seed mean with its t interval."""
+    out = []
+    for width in sorted({r["width"] for r in rows}):
+        at = [r for r in rows if r["width"] == width and r["step"] == last.get(r["run"])]
+        for layer in sorted({r["layer"] for r in at}, key=lambda name: next(r["layer_index"] for r in at if r["layer"] == name)):
+            seeds = sorted((r for r in at if r["layer"] == layer), key=lambda r: r["run_seed"])
+            out.append({"width": width, "layer": layer, "seeds": "; ".join(with_interval(r, "dispersion", 3) for r in seeds),
+                        "mean": _seed_mean([r["dispersion"] for r in seeds], 3)})
+    return out
+
+
+def pc1_reading(pc1: list[dict], last: dict[str, int]) -> list[str]:
+    """Per width: at the last checkpoint, how many (run, layer) points have PC1's share of the readout subspace
+    below chance on their whole half-sample interval (PC1 has left V_k), and how many above it."""
+    out = []
+    for width in sorted({r["width"] for r in pc1}):
+        at = [r for r in pc1 if r["width"] == width and r["step"] == last.get(r["run"]) and r["layer"] != "embed"]
+        bounds = [(interval_bounds(r, "pc1_readout_share"), r["pc1_readout_chance"]) for r in at]
+        below = sum(1 for b, chance in bounds if b and b[1] < chance)
+        above = sum(1 for b, chance in bounds if b and b[0] > chance)
+        out.append(f"d = {width}: {below} of {len(at)} (run, layer) points below chance, {above} above it")
+    return out
+
+
+def spectral_reading(flat: list[dict]) -> list[str]:
+    """Per width: the spectral metrics whose Spearman with z has a 95 % interval excluding 0."""
+    out = []
+    for row in flat:
+        moving = []
+        for metric in SPECTRAL:
+            text = row.get(metric, "n/a")
+            if text != "n/a":
+                lo, hi = (float(v) for v in text.split("[")[1].rstrip("]").split(","))
+                if lo > 0 or hi < 0:
+                    moving.append(f"{metric} {text}")
+        out.append(f"d = {row['width']} (z range {row['z_range']:.1f}): "
+                   + ("; ".join(moving) + " (moves with z)" if moving else "no spectral metric tracks z (every interval holds 0)"))
+    return out
+
+
+def gap_reading(gaps: list[dict]) -> list[str]:
+    """Per run: whether Spearman(G, -perplexity) over all its checkpoints is above 0 on its Fisher interval."""
+    out = []
+    for run in gaps:
+        s = next((x for x in run["summary"] if x["subset"] == "all checkpoints"), None)
+        if s is None or not math.isfinite(s.get("spearman", float("nan"))):
+            continue
+        verdict = ("G ranks checkpoints with held-out perplexity" if s["fisher_lo"] > 0 else
+                   "G ranks them against perplexity" if s["fisher_hi"] < 0 else "no ranking decided (interval holds 0)")
+        out.append(f"d = {run['width']}, seed {run['seed']}: {s['spearman']:+.2f} [{s['fisher_lo']:+.2f}, "
+                   f"{s['fisher_hi']:+.2f}] over {s['n']} checkpoints: {verdict}")
     return out
 
 
@@ -272,7 +364,7 @@ def plot_losses(losses: list[dict], path: Path) -> Path | None:
 
 # ------------------------------------------------------------------------------------------- page
 
-def _table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
     lines = ["| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(name)) for _, name in columns) + " |")
@@ -292,7 +384,7 @@ def pga_configs(pga: list[dict]) -> list[dict]:
                   key=lambda c: (c[0] == 0, c[2]))
 
 
-def write_width_report(job, store, console, wall: dict | None = None) -> Path:
+def write_width_report(job, store, console, wall: dict | None = None, gaps: list[dict] | None = None) -> Path:
     """Regenerate ``[width] report`` (and its figures beside it) from this job's units in the store."""
     import pyarrow as pa
 
@@ -300,7 +392,7 @@ def write_width_report(job, store, console, wall: dict | None = None) -> Path:
 
     settings = job.width
     rows = job_rows(job, store)
-    pga, spectral, pc1, probe = (rows.get(name, []) for name in ("pga", "spectral", "pc1", "probe"))
+    pga, spectral, pc1, probe, spread = (rows.get(name, []) for name in ("pga", "spectral", "pc1", "probe", "sample_dispersion"))
     if pga:  # the report's width facet reads it; every row keeps the settings that made it
         atomic_write_table(pa.Table.from_pylist(pga), store.root / "results" / "width_pga.parquet")
     runs = ladder(job)
@@ -331,8 +423,10 @@ def write_width_report(job, store, console, wall: dict | None = None) -> Path:
                                                                   and r["layer"] == layer and r["step"] == last[r["run"]]], 3),
                "chance": next((r["chance"] for r in probe if r["width"] == w and r["layer"] == layer), None)}
               for w in sorted({r["width"] for r in probe}) for layer in ("block_01", "final_norm")]
+    readings = {"pc1": pc1_reading(pc1, last), "spectral": spectral_reading(flat), "gap": gap_reading(gaps or [])}
     text = _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, seeds, probes, configs, ladder_config,
-                 fixed_config, wall, sum(len(v) for v in rows.values()))
+                 fixed_config, wall, sum(len(v) for v in rows.values()), gap_table(gaps or []),
+                 dispersion_by_width(spread, last), readings)
     save_text(text, page)
     console.print(f"width report: {page}")
     return page
@@ -351,7 +445,7 @@ def _figure(paths: dict, name: str, page: Path, alt: str) -> list[str]:
 
 
 def _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, seeds, probes, configs, ladder_config,
-          fixed_config, wall, n_rows) -> str:
+          fixed_config, wall, n_rows, gaps, spread, readings) -> str:
     first = job.trains[0].settings
     settings = job.width
     widths = sorted({run.d for run in runs})
@@ -374,7 +468,8 @@ def _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, se
         f"- **Data**: {first.corpus}, {1 - first.heldout_fraction:.0%} of the articles for training; every analysis runs on "
         f"N = {job.n_samples} held-out articles, {job.extraction.pool}-token pooling.",
         f"- **Analyses at every checkpoint x layer of every run**: {', '.join(_describe(c) for c in configs)} (PGA, 100 nulls "
-        "unless the job says otherwise); spectral metrics; PC1 readout share; a linear topic probe.",
+        "unless the job says otherwise); spectral metrics; PC1 readout share; a linear topic probe"
+        + ("; sample-level dispersion" if spread else "") + ("; the dispersion gap G per checkpoint" if gaps else "") + ".",
         f"- **k**: the ladder keeps k/d fixed ({_describe(ladder_config)}: k = "
         f"{', '.join(str(max(1, round(ladder_config.get('k_per_d', 0) * w))) for w in widths)}); "
         + (f"the fixed-k run ({_describe(fixed_config)}) is the paper's design (k = 100 at every width), kept beside it."
@@ -385,22 +480,31 @@ def _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, se
                      f"{wall['train_wall_s'] / 60:.1f} min; finished {wall['finished']}, {wall['cpus']} CPUs, 1-minute load "
                      f"average {wall['load_1min_at_end']:.1f} at the end).")
     lines += ["", "## Loss curves", ""] + _figure(paths, "losses", page, "loss curves")
-    lines += _table([{"width": w, "runs": "; ".join(f"{p:.1f}" for p in by_width[w]), "mean": _seed_mean(by_width[w], 1)}
+    lines += markdown_table([{"width": w, "runs": "; ".join(f"{p:.1f}" for p in by_width[w]), "mean": _seed_mean(by_width[w], 1)}
                      for w in widths], [("d", "width"), ("final held-out perplexity per seed", "runs"),
                                         ("seed mean [95% t interval]", "mean")])
+    means = {w: mean_t_interval(v) for w, v in by_width.items() if v}
+    if len(means) > 1:
+        apart = [(a, b) for a in means for b in means if a < b and math.isfinite(means[a]["lo"]) and math.isfinite(means[b]["hi"])
+                 and (means[a]["lo"] > means[b]["hi"] or means[a]["hi"] < means[b]["lo"])]
+        lines += ["", "**Reading**: final held-out perplexity falls from "
+                  f"{means[widths[0]]['mean']:.1f} at d = {widths[0]} to {means[widths[-1]]['mean']:.1f} at d = {widths[-1]}; "
+                  + (f"the seed intervals separate {len(apart)} of {len(means) * (len(means) - 1) // 2} pairs of widths "
+                     "(the loss curves are not alike in level)" if apart else
+                     "no pair of widths is separated by the seed intervals (alike within what two seeds resolve)") + "."]
     lines += ["", "## z over step x layer, per width", ""] + _figure(paths, "heatmaps", page, "z heatmaps per width")
     lines += _figure(paths, "depth", page, "z by depth per width") + _figure(paths, "depth_fixed", page, "z by depth, fixed k")
     lines += ["## The claims, read against the ladder", "",
               f"### 1. A collapse zone (late non-final layers with z below {settings.collapse_z:g} while an earlier layer is "
               f"above {settings.positive_z:g}, whole intervals)", ""]
-    lines += _table(collapse, [("k/d", "k_per_d"), ("k", "k"), ("CCR", "r"), ("d", "width"), ("profiles", "profiles"),
+    lines += markdown_table(collapse, [("k/d", "k_per_d"), ("k", "k"), ("CCR", "r"), ("d", "width"), ("profiles", "profiles"),
                                ("with a collapse zone", "collapsed"), ("where", "where")])
     lines += ["", ("**Reading**: a collapse zone appears in " + ", ".join(
         f"d = {c['width']} ({_describe(c)}: {c['collapsed']} of {c['profiles']})" for c in collapsed_any)
         if collapsed_any else f"**Reading**: no profile at any width, step or setting holds a collapse zone "
         f"({sum(c['profiles'] for c in collapse)} profiles); the detour regime does not appear at this scale."), ""]
     lines += ["### 2. Does CCR-5/10 restore z where it falls?", ""]
-    lines += _table(restored, [("d", "width"), ("(run, step, layer) points", "points"), ("z < 0 at CCR-0", "low_at_ccr0"),
+    lines += markdown_table(restored, [("d", "width"), ("(run, step, layer) points", "points"), ("z < 0 at CCR-0", "low_at_ccr0"),
                                ("of those, z > 2 at CCR-1", "organised_at_ccr1"), ("at CCR-5", "organised_at_ccr5"),
                                ("at CCR-10", "organised_at_ccr10")])
     lines += ["", "**Reading**: " + (f"{low_total} points fall below 0 at CCR-0 (whole interval); the columns count how many "
@@ -408,19 +512,38 @@ def _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, se
                                      "no point falls below 0 at CCR-0 on its whole interval, so there is nothing to restore."), ""]
     lines += ["### 3. Does PC1 migrate out of the readout subspace at small d?", "",
               "Share of PC1 in the top-k readout subspace (k/d fixed), seed mean [95% t interval over seeds]; chance = k/d.", ""]
-    lines += _table(pc1_rows, [("d", "width"), ("layer", "layer"), ("step 0", "step0"), ("last step", "last"),
+    lines += markdown_table(pc1_rows, [("d", "width"), ("layer", "layer"), ("step 0", "step0"), ("last step", "last"),
                                ("each seed at the last step [half-sample interval]", "last_runs"), ("chance", "chance")])
+    lines += ["", "**Reading** (last checkpoint, blocks and final norm, each run's half-sample interval against chance k/d): "
+              + "; ".join(readings["pc1"]) + ".", ""] if readings["pc1"] else []
     lines += ["", "### 4. Do spectral metrics stay flat where z moves?", "",
               f"Spearman of z ({_describe(ladder_config)}) against each metric over every (run, checkpoint, block) point of a "
               "width, with its 95% Fisher interval; z range is max - min over those points.", ""]
-    lines += _table(flat, [("d", "width"), ("points", "points"), ("z range", "z_range"), ("RankMe", "rankme"),
+    lines += markdown_table(flat, [("d", "width"), ("points", "points"), ("z range", "z_range"), ("RankMe", "rankme"),
                            ("alpha-ReQ", "alpha_req"), ("isotropy", "isotropy")])
+    lines += ["", "**Reading**: " + "; ".join(readings["spectral"]) + ".", ""] if readings["spectral"] else []
     lines += ["", "### 5. Probe accuracy at the last checkpoint", ""]
-    lines += _table(probes, [("d", "width"), ("layer", "layer"), ("accuracy, seed mean [95% t]", "accuracy"), ("chance", "chance")])
-    lines += ["", "### 6. Does it hold across seeds?", "",
+    lines += markdown_table(probes, [("d", "width"), ("layer", "layer"), ("accuracy, seed mean [95% t]", "accuracy"), ("chance", "chance")])
+    if spread:
+        lines += ["", "### 6. Sample-level dispersion at the last checkpoint", "",
+                  "Mean pairwise cosine distance of the pooled held-out vectors: each seed [jackknife 95% over texts], and the "
+                  "seed mean [95% t over seeds].", ""]
+        lines += markdown_table(spread, [("d", "width"), ("layer", "layer"), ("each seed", "seeds"), ("seed mean", "mean")])
+    if gaps:
+        t = job.trajectory
+        lines += ["", "### 7. Does the dispersion gap G track held-out perplexity over training?", "",
+                  f"G at `{t.gap_layer}` ({t.domain_tokens} tokens against the rest; {t.chunks_per_domain} chunks of "
+                  f"{t.chunk_len} tokens per topic), ranked against the trainer's held-out perplexity over each run's "
+                  "checkpoints: Spearman(G, -perplexity) with its 95% Fisher and bootstrap intervals, and the checkpoint "
+                  "G picks.", ""]
+        lines += markdown_table(gaps, [("d", "width"), ("seed", "seed"), ("checkpoints", "subset"), ("n", "n"),
+                               ("Spearman [95% Fisher]", "spearman"), ("bootstrap 95%", "boot"), ("G picks", "pick")])
+        if readings["gap"]:
+            lines += ["", "**Reading**: " + "; ".join(readings["gap"]) + ".", ""]
+    lines += ["", "### 8. Does it hold across seeds?", "",
               f"z at the last checkpoint ({_describe(ladder_config)}): each seed with its within-run interval, and the seed "
               "mean with the seed-to-seed 95% t interval (1 degree of freedom with 2 seeds: t = 12.7).", ""]
-    lines += _table(seeds, [("d", "width"), ("layer", "layer"), ("each seed [within-run 95%]", "seeds"),
+    lines += markdown_table(seeds, [("d", "width"), ("layer", "layer"), ("each seed [within-run 95%]", "seeds"),
                             ("seed mean [seed-to-seed 95%]", "mean"), ("same decision (sign, z > 2)", "same_decision")])
     agree = sum(1 for s in seeds if s["same_decision"])
     lines += ["", f"**Reading**: the seeds make the same decision at {agree} of {len(seeds)} (width, layer) points.", ""]

@@ -27,7 +27,8 @@ def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
                     'pga_threads = 2': 'pga_threads = 1', 'n_samples = 400': 'n_samples = 16', 'batch_size = 32': 'batch_size = 16',
                     'k = 32 ': 'k = 8 ', 'n_null = 100': 'n_null = 6', 'null_chunks = 4': 'null_chunks = 1',
                     'chunk_len = 128': 'chunk_len = 16', 'chunks_per_domain = 40': 'chunks_per_domain = 3',
-                    'late_from = 512': 'late_from = 1\nbootstrap = 100\nbatch_size = 3', 'pool = "last"': 'pool = "mean"'}
+                    'late_from = 512': 'late_from = 1\nbootstrap = 100\nbatch_size = 3', 'pool = "last"': 'pool = "mean"',
+                    'r = [0, 1, 5, 10]': 'r = [0, 1]'}
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -47,7 +48,7 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
     plan = subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(job)], cwd=work, env=env, capture_output=True, check=False,
                           text=True, timeout=120)
-    assert plan.returncode == 0 and "then: 3 checkpoints x 3 layers x 1 planned analyses -> 9 units" in plan.stdout, plan.stdout + plan.stderr
+    assert plan.returncode == 0 and "then: 3 checkpoints x 3 layers x 7 planned analyses -> 63 units" in plan.stdout, plan.stdout + plan.stderr
     assert not any(work.iterdir())  # plan writes nothing
     started = time.perf_counter()
     result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address], cwd=work, env=env,
@@ -62,4 +63,8 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     assert sorted({r["revision"] for r in table}) == ["step0", "step1", "step2"] and len(table) == 9
     rows = pq.read_table(work / "runs" / "trajectory" / "results" / "trajectory_checkpoints.parquet").to_pylist()
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert (work / "docs" / "results" / "trajectory.md").is_file()
+    page = (work / "docs" / "results" / "trajectory.md").read_text()
+    for heading in ("## The PGA paper's mechanism over training", "### Spectral blindness", "### PC1's share of the readout",
+                    "### Restoration by CCR rank over steps", "### Probe accuracy against z"):
+        assert heading in page, heading
+    assert "| embed |" in page and "CCR-1" in page

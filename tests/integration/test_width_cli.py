@@ -1,0 +1,85 @@
+"""A width ladder through the CLI from an empty working directory (issue 18): `raygeom plan` before anything is
+trained, then `raygeom run` trains the [train] grid, runs every analysis at every checkpoint of every run, the
+dispersion gap per checkpoint, and regenerates the [width] page and the report with its width facet; a rerun
+trains nothing and computes no unit."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_width_job(path: Path, corpus: Path) -> Path:
+    """jobs/width.toml cut down: d = 32 and 48 (head_dim 16), one seed, 2 steps (checkpoints step0, step2), one block."""
+    text = (ROOT / "jobs" / "width.toml").read_text()
+    replacements = {"hidden_size = [32, 64, 128, 256]": "hidden_size = [32, 48]", "seed = [0, 1]": "seed = [0]",
+                    "n_layers = 4": "n_layers = 1", "save_every = 100": "save_every = 2", 'corpus = "bbc"': f'corpus = "{corpus}"',
+                    "steps = 800": "steps = 2", "batch_size = 16\nseq_len = 64": "batch_size = 4\nseq_len = 32",
+                    "warmup = 50": "warmup = 1", "vocab_size = 2048": "vocab_size = 300", "eval_every = 100": "eval_every = 2",
+                    "eval_sequences = 64": "eval_sequences = 4", "cpus_per_worker = 2": "cpus_per_worker = 1",
+                    "pga_threads = 2": "pga_threads = 1", "n_samples = 200": "n_samples = 40", "seq_len = 64\npool": "seq_len = 32\npool",
+                    "n_null = 100": "n_null = 20", "r = [0, 1, 5, 10]": "r = [0, 1]", "k = 8\n": "k = 4\n",
+                    "chunk_len = 64": "chunk_len = 16", "chunks_per_domain = 40": "chunks_per_domain = 3",
+                    "late_from = 400": "late_from = 2", "bootstrap = 2000": "bootstrap = 100"}
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+def run_cli(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
+
+
+def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_directory(hub_cache, ray_address, tmp_path):
+    from raygeom.testing import varied_text
+
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"in {1990 + i} about {i * 7} {varied_text(i)} . " * 2,
+                                          "label": f"topic{i % 3}"}) + "\n" for i in range(200)))
+    job = tiny_width_job(tmp_path / "width.toml", corpus)
+    work = tmp_path / "work"
+    work.mkdir()
+    plan = run_cli("plan", job, cwd=work)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "2 runs x 2 checkpoints x 3 layers x 8 planned analyses -> 96 units" in plan.stdout, plan.stdout
+    assert plan.stdout.count("to train") == 2 and "d48-seed0" in plan.stdout
+    assert not any(work.iterdir())  # plan writes nothing
+
+    first = run_cli("run", job, "--address", ray_address, cwd=work)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "Traceback" not in first.stdout + first.stderr
+    store = work / "runs" / "width"  # the job's relative paths, as every job's: against the working directory
+    for run in ("d32-seed0", "d48-seed0"):
+        assert sorted(p.name for p in (store / "checkpoints" / run).glob("step*")) == ["step0", "step2"]
+    pga = pq.read_table(store / "results" / "width_pga.parquet").to_pylist()
+    ladder = {(r["width"], r["k"]) for r in pga if r["k_per_d"] == 0.25}
+    assert ladder == {(32, 8), (48, 12)}  # k/d fixed across widths
+    assert {(r["width"], r["k"]) for r in pga if r["k_per_d"] == 0} == {(32, 4), (48, 4)}  # the fixed-k run beside it
+    assert all(r["z_lo"] <= r["z"] <= r["z_hi"] for r in pga if r["n_null"] >= 20)
+    gap = pq.read_table(store / "results" / "width_gap.parquet").to_pylist()
+    assert sorted({(r["width"], r["revision"]) for r in gap}) == [(32, "step0"), (32, "step2"), (48, "step0"), (48, "step2")]
+    page = (work / "docs" / "results" / "width.md").read_text()
+    for heading in ("## Loss curves", "### 1. A collapse zone", "### 2. Does CCR-5/10 restore z", "### 3. Does PC1 migrate",
+                    "### 4. Do spectral metrics stay flat", "### 6. Sample-level dispersion", "### 7. Does the dispersion gap G",
+                    "### 8. Does it hold across seeds?", "## What this scale can and cannot show"):
+        assert heading in page, heading
+    assert "| 48 | block_00 |" in page and "k = 8, 12" in page
+    html = (store / "report.html").read_text()
+    assert "Width ladder: Subspace PGA by width" in html and "d = 48, seed 0" in html
+
+    units = {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")}
+    second = run_cli("run", job, "--address", ray_address, cwd=work)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.stdout.count("not retrained") == 2
+    assert {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")} == units  # no unit computed again
