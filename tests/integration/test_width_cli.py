@@ -52,7 +52,7 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     work.mkdir()
     plan = run_cli("plan", job, cwd=work)
     assert plan.returncode == 0, plan.stdout + plan.stderr
-    assert "2 runs x 2 checkpoints x 3 layers x 8 planned analyses -> 96 units" in plan.stdout, plan.stdout
+    assert "2 runs x 2 checkpoints x 3 layers x 7 planned analyses -> 84 units" in plan.stdout, plan.stdout
     assert plan.stdout.count("to train") == 2 and "d48-seed0" in plan.stdout
     assert not any(work.iterdir())  # plan writes nothing
 
