@@ -2,7 +2,6 @@
 the checkpoints the trainer wrote and writes the report, with the job's relative paths resolved in that directory.
 Before issue 21 this exited 2 in seconds: `run directory not found: runs/trajectory/checkpoints`."""
 
-import json
 import os
 import subprocess
 import sys
@@ -37,11 +36,9 @@ def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
 
 
 def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray_address, tmp_path):
-    from raygeom.testing import varied_text
+    from raygeom.testing import write_labelled_corpus
 
-    corpus = tmp_path / "texts.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"in {1990 + i} about {i * 7} {varied_text(i)} . " * 2,
-                                          "label": f"topic{i % 3}"}) + "\n" for i in range(100)))
+    corpus = write_labelled_corpus(tmp_path / "texts.jsonl", 100)
     job = tiny_trajectory_job(tmp_path / "trajectory.toml", corpus)
     work = tmp_path / "work"
     work.mkdir()

@@ -3,7 +3,6 @@ trained, then `raygeom run` trains the [train] grid, runs every analysis at ever
 dispersion gap per checkpoint, and regenerates the [width] page and the report with its width facet; a rerun
 trains nothing and computes no unit."""
 
-import json
 import os
 import subprocess
 import sys
@@ -42,11 +41,9 @@ def run_cli(*args, cwd):
 
 
 def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_directory(hub_cache, ray_address, tmp_path):
-    from raygeom.testing import varied_text
+    from raygeom.testing import write_labelled_corpus
 
-    corpus = tmp_path / "texts.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"in {1990 + i} about {i * 7} {varied_text(i)} . " * 2,
-                                          "label": f"topic{i % 3}"}) + "\n" for i in range(200)))
+    corpus = write_labelled_corpus(tmp_path / "texts.jsonl", 200)
     job = tiny_width_job(tmp_path / "width.toml", corpus)
     work = tmp_path / "work"
     work.mkdir()
