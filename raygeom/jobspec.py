@@ -164,8 +164,10 @@ def check_layer_selection(selection: str) -> None:
     if not isinstance(selection, str):
         raise RaygeomError(f"layers must be a string such as \"all\" or \"0,5:10,-1\", got {selection!r}")
     parts = [p.strip() for p in selection.split(",")]
-    if selection.strip() in ("", "all"):
+    if selection.strip() == "all":
         return
+    if not selection.strip():  # only "all" means every layer: an empty value is a mistake, not a choice
+        raise RaygeomError('layers is empty; give "all" (every layer) or a selection such as "0,5:10,-1"')
     if any(not p for p in parts):
         raise RaygeomError(f"layer selection '{selection}' has an empty item; use e.g. 'embed,5:10,-1'")
     for part in parts:
@@ -272,6 +274,8 @@ def load_job(path: str | Path) -> JobSpec:
     try:
         layers = extract.pop("layers", "all")
         if isinstance(layers, list):  # layers = [0, 5, -1] means "0,5,-1"
+            if not layers:
+                raise RaygeomError(f'{path}: [extract] layers is an empty list; give "all" or the layers, e.g. [0, 5, -1]')
             layers = ",".join(str(item) for item in layers)
         out = job.get("out", f"runs/{path.stem}")
         if not isinstance(out, str) or not out.strip():

@@ -42,11 +42,12 @@ def allowed(cls: type, name: str) -> str:
     return " ".join(parts[:1]) + (" " + " and ".join(parts[1:]) if len(parts) > 1 else "")
 
 
-def check_value(cls: type, name: str, value: Any, where: str = "") -> Any:
-    """``value`` checked against its declaration; returns it (an int given for a float becomes a float)."""
+def check_value(cls: type, name: str, value: Any, where: str = "", label: str | None = None) -> Any:
+    """``value`` checked against its declaration; returns it (an int given for a float becomes a float).
+    ``label``: the name the refusal gives it (a CLI flag), instead of ``where`` + ``name``."""
     spec = next(f for f in fields(cls) if f.name == name)
     meta, kind = spec.metadata, declared_type(cls, name)
-    label = f"{where}{name}" if where else name
+    label = label or f"{where}{name}"
     refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {value!r}")
     if kind is bool:
         if not isinstance(value, bool):

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
-from raygeom.params import LAYERS_HELP
+from raygeom.params import LAYERS_HELP, PGAParams, check_value
 from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
 
@@ -291,6 +291,7 @@ def knn(
     from raygeom.store.tree import Store, check_writable
 
     try:
+        check_value(PGAParams, "gpus_per_task", gpus_per_task, label="--gpus-per-task")  # the same declaration as pga's
         _prepare(address)
         from raygeom.analyses.knn import KnnSettings
 

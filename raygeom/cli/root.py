@@ -207,9 +207,21 @@ def _exit_on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+_said_interrupted: list[bool] = []
+
+
 def _interrupted() -> None:
-    errors.print("interrupted; finished units are kept, rerun to resume")
+    if not _said_interrupted:  # main's `except SystemExit` meets the exit raised here from its own try block again
+        _said_interrupted.append(True)
+        errors.print("interrupted; finished units are kept, rerun to resume")
     sys.exit(128 + _terminated["signum"] if _terminated else 130)
+
+
+def _refused() -> None:
+    """A refusal (exit 2) leaves nothing behind: not even the store directory check_writable made for it."""
+    tree = sys.modules.get("raygeom.store.tree")  # not imported: no store was made
+    if tree is not None:
+        tree.discard_unused_stores()
 
 
 def _stop_local_ray() -> None:
@@ -244,6 +256,8 @@ def main() -> None:
         code = app(standalone_mode=False)
         if code == 130 or (code and _terminated):  # typer turns Ctrl-C into exit code 130
             _interrupted()
+        if code == 2:
+            _refused()
         sys.exit(code if isinstance(code, int) else 0)
     except UsageErrors as error:
         command = f" (see {error.ctx.command_path} --help)" if getattr(error, "ctx", None) is not None else ""
@@ -258,6 +272,7 @@ def main() -> None:
         raise
     except RaygeomError as error:  # a command that let one through still gets one line
         errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        _refused()
         sys.exit(2)
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -94,13 +94,16 @@ def print_per_analysis(plan) -> None:
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.analyses import sweep
     from raygeom.jobspec import SweepSettings
+    from raygeom.params import check_value
     from raygeom.sources.revisions import gpus_per_model
 
+    if gpu_memory_gib is not None:
+        check_value(SweepSettings, "gpu_memory_gib", gpu_memory_gib, label="--gpu-memory-gib")
     if _show_training(job_file, out):
         return
     job, plan = _load(job_file, out)
     settings = job.sweep or SweepSettings()
-    memory = gpu_memory_gib or settings.gpu_memory_gib
+    memory = settings.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     pga = job.pga
     table = Table(title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}, "
                         f"k={pga.k}, CCR-{pga.r}, {pga.n_null} nulls, seed {pga.seed})", title_justify="left")

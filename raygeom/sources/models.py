@@ -167,7 +167,20 @@ def check_config(config: Path, source: str) -> dict:
         raise RaygeomError(f"{config} is not a valid JSON model config: {str(error).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise RaygeomError(f"{config} is not a model config (a JSON object was expected)")
+    # Refused here, in a second, instead of by transformers after Ray and the workers have started.
+    shape = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    if not any(key in shape for key in WIDTH_KEYS) or not any(key in shape for key in DEPTH_KEYS):
+        raise RaygeomError(f"{config} does not describe a model: it needs its width ({' or '.join(WIDTH_KEYS)}) and "
+                           f"depth ({' or '.join(DEPTH_KEYS)})")
+    if not any(next(config.parent.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise RaygeomError(f"{source} holds a config.json but no weights ({', '.join(WEIGHT_FILES)}), so it cannot load")
     return data
+
+
+# The names transformers' configs give a model's width and depth (GPT-2 and others use their own).
+WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
 
 
 def check_gguf(path: Path) -> None:

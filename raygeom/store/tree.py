@@ -222,6 +222,7 @@ def check_writable(root: Path) -> None:
 
     The calling process becomes the store's one writer until it exits (see :func:`lock_store`)."""
     root = Path(root)
+    missing = [d for d in (root.absolute(), *root.absolute().parents) if not d.exists()]
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
@@ -230,6 +231,28 @@ def check_writable(root: Path) -> None:
     except OSError as error:
         raise RaygeomError(f"output directory {root} is not writable: {error.strerror or error}") from None
     lock_store(root)
+    if missing:
+        _made_stores.append(missing)
+
+
+_made_stores: list[list[Path]] = []  # the directories check_writable made, the store root first
+
+
+def discard_unused_stores() -> None:
+    """For a run refused after check_writable: remove the store directories it made that hold only their lock, so a
+    refused run leaves nothing behind. A directory holding anything else, or made by another process, is kept."""
+    while _made_stores:
+        made = _made_stores.pop()
+        root = made[0]
+        try:
+            if [p.name for p in root.iterdir()] != [LOCK_FILE]:
+                continue
+            (root / LOCK_FILE).unlink()  # still holding the lock, so no other run is writing here
+            unlock_store(root)
+            for directory in made:
+                directory.rmdir()
+        except OSError:
+            continue
 
 
 LOCK_FILE = ".lock"
