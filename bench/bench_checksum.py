@@ -29,7 +29,7 @@ def median_ms(action, repeats: int = 9) -> float:
 def main() -> None:
     store = Store(Path(tempfile.mkdtemp(prefix="bench-checksum-")))
     h = np.random.default_rng(0).standard_normal((2000, 2048)).astype(np.float32)
-    store.write_layer("m", "main", "embed", 0, np.arange(2000), h)
+    store.write_layer("m", "main", "embed", 0, np.arange(2000), h, key="bench")
     path = store.layer_path("m", "main", "embed")
     data = path.read_bytes()
     print(f"layer file: {path.stat().st_size / 1e6:.1f} MB (2000 x 2048 float32, zstd Parquet)")

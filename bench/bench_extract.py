@@ -152,7 +152,7 @@ def end_to_end(n: int, n_null: int, seq_len: int, batch: int) -> dict:
         wall = time.perf_counter() - start
         if run.returncode != 0:
             raise SystemExit(f"raygeom pga failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
-        marker = json.loads((Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main" / "_COMPLETE.json").read_text())
+        marker = json.loads(next((Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main").rglob("_COMPLETE.json")).read_text())
         pga_cpu = sum(pq.read_table(path).column("cpu_seconds")[0].as_py() for path in (Path(out) / "results" / "pga").glob("*.parquet"))
     return {"texts": n, "n_null": n_null, "raygeom_pga_wall_s": wall, "bare_wall_s": bare_wall, "ratio": wall / bare_wall,
             "bare_load_s": float(bare_load), "bare_forward_s": float(bare_forward), "bare_threads": int(bare_threads),
@@ -179,7 +179,7 @@ def demo(threads: int) -> dict:
         wall = time.perf_counter() - start
         if run.returncode != 0:
             raise SystemExit(f"raygeom run failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
-        marker = json.loads((Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main" / "_COMPLETE.json").read_text())
+        marker = json.loads(next((Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main").rglob("_COMPLETE.json")).read_text())
         pga_cpu = sum(pq.read_table(path).column("cpu_seconds")[0].as_py() for path in (Path(out) / "results" / "pga").glob("*.parquet"))
     parts = bare_load + bare_forward + pga_cpu / threads
     return {"texts": n, "demo_wall_s": wall, "bare_load_s": bare_load, "bare_forward_s": bare_forward, "pga_cpu_s": pga_cpu,

@@ -255,6 +255,7 @@ def _run_units_here(store, units) -> list[dict]:
     from raygeom.engine.contract import PREPARED, More
 
     rows = []
+    store.record_planned(units)
     for unit in units:
         if unit.store_rows and store.has_result(unit.analysis, unit.key):
             rows += store.read_results(unit.analysis, [unit.key]).to_pylist()
@@ -280,25 +281,28 @@ def _run_units_here(store, units) -> list[dict]:
 
 
 def store_pga(store, model: str, revision: str = "main", *, layers: str | list[str] = "all", k: int = 100, r: int = 1,
-              n_null: int = 100, seed: int = 0, text_halves: int = 10) -> list[dict]:
+              n_null: int = 100, seed: int = 0, text_halves: int = 10, extraction: str | None = None) -> list[dict]:
     """Subspace PGA of the layers of one extraction in ``store`` (raygeom's own, or vectors written with
     :func:`write_activations`), in this process, without Ray: the same units ``raygeom pga`` runs, so the rows
     (one per layer, with z's interval, p-values and the interval over texts) are the CLI's, and they are stored
     under ``results/pga/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
-    recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list)."""
+    recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list); ``extraction``: as in
+    :func:`store_analysis`."""
     return store_analysis(store, model, revision, "pga", layers=layers, k=k, r=r, n_null=n_null, seed=seed,
-                          null_chunks=1, text_halves=text_halves)
+                          null_chunks=1, text_halves=text_halves, extraction=extraction)
 
 
 def store_analysis(store, model: str, revision: str, analysis: str, *, layers: str | list[str] = "all",
-                   **params) -> list[dict]:
+                   extraction: str | None = None, **params) -> list[dict]:
     """Any registered analysis (``pga``, ``spectral``, ``pc1``, ``twonn``, ``probe``, ...: the names
     ``raygeom.analyses.registry.analyses()`` lists) of the layers of one extraction in ``store`` (raygeom's own, or
     vectors written with :func:`write_activations`), in this process, without Ray. ``params`` are the analysis's
     parameters, as in a job file's ``[analyses.<name>]`` table (e.g. ``k=6``), checked the same way; the units are
     the ones a job runs, so the rows (a list of dicts, per layer) are the CLI's, stored under
     ``results/<analysis>/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
-    recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list)."""
+    recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list). ``extraction``: the
+    settings key of the extraction to analyse, where the store holds several of this (model, revision) (the report's
+    settings table lists them); without it, the one there is."""
     from pathlib import Path
 
     from raygeom.analyses import registry
@@ -308,9 +312,15 @@ def store_analysis(store, model: str, revision: str, analysis: str, *, layers: s
     planned = registry.Planned(analysis, spec.Params.from_mapping(params, f"{analysis}: "))
     root = Path(store)
     tree = Store(root)
-    info = tree.completion(model, revision)
-    if info is None:
-        raise InputError(f"no complete extraction of {model}@{revision} in {root}")
+    if extraction is None:
+        keys = [found.key for found in tree.extractions(model, revision) if found.marker]
+        if len(keys) > 1:
+            raise InputError(f"{root} holds {len(keys)} extractions of {model}@{revision}; choose one with extraction= "
+                             f"(their settings keys: {', '.join(keys)})")
+    info = tree.completion(model, revision, extraction)
+    if info is None or (extraction is not None and info.get("key") != extraction):
+        which = f" with settings key {extraction}" if extraction else ""
+        raise InputError(f"no complete extraction of {model}@{revision}{which} in {root}")
     stored = list(info.get("layers", []))
     chosen = stored if layers in ("all", None) else select_layers([*info["all_layers"], *stored], layers)
     missing = [name for name in chosen if name not in stored]

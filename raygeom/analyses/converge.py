@@ -84,13 +84,13 @@ class ModelSide:
         return f"{self.model}@{self.revision}"
 
 
-def _side(store: Store, model: str, revision: str, depths: int | None, k: int) -> ModelSide:
-    info = store.completion(model, revision)
-    if info is None:
+def _side(store: Store, model: str, revision: str, depths: int | None, k: int, key: str | None = None) -> ModelSide:
+    info = store.completion(model, revision, key)
+    if info is None or (key is not None and info.get("key") != key):
         raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
     if not 0 < k < info["d"]:
         raise RaygeomError(f"k must satisfy 0 < k < d; got k={k}, d={info['d']} for {model}")
-    samples = store.read_samples(model, revision)
+    samples = store.read_samples(model, revision, info["key"])
     if "text_sha1" not in samples.column_names:
         raise RaygeomError(f"samples of {model}@{revision} carry no text_sha1, so they cannot be aligned with another model")
     order = np.argsort(samples["sample_id"].to_numpy())
@@ -109,7 +109,7 @@ def _aligned_layer(root: str, model: str, revision: str, layer: str, sample_ids:
     from raygeom.analyses.pga import read_keyed_layer
 
     h = read_keyed_layer(root, model, revision, layer, key)
-    ids = Store(root).read_layer(model, revision, layer)[0]
+    ids = Store(root).read_layer(model, revision, layer, key)[0]
     if not np.array_equal(ids, sample_ids):
         raise RaygeomError(f"{model}@{revision} layer {layer} holds different sample ids than its samples table")
     return h[rows]
@@ -161,17 +161,19 @@ def units(sides_layers: list[int], params: ConvergeParams) -> int:
     return sum(la + lb + 1 + chunks for la, lb in combinations(sides_layers, 2))
 
 
-def model_sides(store: Store, models: list[tuple[str, str]], params: ConvergeParams) -> list[ModelSide]:
+def model_sides(store: Store, models: list[tuple[str, ...]], params: ConvergeParams) -> list[ModelSide]:
+    """``models``: (slug, revision), or (slug, revision, extraction key) where the store holds several extractions."""
     if len(models) < 2:
         raise RaygeomError("convergence needs at least two models")
-    if len(set(models)) != len(models):
+    if len({tuple(m[:2]) for m in models}) != len(models):
         raise RaygeomError("each model (and revision) may be given only once")
-    return [_side(store, model, revision, params.depths, params.k) for model, revision in models]
+    return [_side(store, *model[:2], params.depths, params.k, *model[2:]) for model in models]
 
 
-def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergeParams,
+def run_converge(store: Store, models: list[tuple[str, ...]], params: ConvergeParams,
                  progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Convergence rows for every pair of ``models`` (``(slug, revision)``) and every pair of their layers."""
+    """Convergence rows for every pair of ``models`` (``(slug, revision)`` or ``(slug, revision, extraction key)``)
+    and every pair of their layers."""
     from raygeom.engine.units import run_units
 
     sides = model_sides(store, models, params)
@@ -182,8 +184,8 @@ def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergePa
         rows_a, rows_b = align(a, b)
         prepare = [Step(_prepare, (root, side.model, side.revision, layer, side.sample_ids, rows, params.r, side.info["key"]))
                    for side, rows in ((a, rows_a), (b, rows_b)) for layer in side.layers]
-        basis_a = store.read_readout(a.model, a.revision)[0][:, :params.k]
-        basis_b = store.read_readout(b.model, b.revision)[0][:, :params.k]
+        basis_a = store.read_readout(a.model, a.revision, a.info["key"])[0][:, :params.k]
+        basis_b = store.read_readout(b.model, b.revision, b.info["key"])[0][:, :params.k]
         n_a = len(a.layers)
 
         def finish(values, a=a, b=b, n=len(rows_a)) -> list[dict]:
@@ -198,9 +200,9 @@ def run_converge(store: Store, models: list[tuple[str, str]], params: ConvergePa
                           prepare=prepare,
                           parts=[Step(_observed, (n_a, basis_a, basis_b, params.k, PREPARED))]
                                 + [Step(_nulls, (n_a, params.k, params.seed, chunk, PREPARED)) for chunk in chunks] + texts,
-                          finish=finish))
+                          finish=finish, extractions=tuple((side.model, side.revision, side.info["key"]) for side in (a, b))))
     results = run_units(store, units, progress)
-    order = {(m, rev): i for i, (m, rev) in enumerate(models)}
+    order = {tuple(model[:2]): i for i, model in enumerate(models)}
     return sorted(results, key=lambda r: (order.get((r["model_a"], r["revision_a"]), 0), order.get((r["model_b"], r["revision_b"]), 0),
                                           r["layer_index_a"], r["layer_index_b"]))
 

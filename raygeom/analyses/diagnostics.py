@@ -78,9 +78,9 @@ def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None
 def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: int, r: int, key: str) -> tuple[dict, dict]:
     store = Store(root)
     h = read_keyed_layer(root, model, revision, layer, key)
-    ids = store.read_layer(model, revision, layer)[0]
-    basis, _ = store.read_readout(model, revision)
-    samples = store.read_samples(model, revision)
+    ids = store.read_layer(model, revision, layer, key)[0]
+    basis, _ = store.read_readout(model, revision, key)
+    samples = store.read_samples(model, revision, key)
     order = np.argsort(samples["sample_id"].to_numpy())
     sample_ids = samples["sample_id"].to_numpy()[order]
     if not np.array_equal(sample_ids, ids):
@@ -101,15 +101,16 @@ def _layer_units(store: Store, metric: str, info: dict, model: str, revision: st
     return [Unit(analysis=metric, key=content_key(metric, DIAGNOSTICS_VERSION, info["key"], layer, *key_parts),
                  label=f"{model}@{revision} {layer} ({metric})",
                  parts=[Step(task, (root, model, revision, layer, *args, info["key"]))],
-                 finish=lambda values, layer=layer: finish(layer, values[0]))
+                 finish=lambda values, layer=layer: finish(layer, values[0]), extractions=((model, revision, info["key"]),))
             for layer in layers]
 
 
-def _complete(store: Store, model: str, revision: str) -> dict:
-    info = store.completion(model, revision)
-    if info is None:
+def _complete(store: Store, model: str, revision: str, key: str | None = None) -> dict:
+    """The marker of the extraction ``key`` (without it, of the revision's one extraction), its layers all there."""
+    info = store.completion(model, revision, key)
+    if info is None or (key is not None and info.get("key") != key):
         raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
-    missing = [layer for layer in info["layers"] if not store.layer_path(model, revision, layer).is_file()]
+    missing = [layer for layer in info["layers"] if not store.layer_path(model, revision, layer, info["key"]).is_file()]
     if missing:
         raise RaygeomError(f"extraction of {model}@{revision} lacks layer files: {', '.join(missing)}")
     return info
@@ -121,18 +122,18 @@ def _check_k(info: dict, k: int, model: str) -> None:
 
 
 def run_spectral(store: Store, model: str, revision: str, layers: list[str], k: int,
-                 progress: Callable[[int], None] | None = None) -> list[dict]:
+                 progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
     from raygeom.analyses.spectral import Spectral, SpectralParams
 
-    info = _complete(store, model, revision)
+    info = _complete(store, model, revision, key)
     _check_k(info, k, model)
     return _run(store, Spectral().units(store, model, revision, layers, SpectralParams(k=k), info), progress)
 
 
 def run_sample_geometry(store: Store, model: str, revision: str, layers: list[str], k: int, r: int = 1,
-                        progress: Callable[[int], None] | None = None) -> list[dict]:
+                        progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
     """Per-layer summary rows; the per-sample rows go to ``results/sample_geometry_samples/``."""
-    info = _complete(store, model, revision)
+    info = _complete(store, model, revision, key)
     _check_k(info, k, model)
 
     def finish(layer: str, value) -> dict:
@@ -150,30 +151,31 @@ def run_sample_geometry(store: Store, model: str, revision: str, layers: list[st
 
 
 def run_probes(store: Store, model: str, revision: str, layers: list[str], seed: int = 0, test_fraction: float = 0.25,
-               c: float = 1.0, progress: Callable[[int], None] | None = None) -> list[dict]:
+               c: float = 1.0, progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
     from raygeom.analyses.probe import Probe, ProbeParams
 
-    info = _complete(store, model, revision)
+    info = _complete(store, model, revision, key)
     params = ProbeParams(seed=seed, test_fraction=test_fraction, c=c)
     return _run(store, Probe().units(store, model, revision, layers, params, info), progress)
 
 
 def run_restoration(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
-                    progress: Callable[[int], None] | None = None) -> list[dict]:
+                    progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
     """Subspace PGA of every layer at CCR-r for each r in ``params.ccr_ranks``."""
-    info = _complete(store, model, revision)
+    info = _complete(store, model, revision, key)
     limit = min(info["n_samples"], info["d"])
     too_big = [r for r in params.ccr_ranks if r >= limit]
     if too_big:
         raise RaygeomError(f"CCR rank(s) {too_big} must be below min(N, d) = {limit} for {model}")
-    basis = store.read_readout(model, revision)[0]
+    basis = store.read_readout(model, revision, info["key"])[0]
     return _run(store, [unit for r in params.ccr_ranks
                         for unit in pga_analysis.units(store, model, revision, layers, params.pga(r), info, basis)], progress)
 
 
-def read_sample_rows(store: Store, model: str, revision: str, layers: list[str], k: int, r: int) -> list[dict]:
+def read_sample_rows(store: Store, model: str, revision: str, layers: list[str], k: int, r: int,
+                     key: str | None = None) -> list[dict]:
     """The per-sample rows (sample_id, nll, readout_share) of these layers, loss and geometry side by side."""
-    info = _complete(store, model, revision)
+    info = _complete(store, model, revision, key)
     keys = [content_key("samples", info["key"], layer, k, r) for layer in layers]
     return store.read_results("sample_geometry_samples", keys).to_pylist()
 
@@ -185,17 +187,19 @@ def units(layers: list[str], params: DiagnosticsParams) -> int:
 
 
 def run_diagnostics(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
-                    progress: Callable[[int], None] | None = None) -> dict[str, list[dict]]:
-    """Every per-layer diagnostic of one extraction, plus one merged row per layer under ``"layers"``."""
-    info = _complete(store, model, revision)
+                    progress: Callable[[int], None] | None = None, key: str | None = None) -> dict[str, list[dict]]:
+    """Every per-layer diagnostic of the extraction ``key`` (without it, of the revision's one extraction), plus one
+    merged row per layer under ``"layers"``."""
+    info = _complete(store, model, revision, key)
     _check_k(info, params.k, model)
+    key = info["key"]
     out = {
-        "spectral": run_spectral(store, model, revision, layers, params.k, progress),
-        "sample_geometry": run_sample_geometry(store, model, revision, layers, params.k, params.sample_ccr, progress),
-        "pga": run_restoration(store, model, revision, layers, params, progress),
+        "spectral": run_spectral(store, model, revision, layers, params.k, progress, key),
+        "sample_geometry": run_sample_geometry(store, model, revision, layers, params.k, params.sample_ccr, progress, key),
+        "pga": run_restoration(store, model, revision, layers, params, progress, key),
     }
     out["probe"] = run_probes(store, model, revision, layers, params.seed, params.probe_test_fraction, params.probe_c,
-                              progress) if params.probe else []
+                              progress, key) if params.probe else []
     out["layers"] = merge_layer_rows(out)
     return out
 

@@ -25,7 +25,7 @@ def pc1_task(root: str, model: str, revision: str, layer: str, k: int, seed: int
     from raygeom.store.tree import Store
 
     h = read_layer(root, model, revision, layer, key)[1]
-    basis, _ = Store(root).read_readout(model, revision)
+    basis, _ = Store(root).read_readout(model, revision, key)
     return {**spectral.pc1_readout_share_interval(h, basis[:, :k], seed, halves),
             "pc1_variance_fraction": layer_geometry.pc1_variance_fraction(h)}
 

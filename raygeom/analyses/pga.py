@@ -212,7 +212,7 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
                   + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
                   + ([Step(texts_step, (root, model, revision, layer, params.r, info["key"], basis, params.k, params.seed,
                                         params.text_halves, device), options)] if params.text_halves else []),
-            finish=finish, degenerate=degenerate))
+            finish=finish, degenerate=degenerate, extractions=((model, revision, info["key"]),)))
     return out
 
 

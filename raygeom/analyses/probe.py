@@ -25,7 +25,7 @@ def probe_task(root: str, model: str, revision: str, layer: str, test_fraction: 
     from raygeom.store.tree import Store
 
     ids, h = read_layer(root, model, revision, layer, key)
-    samples = Store(root).read_samples(model, revision)
+    samples = Store(root).read_samples(model, revision, key)
     if "label" not in samples.column_names:
         raise RaygeomError("the corpus of this extraction has no labels, so there is nothing to probe")
     labels = dict(zip(samples["sample_id"].to_pylist(), samples["label"].to_pylist()))
@@ -47,7 +47,7 @@ class Probe(Analysis):
     series = ("seed", "test_fraction", "c")
 
     def units(self, store, model, revision, layers, params: ProbeParams, info):
-        samples = store.read_samples(model, revision)
+        samples = store.read_samples(model, revision, info["key"])
         if "label" not in samples.column_names:
             raise RaygeomError(f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
                                "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)")

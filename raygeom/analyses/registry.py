@@ -177,7 +177,7 @@ def layer_units(analysis: Analysis, params, store, model: str, revision: str, la
 
         out.append(Unit(analysis=analysis.name, key=key, label=f"{model}@{revision} {layer} ({analysis.name})",
                         parts=[Step(task, (root, model, revision, layer, *args, info["key"]))], finish=done,
-                        degenerate=degenerate))
+                        degenerate=degenerate, extractions=((model, revision, info["key"]),)))
     return out
 
 

@@ -22,7 +22,7 @@ def spectral_task(root: str, model: str, revision: str, layer: str, k: int, key:
     from raygeom.store.tree import Store
 
     h = read_layer(root, model, revision, layer, key)[1]
-    basis, _ = Store(root).read_readout(model, revision)
+    basis, _ = Store(root).read_readout(model, revision, key)
     summary = spectral.spectral_summary(h, basis[:, :k])
     summary["pc1_variance_fraction"] = layer_geometry.pc1_variance_fraction(h)
     return summary

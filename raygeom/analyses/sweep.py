@@ -179,7 +179,7 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
     labels = planned_labels(job)
     for spec in job_specs(job):
         key = extraction_key(spec, fingerprint, job.extraction, job.layers, READOUT_COMPONENTS)
-        marker = store.completion(spec.slug, spec.revision)
+        marker = store.completion(spec.slug, spec.revision, key)
         if marker is not None and marker.get("key") != key:
             marker = None
         size = pythia.size_of(spec.source)

@@ -107,8 +107,8 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
             task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
             request = ExtractionRequest(spec, corpus, settings, layers, nll=nll)
             infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
-    for spec, _ in ([] if align else infos):
-        cut = int(np.sum(store.read_samples(spec.slug, spec.revision)["n_tokens"].to_numpy() >= settings.seq_len))
+    for spec, info in ([] if align else infos):
+        cut = int(np.sum(store.read_samples(spec.slug, spec.revision, info["key"])["n_tokens"].to_numpy() >= settings.seq_len))
         if cut:
             console.print(f"note: {cut} of {len(corpus.texts)} texts reached --seq-len {settings.seq_len} tokens in {spec.name}, "
                           "so that model read only a prefix of them (see --max-words)", highlight=False)
@@ -130,7 +130,7 @@ def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console
 
 
 def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
-    from raygeom.replica.extract import ExtractionSettings
+    from raygeom.replica.settings import ExtractionSettings
 
     if max_words is not None and max_words < 1:
         raise RaygeomError(f"--max-words must be positive, got {max_words}")
@@ -509,7 +509,7 @@ def register(app: typer.Typer) -> None:
         text_halves: int = typer.Option(10, "--text-halves", help="Half-samples of the texts behind each layer pair's "
                                         "intervals over texts (0: none)."),
         seed: int = typer.Option(0, "--seed"),
-        out: Path = typer.Option(Path("runs/converge"), "--out", "-o"),
+        out: Path = typer.Option(Path("runs/default"), "--out", "-o"),
         report: Optional[Path] = ReportOption,
         address: Optional[str] = cli.AddressOption,
         num_cpus: Optional[int] = NumCpusOption,
@@ -583,11 +583,12 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
         for spec, info in infos:
             task = progress.add_task(f"diagnose {spec.name}@{spec.revision}", total=diagnostics.units(info["layers"], params))
             result = diagnostics.run_diagnostics(store, spec.slug, spec.revision, info["layers"], params,
-                                                 progress=lambda n, t=task: progress.advance(t, n))
+                                                 progress=lambda n, t=task: progress.advance(t, n), key=info["key"])
             merged += result["layers"]
             for name in parts:
                 parts[name] += result[name]
-            samples += diagnostics.read_sample_rows(store, spec.slug, spec.revision, info["layers"], params.k, params.sample_ccr)
+            samples += diagnostics.read_sample_rows(store, spec.slug, spec.revision, info["layers"], params.k, params.sample_ccr,
+                                                    info["key"])
     from raygeom.store.tree import encode_segment
 
     results, plots = store.root / "results", store.root / "plots"
@@ -626,7 +627,7 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
 
     params = converge_module.ConvergeParams(**params_kwargs)
     store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, align=True)
-    models = [(spec.slug, spec.revision) for spec, _ in infos]
+    models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
     sides = converge_module.model_sides(store, models, params)
     with progress_bar(console) as progress:
         task = progress.add_task("converge", total=converge_module.units([len(s.layers) for s in sides], params))
@@ -667,7 +668,7 @@ def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_fi
         for spec, info in infos:
             task = progress.add_task(f"probe {spec.name}@{spec.revision}", total=len(info["layers"]))
             rows += diagnostics.run_probes(store, spec.slug, spec.revision, info["layers"], seed, test_fraction,
-                                           progress=lambda n, t=task: progress.advance(t, n))
+                                           progress=lambda n, t=task: progress.advance(t, n), key=info["key"])
     results, plots = store.root / "results", store.root / "plots"
     written = [write_rows(rows, results / "probe.parquet"), plot_probes(rows, plots / "probe_accuracy.png", "Linear probe accuracy by depth")]
     table = Table(title="Linear probes", title_justify="left")

@@ -32,6 +32,9 @@ class Unit:
     prepare: Sequence[Step] = ()
     degenerate: Callable[[str], list[dict] | dict] | None = None  # rows to show (never stored) for an InputError
     store_rows: bool = True
+    # (model, revision, extraction key) of each extraction it reads: the store records the unit there before it
+    # runs, and raygeom gc keeps those activations until the unit is stored
+    extractions: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def cost(self) -> int:

@@ -178,7 +178,7 @@ def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
         if problem:
             warn_damaged(f"{spec.name}@{spec.revision}: {problem}; extracting it again")
         return "extract"
-    if request.nll and not store.completion(spec.slug, spec.revision).get("nll", True):
+    if request.nll and not store.completion(spec.slug, spec.revision, request.key()).get("nll", True):
         return "nll"
     return None
 
@@ -228,10 +228,10 @@ class Extractions:
         request, actor = item.request, self.actors[number]
         spec, texts, settings = request.spec, request.corpus.texts, request.settings
         if need == "nll":
-            self.waiting[actor.add_nll.remote(str(self.store.root), texts, settings)] = ("write", number, len(texts))
+            self.waiting[actor.add_nll.remote(str(self.store.root), request.key(), texts, settings)] = ("write", number, len(texts))
             return
         layers = select_layers(described["layers"], request.layer_selection)
-        self.store.invalidate(spec.slug, spec.revision)
+        self.store.invalidate(spec.slug, spec.revision, request.key())
         size = settings.batch_size
         for index, begin in enumerate(range(0, len(texts), size)):
             part = texts[begin:begin + size]
@@ -284,7 +284,7 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
     if need is None:
         if progress:
             progress(len(request.corpus.texts))
-        return store.completion(request.spec.slug, request.spec.revision)
+        return store.completion(request.spec.slug, request.spec.revision, request.key())
     gpus = replica_actor.default_gpus() if gpus_per_model is None else gpus_per_model
     extractions = Extractions(store, lambda kind, n: progress(n) if progress and kind == "texts" else None,
                               cpus or replica_actor.largest_node_cpus())
@@ -309,33 +309,35 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
     Replica actors run as resources allow, at most ``max_in_flight`` at once; each finished revision's
     units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
     for analysis. ``progress(kind, n)`` gets kind ``texts`` (per batch), ``extract`` (per revision),
-    ``pga_units`` (a revision's engine progress total, when it lands) or ``pga``; callers ignore the rest.
+    ``stored`` (per revision whose extraction is read back from the store: no forward pass), ``pga_units`` (a
+    revision's engine progress total, when it lands) or ``pga``; callers ignore the rest. An extraction of other
+    settings of the same (model, revision) is left as it is: each has its own place in the store.
     """
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
     runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads)
-    revision_units: dict[tuple[str, str], list[str]] = {}
+    extraction_units: dict[tuple[str, str, str], list[str]] = {}
 
     def analyse(item: SweepItem, info: dict, units: list[Unit] | None = None) -> None:
         spec = item.request.spec
         units = units_for(item, info) if units is None else units
-        revision_units[(spec.slug, spec.revision)] = [unit.key for unit in units]
+        extraction_units[(spec.slug, spec.revision, info["key"])] = [unit.key for unit in units]
         progress("pga_units", sum(unit.cost for unit in units))
         runner.add(units)
 
     def drop_finished() -> None:
-        for (slug, revision), keys in list(revision_units.items()):
-            if all(key in runner.rows for key in keys):
-                del revision_units[(slug, revision)]
+        for (slug, revision, key), keys in list(extraction_units.items()):
+            if all(unit in runner.rows for unit in keys):
+                del extraction_units[(slug, revision, key)]
                 if not keep_activations:
-                    store.drop_activations(slug, revision)
+                    store.drop_activations(slug, revision, key)
 
     queue: list[tuple[SweepItem, str]] = []
     for item in items:
         spec = item.request.spec
         key = item.request.key()
-        info = store.completion(spec.slug, spec.revision)
+        info = store.completion(spec.slug, spec.revision, key)
         # Revisions whose every unit is done need no activations (they may have been dropped).
         units = None
         if info is not None and info.get("key") == key:
@@ -348,6 +350,7 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
         if need is None:
             progress("texts", len(item.request.corpus.texts))
             progress("extract", 1)
+            progress("stored", 1)
             analyse(item, info, units)
         else:
             queue.append((item, need))

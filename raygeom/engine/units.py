@@ -72,6 +72,8 @@ class UnitRunner:
         return bool(self._queue or self._active)
 
     def add(self, units: Iterable[Unit]) -> None:
+        units = list(units)
+        self.store.record_planned(units)
         for unit in units:
             if unit.key in self.rows or unit.key in self._active or any(q.key == unit.key for q in self._queue):
                 continue

@@ -112,7 +112,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     with progress_bar(console) as progress:
         extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(specs))
         pga_task = progress.add_task(f"{'PGA' if names == ['pga'] else ', '.join(names):<7} {escape(label)}", total=None)
-        pga_total = [0]
+        pga_total, stored = [0], [0]
 
         def advance(kind: str, n: int) -> None:
             if kind == "texts":
@@ -122,8 +122,12 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
                 progress.update(pga_task, total=pga_total[0])
             elif kind == "pga":
                 progress.advance(pga_task, n)
+            elif kind == "stored":
+                stored[0] += n
 
         every_row = orchestrate.run_sweep(store, items, units, progress=advance)
+    console.print(f"extracted: {len(items) - stored[0]} of {len(items)} (model, revision) at these settings; "
+                  f"{stored[0]} read back from the store, no forward pass", markup=False, highlight=False)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
                                     row.get("relative_depth") or 0.0))

@@ -162,16 +162,20 @@ class Replica:
         sample_ids = np.arange(len(texts))
         for layer in layers:
             vectors = np.concatenate([b.pooled[layer] for b in ordered])
-            store.write_layer(slug, revision, layer, layer_position.index(all_layers, layer), sample_ids, vectors)
-        basis, singular_values = self.readout_basis(readout_components)
-        store.write_readout(slug, revision, basis, singular_values)
+            store.write_layer(slug, revision, layer, layer_position.index(all_layers, layer), sample_ids, vectors, key=key)
+        # W_U's basis is the same for every extraction of these weights; writing it again would change the bytes the
+        # revision's other extractions recorded.
+        d = int(model_surgery.unembedding(self.model).shape[1])
+        if store.stored_readout(slug, revision, self.fingerprint()) != min(d - 1, readout_components):
+            basis, singular_values = self.readout_basis(readout_components)
+            store.write_readout(slug, revision, basis, singular_values, self.fingerprint())
         n_tokens = np.concatenate([b.n_tokens for b in ordered])
         columns = {"sample_id": sample_ids.astype(np.int32),
                    "nll": np.concatenate([b.nll for b in ordered]).astype(np.float64),
                    "n_tokens": n_tokens.astype(np.int32), "text_sha1": [text_sha1(t) for t in texts]}
         if labels is not None:
             columns["label"] = list(labels)
-        store.write_samples(slug, revision, columns)
+        store.write_samples(slug, revision, columns, key=key)
         described = self.describe()
         info = {"key": key, "all_layers": all_layers, "n_samples": len(texts), "fingerprint": described["fingerprint"],
                 "tensor_fingerprints": tensor_digests(self.model), "params": described["params"], "d": described["d"],
@@ -186,8 +190,8 @@ class Replica:
         self.join_prefetch()
         return info
 
-    def add_nll(self, root: str, texts: list[str], settings: ExtractionSettings) -> dict:
-        """Per-sample NLL for a complete extraction stored without it (a PGA-only run); the layers stay as stored."""
+    def add_nll(self, root: str, key: str, texts: list[str], settings: ExtractionSettings) -> dict:
+        """Per-sample NLL for the complete extraction ``key`` stored without it (a PGA-only run); the layers stay as stored."""
         from raygeom.store.tree import Store
 
         self._ready()
@@ -197,14 +201,14 @@ class Replica:
                                  for s in range(0, len(texts), size)])
         import pyarrow as pa
 
-        samples = store.read_samples(slug, revision)
+        samples = store.read_samples(slug, revision, key)
         ids = samples["sample_id"].to_numpy()
         if len(ids) != len(texts) or ids.min() < 0 or ids.max() >= len(texts):
             raise RaygeomError(f"{slug}@{revision}: the stored samples do not match the corpus; extract it again")
         columns = {name: samples[name] for name in samples.column_names}
         columns["nll"] = pa.array(losses[ids].astype(np.float64))
-        store.write_samples(slug, revision, columns)
-        info = {**store.completion(slug, revision), "nll": True}
+        store.write_samples(slug, revision, columns, key=key)
+        info = {**store.completion(slug, revision, key), "nll": True}
         store.mark_complete(slug, revision, info)
         self._release_cache()
         return info

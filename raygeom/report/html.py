@@ -945,28 +945,34 @@ def width_section(root: Path) -> Section | None:
 
 
 def extraction_section(root: Path) -> Section | None:
-    """Settings of every extraction (the completion markers) and the sweep's corpus manifest."""
-    from raygeom.store.tree import COMPLETE_MARKER
+    """Settings of every extraction (the completion markers; several per (model, revision) when they were made with
+    other settings) and the sweep's corpus manifest."""
+    from raygeom.store.tree import COMPLETE_MARKER, EXTRACTION
 
     rows = []
     stores = [(root, _OVERLAY["label"]), *_OVERLAY["others"]] if _OVERLAY else [(root, None)]
     for store, label in stores:
         found = []
-        for marker in sorted((Path(store) / "activations").glob(f"model=*/revision=*/{COMPLETE_MARKER}")):
+        activations = Path(store) / "activations"
+        markers = [*activations.glob(f"model=*/revision=*/{COMPLETE_MARKER}"),
+                   *activations.glob(f"model=*/revision=*/{EXTRACTION}=*/{COMPLETE_MARKER}")]
+        for marker in sorted(markers):
             try:
                 info = json.loads(marker.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
+            revision_dir = marker.parent.parent if marker.parent.name.startswith(f"{EXTRACTION}=") else marker.parent
             settings = info.get("settings") or {}
+            layers = info.get("layers", [])
             found.append({**({"store": label} if label else {}),
-                          "model": info.get("model") or marker.parent.parent.name.split("=", 1)[1],
-                          "revision": info.get("revision") or marker.parent.name.split("=", 1)[1],
+                          "model": info.get("model") or revision_dir.parent.name.split("=", 1)[1],
+                          "revision": info.get("revision") or revision_dir.name.split("=", 1)[1],
                           "corpus": info.get("corpus"), "source": info.get("source"), "n_samples": info.get("n_samples"),
                           **settings, "d": info.get("d"), "n_blocks": info.get("n_blocks"),
-                          "layers stored": len(info.get("layers", [])), "params": info.get("params"),
-                          "device": info.get("device"), "fingerprint": (info.get("fingerprint") or "")[:12],
-                          "key": info.get("key")})
-        rows += sorted(found, key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"]))
+                          "layers stored": sum(1 for _ in marker.parent.glob("layer=*")), "layers extracted": len(layers),
+                          "params": info.get("params"), "device": info.get("device"),
+                          "fingerprint": (info.get("fingerprint") or "")[:12], "key": info.get("key")})
+        rows += sorted(found, key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"], str(r["key"])))
     manifest_path = root / "sweep" / "manifest.json"
     manifest = None
     if manifest_path.is_file():
@@ -977,7 +983,9 @@ def extraction_section(root: Path) -> Section | None:
     if not rows and not manifest:
         return None
     section = Section("settings", "Extractions and their settings",
-                      intro="One row per (model, revision) extraction in the store, from its completion marker.")
+                      intro="One row per extraction in the store, from its completion marker: a (model, revision) has one "
+                            "per set of extraction settings (pool, seq_len, corpus, n, ...), each with its own settings key. "
+                            "'layers stored' counts the layer files still there ('raygeom gc' frees those no unit needs).")
     if manifest:
         section.tables.append("<h4>Sweep corpus (sweep/manifest.json)</h4>" + _table_html([manifest]))
     if rows:

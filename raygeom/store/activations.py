@@ -9,8 +9,9 @@ read them as they read raygeom's own extractions.
 
 What is written is what an extraction writes (raygeom/store/tree.py): one Parquet file per layer, the readout basis
 of ``W_U``, the per-sample table (text hashes, labels; NLL is NaN: raygeom never saw the model) and the completion
-marker, last, with the content hash of every file. The marker says where the vectors came from (``source``) and its
-settings key hashes the bytes of every file, so results computed on other vectors are never read back as these.
+marker, last, with the content hash of every file, in ``extraction=write_activations/``. The marker says where the
+vectors came from (``source``) and its settings key hashes the bytes of every file, so results computed on other
+vectors are never read back as these.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from raygeom.errors import InputError, RaygeomError
 
 BYO_VERSION = 1
 SOURCE = "write_activations"
+PLACE = "write_activations"  # the extraction=<name> directory: one per (model, revision), its key changes with its bytes
 READOUT_COMPONENTS = 256  # as an extraction stores (raygeom.analyses.sweep.READOUT_COMPONENTS)
 
 
@@ -114,10 +116,12 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     root = Path(store)
     check_writable(root)
     tree = Store(root)
-    previous = tree.completion(model, revision)
-    if previous is not None and previous.get("source") is None:
+    markers = [found.marker for found in tree.extractions(model, revision) if found.marker is not None]
+    if any(marker.get("source") is None for marker in markers):
         raise RaygeomError(f"{root} already holds raygeom's own extraction of {model}@{revision}; write your vectors "
                            "under another model name or revision, or into another store")
+    previous = next((marker for marker in markers if marker.get("source") is not None), None)
+    place = previous["key"] if previous is not None else PLACE  # an earlier write's, wherever it is (an older store's)
     if previous is not None:
         if previous.get("n_samples") != n or previous.get("d") != d:
             raise InputError(f"{model}@{revision} in {root} holds N={previous.get('n_samples')}, d={previous.get('d')}; "
@@ -143,19 +147,19 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
                              previous and previous.get("all_layers"))
     sample_ids = np.arange(n, dtype=np.int32)
     for name, array in arrays.items():
-        tree.write_layer(model, revision, name, layer_position.index(all_layers, name), sample_ids, array)
-    if previous is None or texts is not None or labels is not None or not tree.samples_path(model, revision).is_file():
-        old = tree.read_samples(model, revision).to_pydict() if previous is not None else {}
+        tree.write_layer(model, revision, name, layer_position.index(all_layers, name), sample_ids, array, key=place)
+    if previous is None or texts is not None or labels is not None or not tree.samples_path(model, revision, place).is_file():
+        old = tree.read_samples(model, revision, place).to_pydict() if previous is not None else {}
         hashes = [text_sha1(t) for t in texts] if texts is not None else old.get("text_sha1", [""] * n)
         columns = {"sample_id": sample_ids, "nll": np.full(n, np.nan), "n_tokens": np.zeros(n, dtype=np.int32),
                    "text_sha1": hashes}
         chosen_labels = [str(label) for label in labels] if labels is not None else old.get("label")
         if chosen_labels is not None:
             columns["label"] = chosen_labels
-        tree.write_samples(model, revision, columns)
+        tree.write_samples(model, revision, columns, key=place)
     layers = sorted({*(previous or {}).get("layers", []), *arrays}, key=lambda name: layer_position.position(all_layers, name))
-    files = [tree.layer_path(model, revision, name) for name in layers]
-    files += [tree.readout_path(model, revision), tree.samples_path(model, revision)]
+    files = [tree.layer_path(model, revision, name, place) for name in layers]
+    files += [tree.readout_path(model, revision), tree.samples_path(model, revision, place)]
     digests = [recorded_digest(path) for path in files]
     blocks = sum(1 for name in all_layers if name.startswith("block_") and layer_position.split(name)[1] is None)
     info = {**(previous or {}),
@@ -169,8 +173,8 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
         info["texts_sha1"] = content_key([text_sha1(t) for t in texts])
         info["corpus_fingerprint"] = info["texts_sha1"]
     info.pop("files", None)
-    tree.mark_complete(model, revision, info)
-    return tree.completion(model, revision)
+    tree.mark_complete(model, revision, info, key=place)
+    return tree.completion(model, revision, info["key"])
 
 
 def _step(revision: str) -> int | None:

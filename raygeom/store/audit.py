@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
-from raygeom.store.tree import COMPLETE_MARKER, Store, _decode, checksum_path, decode_segment, read_verified
+from raygeom.store.tree import COMPLETE_MARKER, EXTRACTION, Store, _decode, checksum_path, decode_segment, read_verified
 
 
 @dataclass
@@ -28,9 +28,12 @@ def audit(root: str | Path) -> Audit:
         raise RaygeomError(f"store {root} not found")
     result = Audit()
     recorded: dict[Path, tuple[str, dict]] = {}  # an extraction's files: the marker's hash is the one that counts
-    for marker in sorted(root.glob(f"activations/model=*/revision=*/{COMPLETE_MARKER}")):
-        model, revision = _value(marker.parent.parent.name), _value(marker.parent.name)
-        info, problem = store._marker(model, revision)
+    for marker in sorted([*root.glob(f"activations/model=*/revision=*/{COMPLETE_MARKER}"),
+                          *root.glob(f"activations/model=*/revision=*/{EXTRACTION}=*/{COMPLETE_MARKER}")]):
+        keyed = marker.parent.name.startswith(f"{EXTRACTION}=")
+        revision_dir = marker.parent.parent if keyed else marker.parent
+        model, revision = _value(revision_dir.parent.name), _value(revision_dir.name)
+        info, problem = store._marker_at(model, revision, marker.parent.name if keyed else None)
         result.checked += 1
         if problem:
             result.damaged.append((marker, problem))
@@ -45,7 +48,9 @@ def audit(root: str | Path) -> Audit:
         parts = relative.parts
         if parts[0] == "activations" and path.name == COMPLETE_MARKER:
             continue  # checked above
-        layer = len(parts) == 5 and parts[0] == "activations" and parts[3].startswith("layer=")
+        # activations/model=/revision=/[extraction=/]layer=/part-0.parquet: an older store's have no extraction= level
+        extraction = _value(parts[3]) if len(parts) == 6 and parts[3].startswith(f"{EXTRACTION}=") else None
+        layer = parts[0] == "activations" and len(parts) == (6 if extraction else 5) and parts[-2].startswith("layer=")
         unit = len(parts) == 3 and parts[0] == "results" and path.suffix == ".parquet"
         keyed = layer or unit or (parts[0] in ("readout", "samples") and path.suffix == ".parquet")
         digest, marker = recorded.get(path, (None, None))
@@ -61,7 +66,8 @@ def audit(root: str | Path) -> Audit:
             problem = None
             if layer:
                 table = _decode(data, path, ["layer_index"])
-                problem = Store.layer_problem(table, _value(parts[1]), _value(parts[2]), _value(parts[3]), path, marker)
+                problem = Store.layer_problem(table, _value(parts[1]), _value(parts[2]), _value(parts[-2]), path, marker,
+                                              extraction)
             elif unit:
                 store.read_unit_file(path)
         except RaygeomError as error:

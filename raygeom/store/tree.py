@@ -1,15 +1,28 @@
 """The Arrow/Parquet store shared by every stage. Layout (all Hive-partitioned)::
 
-    <root>/activations/model=<slug>/revision=<rev>/layer=<name>/part-0.parquet
+    <root>/activations/model=<slug>/revision=<rev>/extraction=<key>/layer=<name>/part-0.parquet
         sample_id int32, layer_index int16, vector fixed_size_list<float32>[d]
-    <root>/activations/model=<slug>/revision=<rev>/_COMPLETE.json
+    <root>/activations/model=<slug>/revision=<rev>/extraction=<key>/_COMPLETE.json
         written last: extraction settings key, layer names, weight fingerprint
+    <root>/activations/model=<slug>/revision=<rev>/extraction=<key>/_UNITS.json
+        the units handed to the engine on this extraction (what ``raygeom gc`` checks)
+    <root>/samples/model=<slug>/revision=<rev>/extraction=<key>/part-0.parquet
+        sample_id int32, nll float64, n_tokens int32, label string, text_sha1 string
     <root>/readout/model=<slug>/revision=<rev>/part-0.parquet
         component int32, singular_value float64, vector fixed_size_list<float64>[d]
-    <root>/samples/model=<slug>/revision=<rev>/part-0.parquet
-        sample_id int32, nll float64, n_tokens int32, label string, text_sha1 string
+        (W_U's, so one per (model, revision), shared by its extractions)
     <root>/results/<metric>/<unit key>.parquet
         one row per finished unit (model, revision, layer, parameters)
+
+An extraction is one forward pass of one (model, revision) over one sampled corpus with one set of settings;
+``<key>`` is its settings key (:func:`raygeom.replica.request.extraction_key`: corpus and its fingerprint, n,
+seq_len, pool, skip_first, max_words, alignment, layers), so extractions with other settings live side by side
+and each is found by its key. Where: ``extraction=<key>/``; else the place of this revision whose marker has
+that key. So a store written before extractions were keyed, whose one extraction per (model, revision) has its
+layers and marker in ``revision=<rev>/`` itself and its samples in ``samples/.../revision=<rev>/part-0.parquet``,
+is read as it is (and extracting it again with its own settings writes ``extraction=<key>/``); and
+``raygeom.write_activations`` writes in ``extraction=write_activations/`` under a key that changes with its bytes.
+Reading without a key means the revision's one extraction (an error when it holds several).
 
 Every file is written to a hidden temporary name in its directory and renamed
 into place, so a reader never sees half a file, and gets a hidden sidecar
@@ -29,6 +42,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote, unquote
@@ -40,6 +54,8 @@ import pyarrow.parquet as pq
 from raygeom.errors import RaygeomError
 
 COMPLETE_MARKER = "_COMPLETE.json"
+UNITS_RECORD = "_UNITS.json"
+EXTRACTION = "extraction"  # the partition level of one extraction: extraction=<settings key>
 
 
 def content_key(*parts: Any) -> str:
@@ -301,13 +317,36 @@ def unlock_store(root: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class StoredExtraction:
+    """One extraction directory of a store, as :meth:`Store.extractions` finds it."""
+
+    model: str
+    revision: str
+    place: str | None  # its directory's name, extraction=<key>; None: an older store's revision directory
+    directory: Path
+    marker: dict | None  # None: no marker (interrupted or still running), or a damaged one (then ``problem``)
+    problem: str | None
+
+    @property
+    def key(self) -> str | None:
+        return (self.marker or {}).get("key") or _place_key(self.place)
+
+
+def _place_key(place: str | None) -> str | None:
+    return None if place is None else decode_segment(place.split("=", 1)[1])
+
+
 class Store:
     """The one place that writes and verifies stored files (see the module docstring for the layout).
 
     Every write records the file's content hash (a sidecar; for an extraction also its completion
     marker), every read checks it: a damaged or replaced file reads as 'not done' (``is_complete``,
     ``has_result``) or, where it cannot be recomputed, raises one-line :class:`CorruptFile`.
-    Model names and revisions are percent-encoded into one path segment each."""
+    Model names and revisions are percent-encoded into one path segment each.
+
+    ``key`` names an extraction by its settings key (the module docstring says where it is looked for); writes put
+    it in ``extraction=<key>/``. Reads without ``key`` mean the revision's one extraction."""
 
     def __init__(self, root: str | Path):
         # Absolute: the root is handed to Ray workers and actors, whose working directory is not the driver's (on a
@@ -321,11 +360,67 @@ class Store:
     def _write(self, table: pa.Table, path: Path) -> None:
         self._digests[path] = atomic_write_table(table, path)
 
-    # activations
-    def layer_path(self, model: str, revision: str, layer: str) -> Path:
-        return self._partition("activations", model, revision) / f"layer={encode_segment(layer)}" / "part-0.parquet"
+    # where an extraction is
+    def _directory(self, kind: str, model: str, revision: str, place: str | None) -> Path:
+        base = self._partition(kind, model, revision)
+        return base if place is None else base / place
 
-    def write_layer(self, model: str, revision: str, layer: str, layer_index: int, sample_ids: np.ndarray, vectors: np.ndarray) -> None:
+    def _places(self, model: str, revision: str) -> list[str | None]:
+        """The places of this revision that hold a completion marker: extraction=<key> directories, then None for an
+        older store's marker in the revision directory itself."""
+        base = self._partition("activations", model, revision)
+        places: list[str | None] = [path.parent.name for path in sorted(base.glob(f"{EXTRACTION}=*/{COMPLETE_MARKER}"))]
+        return places + ([None] if (base / COMPLETE_MARKER).is_file() else [])
+
+    def _place(self, model: str, revision: str, key: str | None) -> str | None:
+        """Where the extraction with settings key ``key`` is: ``extraction=<key>`` unless only another place's marker
+        has that key (an older store's, or write_activations's); without ``key``, the revision's one extraction."""
+        places = self._places(model, revision)
+        if key is None:
+            if len(places) > 1:
+                keys = ", ".join(str((self._marker_at(model, revision, place)[0] or {}).get("key", "?")) for place in places)
+                raise RaygeomError(f"{model}@{revision} in {self.root} holds {len(places)} extractions (settings keys {keys}); "
+                                   "say which one to read by its key")
+            if places:
+                return places[0]
+            partial = sorted(p.name for p in self._partition("activations", model, revision).glob(f"{EXTRACTION}=*"))
+            return partial[0] if len(partial) == 1 else None
+        named = f"{EXTRACTION}={encode_segment(key)}"
+        if named not in places:
+            for place in places:
+                marker = self._marker_at(model, revision, place)[0]
+                if marker is not None and marker.get("key") == key:
+                    return place
+        return named
+
+    def extraction_dir(self, model: str, revision: str, key: str | None = None) -> Path:
+        return self._directory("activations", model, revision, self._place(model, revision, key))
+
+    def extractions(self, model: str | None = None, revision: str | None = None) -> list[StoredExtraction]:
+        """Every extraction directory of the store (of one model, or one revision): with a marker, with a damaged one,
+        or with layer files and no marker (interrupted, or still being written)."""
+        found = []
+        models = f"model={encode_segment(model)}" if model is not None else "model=*"
+        revisions = f"revision={encode_segment(revision)}" if revision is not None else "revision=*"
+        for base in sorted((self.root / "activations").glob(f"{models}/{revisions}")):
+            slug, rev = decode_segment(base.parent.name.split("=", 1)[1]), decode_segment(base.name.split("=", 1)[1])
+            places: list[str | None] = [p.name for p in sorted(base.glob(f"{EXTRACTION}=*")) if p.is_dir()]
+            if (base / COMPLETE_MARKER).is_file() or any(base.glob("layer=*")):
+                places.append(None)
+            for place in places:
+                marker, problem = self._marker_at(slug, rev, place)
+                found.append(StoredExtraction(slug, rev, place, self._directory("activations", slug, rev, place), marker, problem))
+        return found
+
+    # activations
+    def _layer_file(self, model: str, revision: str, place: str | None, layer: str) -> Path:
+        return self._directory("activations", model, revision, place) / f"layer={encode_segment(layer)}" / "part-0.parquet"
+
+    def layer_path(self, model: str, revision: str, layer: str, key: str | None = None) -> Path:
+        return self._layer_file(model, revision, self._place(model, revision, key), layer)
+
+    def write_layer(self, model: str, revision: str, layer: str, layer_index: int, sample_ids: np.ndarray, vectors: np.ndarray,
+                    *, key: str) -> None:
         table = pa.table(
             {
                 "sample_id": pa.array(np.asarray(sample_ids, dtype=np.int32)),
@@ -333,13 +428,15 @@ class Store:
                 "vector": vector_column(vectors.astype(np.float32)),
             }
         )
-        identity = {"kind": "layer", "model": model, "revision": revision, "layer": layer, "layer_index": int(layer_index)}
-        self._write(with_identity(table, identity), self.layer_path(model, revision, layer))
+        place = self._place(model, revision, key)
+        identity = {"kind": "layer", "model": model, "revision": revision, "layer": layer, "layer_index": int(layer_index),
+                    **({EXTRACTION: _place_key(place)} if place else {})}
+        self._write(with_identity(table, identity), self._layer_file(model, revision, place, layer))
 
-    def _expected(self, model: str, revision: str, path: Path, key: str | None) -> tuple[str | None, dict | None]:
+    def _expected(self, model: str, revision: str, place: str | None, path: Path, key: str | None) -> tuple[str | None, dict | None]:
         """The hash the completion marker recorded for ``path``, and the marker; with ``key``, the marker must be
         that extraction's, so an analysis never reads activations made for other settings."""
-        marker = self.completion(model, revision)
+        marker = self._marker_at(model, revision, place)[0]
         if key is not None and (marker is None or marker.get("key") != key):
             found = "none" if marker is None else f"settings key {marker.get('key')}"
             raise RaygeomError(f"the stored extraction of {model}@{revision} in {self.root} is not the one this run "
@@ -352,13 +449,18 @@ class Store:
         return path.relative_to(self.root).as_posix()
 
     @staticmethod
-    def layer_problem(table: pa.Table, model: str, revision: str, layer: str, path: Path, marker: dict | None) -> str | None:
-        """Why a layer file's content is not the layer its path names (e.g. another layer's file copied over it)."""
+    def layer_problem(table: pa.Table, model: str, revision: str, layer: str, path: Path, marker: dict | None,
+                      extraction: str | None = None) -> str | None:
+        """Why a layer file's content is not the layer its path names (e.g. another layer's file copied over it).
+        ``extraction``: the key of the extraction directory it is in (None: an older store's revision directory)."""
         identity = identity_of(table) or {}
         stated = {name: identity.get(name) for name in ("kind", "model", "revision", "layer")}
         if stated != {"kind": "layer", "model": model, "revision": revision, "layer": layer}:
             what = f"{stated['model']}@{stated['revision']} layer {stated['layer']}" if identity else "no stated layer"
             return f"{path} holds {what}, not {model}@{revision} layer {layer} (copied or moved over it)"
+        if identity.get(EXTRACTION) != extraction:
+            return (f"{path} holds layer {layer} of extraction {identity.get(EXTRACTION) or '(none stated)'}, not of "
+                    f"extraction {extraction or '(none stated)'} (copied or moved over it)")
         indices = set(table["layer_index"].to_pylist()) if "layer_index" in table.column_names else set()
         names = (marker or {}).get("all_layers")
         expected = names.index(layer) if isinstance(names, list) and layer in names else identity.get("layer_index")
@@ -367,23 +469,24 @@ class Store:
         return None
 
     def read_layer(self, model: str, revision: str, layer: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        path = self.layer_path(model, revision, layer)
+        place = self._place(model, revision, key)
+        path = self._layer_file(model, revision, place, layer)
         if not path.is_file():
             raise RaygeomError(f"no activations for {model}@{revision} layer {layer} in {self.root}")
-        digest, marker = self._expected(model, revision, path, key)
+        digest, marker = self._expected(model, revision, place, path, key)
         table = read_table(path, digest)
-        problem = self.layer_problem(table, model, revision, layer, path, marker)
+        problem = self.layer_problem(table, model, revision, layer, path, marker, _place_key(place))
         if problem:
             raise CorruptFile(problem)
         order = np.argsort(table["sample_id"].to_numpy())
         return table["sample_id"].to_numpy()[order], column_to_matrix(table["vector"])[order]
 
-    def marker_path(self, model: str, revision: str) -> Path:
-        return self._partition("activations", model, revision) / COMPLETE_MARKER
+    def marker_path(self, model: str, revision: str, key: str | None = None) -> Path:
+        return self.extraction_dir(model, revision, key) / COMPLETE_MARKER
 
-    def _marker(self, model: str, revision: str) -> tuple[dict | None, str | None]:
-        """The completion marker (None when absent or damaged) and, when it is there but unusable, why."""
-        path = self.marker_path(model, revision)
+    def _marker_at(self, model: str, revision: str, place: str | None) -> tuple[dict | None, str | None]:
+        """The completion marker of one place (None when absent or damaged) and, when it is there but unusable, why."""
+        path = self._directory("activations", model, revision, place) / COMPLETE_MARKER
         if not path.is_file():
             return None, None
         try:
@@ -395,104 +498,194 @@ class Store:
         if not isinstance(info, dict):
             return None, f"{path} is not a readable completion marker"
         location = info.get("location")
-        if location != {"model": model, "revision": revision}:
-            where = f"{location.get('model')}@{location.get('revision')}" if isinstance(location, dict) else "no stated place"
+        here = {"model": model, "revision": revision, **({EXTRACTION: _place_key(place)} if place else {})}
+        if location != here:
+            if not isinstance(location, dict):
+                where = "no stated place"
+            elif (location.get("model"), location.get("revision")) != (model, revision):
+                where = f"{location.get('model')}@{location.get('revision')}"
+            else:
+                where = f"extraction {location.get(EXTRACTION) or '(none stated)'}"
+                return None, (f"{path} is the completion marker of {where}, not of extraction "
+                              f"{_place_key(place) or '(none stated)'} of {model}@{revision} (copied or moved here)")
             return None, f"{path} is the completion marker of {where}, not of {model}@{revision} (copied or moved here)"
         return info, None
 
-    def completion(self, model: str, revision: str) -> dict | None:
-        """The completion marker, or None when there is none, it does not match its checksum, or it was written
-        for another model or revision."""
-        return self._marker(model, revision)[0]
+    def _marker(self, model: str, revision: str, key: str | None = None) -> tuple[dict | None, str | None]:
+        return self._marker_at(model, revision, self._place(model, revision, key))
 
-    def extraction_problem(self, model: str, revision: str, key: str | None = None) -> str | None:
-        """Why the stored extraction of (model, revision) cannot be used; None when it is complete (for ``key``,
-        when given), absent, or made with other settings (that is not damage, only another job's)."""
-        marker, problem = self._marker(model, revision)
+    def completion(self, model: str, revision: str, key: str | None = None) -> dict | None:
+        """The completion marker of the extraction ``key`` (without it, of the revision's one extraction), or None when
+        there is none, it does not match its checksum, or it was written for another place."""
+        return self._marker(model, revision, key)[0]
+
+    def _state(self, model: str, revision: str, key: str | None) -> tuple[dict | None, str | None, bool]:
+        """(marker, why it cannot be used, whether its layer files were freed): see :meth:`extraction_problem`."""
+        place = self._place(model, revision, key)
+        marker, problem = self._marker_at(model, revision, place)
         if problem or marker is None or (key is not None and marker.get("key") != key):
-            return problem
-        where = self.marker_path(model, revision)
+            return marker, problem, False
+        where = self._directory("activations", model, revision, place) / COMPLETE_MARKER
         files = marker.get("files")
         if not isinstance(files, dict):
-            return f"{where} lists no files"
+            return marker, f"{where} lists no files", False
+        layer_files = {self._relative(self._layer_file(model, revision, place, layer)) for layer in marker.get("layers", [])}
         for layer in marker.get("layers", []):
-            if self._relative(self.layer_path(model, revision, layer)) not in files:
-                return f"{where} does not list layer {layer}"
+            if self._relative(self._layer_file(model, revision, place, layer)) not in files:
+                return marker, f"{where} does not list layer {layer}", False
+        freed = bool(layer_files) and not any((self.root / name).is_file() for name in layer_files)
         for name, digest in files.items():
             path = self.root / name
+            if freed and name in layer_files:
+                continue
             if not path.is_file():
-                return f"{path} is missing"
+                return marker, f"{path} is missing", False
             try:
                 data = read_verified(path, digest)
             except RaygeomError as error:
-                return str(error)
+                return marker, str(error), False
             if path.parent.name.startswith("layer="):
                 layer = decode_segment(path.parent.name.split("=", 1)[1])
                 try:
                     table = _decode(data, path, ["layer_index"])
                 except CorruptFile as error:
-                    return str(error)
-                problem = self.layer_problem(table, model, revision, layer, path, marker)
+                    return marker, str(error), False
+                problem = self.layer_problem(table, model, revision, layer, path, marker, _place_key(place))
                 if problem:
-                    return problem
-        return None
+                    return marker, problem, False
+        return marker, None, freed
+
+    def extraction_problem(self, model: str, revision: str, key: str | None = None) -> str | None:
+        """Why the stored extraction ``key`` of (model, revision) cannot be used; None when it is complete, absent,
+        made with other settings, or its layer files were freed (``raygeom gc``, ``keep_activations = false``): that
+        is not damage, it is only to be extracted again when a unit needs it."""
+        return self._state(model, revision, key)[1]
 
     def is_complete(self, model: str, revision: str, key: str) -> bool:
-        """Complete means: the marker is this place's and matches ``key``, and every file it lists has the bytes
-        it recorded and is the file its path names."""
-        marker = self.completion(model, revision)
-        return bool(marker) and marker.get("key") == key and self.extraction_problem(model, revision, key) is None
+        """Complete means: the marker is this place's and matches ``key``, and every file it lists is there, has the
+        bytes it recorded and is the file its path names."""
+        marker, problem, freed = self._state(model, revision, key)
+        return bool(marker) and marker.get("key") == key and problem is None and not freed
 
-    def mark_complete(self, model: str, revision: str, info: dict) -> None:
+    def is_freed(self, model: str, revision: str, key: str) -> bool:
+        """The extraction is intact but for its layer files, which were deleted on purpose (``drop_activations``)."""
+        marker, problem, freed = self._state(model, revision, key)
+        return bool(marker) and marker.get("key") == key and problem is None and freed
+
+    def mark_complete(self, model: str, revision: str, info: dict, key: str | None = None) -> None:
         """Write the marker last; it records the content hash of every layer, readout and samples file, and
-        the place it is written for (a marker copied elsewhere is not that place's)."""
-        paths = [self.layer_path(model, revision, layer) for layer in info.get("layers", [])]
-        paths += [p for p in (self.readout_path(model, revision), self.samples_path(model, revision)) if p.is_file()]
+        the place it is written for (a marker copied elsewhere is not that place's). ``key``: the extraction the files
+        were written to (default ``info["key"]``; write_activations writes under a name of its own)."""
+        place = self._place(model, revision, key or info["key"])
+        paths = [self._layer_file(model, revision, place, layer) for layer in info.get("layers", [])]
+        paths += [p for p in (self.readout_path(model, revision), self._samples_file(model, revision, place)) if p.is_file()]
         files = {}
         for path in paths:
             digest = self._digests.get(path) or recorded_digest(path)
             if digest is None:
                 raise CorruptFile(f"cannot mark {model}@{revision} complete: {path} has no recorded checksum")
             files[self._relative(path)] = digest
-        record = {**info, "files": files, "location": {"model": model, "revision": revision}}
-        atomic_write_text(json.dumps(record, indent=2, sort_keys=True), self.marker_path(model, revision))
+        location = {"model": model, "revision": revision, **({EXTRACTION: _place_key(place)} if place else {})}
+        record = {**info, "files": files, "location": location}
+        atomic_write_text(json.dumps(record, indent=2, sort_keys=True),
+                          self._directory("activations", model, revision, place) / COMPLETE_MARKER)
 
-    def drop_activations(self, model: str, revision: str) -> None:
-        """Delete one revision's layer files once its analysis is done; marker, readout and samples stay."""
+    def drop_activations(self, model: str, revision: str, key: str | None = None) -> None:
+        """Delete the layer files of one extraction once its units are done; its marker, readout and samples stay, so
+        those units are read back, and a unit that needs the layers again extracts them again."""
         import shutil
 
-        for layer_dir in self._partition("activations", model, revision).glob("layer=*"):
+        for layer_dir in self.extraction_dir(model, revision, key).glob("layer=*"):
             shutil.rmtree(layer_dir, ignore_errors=True)
 
     def partial_extractions(self) -> list[tuple[str, str]]:
-        """(model slug, revision) with layer files but no completion marker: interrupted or still running."""
+        """(model slug, revision) of every revision with an extraction that has layer files but no completion marker:
+        interrupted or still running."""
         found = []
-        for revision_dir in sorted((self.root / "activations").glob("model=*/revision=*")):
-            if not (revision_dir / COMPLETE_MARKER).is_file() and any(revision_dir.glob("layer=*")):
-                found.append((decode_segment(revision_dir.parent.name.split("=", 1)[1]),
-                              decode_segment(revision_dir.name.split("=", 1)[1])))
+        for extraction in self.extractions():
+            pair = (extraction.model, extraction.revision)
+            if extraction.marker is None and extraction.problem is None and pair not in found \
+                    and any(extraction.directory.glob("layer=*")):
+                found.append(pair)
         return found
 
-    def invalidate(self, model: str, revision: str) -> None:
-        """Before this revision is extracted again: it stops counting as complete, its old layer files go
-        (a store reused with other settings must never hold layers of two settings side by side, where a
-        glob over activations/ would mix them), and so do the hidden temporaries of a killed write."""
+    def invalidate(self, model: str, revision: str, key: str) -> None:
+        """Before the extraction ``key`` is made again: it stops counting as complete, and its old layer files (and an
+        older store's samples of it) go, with the hidden temporaries of a killed write. Other extractions of the
+        revision stay as they are."""
         import shutil
 
-        marker = self.marker_path(model, revision)
-        marker.unlink(missing_ok=True)
-        checksum_path(marker).unlink(missing_ok=True)
-        for layer_dir in self._partition("activations", model, revision).glob("layer=*"):
-            shutil.rmtree(layer_dir, ignore_errors=True)
-        for kind in ("activations", "readout", "samples"):
-            for leftover in self._partition(kind, model, revision).rglob(".*.tmp"):
-                leftover.unlink(missing_ok=True)
+        for place in dict.fromkeys((self._place(model, revision, key), f"{EXTRACTION}={encode_segment(key)}")):
+            directory = self._directory("activations", model, revision, place)
+            marker = directory / COMPLETE_MARKER
+            marker.unlink(missing_ok=True)
+            checksum_path(marker).unlink(missing_ok=True)
+            for layer_dir in directory.glob("layer=*"):
+                shutil.rmtree(layer_dir, ignore_errors=True)
+            if place is None:  # an older store's extraction of these settings: made again in extraction=<key>/
+                samples = self._samples_file(model, revision, None)
+                samples.unlink(missing_ok=True)
+                checksum_path(samples).unlink(missing_ok=True)
+                record = directory / UNITS_RECORD
+                named = self._directory("activations", model, revision, f"{EXTRACTION}={encode_segment(key)}")
+                if record.is_file() and checksum_path(record).is_file() and not (named / UNITS_RECORD).is_file():
+                    # the units planned on it go with it (raygeom gc)
+                    named.mkdir(parents=True, exist_ok=True)
+                    os.replace(checksum_path(record), checksum_path(named / UNITS_RECORD))
+                    os.replace(record, named / UNITS_RECORD)
+            for target in (directory, self._directory("samples", model, revision, place)):
+                for leftover in target.glob(".*.tmp"):
+                    leftover.unlink(missing_ok=True)
+        for leftover in self._partition("readout", model, revision).glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
 
-    # readout basis
+    # the units planned on an extraction (raygeom gc)
+    def _units_file(self, model: str, revision: str, key: str) -> Path:
+        return self.extraction_dir(model, revision, key) / UNITS_RECORD
+
+    def planned_units(self, model: str, revision: str, key: str) -> dict[str, list[str]] | None:
+        """analysis -> unit keys of every unit handed to the engine on the extraction ``key``; None when the store holds
+        no record of them (an older raygeom's extraction, or one no unit was run on) or it cannot be trusted."""
+        path = self._units_file(model, revision, key)
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(read_verified(path))
+        except (RaygeomError, json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        units = record.get("units") if isinstance(record, dict) else None
+        if record.get("lost") or not isinstance(units, dict) or not all(
+                isinstance(keys, list) and all(isinstance(k, str) for k in keys) for keys in units.values()):
+            return None
+        return units
+
+    def record_planned(self, units: Iterable) -> None:
+        """Record each unit (``analysis``, ``key``, ``extractions``: the (model, revision, extraction key) it reads) in
+        the extractions it reads, before it runs: an extraction whose recorded units are not all stored is still
+        needed (``raygeom gc``). Written by the driver, which holds the store's lock."""
+        by_extraction: dict[tuple[str, str, str], dict[str, set[str]]] = {}
+        for unit in units:
+            if not getattr(unit, "store_rows", True):
+                continue
+            for extraction in getattr(unit, "extractions", ()):
+                by_extraction.setdefault(tuple(extraction), {}).setdefault(unit.analysis, set()).add(unit.key)
+        for (model, revision, key), planned in by_extraction.items():
+            path = self._units_file(model, revision, key)
+            known = self.planned_units(model, revision, key)
+            lost = known is None and path.is_file()  # a damaged record: what it held is unknown, so gc keeps this one
+            known = known or {}
+            merged = {name: sorted({*known.get(name, []), *planned.get(name, ())}) for name in sorted({*known, *planned})}
+            if merged == known and not lost:
+                continue
+            atomic_write_text(json.dumps({"units": merged, **({"lost": True} if lost else {})}, indent=1, sort_keys=True), path)
+
+    # readout basis: W_U's, one per (model, revision), shared by its extractions
     def readout_path(self, model: str, revision: str) -> Path:
         return self._partition("readout", model, revision) / "part-0.parquet"
 
-    def write_readout(self, model: str, revision: str, basis: np.ndarray, singular_values: np.ndarray) -> None:
+    def write_readout(self, model: str, revision: str, basis: np.ndarray, singular_values: np.ndarray,
+                      fingerprint: str | None = None) -> None:
+        """``fingerprint``: of the weights it was computed from, so a later extraction of the same weights reuses it."""
         table = pa.table(
             {
                 "component": pa.array(np.arange(basis.shape[1], dtype=np.int32)),
@@ -500,23 +693,53 @@ class Store:
                 "vector": vector_column(basis.T.astype(np.float64)),
             }
         )
-        self._write(table, self.readout_path(model, revision))
+        identity = {"kind": "readout", "model": model, "revision": revision, "fingerprint": fingerprint}
+        self._write(with_identity(table, identity), self.readout_path(model, revision))
+
+    def stored_readout(self, model: str, revision: str, fingerprint: str) -> int | None:
+        """The number of components of the stored readout basis when it is intact and was computed from the weights
+        with ``fingerprint`` (as the file states, or, for an older store's, as a marker of those weights that records
+        its bytes says); None otherwise. An extraction reuses it rather than write it again: its other extractions'
+        markers record its hash."""
+        path = self.readout_path(model, revision)
+        if not path.is_file():
+            return None
+        try:
+            data = read_verified(path)
+            table = _decode(data, path, ["component"])
+        except RaygeomError:
+            return None
+        identity = identity_of(table)
+        if identity is not None:
+            same = (identity.get("kind"), identity.get("model"), identity.get("revision"), identity.get("fingerprint")) \
+                == ("readout", model, revision, fingerprint)
+        else:
+            digest, name = file_digest(data), self._relative(path)
+            same = any(e.marker.get("fingerprint") == fingerprint and (e.marker.get("files") or {}).get(name) == digest
+                       for e in self.extractions(model, revision) if e.marker)
+        return table.num_rows if same else None
 
     def read_readout(self, model: str, revision: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """With ``key``, checked against the hash that extraction's marker recorded; without, against its sidecar."""
         path = self.readout_path(model, revision)
-        table = read_table(path, self._expected(model, revision, path, key)[0])
+        digest = None if key is None else self._expected(model, revision, self._place(model, revision, key), path, key)[0]
+        table = read_table(path, digest)
         return column_to_matrix(table["vector"]).T.copy(), table["singular_value"].to_numpy()
 
-    # per-sample data
-    def samples_path(self, model: str, revision: str) -> Path:
-        return self._partition("samples", model, revision) / "part-0.parquet"
+    # per-sample data, one table per extraction
+    def _samples_file(self, model: str, revision: str, place: str | None) -> Path:
+        return self._directory("samples", model, revision, place) / "part-0.parquet"
 
-    def write_samples(self, model: str, revision: str, columns: dict[str, np.ndarray | list]) -> None:
-        self._write(pa.table(columns), self.samples_path(model, revision))
+    def samples_path(self, model: str, revision: str, key: str | None = None) -> Path:
+        return self._samples_file(model, revision, self._place(model, revision, key))
+
+    def write_samples(self, model: str, revision: str, columns: dict[str, np.ndarray | list], *, key: str) -> None:
+        self._write(pa.table(columns), self.samples_path(model, revision, key))
 
     def read_samples(self, model: str, revision: str, key: str | None = None) -> pa.Table:
-        path = self.samples_path(model, revision)
-        return read_table(path, self._expected(model, revision, path, key)[0])
+        place = self._place(model, revision, key)
+        path = self._samples_file(model, revision, place)
+        return read_table(path, self._expected(model, revision, place, path, key)[0])
 
     # unit results
     def result_path(self, metric: str, key: str) -> Path:

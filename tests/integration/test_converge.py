@@ -28,10 +28,11 @@ def write_model(store, name, layers, by_text, texts, basis, all_layers=None):
     """Store a fake extraction whose sample i holds the vector of text ``texts[i]``."""
     ids = np.arange(len(texts))
     for index, layer in enumerate(layers):
-        store.write_layer(name, "main", layer, index, ids, by_text[layer][texts])
+        store.write_layer(name, "main", layer, index, ids, by_text[layer][texts], key=f"{name}-key")
     store.write_readout(name, "main", basis, np.linspace(5, 1, basis.shape[1]))
     store.write_samples(name, "main", {"sample_id": ids.astype(np.int32), "nll": np.ones(len(texts)),
-                                       "n_tokens": np.ones(len(texts), dtype=np.int32), "text_sha1": [sha(t) for t in texts]})
+                                       "n_tokens": np.ones(len(texts), dtype=np.int32), "text_sha1": [sha(t) for t in texts]},
+                        key=f"{name}-key")
     store.mark_complete(name, "main", {"key": f"{name}-key", "layers": layers, "all_layers": all_layers or layers,
                                        "n_samples": len(texts), "fingerprint": name, "d": basis.shape[0]})
 

@@ -47,12 +47,13 @@ def planted_store(root, seed=0):
     }
     store = Store(root)
     for index, name in enumerate(LAYERS):
-        store.write_layer("planted", "main", name, index, np.arange(N), layers[name])
+        store.write_layer("planted", "main", name, index, np.arange(N), layers[name], key="planted-1")
     store.write_readout("planted", "main", q[:, :8], np.linspace(8, 1, 8))
     nll = 2.0 + rng.uniform(size=N)
     store.write_samples("planted", "main", {"sample_id": np.arange(N, dtype=np.int32), "nll": nll,
                                             "n_tokens": np.full(N, 10, dtype=np.int32), "label": list(labels),
-                                            "text_sha1": [hashlib.sha1(str(i).encode()).hexdigest() for i in range(N)]})
+                                            "text_sha1": [hashlib.sha1(str(i).encode()).hexdigest() for i in range(N)]},
+                         key="planted-1")
     store.mark_complete("planted", "main", {"key": "planted-1", "layers": LAYERS, "all_layers": LAYERS, "n_samples": N,
                                             "fingerprint": "f", "d": D})
     return store, layers, readout, labels, nll

@@ -84,7 +84,7 @@ def test_every_analysis_writes_its_table_once_per_unit(experiment):
     pc1 = pq.read_table(store / "results" / "pc1.parquet").to_pylist()
     assert all(row["pc1_readout_share_lo"] <= row["pc1_readout_share"] <= row["pc1_readout_share_hi"] for row in pc1)
     # One extraction per checkpoint, shared by every analysis.
-    markers = list((store / "activations").glob("model=*/revision=*/_COMPLETE.json"))
+    markers = list((store / "activations").glob("model=*/revision=*/extraction=*/_COMPLETE.json"))
     assert len(markers) == len(REVISIONS)
     assert "TwoNN intrinsic dimension" in first.stdout and "PC1 readout share" in first.stdout
     dispersion = pq.read_table(store / "results" / "sample_dispersion.parquet").to_pylist()

@@ -2,7 +2,9 @@
 
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +23,7 @@ from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_job(out, corpus, **pga):
@@ -59,7 +62,7 @@ def test_activation_store_reads_in_pandas_polars_duckdb_and_ray_data(finished_jo
     import ray
 
     root = finished_job[0] / "out" / "activations"
-    layer_dir = root / "model=EleutherAI--pythia-14m" / "revision=step1000" / "layer=block_01"
+    layer_dir = Store(root.parent).layer_path("EleutherAI--pythia-14m", "step1000", "block_01").parent
     frame = pd.read_parquet(layer_dir)
     assert len(frame) == 40 and len(frame["vector"].iloc[0]) == 64
     assert pl.read_parquet(layer_dir / "part-0.parquet")["vector"].dtype == pl.Array(pl.Float32, 64)
@@ -135,7 +138,7 @@ def test_rerun_resumes_without_recomputing(finished_job):
     root, corpus, _ = finished_job
     results = root / "out" / "results" / "pga"
     before = {p.name: p.stat().st_mtime_ns for p in results.glob("*.parquet")}
-    marker = root / "out" / "activations" / "model=EleutherAI--pythia-14m" / "revision=step0" / "_COMPLETE.json"
+    marker = Store(root / "out").marker_path("EleutherAI--pythia-14m", "step0")
     marker_time = marker.stat().st_mtime_ns
     time.sleep(0.01)
     run_pga_job(tiny_job(root / "out", corpus), Console(quiet=True))
@@ -201,30 +204,77 @@ def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub
     assert table.num_rows == 5 and "note" in table.column_names
 
 
-def test_a_store_reused_with_another_pooling_holds_one_pooling_per_layer(finished_job, hub_cache, ray_local, tmp_path):
-    """The README's duckdb glob over a store first filled with mean pooling, then with last pooling."""
-    import dataclasses
+def run_cli(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600)
 
+
+def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_needs(hub_cache, ray_address, tiny_corpus,
+                                                                                    tmp_path):
+    """`raygeom pga --pool last`, then `--pool mean`, then `--pool last` on the default store of an empty working
+    directory: the third run makes no forward pass, both extractions stay readable (the README's duckdb glob tells
+    them apart), then `raygeom gc` frees the layers of the one whose units are all stored, and a rerun of it still
+    computes nothing."""
     import duckdb
 
-    _, corpus, _ = finished_job
-    out = tmp_path / "reused"
-    job = tiny_job(out, corpus)
-    job = dataclasses.replace(job, models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),), layers="embed,block_00,block_01",
-                              extraction=dataclasses.replace(job.extraction, pool="mean"))
-    run_pga_job(job, Console(quiet=True))
-    last = dataclasses.replace(job, extraction=dataclasses.replace(job.extraction, pool="last"), layers="embed,block_01")
-    rows = run_pga_job(last, Console(quiet=True)).rows
-    glob = f"{out}/activations/**/*.parquet"
-    counts = duckdb.sql(f"select layer, count(*) as n from read_parquet('{glob}', hive_partitioning=true) "
-                        "group by layer order by layer").fetchall()
-    assert counts == [("block_01", 40), ("embed", 40)]  # block_00 of the mean-pooled run is gone
-    stored = Store(out).read_layer("EleutherAI--pythia-14m", "step1000", "block_01")[1]
-    marker = Store(out).completion("EleutherAI--pythia-14m", "step1000")
-    assert marker["settings"]["pool"] == "last" and stored.shape == (40, 64)
-    assert {r["pool"] for r in rows} == {"last"}
+    workdir = tmp_path / "empty"
+    workdir.mkdir()
+    slug = "EleutherAI--pythia-14m"
+    args = ["pga", "--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--corpus", tiny_corpus, "--n-samples", 40,
+            "--seq-len", 16, "--batch-size", 8, "--layers", "embed,block_00,block_01", "--k", 8, "--n-null", 12,
+            "--null-chunks", 2, "--address", ray_address]
+
+    def pga(pool: str):
+        result = run_cli(*args, "--pool", pool, cwd=workdir)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    assert "extracted: 1 of 1" in pga("last")
+    out = workdir / "runs" / "default"
+    store = Store(out)
+    (last,) = [e.marker for e in store.extractions()]
+    written = {p: p.stat().st_mtime_ns for p in [*store.extraction_dir(slug, "step1000", last["key"]).rglob("*"),
+                                                  store.samples_path(slug, "step1000", last["key"]),
+                                                  *(out / "results" / "pga").glob("*.parquet")] if p.is_file()}
+    assert "extracted: 1 of 1" in pga("mean")
+    third = pga("last")
+    assert "extracted: 0 of 1" in third and "1 read back from the store, no forward pass" in third
+    assert {p: p.stat().st_mtime_ns for p in written} == written  # no layer, marker, samples or unit written again
+
+    markers = {e.marker["settings"]["pool"]: e.marker for e in store.extractions()}
+    assert sorted(markers) == ["last", "mean"] and markers["last"]["key"] != markers["mean"]["key"]
+    assert all(store.is_complete(slug, "step1000", m["key"]) for m in markers.values())
+    vectors = {pool: store.read_layer(slug, "step1000", "block_01", key=m["key"])[1] for pool, m in markers.items()}
+    assert vectors["last"].shape == vectors["mean"].shape == (40, 64) and not np.allclose(vectors["last"], vectors["mean"])
+    counts = duckdb.sql(f"select extraction, layer, count(*) from read_parquet('{out}/activations/**/*.parquet', "
+                        "hive_partitioning=true) group by all order by all").fetchall()
+    assert counts == sorted((m["key"], layer, 40) for m in markers.values() for layer in ("block_00", "block_01", "embed"))
     table = pq.read_table(out / "results" / "pga.parquet").to_pylist()
-    assert {(r["pool"], r["layer"]) for r in table} >= {("mean", "block_00"), ("last", "block_01")}  # every job's rows, told apart
+    assert sorted((r["pool"], r["layer"]) for r in table) == sorted(
+        (pool, layer) for pool in ("last", "mean") for layer in ("embed", "block_00", "block_01"))  # both PGA tables
+    from raygeom.report.html import extraction_section
+
+    settings = extraction_section(out).tables[-1]  # the report's settings table: one row per extraction
+    assert settings.count("<tr>") == 3 and all(m["key"] in settings for m in markers.values())
+
+    # A unit of the mean-pooled extraction is lost: its layers are still needed, the last-pooled ones are not.
+    lost = next(p for p in (out / "results" / "pga").glob("*.parquet") if pq.read_table(p)["pool"][0].as_py() == "mean")
+    lost.unlink()
+    listed = run_cli("gc", "runs/default", "--dry-run", cwd=workdir)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "would free 3 layer files" in listed.stdout and "1 of its 3 planned units not stored" in listed.stdout
+    assert store.is_complete(slug, "step1000", markers["last"]["key"])  # a dry run deletes nothing
+    size = sum(p.stat().st_size for p in written if p.parent.name.startswith("layer="))  # with their sidecars
+    freed = run_cli("gc", "runs/default", cwd=workdir)
+    assert freed.returncode == 0, freed.stdout + freed.stderr
+    assert f"freed 3 layer files, {size:,} bytes, of 1 extraction; kept 1" in freed.stdout, freed.stdout
+    assert store.is_freed(slug, "step1000", markers["last"]["key"])
+    assert store.is_complete(slug, "step1000", markers["mean"]["key"])
+    assert run_cli("verify", "runs/default", cwd=workdir).returncode == 0
+    again = pga("last")  # every unit stored: the freed layers are not needed, so nothing is extracted
+    assert "extracted: 0 of 1" in again
+    assert not list(store.extraction_dir(slug, "step1000", markers["last"]["key"]).glob("layer=*"))
 
 
 def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_changes_nothing(finished_job):

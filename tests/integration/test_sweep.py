@@ -173,7 +173,7 @@ def test_dropped_activations_do_not_force_recomputation(swept):
     job = load_job(job_file)
     plan = sweep.build_plan(job)
     plan.store.drop_activations("EleutherAI--pythia-31m", "step0")
-    assert not list((root / "out" / "activations" / "model=EleutherAI--pythia-31m" / "revision=step0").glob("layer=*"))
+    assert not list((root / "out" / "activations" / "model=EleutherAI--pythia-31m" / "revision=step0").rglob("layer=*"))
     assert sweep.build_plan(job).n_done == UNITS
     assert run_sweep_job(job, Console(quiet=True)).computed_units == 0
 

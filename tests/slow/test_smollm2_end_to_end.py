@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from raygeom.store.tree import Store
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +41,7 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     assert (table.loc[~unscored, "null_std"] > 0).all()
     plot = out / "plots" / "pga_z_vs_depth.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 20_000
-    samples = pq.read_table(out / "samples" / "model=smollm2-135m-instruct-q4_1" / "revision=main" / "part-0.parquet")
+    samples = pq.read_table(Store(out).samples_path("smollm2-135m-instruct-q4_1", "main"))
     # A PGA-only run skips the full-vocabulary LM head: the nll column is there, and empty.
     assert samples.num_rows == 110 and np.isnan(samples["nll"].to_numpy()).all()
     assert set(samples["label"].to_pylist()) <= {"business", "entertainment", "politics", "sports", "tech"}

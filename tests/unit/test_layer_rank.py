@@ -115,7 +115,7 @@ def test_a_pga_unit_on_a_planted_low_rank_layer_is_not_scored(tmp_path):
     store = Store(tmp_path)
     layers = {"low": planted(9, seed=11), "full": planted(40, seed=12)}
     for index, (name, h) in enumerate(layers.items()):
-        store.write_layer("m", "main", name, index, np.arange(N), noisy(h, 1e-6))
+        store.write_layer("m", "main", name, index, np.arange(N), noisy(h, 1e-6), key="x")
     store.mark_complete("m", "main", {"key": "x", "layers": list(layers), "all_layers": list(layers), "n_samples": N, "d": D})
     with pytest.raises(InputError, match=r"^rank 8 after CCR-1, below k \+ 2 = 10"):
         prepare_step(str(tmp_path), "m", "main", "low", 1, "x", 8)

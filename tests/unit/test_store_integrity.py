@@ -5,6 +5,7 @@ tests/integration/test_reliability.py.
 """
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -26,9 +27,11 @@ def build(root: Path, model="m", revision="main", key="k1", n=12, d=8) -> Store:
     rng = np.random.default_rng(0)
     store = Store(root)
     for index, layer in enumerate(LAYERS):
-        store.write_layer(model, revision, layer, index, np.arange(n), rng.standard_normal((n, d)))
-    store.write_readout(model, revision, np.linalg.qr(rng.standard_normal((d, 4)))[0], np.arange(4, 0, -1.0))
-    store.write_samples(model, revision, {"sample_id": np.arange(n, dtype=np.int32), "nll": rng.uniform(size=n)})
+        store.write_layer(model, revision, layer, index, np.arange(n), rng.standard_normal((n, d)), key=key)
+    basis = np.linalg.qr(rng.standard_normal((d, 4)))[0]
+    if not store.readout_path(model, revision).is_file():  # W_U's: shared by every extraction of the revision
+        store.write_readout(model, revision, basis, np.arange(4, 0, -1.0))
+    store.write_samples(model, revision, {"sample_id": np.arange(n, dtype=np.int32), "nll": rng.uniform(size=n)}, key=key)
     store.mark_complete(model, revision, {"key": key, "layers": LAYERS, "all_layers": LAYERS, "n_samples": n, "d": d})
     return store
 
@@ -95,19 +98,132 @@ def test_reads_refuse_a_damaged_file_with_one_line(tmp_path):
 def test_keyed_reads_refuse_activations_made_for_other_settings(tmp_path):
     store = build(tmp_path, key="n45")
     store.read_layer("m", "main", "embed", key="n45")
-    # A second run with other settings replaces the files and the marker: the first run's reads refuse.
-    build(tmp_path, key="n40", n=10)
+    # Another writer replaces this extraction's marker with one of other settings: its reads refuse.
+    marker = store.marker_path("m", "main", "n45")
+    forged = {**store.completion("m", "main", "n45"), "key": "n40"}
+    tree.atomic_write_text(json.dumps(forged), marker)
     with pytest.raises(RaygeomError, match="not the one this run made"):
         store.read_layer("m", "main", "embed", key="n45")
     with pytest.raises(RaygeomError, match="not the one this run made"):
         store.read_readout("m", "main", key="n45")
+
+
+def test_extractions_of_other_settings_live_side_by_side(tmp_path):
+    store = build(tmp_path, key="n45")
+    before = store.read_layer("m", "main", "embed", key="n45")[1]
+    build(tmp_path, key="n40", n=10)  # a second run with other settings: its own extraction=<key> directory
+    assert store.is_complete("m", "main", "n45") and store.is_complete("m", "main", "n40")
+    np.testing.assert_array_equal(store.read_layer("m", "main", "embed", key="n45")[1], before)
     assert store.read_layer("m", "main", "embed", key="n40")[1].shape == (10, 8)
+    assert store.read_samples("m", "main", "n40").num_rows == 10 and store.read_samples("m", "main", "n45").num_rows == 12
+    assert store.layer_path("m", "main", "embed", "n40").parts[-3] == "extraction=n40"
+    assert store.samples_path("m", "main", "n45").parts[-2] == "extraction=n45"
+    assert sorted(e.key for e in store.extractions()) == ["n40", "n45"]
+    with pytest.raises(RaygeomError, match=r"holds 2 extractions \(settings keys n40, n45\)"):
+        store.read_layer("m", "main", "embed")  # without a key, which one is meant is not known
+    store.invalidate("m", "main", "n40")  # about to be extracted again: the other one stays
+    assert store.completion("m", "main", "n40") is None and store.is_complete("m", "main", "n45")
+    assert store.read_layer("m", "main", "embed")[1].shape == (12, 8)  # one extraction again: no key needed
+    store.drop_activations("m", "main", "n45")  # its units are done: layers freed, the rest kept
+    assert not store.is_complete("m", "main", "n45") and store.is_freed("m", "main", "n45")
+    assert store.extraction_problem("m", "main", "n45") is None  # freed is not damage: no warning, only extracted again
+    assert store.read_samples("m", "main", "n45").num_rows == 12
+
+
+def committed_fixture(tmp_path: Path) -> Path:
+    """A copy of the store committed at the repository root: written before extractions were keyed."""
+    import shutil
+
+    shutil.copytree(ROOT / "store", tmp_path / "old")
+    return tmp_path / "old"
+
+
+def test_a_store_written_before_extractions_were_keyed_is_read_as_it_is(tmp_path):
+    old = committed_fixture(tmp_path)
+    model, revision = "EleutherAI--pythia-14m", "step0"
+    marker_file = old / "activations" / f"model={model}" / f"revision={revision}" / "_COMPLETE.json"
+    key = json.loads(marker_file.read_text())["key"]
+    store = Store(old)
+    assert store.marker_path(model, revision, key) == marker_file and store.marker_path(model, revision) == marker_file
+    assert store.is_complete(model, revision, key)
+    ids, vectors = store.read_layer(model, revision, "block_01", key=key)
+    np.testing.assert_array_equal(store.read_layer(model, revision, "block_01")[1], vectors)
+    assert store.read_samples(model, revision, key).num_rows == len(ids)
+    assert store.read_readout(model, revision, key)[0].shape[0] == vectors.shape[1]
+    fingerprint = store.completion(model, revision, key)["fingerprint"]
+    assert store.stored_readout(model, revision, fingerprint) == store.read_readout(model, revision)[0].shape[1]
+    assert store.stored_readout(model, revision, "other weights") is None
+    assert verify_cli(old).exit_code == 0
+    # Extracted again with other settings: written beside it, the older one still complete and read.
+    store.write_layer(model, revision, "embed", 0, np.arange(5), np.ones((5, vectors.shape[1])), key="new")
+    store.write_samples(model, revision, {"sample_id": np.arange(5, dtype=np.int32)}, key="new")
+    store.mark_complete(model, revision, {"key": "new", "layers": ["embed"], "all_layers": ["embed"], "n_samples": 5, "d": 64})
+    assert store.is_complete(model, revision, "new") and store.is_complete(model, revision, key)
+    assert store.marker_path(model, revision, "new").parent.name == "extraction=new"
+    assert {e.key: e.place for e in store.extractions()} == {key: None, "new": "extraction=new"}
+    assert verify_cli(old).exit_code == 0
+    from types import SimpleNamespace as Unit
+
+    store.record_planned([Unit(analysis="pga", key="u1", store_rows=True, extractions=((model, revision, key),))])
+    assert (marker_file.parent / tree.UNITS_RECORD).is_file()
+    # Its own settings extracted again (it was damaged, say): made again in extraction=<key>/, the old files gone.
+    store.invalidate(model, revision, key)
+    assert not marker_file.exists() and not list(marker_file.parent.glob("layer=*"))
+    assert store.planned_units(model, revision, key) == {"pga": ["u1"]}  # its record goes with it
+    assert (store.extraction_dir(model, revision, key) / tree.UNITS_RECORD).parent.name == f"extraction={key}"
+    assert not (old / "samples" / f"model={model}" / f"revision={revision}" / "part-0.parquet").exists()
+    assert store.layer_path(model, revision, "embed", key).parts[-3] == f"extraction={key}"
+    assert store.is_complete(model, revision, "new")
+
+
+def test_the_units_planned_on_an_extraction_are_recorded_for_gc(tmp_path):
+    from types import SimpleNamespace as Unit
+
+    store = build(tmp_path)
+    assert store.planned_units("m", "main", "k1") is None
+    store.record_planned([Unit(analysis="pga", key="u1", store_rows=True, extractions=(("m", "main", "k1"),)),
+                          Unit(analysis="pga", key="u2", store_rows=False, extractions=(("m", "main", "k1"),)),
+                          Unit(analysis="twonn", key="u3", store_rows=True, extractions=())])
+    store.record_planned([Unit(analysis="spectral", key="u4", store_rows=True, extractions=(("m", "main", "k1"),))])
+    assert store.planned_units("m", "main", "k1") == {"pga": ["u1"], "spectral": ["u4"]}
+    record = store.extraction_dir("m", "main", "k1") / tree.UNITS_RECORD
+    flip(record)  # damaged: what it held is not known, and stays not known after the next record
+    assert store.planned_units("m", "main", "k1") is None
+    store.record_planned([Unit(analysis="pga", key="u5", store_rows=True, extractions=(("m", "main", "k1"),))])
+    assert store.planned_units("m", "main", "k1") is None
+
+
+def test_gc_frees_the_layers_of_extractions_whose_recorded_units_are_all_stored(tmp_path):
+    from types import SimpleNamespace as Unit
+
+    from raygeom.store.gc import collect
+
+    store = build(tmp_path, key="done")
+    build(tmp_path, key="pending")
+    build(tmp_path, key="unrecorded")
+    Store(tmp_path).write_layer("m", "main", "embed", 0, np.arange(12), np.ones((12, 8)), key="interrupted")
+    for key, units in (("done", ["a", "b"]), ("pending", ["c", "d"])):
+        store.record_planned([Unit(analysis="pga", key=u, store_rows=True, extractions=(("m", "main", key),)) for u in units])
+    for unit in ("a", "b", "c"):
+        store.write_result("pga", unit, {"z": 1.0, "unit_key": unit})
+    listed = {v.extraction.key: v for v in collect(tmp_path, dry_run=True)}
+    assert {key for key, v in listed.items() if v.freed} == {"done", "interrupted"}
+    assert "1 of its 2 planned units not stored" in listed["pending"].reason
+    assert "no record" in listed["unrecorded"].reason
+    assert listed["done"].files == len(LAYERS) and listed["done"].bytes > 0
+    assert store.is_complete("m", "main", "done")  # a dry run deletes nothing
+    freed = collect(tmp_path)
+    assert sorted(v.extraction.key for v in freed if v.freed) == ["done", "interrupted"]
+    assert store.is_freed("m", "main", "done") and store.read_samples("m", "main", "done").num_rows == 12
+    assert store.is_complete("m", "main", "pending") and store.is_complete("m", "main", "unrecorded")
+    assert not list(store.extraction_dir("m", "main", "interrupted").glob("layer=*"))
+    assert [v.extraction.key for v in collect(tmp_path)] == ["pending", "unrecorded"]  # nothing more to free
 
 
 def test_a_layer_replaced_after_the_marker_is_refused_even_with_a_valid_sidecar(tmp_path):
     store = build(tmp_path)
     other = Store(tmp_path)  # another writer replaces one layer (file + its own sidecar) but not the marker
-    other.write_layer("m", "main", "embed", 0, np.arange(12), np.ones((12, 8)))
+    other.write_layer("m", "main", "embed", 0, np.arange(12), np.ones((12, 8)), key="k1")
     assert not store.is_complete("m", "main", "k1")
     with pytest.raises(CorruptFile):
         store.read_layer("m", "main", "embed", key="k1")
@@ -164,17 +280,17 @@ def test_a_layer_file_copied_over_another_layers_name_is_found(tmp_path):
     assert not store.is_complete("m", "main", "k1")  # the marker's recorded hash sees this one
     assert "embed" in store.extraction_problem("m", "main", "k1")
     # A marker written after the copy records the copied file's hash: only the file's identity tells it apart.
-    Store(tmp_path).mark_complete("m", "main", {"key": "k2", "layers": LAYERS, "all_layers": LAYERS, "n_samples": 12, "d": 8})
-    assert not store.is_complete("m", "main", "k2")
-    assert "holds m@main layer final_norm, not m@main layer embed" in store.extraction_problem("m", "main", "k2")
-    for key in ("k2", None):
+    Store(tmp_path).mark_complete("m", "main", {"key": "k1", "layers": LAYERS, "all_layers": LAYERS, "n_samples": 12, "d": 8})
+    assert not store.is_complete("m", "main", "k1")
+    assert "holds m@main layer final_norm, not m@main layer embed" in store.extraction_problem("m", "main", "k1")
+    for key in ("k1", None):
         with pytest.raises(CorruptFile, match="holds m@main layer final_norm, not m@main layer embed"):
             store.read_layer("m", "main", "embed", key=key)
 
 
 def test_a_layer_whose_index_is_not_its_names_is_found(tmp_path):
     store = build(tmp_path)  # LAYERS: embed is index 0
-    Store(tmp_path).write_layer("m", "main", "embed", 2, np.arange(12), np.ones((12, 8)))
+    Store(tmp_path).write_layer("m", "main", "embed", 2, np.arange(12), np.ones((12, 8)), key="k1")
     Store(tmp_path).mark_complete("m", "main", {"key": "k1", "layers": LAYERS, "all_layers": LAYERS, "n_samples": 12, "d": 8})
     assert not store.is_complete("m", "main", "k1")
     with pytest.raises(CorruptFile, match="layer_index \\[2\\], but layer embed is index 0"):
@@ -195,7 +311,7 @@ def test_stored_files_honour_the_umask(tmp_path):
     try:
         store = Store(tmp_path)
         store.write_result("pga", "abc", {"z": 1.0})
-        store.write_layer("m", "main", "embed", 0, np.arange(3), np.ones((3, 2)))
+        store.write_layer("m", "main", "embed", 0, np.arange(3), np.ones((3, 2)), key="k1")
         tree.atomic_write_text("<html></html>", store.root / "report.html")
     finally:
         os.umask(previous)
@@ -222,7 +338,7 @@ def test_verify_finds_a_flipped_byte_in_a_layer_no_unit_needs(tmp_path):
     assert clean.exit_code == 0, clean.output
     # 3 layers, readout, samples, marker, 1 unit, report.html
     assert "8 files checked, 0 damaged, 1 not written by the store" in clean.output
-    Store(tmp_path).write_layer("m", "main", "block_07", 1, np.arange(12), np.ones((12, 8)))  # listed by no marker
+    Store(tmp_path).write_layer("m", "main", "block_07", 1, np.arange(12), np.ones((12, 8)), key="k1")  # listed by no marker
     for layer in ("block_00", "block_07"):
         flip(store.layer_path("m", "main", layer), offset=40)
     found = verify_cli(tmp_path)
@@ -239,13 +355,13 @@ def test_verify_finds_files_under_another_files_name(tmp_path):
     store.write_result("pga", "key-b", {"z": 2.0, "unit_key": "key-b"})
     copy_over(store.result_path("pga", "key-a"), store.result_path("pga", "key-b"))
     copy_over(store.marker_path("m", "step1"), store.marker_path("m", "step2"))
-    Store(tmp_path).write_layer("m", "step1", "block_09", 0, np.arange(12), np.ones((12, 8)))
+    Store(tmp_path).write_layer("m", "step1", "block_09", 0, np.arange(12), np.ones((12, 8)), key="k1")
     copy_over(store.layer_path("m", "step1", "embed"), store.layer_path("m", "step1", "block_09"))
     found = verify_cli(tmp_path)
     assert found.exit_code == 1
     damaged = sorted(line for line in found.output.splitlines() if line.startswith("damaged:"))
     assert len(damaged) == 3, found.output
-    assert "revision=step2/_COMPLETE.json is the completion marker of m@step1" in " ".join(damaged)
+    assert "revision=step2/extraction=k1/_COMPLETE.json is the completion marker of m@step1" in " ".join(damaged)
     assert "holds m@step1 layer embed, not m@step1 layer block_09" in " ".join(damaged)
     assert "holds pga unit key-a, not pga unit key-b" in " ".join(damaged)
     assert verify_cli(tmp_path / "nowhere").exit_code == 2
@@ -313,7 +429,7 @@ def test_hostile_revisions_stay_inside_the_store_and_read_back_through_hive(tmp_
 
 def test_partial_extractions_decode_names(tmp_path):
     store = Store(tmp_path)
-    store.write_layer("org--m", "pr/1", "embed", 0, np.arange(3), np.ones((3, 2)))
+    store.write_layer("org--m", "pr/1", "embed", 0, np.arange(3), np.ones((3, 2)), key="k1")
     assert store.partial_extractions() == [("org--m", "pr/1")]
 
 
@@ -349,7 +465,7 @@ def test_hash_cost_on_a_2000_by_2048_layer_is_small_next_to_reading_it(tmp_path)
 
     store = Store(tmp_path)
     h = np.random.default_rng(0).standard_normal((2000, 2048)).astype(np.float32)
-    store.write_layer("m", "main", "embed", 0, np.arange(2000), h)
+    store.write_layer("m", "main", "embed", 0, np.arange(2000), h, key="k1")
     path = store.layer_path("m", "main", "embed")
     data = path.read_bytes()
 
