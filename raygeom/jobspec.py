@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
-from raygeom.replica.extract import ExtractionSettings
+from raygeom.replica.settings import ExtractionSettings
 from raygeom.params import Params, PGAParams, n_null_settings, param
 from raygeom.sources.checkpoints import is_run_directory
 from raygeom.sources.layers import _INSIDE
@@ -288,7 +288,7 @@ def load_job(path: str | Path) -> JobSpec:
             n_samples=int(corpus.get("n_samples", 500)),
             sample_seed=int(corpus.get("seed", 0)),
             layers=str(layers),
-            extraction=ExtractionSettings(**extract),
+            extraction=ExtractionSettings.from_mapping(extract, f"{path}: [extract] "),
             pga=PGAParams(**{**analysis, **n_null_settings(analysis.get("n_null"))}),
             sweep=sweep,
             trains=trains,

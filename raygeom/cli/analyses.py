@@ -65,7 +65,7 @@ def _field(params_cls, name: str):
 def build_job(analysis_name: str, grid: dict, values: dict):
     """The job a registry command runs: the job file's (or the defaults') grid with this one analysis."""
     from raygeom.jobspec import JobSpec, ModelEntry, load_job
-    from raygeom.replica.extract import ExtractionSettings
+    from raygeom.replica.settings import ExtractionSettings
 
     analysis = registry.get(analysis_name)
     if grid["revision"] and not grid["model"]:

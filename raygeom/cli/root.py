@@ -173,7 +173,7 @@ def pga(
     num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
 ):
     """Subspace PGA of one model (one or more revisions) on one corpus, configured by flags."""
-    from raygeom.replica.extract import ExtractionSettings
+    from raygeom.replica.settings import ExtractionSettings
     from raygeom.jobspec import JobSpec, ModelEntry
     from raygeom.params import PGAParams, n_null_settings
 

@@ -16,35 +16,12 @@ from torch import nn
 
 from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
-from raygeom.params import check_types
+from raygeom.replica.settings import POOLS, ExtractionSettings  # noqa: F401 - re-exported
 from raygeom.replica import tokenize
 from raygeom.sources import model_surgery
 
-POOLS = ("last", "mean")
 # Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
 LOGIT_CHUNK_ELEMENTS = 1 << 26
-
-
-@dataclass(frozen=True)
-class ExtractionSettings:
-    """How texts become one vector per layer: truncated to ``seq_len`` tokens, pooled by the ``last`` real token
-    or the ``mean`` over tokens (``skip_first`` drops each text's first token from the mean: its activation is
-    orders of magnitude larger in many LMs), in forward batches of ``batch_size``. The CLI's ``--seq-len``,
-    ``--pool``, ``--skip-first/--keep-first`` and ``--batch-size``."""
-
-    seq_len: int = 128
-    pool: str = "last"
-    skip_first: bool = True
-    batch_size: int = 16
-
-    def __post_init__(self):
-        check_types(self)
-        if self.seq_len <= 0:
-            raise RaygeomError(f"seq-len must be positive, got {self.seq_len}")
-        if self.pool not in POOLS:
-            raise RaygeomError(f"pool must be one of {', '.join(POOLS)}, got '{self.pool}'")
-        if self.batch_size <= 0:
-            raise RaygeomError(f"batch size must be positive, got {self.batch_size}")
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from raygeom.replica.extract import ExtractionSettings
+from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import content_key

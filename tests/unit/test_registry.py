@@ -116,6 +116,9 @@ SECTIONS = {
     "sweep": ("raygeom.jobspec", "SweepSettings", "[[models]]\nid = 'smollm2'\n"),
     "trajectory": ("raygeom.jobspec", "TrajectorySettings", "[train]\nrun_dir = 'run'\nsave_every = 100\n"),
     "train": ("raygeom.analyses.train", "TrainSettings", ""),
+    "extract": ("raygeom.replica.settings", "ExtractionSettings", "[[models]]\nid = 'smollm2'\n"),
+    "width": ("raygeom.jobspec", "WidthSettings",
+              "[train]\nrun_dir = 'run'\nsave_every = 100\nhidden_size = [32, 64]\n"),
 }
 
 
