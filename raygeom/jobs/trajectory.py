@@ -63,6 +63,28 @@ def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[
     return out
 
 
+def gap_by_run(job, ranking: list[dict], extra: dict) -> list[dict]:
+    """Per run of the ladder: G at each checkpoint against the trainer's held-out perplexity there, and
+    Spearman(G, -perplexity) over its checkpoints with Fisher and bootstrap intervals (the trajectory job's reading,
+    one run at a time, so checkpoints of different widths are never ranked together)."""
+    from raygeom.analyses.train import checkpoint_evaluations
+    from raygeom.jobs.width import ladder, step_of
+
+    out = []
+    settings = job.trajectory
+    for run in ladder(job):
+        mine = [r for r in ranking if r["model"] == run.model]
+        if not mine:
+            continue
+        steps = {r["revision"]: step_of(r["revision"]) for r in mine}
+        columns = {**extra, "run": run.name, "width": run.d, "run_seed": run.seed}
+        rows = checkpoint_table(mine, checkpoint_evaluations(run.run_dir), steps, {}, columns)
+        summary = agreement(rows, settings.late_from, settings.bootstrap, settings.seed)
+        out.append({"run": run.name, "width": run.d, "seed": run.seed, "rows": rows,
+                    "summary": [{**row, **columns} for row in summary]})
+    return out
+
+
 def dispersion_by_step(layer_rows: list[dict], steps: dict[str, int | None]) -> list[dict]:
     """The dispersion analysis' per-layer rows, with each checkpoint's step."""
     keep = ("model", "revision", "layer", "layer_index", "relative_depth", "token_dispersion", "sample_dispersion",
@@ -255,7 +277,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer)
         outputs["computed_dispersion_units"] = len(missing)
     if job.width is not None:
-        from raygeom.jobs.width import gap_by_run, write_width_report
+        from raygeom.jobs.width import write_width_report
 
         together = {"wall_s": sum(r["wall_s"] for r in trained_runs), "cached": all(r.get("cached") for r in trained_runs)}
         record = full_run_record(store, together, time.perf_counter() - started, swept.computed_units,

@@ -51,12 +51,12 @@ def job_rows(job, store) -> dict[str, list[dict]]:
     for analysis, unit_keys in keys.items():
         rows = store.read_results(analysis, unit_keys).to_pylist() if unit_keys else []
         out[analysis] = [{**row, "run": runs[row["model"]].name, "width": runs[row["model"]].d,
-                          "run_seed": runs[row["model"]].seed, "step": _step(row["revision"])}
+                          "run_seed": runs[row["model"]].seed, "step": step_of(row["revision"])}
                          for row in rows if row["model"] in runs]
     return out
 
 
-def _step(revision: str) -> int:
+def step_of(revision: str) -> int:
     return int(revision[4:]) if revision.startswith("step") and revision[4:].isdigit() else -1
 
 
@@ -183,28 +183,6 @@ def loss_table(job) -> list[dict]:
         if evaluations:
             out.append({"run": run.name, "width": run.d, "seed": run.seed, "evaluations": evaluations,
                         "final_perplexity": evaluations[-1].get("heldout_perplexity")})
-    return out
-
-
-def gap_by_run(job, ranking: list[dict], extra: dict) -> list[dict]:
-    """Per run of the ladder: G at each checkpoint against the trainer's held-out perplexity there, and
-    Spearman(G, -perplexity) over its checkpoints with Fisher and bootstrap intervals (the trajectory job's reading,
-    one run at a time, so checkpoints of different widths are never ranked together)."""
-    from raygeom.analyses.train import checkpoint_evaluations
-    from raygeom.jobs.trajectory import agreement, checkpoint_table
-
-    out = []
-    settings = job.trajectory
-    for run in ladder(job):
-        mine = [r for r in ranking if r["model"] == run.model]
-        if not mine:
-            continue
-        steps = {r["revision"]: _step(r["revision"]) for r in mine}
-        columns = {**extra, "run": run.name, "width": run.d, "run_seed": run.seed}
-        rows = checkpoint_table(mine, checkpoint_evaluations(run.run_dir), steps, {}, columns)
-        summary = agreement(rows, settings.late_from, settings.bootstrap, settings.seed)
-        out.append({"run": run.name, "width": run.d, "seed": run.seed, "rows": rows,
-                    "summary": [{**row, **columns} for row in summary]})
     return out
 
 

@@ -50,9 +50,9 @@ def test_piped_pga_prints_full_layer_names_inside_blocks_and_the_report_shows_th
         assert layer in html
 
 
-def test_a_sweep_job_file_names_points_inside_blocks(hub_cache, tiny_corpus, tmp_path, empty_dir):
-    """The plan of a sweep counts them (its run extracts through the same replica and layer rule as pga above;
-    running it here would add a minute to the suite)."""
+def test_a_sweep_job_file_names_points_inside_blocks(hub_cache, ray_address, tiny_corpus, tmp_path, empty_dir):
+    """The plan of a sweep counts them, its run scores them and the report shows them; a point the family lacks
+    is refused by the plan."""
     from raygeom.testing import write_tiny_job
 
     job = write_tiny_job(tmp_path / "job.toml", "inside", tmp_path / "sweep", tiny_corpus,
@@ -61,6 +61,12 @@ def test_a_sweep_job_file_names_points_inside_blocks(hub_cache, tiny_corpus, tmp
     plan = run_cli("plan", job, cwd=empty_dir)
     assert plan.returncode == 0, plan.stderr
     assert "-> 2 units" in plan.stdout
+    swept = run_cli("run", job, "--address", ray_address, cwd=empty_dir)
+    assert swept.returncode == 0, swept.stdout[-2000:] + swept.stderr[-2000:]
+    rows = pq.read_table(tmp_path / "sweep" / "results" / "sweep_pga.parquet").to_pylist()
+    assert sorted(row["layer"] for row in rows) == ["block_02.mlp_out", "block_02.resid_mid"]
+    html = (tmp_path / "sweep" / "report.html").read_text()
+    assert "block_02.mlp_out" in html and "block_02.resid_mid" in html
     job.write_text(job.read_text().replace("-1.mlp_out", "-1.ffn_out"))
     bad = run_cli("plan", job, cwd=empty_dir)
     assert bad.returncode == 2 and "layer '-1.ffn_out' not found" in bad.stderr and "Traceback" not in bad.stderr

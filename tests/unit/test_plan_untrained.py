@@ -29,7 +29,11 @@ def test_plan_before_training_counts_checkpoints_and_units(tmp_path):
     run = next(line for line in result.output.splitlines() if "to train" in line)
     assert [cell.strip() for cell in run.split("│")[1:8]] == [str(v) for v in ("ckpt", 128, 4, 3, 0, 300, n_checkpoints)], run
     assert run.rstrip("│ ").endswith(("s", "min"))  # the measured time of the run
-    assert f"then: {n_checkpoints} checkpoints x 5 layers x 1 planned analyses -> {n_checkpoints * 5:,} units" in result.output
+    from raygeom.jobspec import load_job
+
+    planned = len(load_job(job).planned())
+    assert f"then: {n_checkpoints} checkpoints x 5 layers x {planned} planned analyses -> {n_checkpoints * 5 * planned:,} units" \
+        in result.output
     assert "0 done" in result.output
 
 
