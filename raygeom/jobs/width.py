@@ -397,8 +397,13 @@ def write_width_report(job, store, console, wall: dict | None = None, gaps: list
     pc1_rows = pc1_by_width(pc1, last)
     flat = spectral_against_z(pga, spectral, ladder_config, settings.seed)
     seeds = seed_agreement(pga, ladder_config, last, settings)
-    probes = [{"width": w, "layer": layer, "accuracy": _seed_mean([r["accuracy"] for r in probe if r["width"] == w
-                                                                  and r["layer"] == layer and r["step"] == last[r["run"]]], 3),
+    def at_last(w, layer):
+        return sorted((r for r in probe if r["width"] == w and r["layer"] == layer and r["step"] == last[r["run"]]),
+                      key=lambda r: r["run_seed"])
+
+    # Two seeds that agree give a zero-width t interval: each seed's own (Wilson) interval stands beside it.
+    probes = [{"width": w, "layer": layer, "seeds": "; ".join(with_interval(r, "accuracy", 3) for r in at_last(w, layer)),
+               "accuracy": _seed_mean([r["accuracy"] for r in at_last(w, layer)], 3),
                "chance": next((r["chance"] for r in probe if r["width"] == w and r["layer"] == layer), None)}
               for w in sorted({r["width"] for r in probe}) for layer in ("block_01", "final_norm")]
     readings = {"pc1": pc1_reading(pc1, last), "spectral": spectral_reading(flat), "gap": gap_reading(gaps or [])}
@@ -479,7 +484,7 @@ def _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, se
                                ("with a collapse zone", "collapsed"), ("where", "where")])
     lines += ["", ("**Reading**: a collapse zone appears in " + ", ".join(
         f"d = {c['width']} ({_describe(c)}: {c['collapsed']} of {c['profiles']})" for c in collapsed_any)
-        if collapsed_any else f"**Reading**: no profile at any width, step or setting holds a collapse zone "
+        + " (where: the table's last column)." if collapsed_any else f"**Reading**: no profile at any width, step or setting holds a collapse zone "
         f"({sum(c['profiles'] for c in collapse)} profiles); the detour regime does not appear at this scale."), ""]
     lines += ["### 2. Does CCR-5/10 restore z where it falls?", ""]
     lines += markdown_table(restored, [("d", "width"), ("(run, step, layer) points", "points"), ("z < 0 at CCR-0", "low_at_ccr0"),
@@ -501,7 +506,8 @@ def _page(job, runs, losses, paths, page, collapse, restored, pc1_rows, flat, se
                            ("alpha-ReQ", "alpha_req"), ("isotropy", "isotropy")])
     lines += ["", "**Reading**: " + "; ".join(readings["spectral"]) + ".", ""] if readings["spectral"] else []
     lines += ["", "### 5. Probe accuracy at the last checkpoint", ""]
-    lines += markdown_table(probes, [("d", "width"), ("layer", "layer"), ("accuracy, seed mean [95% t]", "accuracy"), ("chance", "chance")])
+    lines += markdown_table(probes, [("d", "width"), ("layer", "layer"), ("each seed [Wilson 95%]", "seeds"),
+                                     ("seed mean [95% t over seeds]", "accuracy"), ("chance", "chance")])
     if spread:
         lines += ["", "### 6. Sample-level dispersion at the last checkpoint", "",
                   "Mean pairwise cosine distance of the pooled held-out vectors: each seed [jackknife 95% over texts], and the "
