@@ -153,6 +153,7 @@ def spectral_against_z(pga: list[dict], spectral: list[dict], config: dict, seed
             try:
                 fit = spearman_with_ci(z[keep], values[keep], seed=seed)
                 row[metric] = f"{fit['rho']:+.2f} [{fit['lo']:+.2f}, {fit['hi']:+.2f}]"
+                row[f"{metric}_excludes_0"] = fit["lo"] > 0 or fit["hi"] < 0
             except Exception:  # noqa: BLE001 - fewer than 4 finite points: no correlation to state
                 row[metric] = "n/a"
         out.append(row)
@@ -230,13 +231,7 @@ def spectral_reading(flat: list[dict]) -> list[str]:
     """Per width: the spectral metrics whose Spearman with z has a 95 % interval excluding 0."""
     out = []
     for row in flat:
-        moving = []
-        for metric in SPECTRAL:
-            text = row.get(metric, "n/a")
-            if text != "n/a":
-                lo, hi = (float(v) for v in text.split("[")[1].rstrip("]").split(","))
-                if lo > 0 or hi < 0:
-                    moving.append(f"{metric} {text}")
+        moving = [f"{metric} {row[metric]}" for metric in SPECTRAL if row.get(f"{metric}_excludes_0")]
         out.append(f"d = {row['width']} (z range {row['z_range']:.1f}): "
                    + ("; ".join(moving) + " (moves with z)" if moving else "no spectral metric tracks z (every interval holds 0)"))
     return out
