@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -46,7 +47,8 @@ class JobSection(Params):
     """[job]: its name and its store."""
 
     name: str = param("", "Name shown in titles (default: the file's name).")
-    out: str = param("runs/default", "The store directory (a job file without it: runs/<file name>).", nonempty=True)
+    out: str = param("runs/default", "The store directory, relative to the job file's folder (without it: runs/<file name> there).",
+                     nonempty=True)
 
 
 @dataclass(frozen=True)
@@ -196,8 +198,41 @@ def _known(section: dict, allowed: set[str], where: str, path: Path) -> None:
         raise RaygeomError(f"{path}: unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
 
 
+CORPUS_FILES = (".txt", ".jsonl", ".parquet")
+
+
+def job_relative(path: Path):
+    """A job file's relative paths (out, run_dir, model folders, corpus files, report pages) name places beside the
+    job file, wherever the shell is: ``out = "../runs/laptop"`` in jobs/laptop.toml is runs/laptop of the checkout."""
+    base = path.parent
+
+    def resolve(value: str) -> str:
+        given = Path(value).expanduser()
+        return str(given) if given.is_absolute() else os.path.normpath(base / given)
+
+    return resolve
+
+
+def _local_model(entry: dict, resolve) -> str:
+    """A [[models]] id that names a folder or file beside the job (a run directory, a model folder, a .gguf) is
+    resolved; a hub id or built-in name is kept."""
+    source = entry["id"]
+    local = resolve(source)
+    if entry.get("run_dir") is True or source.endswith(".gguf") or source.startswith((".", "~", "/")) or Path(local).exists():
+        return local
+    return source
+
+
+def _local_corpus(name: str, resolve) -> str:
+    if name.startswith("hf:") or name == "heldout":
+        return name
+    local = resolve(name)
+    return local if name.endswith(CORPUS_FILES) or Path(local).exists() else name
+
+
 def load_job(path: str | Path) -> JobSpec:
     path = Path(path)
+    resolve = job_relative(path)
     if path.is_dir():
         raise RaygeomError(f"job file {path} is a directory; give a TOML file such as jobs/laptop.toml")
     try:
@@ -225,10 +260,17 @@ def load_job(path: str | Path) -> JobSpec:
     CorpusSection.from_mapping(corpus, f"{path}: [corpus] ")
     _known(analysis, {f.name for f in fields(PGAParams)}, "pga", path)
     sweep_section = data.get("sweep")
-    trains = _train(_section(data, "train", path), path) if "train" in data else ()
+    train_section = _section(data, "train", path)
+    if isinstance(train_section.get("run_dir"), str) and train_section["run_dir"].strip():
+        train_section = {**train_section, "run_dir": resolve(train_section["run_dir"])}
+    trains = _train(train_section, path) if "train" in data else ()
     train = trains[0] if trains else None
     trajectory = _trajectory(_section(data, "trajectory", path), path) if "trajectory" in data else None
     width = WidthSettings.from_mapping(_section(data, "width", path), f"{path}: [width] ") if "width" in data else None
+    if trajectory is not None and trajectory.report:
+        trajectory = replace(trajectory, report=resolve(trajectory.report))
+    if width is not None and width.report:
+        width = replace(width, report=resolve(width.report))
     if width is not None and len({run.settings.hidden_size for run in trains}) < 2:
         raise RaygeomError(f"{path}: [width] reads a width ladder: [train] needs hidden_size = [a list of widths]")
     models = data.get("models", [] if sweep_section is not None or train is not None else None)
@@ -243,6 +285,7 @@ def load_job(path: str | Path) -> JobSpec:
         _known(entry, {"id", "revisions", "run_dir"}, "models", path)
         if entry.get("run_dir", False) not in (True, False):
             raise RaygeomError(f"{path}: 'run_dir' of a [[models]] entry is a path (or true with an 'id')")
+        entry = {**entry, "id": _local_model(entry, resolve)}
         run_dir = bool(entry.get("run_dir")) or is_run_directory(entry["id"])
         revisions = entry.get("revisions", "all" if run_dir else ["main"])
         if run_dir and isinstance(revisions, str):
@@ -261,7 +304,7 @@ def load_job(path: str | Path) -> JobSpec:
         entries += [e for e in generated if e.source not in {x.source for x in entries}]
         if not entries:
             raise RaygeomError(f"{path}: [sweep] needs 'sizes' or at least one [[models]] entry")
-    corpus_name = str(corpus.get("name", "bbc"))
+    corpus_name = _local_corpus(str(corpus.get("name", "bbc")), resolve)
     if corpus_name == "heldout":
         if train is None:
             raise RaygeomError(f"{path}: corpus 'heldout' means the held-out articles of [train]; this job has no [train]")
@@ -280,6 +323,7 @@ def load_job(path: str | Path) -> JobSpec:
         out = job.get("out", f"runs/{path.stem}")
         if not isinstance(out, str) or not out.strip():
             raise RaygeomError(f"[job] out must be a directory path (a string), got {out!r}")
+        out = resolve(out)
         return JobSpec(
             name=str(job.get("name", path.stem)),
             out=str(out),

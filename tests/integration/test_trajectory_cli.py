@@ -1,5 +1,6 @@
 """`raygeom run` on a [train] job from an empty working directory: the CLI (not the Python function) trains, sweeps
-the checkpoints the trainer wrote and writes the report, with the job's relative paths resolved in that directory.
+the checkpoints the trainer wrote and writes the report, with the job's relative paths resolved against the job file's
+folder, not the shell's.
 Before issue 21 this exited 2 in seconds: `run directory not found: runs/trajectory/checkpoints`."""
 
 import os
@@ -39,16 +40,18 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     from raygeom.testing import write_labelled_corpus
 
     corpus = write_labelled_corpus(tmp_path / "texts.jsonl", 100)
-    job = tiny_trajectory_job(tmp_path / "trajectory.toml", corpus)
-    work = tmp_path / "work"
-    work.mkdir()
+    work = tmp_path / "work"  # the checkout: its jobs/ folder, and runs/ and docs/ beside it
+    (work / "jobs").mkdir(parents=True)
+    job = tiny_trajectory_job(work / "jobs" / "trajectory.toml", corpus)
+    elsewhere = tmp_path / "elsewhere"  # the shell's directory: the job's relative paths are not resolved here
+    elsewhere.mkdir()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
-    plan = subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(job)], cwd=work, env=env, capture_output=True, check=False,
+    plan = subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(job)], cwd=elsewhere, env=env, capture_output=True, check=False,
                           text=True, timeout=120)
     assert plan.returncode == 0 and "then: 3 checkpoints x 3 layers x 7 planned analyses -> 63 units" in plan.stdout, plan.stdout + plan.stderr
-    assert not any(work.iterdir())  # plan writes nothing
+    assert not any(elsewhere.iterdir()) and [p.name for p in work.iterdir()] == ["jobs"]  # plan writes nothing
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address], cwd=work, env=env,
+    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address], cwd=elsewhere, env=env,
                             capture_output=True, text=True, timeout=600, check=False)
     seconds = time.perf_counter() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -65,3 +68,4 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
                     "### Restoration by CCR rank over steps", "### Probe accuracy against z"):
         assert heading in page, heading
     assert "| embed |" in page and "CCR-1" in page
+    assert not any(elsewhere.iterdir())

@@ -44,19 +44,21 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     from raygeom.testing import write_labelled_corpus
 
     corpus = write_labelled_corpus(tmp_path / "texts.jsonl", 200)
-    job = tiny_width_job(tmp_path / "width.toml", corpus)
-    work = tmp_path / "work"
-    work.mkdir()
-    plan = run_cli("plan", job, cwd=work)
+    work = tmp_path / "work"  # the checkout: its jobs/ folder, and runs/ and docs/ beside it
+    (work / "jobs").mkdir(parents=True)
+    job = tiny_width_job(work / "jobs" / "width.toml", corpus)
+    elsewhere = tmp_path / "elsewhere"  # the shell's directory: the job's relative paths are not resolved here
+    elsewhere.mkdir()
+    plan = run_cli("plan", job, cwd=elsewhere)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     assert "2 runs x 2 checkpoints x 3 layers x 7 planned analyses -> 84 units" in plan.stdout, plan.stdout
     assert plan.stdout.count("to train") == 2 and "d48-seed0" in plan.stdout
-    assert not any(work.iterdir())  # plan writes nothing
+    assert not any(elsewhere.iterdir()) and [p.name for p in work.iterdir()] == ["jobs"]  # plan writes nothing
 
-    first = run_cli("run", job, "--address", ray_address, cwd=work)
+    first = run_cli("run", job, "--address", ray_address, cwd=elsewhere)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "Traceback" not in first.stdout + first.stderr
-    store = work / "runs" / "width"  # the job's relative paths, as every job's: against the working directory
+    store = work / "runs" / "width"  # out = "../runs/width", against the job file's folder
     for run in ("d32-seed0", "d48-seed0"):
         assert sorted(p.name for p in (store / "checkpoints" / run).glob("step*")) == ["step0", "step2"]
     pga = pq.read_table(store / "results" / "width_pga.parquet").to_pylist()
@@ -76,7 +78,8 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     assert "Width ladder: Subspace PGA by width" in html and "d = 48, seed 0" in html
 
     units = {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")}
-    second = run_cli("run", job, "--address", ray_address, cwd=work)
+    second = run_cli("run", job, "--address", ray_address, cwd=elsewhere)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert second.stdout.count("not retrained") == 2
     assert {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")} == units  # no unit computed again
+    assert not any(elsewhere.iterdir())

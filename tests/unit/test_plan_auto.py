@@ -22,7 +22,7 @@ def small_job(tmp_path):
     text = text.replace('sizes = ["14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"]',
                         'sizes = ["14m"]').replace('revisions = "all"', 'revisions = ["step1000", "step2000"]')
     path = tmp_path / "small.toml"
-    path.write_text(text.replace('out = "runs/pythia-sweep"', f'out = "{tmp_path / "store"}"'))
+    path.write_text(text.replace('out = "../runs/pythia-sweep"', f'out = "{tmp_path / "store"}"'))
     return path
 
 

@@ -14,7 +14,8 @@ JOB = Path(__file__).resolve().parents[2] / "jobs" / "trajectory.toml"
 
 def _job_into(tmp_path: Path, steps: int, n_layers: int) -> Path:
     text = JOB.read_text()
-    text = text.replace('run_dir = "runs/trajectory/checkpoints"', f'run_dir = "{tmp_path / "ckpt"}"')
+    assert 'run_dir = "../runs/trajectory/checkpoints"' in text
+    text = text.replace('run_dir = "../runs/trajectory/checkpoints"', f'run_dir = "{tmp_path / "ckpt"}"')
     text = text.replace("steps = 800", f"steps = {steps}").replace("n_layers = 4", f"n_layers = {n_layers}")
     path = tmp_path / "job.toml"
     path.write_text(text)
