@@ -7,39 +7,16 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from raygeom.analyses import registry
+from raygeom.cli.flags import GRID_OPTIONS, checked, fail, grid_job
 from raygeom.errors import RaygeomError
-from raygeom.params import LAYERS_HELP, allowed, declared_type, default_of, parse_text
+from raygeom.params import allowed, declared_type, default_of, parse_text
 
-DEFAULT_STORE = "runs/default"
-
-# name -> (annotation, typer option): the grid every registry command shares, with one default each.
-GRID = {
-    "job": (Optional[Path], typer.Option(None, "--job", help="Take models, corpus, extraction and store from this job file "
-                                                             "(the flags below override it).")),
-    "model": (Optional[list[str]], typer.Option(None, "--model", "-m", help="Built-in name, HF hub id, model directory or "
-                                                                             ".gguf file. Repeatable. (default: smollm2)")),
-    "revision": (Optional[list[str]], typer.Option(None, "--revision", "-r", help="Revision(s) of every --model. "
-                                                                                   "Repeatable. (default: main)")),
-    "corpus": (Optional[str], typer.Option(None, "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or "
-                                                                         "hf:<dataset>[:<split>]. (default: bbc)")),
-    "n_samples": (Optional[int], typer.Option(None, "--n-samples", "-n", help="Texts. (default: 500)")),
-    "sample_seed": (Optional[int], typer.Option(None, "--sample-seed", help="Seed of the text sample. (default: 0)")),
-    "seq_len": (Optional[int], typer.Option(None, "--seq-len", help="(default: 128)")),
-    "pool": (Optional[str], typer.Option(None, "--pool", help="last | mean (default: last)")),
-    "skip_first": (Optional[bool], typer.Option(None, "--skip-first/--keep-first", help="With --pool mean, drop each "
-                                                                                        "text's first token.")),
-    "batch_size": (Optional[int], typer.Option(None, "--batch-size", help="(default: 16)")),
-    "layers": (Optional[str], typer.Option(None, "--layers", help=LAYERS_HELP + " (default: all)")),
-    "out": (Optional[Path], typer.Option(None, "--out", "-o", help=f"The store. (default: the job's out, else {DEFAULT_STORE})")),
-    "address": (Optional[str], typer.Option(None, "--address", help="Attach to this Ray cluster instead of starting a local one.")),
-    "num_cpus": (Optional[int], typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all).")),
-}
+GRID = GRID_OPTIONS  # the grid every analysis command shares (raygeom.cli.flags): one declaration, one default each
 
 
 def _flag(spec) -> str:
@@ -63,24 +40,10 @@ def _field(params_cls, name: str):
 
 
 def build_job(analysis_name: str, grid: dict, values: dict):
-    """The job a registry command runs: the job file's (or the defaults') grid with this one analysis."""
-    from raygeom.jobspec import JobSpec, ModelEntry, load_job
-    from raygeom.replica.settings import ExtractionSettings
-
+    """The job a registry command runs: the job file's (or the flags') grid with this one analysis."""
     analysis = registry.get(analysis_name)
-    if grid["revision"] and not grid["model"]:
-        raise RaygeomError("--revision needs --model (a job file names the revisions of each of its models)")
     planned = (registry.Planned(analysis_name, analysis.Params.from_mapping(values)),)
-    models = tuple(ModelEntry(m, tuple(grid["revision"] or ["main"])) for m in grid["model"] or ())
-    if grid["job"] is not None:
-        job = replace(load_job(grid["job"]), analyses=planned)
-    else:
-        job = JobSpec(name=analysis_name, out=DEFAULT_STORE, models=models or (ModelEntry("smollm2"),),
-                      extraction=ExtractionSettings(), analyses=planned)
-    return job.with_overrides(out=str(grid["out"]) if grid["out"] else None, models=models or None, corpus=grid["corpus"],
-                              n_samples=grid["n_samples"], sample_seed=grid["sample_seed"], layers=grid["layers"],
-                              seq_len=grid["seq_len"], pool=grid["pool"], skip_first=grid["skip_first"],
-                              batch_size=grid["batch_size"])
+    return replace(grid_job(analysis_name, grid), analyses=planned)
 
 
 def make_command(analysis_name: str):
@@ -89,9 +52,10 @@ def make_command(analysis_name: str):
     options = {**GRID, **param_options}
 
     def command(**kwargs):
-        from raygeom.cli.root import _fail, _run
+        from raygeom.cli.root import _run
 
-        grid = {name: kwargs[name] for name in GRID}
+        # An analysis parameter named like a grid option (a token analysis's batch_size) is the analysis's.
+        grid = {name: kwargs[name] for name in (*GRID, "given") if name not in param_options}
         try:
             values = {name: kwargs[name] if isinstance(kwargs[name], bool)
                       else parse_text(analysis.Params, name, kwargs[name], _flag(_field(analysis.Params, name)))
@@ -99,14 +63,17 @@ def make_command(analysis_name: str):
             job = build_job(analysis_name, grid, values)
             _run(job, grid["address"], grid["num_cpus"])
         except RaygeomError as error:
-            _fail(str(error))
+            fail(str(error))
 
+    options["given"] = (frozenset, frozenset())  # the flags given (checked passes them; not an option)
     command.__signature__ = inspect.Signature([
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
         for name, (annotation, option) in options.items()])
     command.__annotations__ = {name: annotation for name, (annotation, _) in options.items()}
     command.__doc__ = (f"{analysis.title} of every chosen layer, per model and revision "
                        f"({analysis.name}, version {analysis.version}). Rows go to <out>/results/{analysis.name}.parquet.")
+    command = checked(command)
+    command.analysis = analysis_name  # its own flags are its Params' (checked by parse_text above)
     return command
 
 

@@ -17,8 +17,12 @@ import typer
 
 from raygeom.report.figures import pyplot, save_figure
 from raygeom.report.html import announce_report
+from raygeom.analyses.probe import ProbeParams
+from raygeom.cli.flags import (PGA_OPTIONS, TEXT_GRID, CommandFlags, DiagnoseFlags, ReportOption, checked, grid_job, option,
+                                unique_specs)
 from raygeom.errors import RaygeomError
-from raygeom.params import LAYERS_HELP
+from raygeom.jobspec import CorpusSection
+from raygeom.params import PGAParams
 
 Z_METRICS = (  # (column, label, log scale)
     ("rankme", "RankMe", False),
@@ -44,20 +48,6 @@ def _parse_ranks(text: str) -> tuple[int, ...]:
     if not ranks:
         raise RaygeomError("--ccr-ranks is empty")
     return tuple(sorted(set(ranks)))
-
-
-def _model_entries(models: list[str], revisions: list[str]):
-    """``name`` or ``name@revision``; plain names get every ``--revision``."""
-    from raygeom.sources.models import resolve_model
-
-    specs = []
-    for model in models:
-        name, _, revision = model.partition("@")
-        for rev in ([revision] if revision else revisions):
-            spec = resolve_model(name, rev)
-            if spec not in specs:
-                specs.append(spec)
-    return specs
 
 
 def truncate_words(corpus, max_words: Optional[int]):
@@ -127,17 +117,6 @@ def _prepare(out: Path, address: Optional[str], num_cpus: Optional[int], console
             orchestrate.start_ray(address, num_cpus)
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start or reach Ray: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
-
-
-def _settings(seq_len, pool, skip_first, batch_size, max_words=None):
-    from raygeom.replica.settings import ExtractionSettings
-
-    if max_words is not None and max_words < 1:
-        raise RaygeomError(f"--max-words must be positive, got {max_words}")
-
-    return ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size)
-
-
 
 
 def _fmt(value, spec=".3f") -> str:
@@ -431,19 +410,8 @@ def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
 
 # ---------------------------------------------------------------- commands
 
-# Options every command here shares: one definition, one help text.
-RevisionOption = typer.Option(["main"], "--revision", "-r", help="Hub revision(s) for models given without @revision.")
-NSamplesOption = typer.Option(500, "--n-samples", "-n")
-MaxWordsOption = typer.Option(None, "--max-words", help="Cut every text to its first N words before tokenizing, so models with "
-                              "different tokenizers read the same text.")
-SeqLenOption = typer.Option(128, "--seq-len")
-PoolOption = typer.Option("last", "--pool", help="last | mean")
-SkipFirstOption = typer.Option(True, "--skip-first/--keep-first")
-BatchSizeOption = typer.Option(16, "--batch-size")
-ReportOption = typer.Option(None, "--report", help="Also copy the tables and plots into this directory.")
-NumCpusOption = typer.Option(None, "--num-cpus")
-ModelsOption = typer.Option(["smollm2"], "--model", "-m", help="Built-in name, HF hub id, model directory or .gguf file; "
-                            "name@revision picks a revision. Repeatable.")
+# The grid and PGA flags are pga's (raygeom.cli.flags): one declaration, one default each.
+MaxWordsOption = option(CommandFlags, "max_words")
 
 
 def register(app: typer.Typer) -> None:
@@ -451,99 +419,67 @@ def register(app: typer.Typer) -> None:
     cli = _cli()
 
     @app.command()
+    @checked(grid=(*TEXT_GRID, *PGA_OPTIONS))
     def diagnose(
-        model: list[str] = ModelsOption,
-        revision: list[str] = RevisionOption,
-        corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."),
-        n_samples: int = NSamplesOption,
-        max_words: Optional[int] = MaxWordsOption,
-        seq_len: int = SeqLenOption,
-        pool: str = PoolOption,
-        skip_first: bool = SkipFirstOption,
-        batch_size: int = BatchSizeOption,
-        layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
-        k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
-        ccr_ranks: str = typer.Option("0,1,5,10", "--ccr-ranks", help="CCR ranks of the restoration analysis."),
-        n_null: str = typer.Option("100", "--n-null", help="Nulls per PGA unit, or 'auto' (blocks of 100 until z's 95% "
-                                   "half-width is <= max(0.25, 5% of |z|), at most 1000)."),
-        z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
-        z_rel_width: float = typer.Option(0.05, "--z-rel-width", help="--n-null auto also stops at a 95% half-width of "
-                                          "this fraction of |z| (0: the absolute target alone)."),
-        n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one unit (|z| = 35 "
-                                       "needs about 38,000 for a half-width of 0.25)."),
-        null_chunks: int = typer.Option(4, "--null-chunks"),
-        sample_ccr: int = typer.Option(1, "--sample-ccr", help="CCR rank of the per-sample readout share set beside loss."),
-        probe: bool = typer.Option(True, "--probe/--no-probe", help="Linear probes on the corpus labels."),
-        probe_test_fraction: float = typer.Option(0.25, "--probe-test-fraction"),
-        seed: int = typer.Option(0, "--seed"),
-        out: Path = typer.Option(Path("runs/default"), "--out", "-o"),
-        report: Optional[Path] = ReportOption,
-        address: Optional[str] = cli.AddressOption,
-        num_cpus: Optional[int] = NumCpusOption,
+        max_words: Optional[str] = MaxWordsOption,
+        ccr_ranks: Optional[str] = option(DiagnoseFlags, "ccr_ranks"),
+        sample_ccr: Optional[str] = option(DiagnoseFlags, "sample_ccr"),
+        probe: Optional[bool] = option(DiagnoseFlags, "probe", names="--probe/--no-probe"),
+        probe_test_fraction: Optional[str] = option(ProbeParams, "test_fraction", flag="--probe-test-fraction"),
+        report: Optional[str] = ReportOption,
+        given: frozenset = frozenset(),
+        **grid,
     ):
         """Per-layer diagnostics: z at several CCR ranks, spectral metrics, PC1 readout share, loss beside geometry, probes."""
+        g = grid
         try:
-            _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
-                      null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus,
-                      z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap)
+            _diagnose(grid_job("diagnose", {**grid, "given": given}), max_words, g["k"], ccr_ranks, g["n_null"],
+                      g["null_chunks"], sample_ccr, probe, probe_test_fraction, g["seed"], report, g["address"],
+                      g["num_cpus"], z_half_width=g["z_half_width"], z_rel_width=g["z_rel_width"], n_null_cap=g["n_null_cap"])
         except RaygeomError as error:
             cli._fail(str(error))
 
     @app.command()
+    @checked(grid=(*TEXT_GRID, "k", "ccr", "null_chunks", "seed"))
     def converge(
-        model: list[str] = typer.Option(..., "--model", "-m", help="Two or more models (name or name@revision), all run on the same texts."),
-        revision: list[str] = RevisionOption,
-        corpus: str = typer.Option("bbc", "--corpus", "-c"),
-        n_samples: int = NSamplesOption,
-        max_words: Optional[int] = MaxWordsOption,
-        seq_len: int = SeqLenOption,
-        pool: str = PoolOption,
-        skip_first: bool = SkipFirstOption,
-        batch_size: int = BatchSizeOption,
-        layers: str = typer.Option("all", "--layers", help="Layers to extract in every model: " + LAYERS_HELP),
-        depths: Optional[int] = typer.Option(None, "--depths", help="Compare only the layers nearest this many evenly spaced relative depths."),
-        k: int = typer.Option(100, "--k"),
-        ccr: int = typer.Option(1, "--ccr"),
-        n_null: int = typer.Option(100, "--n-null"),
-        null_chunks: int = typer.Option(4, "--null-chunks"),
-        text_halves: int = typer.Option(10, "--text-halves", help="Half-samples of the texts behind each layer pair's "
-                                        "intervals over texts (0: none)."),
-        seed: int = typer.Option(0, "--seed"),
-        out: Path = typer.Option(Path("runs/default"), "--out", "-o"),
-        report: Optional[Path] = ReportOption,
-        address: Optional[str] = cli.AddressOption,
-        num_cpus: Optional[int] = NumCpusOption,
+        model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None, help="Two or more "
+                                            "models (name or name@revision), all run on the same texts. Repeatable."),
+        max_words: Optional[str] = MaxWordsOption,
+        depths: Optional[str] = option(DiagnoseFlags, "depths"),
+        n_null: Optional[str] = option(PGAParams, "n_null"),
+        text_halves: Optional[str] = option(PGAParams, "text_halves", help="Half-samples of the texts behind each layer "
+                                            "pair's intervals over texts (0: none, else >= 2)."),
+        report: Optional[str] = ReportOption,
+        given: frozenset = frozenset(),
+        **grid,
     ):
         """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
+        g = grid
         try:
-            _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
-                      null_chunks, seed, out, report, address, num_cpus, text_halves)
+            if g["job"] is None and "model" not in given:
+                raise RaygeomError("converge needs at least two models (--model A --model B, or --job FILE)")
+            _converge(grid_job("converge", {**grid, "model": model, "given": given}), max_words, depths, g["k"], g["ccr"],
+                      n_null, g["null_chunks"], g["seed"], report, g["address"], g["num_cpus"], text_halves)
         except RaygeomError as error:
             cli._fail(str(error))
 
     @app.command("probe")
+    @checked(grid=TEXT_GRID)
     def probe_command(
-        model: list[str] = ModelsOption,
-        revision: list[str] = RevisionOption,
-        corpus: str = typer.Option("bbc", "--corpus", "-c", help="Needs labels: 'bbc', a JSONL/Parquet file with 'label', or hf:ag_news."),
-        n_samples: int = NSamplesOption,
-        max_words: Optional[int] = MaxWordsOption,
-        seq_len: int = SeqLenOption,
-        pool: str = PoolOption,
-        skip_first: bool = SkipFirstOption,
-        batch_size: int = BatchSizeOption,
-        layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
-        test_fraction: float = typer.Option(0.25, "--test-fraction"),
-        seed: int = typer.Option(0, "--seed"),
-        out: Path = typer.Option(Path("runs/default"), "--out", "-o"),
-        report: Optional[Path] = ReportOption,
-        address: Optional[str] = cli.AddressOption,
-        num_cpus: Optional[int] = NumCpusOption,
+        corpus: Optional[str] = option(CorpusSection, "name", "-c", flag="--corpus", help="Needs labels: 'bbc', a "
+                                       "JSONL/Parquet file with 'label', or hf:ag_news."),
+        max_words: Optional[str] = MaxWordsOption,
+        test_fraction: Optional[str] = option(ProbeParams, "test_fraction"),
+        seed: Optional[str] = option(ProbeParams, "seed", help="Seed of the stratified train/test split (and of the "
+                                     "text sample)."),
+        report: Optional[str] = ReportOption,
+        given: frozenset = frozenset(),
+        **grid,
     ):
         """Linear probes (multinomial logistic regression, fixed stratified split) on every layer."""
         try:
-            _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
-                   report, address, num_cpus)
+            _probe(grid_job("probe", {**grid, "corpus": corpus, "seed": seed, "given": given}), max_words, test_fraction, seed,
+                   report, grid["address"], grid["num_cpus"])
         except RaygeomError as error:
             cli._fail(str(error))
 
@@ -556,9 +492,8 @@ def _check_labels(corpus_name: str) -> None:
                            "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
 
 
-def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, k, ccr_ranks, n_null,
-              null_chunks, sample_ccr, probe, probe_test_fraction, seed, out, report, address, num_cpus, z_half_width=0.25,
-              n_null_cap=1000, z_rel_width=0.05):
+def _diagnose(job, max_words, k, ccr_ranks, n_null, null_chunks, sample_ccr, probe, probe_test_fraction, seed, report,
+              address, num_cpus, z_half_width=0.25, n_null_cap=1000, z_rel_width=0.05):
     from raygeom.report.figures import write_rows
 
     cli = _cli()
@@ -568,16 +503,16 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), **n_null_settings(n_null), null_chunks=null_chunks, seed=seed,
                          z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
                          sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
-    settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
-    specs = _model_entries(model, revision)
+    specs, out = unique_specs(job), Path(job.out)
     if probe:
-        _check_labels(corpus)
+        _check_labels(job.corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
     from raygeom.jobs.pipeline import progress_bar
 
     params = diagnostics.DiagnosticsParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, nll=True)
+    store, _, infos = _extract_all(specs, job.corpus, job.n_samples, job.sample_seed, job.layers, job.extraction, out, console,
+                                   max_words, nll=True)
     merged, samples, parts = [], [], {"spectral": [], "sample_geometry": [], "pga": [], "probe": []}
     with progress_bar(console) as progress:
         for spec, info in infos:
@@ -610,14 +545,12 @@ def _diagnose(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     announce_report(store.root, console)
 
 
-def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, depths, k, ccr, n_null,
-              null_chunks, seed, out, report, address, num_cpus, text_halves=10):
+def _converge(job, max_words, depths, k, ccr, n_null, null_chunks, seed, report, address, num_cpus, text_halves=10):
     from raygeom.report.figures import write_rows
 
     cli = _cli()
     console = cli.console
-    settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
-    specs = _model_entries(model, revision)
+    specs, out = unique_specs(job), Path(job.out)
     if len(specs) < 2:
         raise RaygeomError("converge needs at least two models (--model A --model B)")
     params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths, text_halves=text_halves)
@@ -626,7 +559,8 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     from raygeom.jobs.pipeline import progress_bar
 
     params = converge_module.ConvergeParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words, align=True)
+    store, _, infos = _extract_all(specs, job.corpus, job.n_samples, job.sample_seed, job.layers, job.extraction, out, console,
+                                   max_words, align=True)
     models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
     sides = converge_module.model_sides(store, models, params)
     with progress_bar(console) as progress:
@@ -645,24 +579,21 @@ def _converge(model, revision, corpus, n_samples, max_words, seq_len, pool, skip
     announce_report(store.root, console)
 
 
-def _probe(model, revision, corpus, n_samples, max_words, seq_len, pool, skip_first, batch_size, layers, test_fraction, seed, out,
-           report, address, num_cpus):
+def _probe(job, max_words, test_fraction, seed, report, address, num_cpus):
     from rich.table import Table
 
     from raygeom.report.figures import write_rows
 
     cli = _cli()
     console = cli.console
-    if not 0.0 < test_fraction < 1.0:
-        raise RaygeomError(f"--test-fraction must lie in (0, 1), got {test_fraction}")
-    settings = _settings(seq_len, pool, skip_first, batch_size, max_words)
-    specs = _model_entries(model, revision)
-    _check_labels(corpus)
+    specs, out = unique_specs(job), Path(job.out)
+    _check_labels(job.corpus)
     _prepare(out, address, num_cpus, console)
     from raygeom.analyses import diagnostics
     from raygeom.jobs.pipeline import progress_bar
 
-    store, _, infos = _extract_all(specs, corpus, n_samples, seed, layers, settings, out, console, max_words)
+    store, _, infos = _extract_all(specs, job.corpus, job.n_samples, job.sample_seed, job.layers, job.extraction, out, console,
+                                   max_words)
     rows = []
     with progress_bar(console) as progress:
         for spec, info in infos:

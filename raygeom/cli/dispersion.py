@@ -11,9 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from raygeom.analyses.train import TrainSettings
 from raygeom.cli.consoles import output_width
+from raygeom.cli.flags import (LAYERS_HELP, TOKEN_GRID, AddressOption, CommandFlags, DispersionFlags, KnnFlags,
+                                NumCpusOption, PlotsOption, TrainFlags, checked, fail, grid_job, option,
+                                unique_specs)
 from raygeom.errors import RaygeomError
-from raygeom.params import LAYERS_HELP, PGAParams, check_value
+from raygeom.jobspec import CorpusSection
+from raygeom.params import PGAParams
 from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
 
@@ -21,13 +26,7 @@ from raygeom.report.html import announce_report
 console = Console(width=output_width())
 errors = Console(stderr=True)
 
-AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster instead of starting a local one.")
-NumCpusOption = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all).")
-
-
-def _fail(message: str) -> None:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _prepare(address: Optional[str]) -> None:
@@ -59,12 +58,6 @@ def _table(rows: list[dict], columns: list[str], title: str) -> Table:
     return table
 
 
-def _specs(models: list[str], revisions: list[str]):
-    from raygeom.sources.models import resolve_model
-
-    return [resolve_model(m, r) for m in models for r in revisions]
-
-
 def _progress():
     from raygeom.jobs.pipeline import progress_bar
 
@@ -89,8 +82,8 @@ def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report
     return written
 
 
-ReportOption = typer.Option(None, "--report", help="Also write the CSV copies of the tables and the plots into this "
-                            "directory (e.g. docs/results/dispersion).")
+ReportOption = option(CommandFlags, "report", path=True, help="Also write the CSV copies of the tables and the plots into "
+                      "this directory (e.g. docs/results/dispersion).")
 
 
 def _check_report(report: Optional[Path]) -> None:
@@ -105,46 +98,65 @@ def _check_report(report: Optional[Path]) -> None:
         raise RaygeomError(f"report directory {report} is not writable")
 
 
-NBootOption = typer.Option(1000, "--n-boot", help="Bootstrap draws behind every interval (seeded by --seed).")
+# The token-level commands' flags, declared once (raygeom.cli.flags.DispersionFlags).
+TokenLayersOption = option(CommandFlags, "layers", help=LAYERS_HELP + " attn_last is always added.")
+ChunkLenOption = option(DispersionFlags, "chunk_len")
+BatchSizeOption = option(DispersionFlags, "batch_size")
+DomainTokensOption = option(DispersionFlags, "domain_tokens")
+NBootOption = option(DispersionFlags, "n_boot")
+SeedOption = option(DispersionFlags, "seed")
 
 
+def _store(default: str):
+    return option(CommandFlags, "out", "-o", path=True, default=default, help="Store directory (with --job: the job's out).")
+
+
+def _grid(name: str, values: dict):
+    """A token-level command's models, corpus, layers and store: from --job, with the flags given over it."""
+    job = grid_job(name, {key: value for key, value in values.items()
+                          if key in ("job", "given", "model", "revision", "corpus", "layers", "out")})
+    return job, unique_specs(job), Path(job.out)
+
+
+@checked(grid=TOKEN_GRID)
 def dispersion(
-    model: list[str] = typer.Option(["smollm2"], "--model", "-m", help="Built-in name, hub id, model dir or .gguf. Repeatable."),
-    revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s). Repeatable."),
-    corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name or file; its labels are the domains."),
-    chunk_len: int = typer.Option(512, "--chunk-len", help="Tokens per chunk."),
-    chunks_per_domain: int = typer.Option(40, "--chunks-per-domain"),
-    batch_size: int = typer.Option(4, "--batch-size", help="Chunks per forward pass."),
-    layers: str = typer.Option("all", "--layers", help=LAYERS_HELP + " attn_last is always added."),
-    domain_tokens: str = typer.Option("digits", "--domain-tokens", help="Gap token set: digits, or comma-separated token texts."),
-    group_size: int = typer.Option(20, "--group-size", help="Chunks per perplexity group (authors: 100, over far more chunks)."),
-    n_groups: int = typer.Option(100, "--n-groups", help="Groups kept, evenly spaced in mean perplexity."),
-    n_slices: int = typer.Option(8, "--n-slices", help="k-means slices for the difficulty analysis."),
-    model_layer: str = typer.Option("final_norm", "--model-layer", help="Layer of the cross-model and gap summaries."),
-    n_boot: int = NBootOption,
-    seed: int = typer.Option(0, "--seed"),
-    out: Path = typer.Option(Path("runs/dispersion"), "--out", "-o", help="Store directory."),
-    plots: Optional[Path] = typer.Option(None, "--plots", help="Where PNGs go (default: <out>/plots)."),
-    report: Optional[Path] = ReportOption,
-    address: Optional[str] = AddressOption,
-    num_cpus: Optional[int] = NumCpusOption,
+    layers: Optional[str] = TokenLayersOption,
+    corpus: Optional[str] = option(CorpusSection, "name", "-c", flag="--corpus",
+                                   help="Built-in name or file; its labels are the domains."),
+    chunk_len: Optional[str] = ChunkLenOption,
+    chunks_per_domain: Optional[str] = option(DispersionFlags, "chunks_per_domain"),
+    batch_size: Optional[str] = BatchSizeOption,
+    domain_tokens: Optional[str] = DomainTokensOption,
+    group_size: Optional[str] = option(DispersionFlags, "group_size"),
+    n_groups: Optional[str] = option(DispersionFlags, "n_groups"),
+    n_slices: Optional[str] = option(DispersionFlags, "n_slices"),
+    model_layer: Optional[str] = option(DispersionFlags, "model_layer"),
+    n_boot: Optional[str] = NBootOption,
+    seed: Optional[str] = SeedOption,
+    out: Optional[str] = _store("runs/dispersion"),
+    plots: Optional[str] = PlotsOption,
+    report: Optional[str] = ReportOption,
+    given: frozenset = frozenset(),
+    **grid,
 ):
     """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap,
     each correlation with a 95 % bootstrap interval; bits per byte beside perplexity."""
+    values = dict(locals(), **grid)
+    address, num_cpus = grid["address"], grid["num_cpus"]
     from raygeom.sources.corpus import load_corpus
     from raygeom.store.tree import Store, check_writable
 
     try:
+        job, specs, out = _grid("dispersion", values)
         _prepare(address)
         from raygeom.analyses.dispersion import AnalysisSettings, DispersionSettings
 
-        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, layers, domain_tokens, seed)
+        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, job.layers, domain_tokens, seed)
         analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer, n_boot)
-        specs = _specs(model, revision)
         _check_report(report)
         store = Store(out)
         check_writable(store.root)
-        text = load_corpus(corpus)
+        text = load_corpus(job.corpus)
         analysis.check_against(len(set(text.labels or ["all"])) * chunks_per_domain)
         _start(address, num_cpus)
         from raygeom.analyses import dispersion as dp
@@ -197,50 +209,44 @@ def dispersion(
         _fail(str(error))
 
 
+@checked(grid=TOKEN_GRID)
 def select(
-    job: Optional[Path] = typer.Option(None, "--job", help="A sweep job file: its models, revisions and corpus are ranked."),
-    model: list[str] = typer.Option([], "--model", "-m", help="Model(s) to rank when no job file is given. Repeatable."),
-    revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Revisions (checkpoints). Repeatable."),
-    corpus: str = typer.Option("bbc", "--corpus", "-c"),
-    domain_tokens: str = typer.Option("digits", "--domain-tokens", help="digits, or comma-separated token texts."),
-    layer: str = typer.Option("final_norm", "--layer", help="Layer whose gap ranks the candidates."),
-    chunk_len: int = typer.Option(512, "--chunk-len"),
-    chunks_per_domain: int = typer.Option(10, "--chunks-per-domain"),
-    batch_size: int = typer.Option(4, "--batch-size"),
-    n_boot: int = NBootOption,
-    seed: int = typer.Option(0, "--seed"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store (default: the job's out, or runs/select)."),
-    plots: Optional[Path] = typer.Option(None, "--plots", help="Where the PNG goes (default: <out>/plots)."),
-    report: Optional[Path] = ReportOption,
-    address: Optional[str] = AddressOption,
-    num_cpus: Optional[int] = NumCpusOption,
+    job: Optional[Path] = typer.Option(None, "--job", help="A job file: its models, revisions, corpus and store are ranked "
+                                                          "(the flags given override it)."),
+    model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None,
+                                        help="Model(s) to rank when no job file is given. Repeatable."),
+    domain_tokens: Optional[str] = DomainTokensOption,
+    layer: Optional[str] = option(DispersionFlags, "model_layer", flag="--layer", help="Layer whose gap ranks the candidates."),
+    chunk_len: Optional[str] = ChunkLenOption,
+    chunks_per_domain: Optional[str] = option(DispersionFlags, "chunks_per_domain", default=10),
+    batch_size: Optional[str] = BatchSizeOption,
+    n_boot: Optional[str] = NBootOption,
+    seed: Optional[str] = SeedOption,
+    out: Optional[str] = _store("runs/select"),
+    plots: Optional[str] = PlotsOption,
+    report: Optional[str] = ReportOption,
+    given: frozenset = frozenset(),
+    **grid,
 ):
     """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free;
     G with its 95 % bootstrap interval over chunks and the positions behind it."""
+    values = dict(locals(), **grid)
+    address, num_cpus = grid["address"], grid["num_cpus"]
     from raygeom.sources.corpus import load_corpus
     from raygeom.store.tree import Store, check_writable
 
     try:
+        if job is None and not model:
+            raise RaygeomError("give --job or at least one --model")
+        spec_job, specs, root = _grid("select", values)
         _prepare(address)
         from raygeom.analyses.dispersion import DispersionSettings
 
-        if n_boot < 10:
-            raise RaygeomError(f"--n-boot must be at least 10, got {n_boot}")
-        if job is not None:
-            from raygeom.jobspec import load_job
-            from raygeom.jobs.pipeline import job_models
-
-            spec_job = load_job(job)
-            specs, corpus, root = job_models(spec_job), spec_job.corpus, out or Path(spec_job.out)
-        else:
-            if not model:
-                raise RaygeomError("give --job or at least one --model")
-            specs, root = _specs(model, revision), out or Path("runs/select")
         settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, "all", domain_tokens, seed)
         _check_report(report)
         store = Store(root)
         check_writable(store.root)
-        text = load_corpus(corpus)
+        text = load_corpus(spec_job.corpus)
         _start(address, num_cpus)
         from raygeom.analyses.dispersion import plot_select, rank_by_gap
         rows = rank_by_gap(store, specs, text, settings, layer, n_boot)
@@ -261,48 +267,49 @@ def select(
         _fail(str(error))
 
 
+@checked(grid=TOKEN_GRID)
 def knn(
-    model: str = typer.Option("smollm2", "--model", "-m"),
-    revision: str = typer.Option("main", "--revision", "-r"),
-    corpus: str = typer.Option("bbc", "--corpus", "-c"),
-    layers: str = typer.Option("all", "--layers", help="Candidate layers: " + LAYERS_HELP + " attn_last is always added."),
-    chunk_len: int = typer.Option(512, "--chunk-len"),
-    train_chunks: int = typer.Option(40, "--train-chunks", help="Chunks of datastore text."),
-    test_chunks: int = typer.Option(8, "--test-chunks", help="Chunks of held-out text (other articles)."),
-    k: int = typer.Option(64, "--k", help="Neighbours."),
-    temperature: str = typer.Option("auto", "--temperature", help="A number, or auto: per layer, the median nearest squared distance."),
-    temperature_scales: str = typer.Option("0.1,0.3,1", "--temperature-scales", help="Multipliers of the temperature tried."),
-    lam: str = typer.Option("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "--lam", help="Interpolation weights tried; (T, lam) chosen on a tuning half."),
-    bootstrap_block: int = typer.Option(64, "--bootstrap-block", help="Held-out tokens per resampled block of the "
-                                        "bootstrap interval (consecutive, within a chunk); 1 = single tokens, "
-                                        ">= chunk-len = whole chunks."),
-    n_boot: int = typer.Option(2000, "--n-boot", help="Bootstrap resamples."),
-    batch_size: int = typer.Option(4, "--batch-size"),
-    seed: int = typer.Option(0, "--seed"),
-    out: Path = typer.Option(Path("runs/knn"), "--out", "-o"),
-    plots: Optional[Path] = typer.Option(None, "--plots"),
-    report: Optional[Path] = ReportOption,
-    gpus_per_task: float = typer.Option(0.0, "--gpus-per-task"),
-    address: Optional[str] = AddressOption,
-    num_cpus: Optional[int] = NumCpusOption,
+    layers: Optional[str] = TokenLayersOption,
+    chunk_len: Optional[str] = ChunkLenOption,
+    train_chunks: Optional[str] = option(KnnFlags, "train_chunks"),
+    test_chunks: Optional[str] = option(KnnFlags, "test_chunks"),
+    k: Optional[str] = option(KnnFlags, "k"),
+    temperature: Optional[str] = option(KnnFlags, "temperature"),
+    temperature_scales: Optional[str] = option(KnnFlags, "temperature_scales"),
+    lam: Optional[str] = option(KnnFlags, "lams"),
+    bootstrap_block: Optional[str] = option(KnnFlags, "bootstrap_block"),
+    n_boot: Optional[str] = option(KnnFlags, "n_boot"),
+    batch_size: Optional[str] = BatchSizeOption,
+    seed: Optional[str] = SeedOption,
+    out: Optional[str] = _store("runs/knn"),
+    plots: Optional[str] = PlotsOption,
+    report: Optional[str] = ReportOption,
+    gpus_per_task: Optional[str] = option(PGAParams, "gpus_per_task", help="GPUs each kNN-LM task asks Ray for (0: CPU)."),
+    given: frozenset = frozenset(),
+    **grid,
 ):
     """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
+    values = dict(locals(), **grid)
+    address, num_cpus = grid["address"], grid["num_cpus"]
     from raygeom.sources.corpus import load_corpus
     from raygeom.store.tree import Store, check_writable
 
     try:
-        check_value(PGAParams, "gpus_per_task", gpus_per_task, label="--gpus-per-task")  # the same declaration as pga's
+        job, specs, out = _grid("knn", values)
+        if len(specs) != 1:
+            raise RaygeomError(f"knn runs one model at one revision; got {len(specs)}: "
+                               + ", ".join(f"{s.name}@{s.revision}" for s in specs))
+        spec = specs[0]
         _prepare(address)
         from raygeom.analyses.knn import KnnSettings
 
-        settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=layers, k=k,
+        settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=job.layers, k=k,
                                temperature=temperature, temperature_scales=temperature_scales, lams=lam, batch_size=batch_size,
                                seed=seed, gpus_per_task=gpus_per_task, bootstrap_block=bootstrap_block, n_boot=n_boot)
-        spec = _specs([model], [revision])[0]
         _check_report(report)
         store = Store(out)
         check_writable(store.root)
-        text = load_corpus(corpus)
+        text = load_corpus(job.corpus)
         _start(address, num_cpus)
         from raygeom.analyses import knn as knn_module
 
@@ -340,64 +347,54 @@ def knn(
         _fail(str(error))
 
 
+TRAIN_FLAGS = ("corpus", "steps", "batch_size", "seq_len", "lr", "hidden_size", "n_layers", "vocab_size", "push_layer", "over",
+               "eval_every", "workers", "use_gpu", "cpus_per_worker")
+
+
+def _train_option(name: str, *aliases: str, **kwargs):
+    return option(TrainSettings, name, *aliases, **kwargs)
+
+
+@checked
 def train(
-    corpus: str = typer.Option("bbc", "--corpus", "-c"),
-    lam: list[float] = typer.Option([0.0], "--lam", help="Push-away weight lambda in L = L_LM - lambda * D_batch. Repeatable."),
-    seeds: str = typer.Option("0", "--seeds", help="Comma-separated seeds; each lambda runs with each seed."),
-    steps: int = typer.Option(600, "--steps"),
-    batch_size: int = typer.Option(16, "--batch-size", help="Global batch (split over workers)."),
-    seq_len: int = typer.Option(128, "--seq-len"),
-    lr: float = typer.Option(2e-3, "--lr"),
-    hidden_size: int = typer.Option(128, "--hidden-size"),
-    n_layers: int = typer.Option(4, "--n-layers"),
-    vocab_size: int = typer.Option(4096, "--vocab-size", help="BPE vocabulary trained on the training split."),
-    push_layer: str = typer.Option("final_norm", "--push-layer", help="Layer whose dispersion is pushed (e.g. final_norm, block_03)."),
-    over: str = typer.Option("tokens", "--over", help="tokens | last | mean: which vectors D_batch is over."),
-    eval_every: int = typer.Option(100, "--eval-every"),
-    workers: int = typer.Option(1, "--workers", help="Data-parallel Ray Train workers."),
-    use_gpu: bool = typer.Option(False, "--gpu/--cpu", help="One GPU per worker."),
-    cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker"),
-    save_every: int = typer.Option(0, "--save-every", help="Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... "
-                                   "--log-until, then every N steps. 0: no checkpoints."),
-    log_until: int = typer.Option(512, "--log-until", help="Last log-spaced checkpoint step."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where checkpoints go (one run only); default "
-                                           "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ..."),
-    out: Path = typer.Option(Path("runs/train"), "--out", "-o"),
-    plots: Optional[Path] = typer.Option(None, "--plots", help="Where the PNG goes (default: <out>/plots)."),
-    report: Optional[Path] = ReportOption,
+    job: Optional[Path] = typer.Option(None, "--job", help="Train the runs of this job file's train section, into its "
+                                                          "run_dir, with the job's out as the store; the settings flags "
+                                                          "given override every run's."),
+    corpus: Optional[str] = _train_option("corpus", "-c"),
+    lam: Optional[list[str]] = _train_option("lam", many=True, help="Push-away weight lambda in L = L_LM - lambda * D_batch. "
+                                             "Repeatable."),
+    seeds: Optional[str] = option(TrainFlags, "seeds"),
+    steps: Optional[str] = _train_option("steps"),
+    batch_size: Optional[str] = _train_option("batch_size", help="Global batch (split over workers)."),
+    seq_len: Optional[str] = _train_option("seq_len"),
+    lr: Optional[str] = _train_option("lr"),
+    hidden_size: Optional[str] = _train_option("hidden_size"),
+    n_layers: Optional[str] = _train_option("n_layers"),
+    vocab_size: Optional[str] = _train_option("vocab_size", help="BPE vocabulary trained on the training split."),
+    push_layer: Optional[str] = _train_option("push_layer", help="Layer whose dispersion is pushed (e.g. final_norm, "
+                                              "block_03)."),
+    over: Optional[str] = _train_option("over", help="tokens | last | mean: which vectors D_batch is over."),
+    eval_every: Optional[str] = _train_option("eval_every"),
+    workers: Optional[str] = _train_option("workers"),
+    use_gpu: Optional[bool] = _train_option("use_gpu", names="--gpu/--cpu"),
+    cpus_per_worker: Optional[str] = _train_option("cpus_per_worker"),
+    save_every: Optional[str] = option(TrainFlags, "save_every"),
+    log_until: Optional[str] = option(TrainFlags, "log_until"),
+    run_dir: Optional[str] = option(TrainFlags, "run_dir", path=True),
+    out: Optional[str] = _store("runs/train"),
+    plots: Optional[str] = option(CommandFlags, "plots", path=True, help="Where the PNG goes (default: <out>/plots)."),
+    report: Optional[str] = ReportOption,
     address: Optional[str] = AddressOption,
-    num_cpus: Optional[int] = NumCpusOption,
+    num_cpus: Optional[str] = NumCpusOption,
+    given: frozenset = frozenset(),
 ):
     """Push-away training with Ray Train: a small GPT-NeoX from scratch, L = L_LM - lambda * D_batch."""
+    values = dict(locals())
     from raygeom.store.tree import Store, check_writable
 
     try:
+        runs, out = _job_runs(job, values) if job is not None else _flag_runs(values)
         _prepare(address)
-        from raygeom.analyses.train import TrainSettings
-
-        try:
-            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-        except ValueError:
-            raise RaygeomError(f"--seeds must be comma-separated integers, got '{seeds}'") from None
-        base = TrainSettings(corpus=corpus, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, hidden_size=hidden_size,
-                             n_layers=n_layers, vocab_size=vocab_size, push_layer=push_layer, over=over, eval_every=eval_every,
-                             workers=workers, use_gpu=use_gpu, cpus_per_worker=cpus_per_worker)
-        grid = [base.with_run(lam=l, seed=s) for l in lam for s in seed_list]
-        if not grid:
-            raise RaygeomError("no runs: give at least one --lam and one seed")
-        if save_every < 0:
-            raise RaygeomError(f"--save-every must be 0 (no checkpoints) or positive, got {save_every}")
-        if run_dir is not None and (len(grid) > 1 or not save_every):
-            raise RaygeomError("--run-dir needs --save-every and a single run (one --lam, one seed)")
-        from raygeom.analyses.train import CheckpointPlan, checkpoint_steps
-
-        def plan_of(settings):
-            if not save_every:
-                return None
-            directory = run_dir or out / "checkpoints" / f"lam{settings.lam:g}-seed{settings.seed}"
-            return CheckpointPlan(str(directory.expanduser().resolve()), checkpoint_steps(settings.steps, save_every, log_until))
-
-        plan_of(grid[0])  # a bad schedule fails before Ray starts
         _check_report(report)
         store = Store(out)
         check_writable(store.root)
@@ -406,9 +403,9 @@ def train(
         from raygeom.jobs import train as train_job
 
         rows = []
-        for settings in grid:
+        for settings, plan in runs:
             with console.status(f"training lambda={settings.lam} seed={settings.seed} ({settings.steps} steps)"):
-                row = train_job.run_training(store, settings, plan_of(settings))
+                row = train_job.run_training(store, settings, plan)
             rows.append(row)
             if row.get("run_dir"):
                 console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", highlight=False)
@@ -438,6 +435,52 @@ def train(
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
+
+
+def _flag_runs(values: dict) -> tuple[list, Path]:
+    """train's runs from its flags: each --lam with each seed, checkpoints as --save-every says."""
+    from raygeom.analyses.train import CheckpointPlan, checkpoint_steps
+
+    seeds, save_every, run_dir, out = values["seeds"], values["save_every"], values["run_dir"], values["out"]
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise RaygeomError(f"--seeds must be comma-separated integers, got '{seeds}'") from None
+    base = TrainSettings(**{name: values[name] for name in TRAIN_FLAGS})
+    grid = [base.with_run(lam=lam, seed=seed) for lam in values["lam"] for seed in seed_list]
+    if not grid:
+        raise RaygeomError("no runs: give at least one --lam and one seed")
+    if run_dir is not None and (len(grid) > 1 or not save_every):
+        raise RaygeomError("--run-dir needs --save-every and a single run (one --lam, one seed)")
+
+    def plan_of(settings):
+        if not save_every:
+            return None
+        directory = run_dir or out / "checkpoints" / f"lam{settings.lam:g}-seed{settings.seed}"
+        return CheckpointPlan(str(directory.expanduser().resolve()),
+                              checkpoint_steps(settings.steps, save_every, values["log_until"]))
+
+    return [(settings, plan_of(settings)) for settings in grid], out  # a bad schedule fails here, before Ray starts
+
+
+def _job_runs(job_file: Path, values: dict) -> tuple[list, Path]:
+    """train's runs from a job file's [train] section (one run, or its grid), the settings flags given over each."""
+    from dataclasses import replace
+
+    from raygeom.jobspec import load_job
+
+    given = values["given"]
+    job = load_job(job_file)
+    if not job.trains:
+        raise RaygeomError(f"{job_file}: no [train] section, so there is nothing to train")
+    fixed = sorted(name for name in ("lam", "seeds", "save_every", "log_until", "run_dir") if name in given)
+    if fixed:
+        raise RaygeomError(f"--{fixed[0].replace('_', '-')} with --job: the job's [train] section names its runs and "
+                           "their checkpoints; change it there")
+    overrides = {name: values[name] for name in TRAIN_FLAGS if name in given}
+    runs = [(replace(run.settings, **overrides), run) for run in job.trains]
+    return [(settings, replace(run, settings=settings).plan()) for settings, run in runs], (
+        values["out"] if "out" in given else Path(job.out))
 
 
 def register(app: typer.Typer) -> None:

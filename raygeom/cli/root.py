@@ -15,8 +15,9 @@ from rich.errors import MarkupError
 from rich.markup import escape
 
 from raygeom.cli.consoles import output_width
+from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, CommandFlags, checked, fail, grid_job, option
 from raygeom.errors import RaygeomError
-from raygeom.params import LAYERS_HELP
+from raygeom.params import n_null_settings
 
 class SafeConsole(Console):
     """A last line of defence: text that is not valid rich markup (a path or model name with '[/x]' in it)
@@ -40,13 +41,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 console = SafeConsole(width=output_width())
 errors = SafeConsole(stderr=True)
 
-AddressOption = typer.Option(None, "--address", help="Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.")
-OutOption = typer.Option(None, "--out", "-o", help="Output directory (the store).")
-
-
-def _fail(message: str) -> None:
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+_fail = fail  # a refusal: one line, exit 2 (the other command modules use it too)
 
 
 _local_ray = {"started": False}
@@ -104,86 +99,53 @@ def _run(job, address, num_cpus):
     return outputs
 
 
+PGA_FLAGS = {"k": "k", "ccr": "r", "z_half_width": "z_half_width", "z_rel_width": "z_rel_width",
+             "n_null_cap": "n_null_cap", "null_chunks": "null_chunks", "seed": "seed"}
+
+
+def pga_overrides(values: dict, every: bool) -> dict:
+    """PGA's parameters from a command's flags: all of them (``every``), or only those given on the command line."""
+    given = values["given"]
+    chosen = {field: values[name] for name, field in PGA_FLAGS.items() if every or name in given}
+    return {**chosen, **n_null_settings(values["n_null"] if every or "n_null" in given else None)}
+
+
 @app.command()
+@checked(grid=tuple(name for name in (*TEXT_GRID, *PGA_OPTIONS) if name != "job"))
 def run(
     job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/laptop.toml"),
-    out: Optional[Path] = OutOption,
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Replace the job's models by this one."),
-    revision: Optional[list[str]] = typer.Option(None, "--revision", "-r", help="With --model: its revision(s)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", "-c"),
-    n_samples: Optional[int] = typer.Option(None, "--n-samples", "-n", help="Override the job's number of texts."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
-    pool: Optional[str] = typer.Option(None, "--pool", help="last | mean"),
-    skip_first: Optional[bool] = typer.Option(None, "--skip-first/--keep-first"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
-    layers: Optional[str] = typer.Option(None, "--layers", help=LAYERS_HELP),
-    k: Optional[int] = typer.Option(None, "--k"),
-    ccr: Optional[int] = typer.Option(None, "--ccr"),
-    n_null: Optional[str] = typer.Option(None, "--n-null", help="Random subspaces in the null, or 'auto'."),
-    z_half_width: Optional[float] = typer.Option(None, "--z-half-width"),
-    z_rel_width: float | None = typer.Option(None, "--z-rel-width"),
-    n_null_cap: Optional[int] = typer.Option(None, "--n-null-cap"),
-    null_chunks: Optional[int] = typer.Option(None, "--null-chunks"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the text sample and of the nulls."),
-    address: Optional[str] = AddressOption,
-    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs for a local Ray (default: all)."),
+    out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None,
+                                help="The store (default: the job's out)."),
+    model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None,
+                                        help="Replace the job's models by these (repeatable; name@revision picks a revision)."),
+    revision: Optional[list[str]] = option(CommandFlags, "revision", "-r", many=True, default=None,
+                                           help="With --model: its revision(s)."),
+    given: frozenset = frozenset(),
+    **grid,
 ):
     """Run a job file: extract every model and revision, then Subspace PGA for every layer. Every flag of
     `raygeom pga` overrides the job's setting of the same name."""
-    from raygeom.jobspec import ModelEntry, load_job
-    from raygeom.params import n_null_settings
-
+    values = {**grid, "job": job_file, "out": out, "model": model, "revision": revision, "given": given}
     try:
-        if revision and not model:
-            raise RaygeomError("--revision needs --model (a job file names the revisions of each of its models)")
-        models = (ModelEntry(model, tuple(revision or ["main"])),) if model else None
-        job = load_job(job_file).with_overrides(
-            out=str(out) if out else None, models=models, corpus=corpus, n_samples=n_samples, sample_seed=seed,
-            layers=layers, seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size, k=k, r=ccr,
-            seed=seed, null_chunks=null_chunks, z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
-            **n_null_settings(n_null))
-        _run(job, address, num_cpus)
+        job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values, every=False))
+        _run(job, values["address"], values["num_cpus"])
     except RaygeomError as error:
         _fail(str(error))
 
 
 @app.command()
-def pga(
-    model: str = typer.Option("smollm2", "--model", "-m", help="Built-in name, HF hub id, model directory or .gguf file."),
-    revision: list[str] = typer.Option(["main"], "--revision", "-r", help="Hub revision(s), e.g. step1000. Repeatable."),
-    corpus: str = typer.Option("bbc", "--corpus", "-c", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."),
-    n_samples: int = typer.Option(500, "--n-samples", "-n"),
-    seq_len: int = typer.Option(128, "--seq-len"),
-    pool: str = typer.Option("last", "--pool", help="last | mean"),
-    skip_first: bool = typer.Option(True, "--skip-first/--keep-first", help="With --pool mean, drop each text's first token."),
-    batch_size: int = typer.Option(16, "--batch-size"),
-    layers: str = typer.Option("all", "--layers", help=LAYERS_HELP),
-    k: int = typer.Option(100, "--k", help="Readout subspace dimension (k < d)."),
-    ccr: int = typer.Option(1, "--ccr", help="Top principal components removed after centring."),
-    n_null: str = typer.Option("100", "--n-null", help="Random subspaces in the null, or 'auto': blocks of 100 until "
-                               "z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|), at most --n-null-cap."),
-    z_half_width: float = typer.Option(0.25, "--z-half-width", help="Target 95% half-width of z for --n-null auto."),
-    z_rel_width: float = typer.Option(0.05, "--z-rel-width", help="--n-null auto also stops at a 95% half-width of "
-                                      "this fraction of |z| (0: the absolute target alone)."),
-    n_null_cap: int = typer.Option(1000, "--n-null-cap", help="Most nulls --n-null auto draws for one layer."),
-    null_chunks: int = typer.Option(10, "--null-chunks", help="Ray tasks the nulls of one layer are split into."),
-    seed: int = typer.Option(0, "--seed"),
-    out: Path = typer.Option(Path("runs/default"), "--out", "-o", help="The store (shared by pga, diagnose, probe and the registry commands)."),
-    address: Optional[str] = AddressOption,
-    num_cpus: Optional[int] = typer.Option(None, "--num-cpus"),
-):
-    """Subspace PGA of one model (one or more revisions) on one corpus, configured by flags."""
-    from raygeom.replica.settings import ExtractionSettings
-    from raygeom.jobspec import JobSpec, ModelEntry
-    from raygeom.params import PGAParams, n_null_settings
+@checked(grid=(*TEXT_GRID, *PGA_OPTIONS))
+def pga(given: frozenset = frozenset(), **grid):
+    """Subspace PGA of the models (each at one or more revisions) on one corpus, configured by flags or by a job
+    file's grid and its pga section (--job; the flags given override it)."""
+    from dataclasses import replace
 
+    values = {**grid, "given": given}
     try:
-        job = JobSpec(name=f"{model}", out=str(out), models=(ModelEntry(model, tuple(revision)),), corpus=corpus,
-                      n_samples=n_samples, sample_seed=seed, layers=layers,
-                      extraction=ExtractionSettings(seq_len=seq_len, pool=pool, skip_first=skip_first, batch_size=batch_size),
-                      pga=PGAParams(k=k, r=ccr, seed=seed, null_chunks=null_chunks, z_half_width=z_half_width,
-                                    z_rel_width=z_rel_width, n_null_cap=n_null_cap, **n_null_settings(n_null)))
-        _run(job, address, num_cpus)
+        job = grid_job(" ".join(values["model"]), values)
+        if values["job"] is not None:  # the job's PGA: its pga section, and any analyses.pga grid, the flags given over them
+            job = replace(job, analyses=tuple(p for p in job.analyses if p.analysis == "pga"))
+        _run(job.with_overrides(**pga_overrides(values, every=values["job"] is None)), values["address"], values["num_cpus"])
     except RaygeomError as error:
         _fail(str(error))
 

@@ -14,15 +14,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from raygeom.cli.consoles import output_width
+from raygeom.cli.flags import CommandFlags, checked, option
+from raygeom.cli.flags import fail as _fail
 from raygeom.errors import RaygeomError
+from raygeom.jobspec import SweepSettings
 
 console = Console(width=output_width())
-errors = Console(stderr=True)
-
-
-def _fail(message: str) -> None:
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _load(job_file: Path, out: Optional[Path]):
@@ -93,12 +90,8 @@ def print_per_analysis(plan) -> None:
 
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.analyses import sweep
-    from raygeom.jobspec import SweepSettings
-    from raygeom.params import check_value
     from raygeom.sources.revisions import gpus_per_model
 
-    if gpu_memory_gib is not None:
-        check_value(SweepSettings, "gpu_memory_gib", gpu_memory_gib, label="--gpu-memory-gib")
     if _show_training(job_file, out):
         return
     job, plan = _load(job_file, out)
@@ -204,9 +197,13 @@ def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
 
     @app.command()
+    @checked
     def plan(job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/pythia-sweep.toml"),
-             out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store to compare against (default: the job's out)."),
-             gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="GPU memory for the GPUs/replica column.")):
+             out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None,
+                                         help="Store to compare against (default: the job's out)."),
+             gpu_memory_gib: Optional[str] = option(SweepSettings, "gpu_memory_gib", default=None,
+                                                    help="GPU memory for the GPUs/replica column (default: the job's "
+                                                         "[sweep] gpu_memory_gib, else 80).")):
         """Print the sweep grid, the units already done and a cost estimate from measured unit times."""
         try:
             show_plan(job_file, out, gpu_memory_gib)
@@ -214,8 +211,10 @@ def register(app: typer.Typer) -> None:
             _fail(str(error))
 
     @app.command()
+    @checked
     def status(job_file: Path = typer.Argument(..., help="TOML job file"),
-               out: Optional[Path] = typer.Option(None, "--out", "-o", help="Store to read (default: the job's out).")):
+               out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None,
+                                           help="Store to read (default: the job's out).")):
         """Progress of a sweep from the store alone, with revisions whose weights duplicate another's."""
         try:
             show_status(job_file, out)

@@ -193,3 +193,140 @@ def test_every_numeric_flag_of_every_command_refuses_text_in_one_line(path, flag
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and flag in lines[0] and "error:" in lines[0], lines
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ the hand-written commands' declared flags
+
+def _commands():
+    """(path, click command) of every command of the app, each callback once (`analyze pga` and `pga` are two)."""
+    import typer
+
+    from raygeom.cli.root import app as root_app
+
+    def walk(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in sorted(command.commands.items()):
+                yield from walk(sub, [*path, name])
+        else:
+            yield path, command
+
+    return list(walk(typer.main.get_command(root_app), []))
+
+
+def _arguments(command) -> list[str]:
+    """A value for each required argument (a job file that is not there: a flag refused first never reads it)."""
+    return ["job.toml" for p in command.params if p.param_type_name == "argument" and p.required]
+
+
+def declared_flag_cases():
+    """Every declared flag of every hand-written command, and of one registry command (they are all made by one
+    function with the same grid options; their own parameters are test_bad_value_is_refused_by_its_declaration's)."""
+    seen, registry_commands = set(), []
+    for path, command in _commands():
+        if getattr(command.callback, "analysis", None):
+            registry_commands.append(path)
+            if len(registry_commands) > 1:
+                continue
+        declared = getattr(command.callback, "declared", {})
+        for name, flag in declared.items():
+            key = (getattr(command.callback, "__wrapped__", command.callback), flag.flag)
+            if key in seen:
+                continue
+            seen.add(key)
+            spec = next(f for f in fields(flag.cls) if f.name == flag.name)
+            cases = [(case, text) for case, _, text in bad_values(flag.cls, spec) if text is not None]
+            if spec.metadata.get("choices"):
+                cases.append(("not a choice", "no-such-choice"))
+            for case, text in cases:
+                yield pytest.param(path, _arguments(command), flag.flag, text,
+                                   id=f"{' '.join(path)} {flag.flag}={text!r}:{case}")
+
+
+def test_every_hand_written_command_declares_its_flags():
+    """Every option of a command with declarations is declared (true/false flags and --job aside), its default is
+    allowed by its declaration, and the commands that take a grid have --job."""
+    covered = set()
+    for path, command in _commands():
+        declared = getattr(command.callback, "declared", None)
+        if declared is None:
+            continue
+        covered.add(" ".join(path))
+        analysis = getattr(command.callback, "analysis", None)  # a registry command: its Params declare the rest
+        own = {f.name for f in fields(ANALYSES[analysis].Params)} if analysis else set()
+        for option in command.params:
+            if option.param_type_name != "option" or option.name in ("job", "help", *own) or option.is_flag:
+                continue
+            assert option.name in declared, f"{' '.join(path)} {option.opts[0]} has no declaration"
+        for flag in declared.values():
+            for value in (flag.default if flag.many else [flag.default]):
+                if value is not None:
+                    check_value(flag.cls, flag.name, str(value) if flag.path else value)
+    assert {"pga", "run", "plan", "status", "diagnose", "converge", "probe", "dispersion", "select", "knn",
+            "train"} <= covered, covered
+    for path, command in _commands():
+        if path[0] in ("pga", "diagnose", "converge", "probe", "dispersion", "select", "knn", "train", "analyze"):
+            assert "job" in {p.name for p in command.params}, path
+
+
+def _by_command():
+    grouped = {}
+    for case in declared_flag_cases():
+        path, arguments, flag, text = case.values
+        grouped.setdefault(" ".join(path), (path, arguments, []))[2].append((case.id, flag, text))
+    return [pytest.param(path, arguments, cases, id=name) for name, (path, arguments, cases) in grouped.items()]
+
+
+@pytest.mark.parametrize("path,arguments,cases", _by_command())
+def test_every_declared_flag_of_every_command_is_refused_by_its_declaration(path, arguments, cases, tmp_path, monkeypatch,
+                                                                             capsys):
+    """For each declared flag of the command: wrong type, out of range, NaN, empty or not a choice gives one line
+    naming the flag and its range, exit 2, and nothing made in the working directory (the default stores are
+    relative to it). One test per command, its cases in a loop (each is a few milliseconds in process)."""
+    import sys
+
+    from raygeom.cli import root
+
+    monkeypatch.chdir(tmp_path)
+    failures = []
+    for case, flag, text in cases:
+        monkeypatch.setattr(sys, "argv", ["raygeom", *path, flag, text, *arguments])
+        with pytest.raises(SystemExit) as done:
+            root.main()
+        captured = capsys.readouterr()
+        lines = [line for line in (captured.err + captured.out).splitlines() if line.strip()]
+        if not (done.value.code == 2 and len(lines) == 1 and flag in lines[0] and "must be" in lines[0]):
+            failures.append((case, done.value.code, lines))
+        if list(tmp_path.iterdir()):
+            failures.append((case, "left behind", sorted(p.name for p in tmp_path.iterdir())))
+    assert not failures, failures
+
+
+REFUSE_IN_A_FRESH_PROCESS = """
+import json, sys
+from raygeom.cli import root
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["raygeom", *argv]
+    try:
+        root.main()
+    except SystemExit as done:
+        assert done.code == 2, (argv, done.code)
+print(sorted(m for m in ("torch", "transformers", "ray") if m in sys.modules))
+"""
+
+
+def test_a_refused_flag_imports_neither_torch_nor_transformers_nor_ray(tmp_path):
+    """One declared flag of each command refused, all in one fresh process: nothing heavy was imported for them."""
+    import json
+    import subprocess
+    import sys
+
+    argvs = []
+    for case in _by_command():
+        path, arguments, cases = case.values
+        _, flag, text = cases[0]
+        argvs.append([*path, flag, text, *arguments])
+    done = subprocess.run([sys.executable, "-c", REFUSE_IN_A_FRESH_PROCESS, json.dumps(argvs)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == len(argvs)
+    assert list(tmp_path.iterdir()) == []
