@@ -170,6 +170,21 @@ def model_sides(store: Store, models: list[tuple[str, ...]], params: ConvergePar
     return [_side(store, *model[:2], params.depths, params.k, *model[2:]) for model in models]
 
 
+def planned_pairs(store: Store, models: list[tuple[str, ...]], params: ConvergeParams) -> tuple[int, int]:
+    """(units, done) of :func:`run_converge`: one unit per pair of models; a pair is done when its stored rows
+    exist (pairs whose extractions are not stored yet are not)."""
+    pairs = len(models) * (len(models) - 1) // 2
+    try:
+        sides = model_sides(store, models, params)
+    except RaygeomError:
+        return pairs, 0
+    done = 0
+    for a, b in combinations(sides, 2):
+        rows_a, rows_b = align(a, b)
+        done += store.has_result("converge", pair_key(a, b, rows_a, rows_b, params))
+    return pairs, done
+
+
 def run_converge(store: Store, models: list[tuple[str, ...]], params: ConvergeParams,
                  progress: Callable[[int], None] | None = None) -> list[dict]:
     """Convergence rows for every pair of ``models`` (``(slug, revision)`` or ``(slug, revision, extraction key)``)

@@ -33,17 +33,18 @@ from raygeom.numerics.dispersion import (
     kmeans_slices,
     perplexity_groups,
     rank_agreement,
+    sample_dispersion_interval,
     slice_agreement_interval,
 )
-from raygeom.numerics.uncertainty import bootstrap_ci, spearman_with_ci
+from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
 from raygeom.report.figures import format_interval, pyplot, save_figure
 from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
-DISPERSION_VERSION = 2  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one
-ANALYSIS_VERSION = 2  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000)
+DISPERSION_VERSION = 3  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one; 3: attn_last's depth inside the last block
+ANALYSIS_VERSION = 3  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions
 TABLES = ("layers", "slices", "groups", "domains")
 
 
@@ -187,7 +188,9 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     n = len(domains)
     all_layers = described["layers"]
     depth = {name: i / (len(all_layers) - 2) for i, name in enumerate(all_layers[:-1])}
-    depth["attn_last"] = depth[all_layers[-3]]  # inside the last block
+    # The last block's attention output lies inside that block, between its input and output (as block_05.attn_out
+    # does), not at its output's depth, where a line by depth would have two points.
+    depth["attn_last"] = layer_position.relative_depth(all_layers[:-1], f"{all_layers[-3]}.attn_out")
     for layer in layers:  # points inside a block (block_05.mlp_out) lie between its input and output
         if layer not in depth:
             depth[layer] = layer_position.relative_depth(all_layers[:-1], layer)
@@ -318,6 +321,7 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
         row = {**row, "group_spearman": float("nan"), "group_pearson": float("nan"), "n_groups": 0,
                **_nan_interval("group_spearman"), **_nan_interval("group_pearson")}
     finite = np.isfinite(disp)
+    row.update(_dispersion_intervals(disp[finite], pooled))
     row.update(_correlations(ppl[finite], disp[finite], "chunk", analysis.n_boot, seed))
     slices = []
     for kind, labels in _slice_labels(part["domain"].to_numpy(), pooled, analysis.n_slices, seed):
@@ -340,6 +344,19 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
             row[f"{kind}_agreement_{level}_hi"] = interval[f"{level}_hi"]
     row.update(_gap_columns(gap_parts, analysis.n_boot, seed))
     return row, slices, groups
+
+
+def _dispersion_intervals(chunk_dispersion: np.ndarray, pooled: np.ndarray) -> dict:
+    """95 % intervals of the layer's two dispersions: the token-level mean over chunks (Student t over the chunks)
+    and the sample level of the pooled chunk vectors (delete-one jackknife over the chunks)."""
+    nan = float("nan")
+    token = mean_t_interval(chunk_dispersion) if chunk_dispersion.size else {"lo": nan, "hi": nan}
+    try:
+        sample = sample_dispersion_interval(pooled)
+    except InputError:
+        sample = {"dispersion_lo": nan, "dispersion_hi": nan}
+    return {"token_dispersion_lo": token["lo"], "token_dispersion_hi": token["hi"],
+            "sample_dispersion_lo": sample["dispersion_lo"], "sample_dispersion_hi": sample["dispersion_hi"]}
 
 
 def _gap_columns(gap_parts, n_boot: int, seed: int) -> dict:
@@ -405,11 +422,16 @@ def analyse_unit(unit: dict, analysis: AnalysisSettings, seed: int = 0) -> dict:
     return {"layers": rows, "slices": slices, "groups": groups}
 
 
+def analysis_key(extraction_key: str, analysis: AnalysisSettings, seed: int) -> str:
+    """The content key of one extraction's analysis unit (its rows in results/dispersion_layers/)."""
+    return content_key("dispersion_analysis", ANALYSIS_VERSION, extraction_key, asdict(analysis), seed)
+
+
 def analysis_unit(store: Store, spec: ModelSpec, extraction_key: str, layers: list[str], analysis: AnalysisSettings,
                   seed: int, provenance: dict) -> Unit:
     """One engine unit per (extraction, analysis settings): a step per layer and one for the domains."""
     root = str(store.root)
-    key = content_key("dispersion_analysis", ANALYSIS_VERSION, extraction_key, asdict(analysis), seed)
+    key = analysis_key(extraction_key, analysis, seed)
     columns = {**provenance, **_analysis_columns(analysis, seed, key)}
 
     def finish(values: list) -> list[dict]:
@@ -479,6 +501,11 @@ def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: 
                                            "domain_tokens", "extraction_seed", "raygeom_version", "fingerprint")}}
 
 
+def gap_key(extraction_key: str, layer: str, n_boot: int, seed: int) -> str:
+    """The content key of one extraction's gap unit (its row in results/dispersion_gap/)."""
+    return content_key("dispersion_gap", GAP_VERSION, extraction_key, layer, n_boot, seed)
+
+
 def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, layer: str,
                 n_boot: int = 1000, progress: Callable[[int], None] | None = None) -> list[dict]:
     """Candidates (models or checkpoints) ranked by the dispersion gap at ``layer``, largest first, each with
@@ -492,7 +519,7 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
         info = extract_unit(store, spec, corpus, settings)
         if layer not in info["layers"]:
             raise RaygeomError(f"layer '{layer}' not extracted for {spec.name}; extracted: {', '.join(info['layers'])}")
-        key = content_key("dispersion_gap", GAP_VERSION, info["key"], layer, n_boot, settings.seed)
+        key = gap_key(info["key"], layer, n_boot, settings.seed)
         units.append(Unit(analysis="dispersion_gap", key=key, label=f"{spec.name}@{spec.revision} gap at {layer}",
                           parts=[Step(gap_step, (str(store.root), spec.slug, spec.revision, info["key"], layer, n_boot,
                                                  settings.seed, spec.step))],

@@ -138,6 +138,31 @@ def split_corpus(corpus: Corpus, heldout_fraction: float, seed: int) -> tuple[Co
             Corpus(corpus.name + ":heldout", [texts[i] for i in test]))
 
 
+def features_key(spec: ModelSpec, train_text: Corpus, test_text: Corpus, settings: KnnSettings) -> str:
+    return content_key("knn", FEATURES_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(),
+                       test_text.fingerprint(), settings.extraction())
+
+
+def planned_units(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings) -> tuple[int, int]:
+    """(units, done) of ``run_knn`` on ``corpus`` split by article: one per layer of the stored features; before
+    they exist, the layers the model's config gives (block outputs of the selection, then attn_last)."""
+    train_text, test_text = split_corpus(corpus, settings.heldout_fraction, settings.seed)
+    key = features_key(spec, train_text, test_text, settings)
+    marker = _features_dir(store, spec, key) / MARKER
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+        keys = [layer_key(info["key"], layer, settings) for layer in info["layers"]]
+        return len(keys), sum(store.has_result("knn", k) for k in keys)
+    from raygeom.analyses.sweep import _cached_config
+    from raygeom.sources.layers import layer_names, select_layers
+
+    config = _cached_config(spec) or {}
+    if "num_hidden_layers" not in config:
+        return 0, 0
+    selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
+    return len(select_layers(layer_names(config["num_hidden_layers"]), selection)) + 1, 0
+
+
 def _features_dir(store: Store, spec: ModelSpec, key: str) -> Path:
     return store.root / "knn" / f"model={spec.slug}" / f"revision={spec.revision}" / key
 
@@ -287,6 +312,10 @@ def _settings_columns(spec: ModelSpec, corpus: Corpus, train_text: Corpus, test_
             "raygeom_version": __version__}
 
 
+def layer_key(features: str, layer: str, settings: KnnSettings) -> str:
+    return content_key("knn", KNN_VERSION, features, layer, settings.evaluation())
+
+
 def units(store: Store, directory: Path, info: dict, settings: KnnSettings, provenance: dict) -> list[Unit]:
     """One engine unit per candidate layer of one stored feature set."""
     device = "cuda" if settings.gpus_per_task > 0 else "cpu"
@@ -294,7 +323,7 @@ def units(store: Store, directory: Path, info: dict, settings: KnnSettings, prov
     order = {name: i for i, name in enumerate(info["all_layers"])}
     out = []
     for layer in info["layers"]:
-        key = content_key("knn", KNN_VERSION, info["key"], layer, settings.evaluation())
+        key = layer_key(info["key"], layer, settings)
 
         def finish(values, layer=layer, key=key) -> dict:
             result = values[0]
@@ -355,8 +384,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     from raygeom.report.figures import write_rows
 
     train_text, test_text = (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
-    key = content_key("knn", FEATURES_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(),
-                      test_text.fingerprint(), settings.extraction())
+    key = features_key(spec, train_text, test_text, settings)
     directory = _features_dir(store, spec, key)
     marker = directory / MARKER
     if marker.is_file():

@@ -51,6 +51,16 @@ class Analysis:
     columns: ClassVar[tuple[str, ...]] = ()  # its own columns in the tidy table (beside model/revision/layer/...)
     metrics: ClassVar[tuple[Metric, ...]] = ()
     series: ClassVar[tuple[str, ...]] = ()  # parameter columns that make rows of one model/revision different series
+    # What it reads. "pooled": the job's [extract] extraction (one vector per text and layer), shared by every such
+    # analysis and run unit by unit through units(). Any other value names an extraction of its own ("chunks":
+    # token-level chunks per domain; "knn": kNN-LM datastore features; "aligned": texts cut where every model's
+    # tokenizer reads them whole), made and analysed by run(); analyses naming the same one share it.
+    extraction: ClassVar[str] = "pooled"
+    results: ClassVar[str | None] = None  # the results/<dir>/ its unit rows are stored in (None: its name)
+    # "module:function" drawing its report section from a store root; None: the generic section (each metric by
+    # depth, and a step x layer heatmap per setting). Analyses naming one function share that section.
+    section: ClassVar[str | None] = None
+    command: ClassVar[str | None] = None  # the hand-written command that also runs it (raygeom <command>), if any
 
     def for_width(self, params, d: int | None):
         """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""
@@ -61,6 +71,20 @@ class Analysis:
 
     def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
         raise NotImplementedError
+
+    def run(self, store, job, specs: list, params, progress) -> list[dict]:
+        """An analysis with an extraction of its own: extract what it needs for ``specs`` (reusing what the store
+        holds) and analyse it through the engine's units; returns this job's rows (each with its ``unit_key``).
+        ``progress(label, total)`` gives a function that advances a progress bar by n."""
+        raise NotImplementedError
+
+    def planned_units(self, store, job, specs: list, params) -> tuple[int, int]:
+        """(units, done) ``run`` would have for ``specs``: what ``plan`` and ``status`` count for it."""
+        raise NotImplementedError
+
+    @property
+    def results_dir(self) -> str:
+        return self.results or self.name
 
     def progress_cost(self, params) -> int:
         """What one unit counts on the progress bar (its steps)."""
@@ -149,6 +173,8 @@ def units_for(store, model: str, revision: str, layers: list[str], info: dict, p
     out = []
     for item in planned:
         spec = item.spec
+        if spec.extraction != "pooled":  # run by the job after its pooled extraction, through spec.run
+            continue
         params = spec.for_width(item.params, info.get("d"))
         spec.check(params, info, model)
         out += spec.units(store, model, revision, layers, params, info)

@@ -59,6 +59,8 @@ class SweepPlan:
     store: Store
     corpus_fingerprint: str
     revisions: list[RevisionPlan]
+    # Planned analyses with an extraction of their own (registry: extraction != "pooled"): label -> (units, done)
+    own: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def n_units(self) -> int:
@@ -75,7 +77,7 @@ class SweepPlan:
             for name, units in revision.analysis_units.items():
                 total, done = out.get(name, (0, 0))
                 out[name] = (total + len(units), done + len(revision.analysis_done.get(name, ())))
-        return out
+        return {**out, **self.own}
 
     def by_model(self) -> dict[str, list[RevisionPlan]]:
         groups: dict[str, list[RevisionPlan]] = {}
@@ -176,8 +178,12 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
     fingerprint = fingerprint or corpus_fingerprint(job, store)
     plans = []
     params_of_model: dict[str, int] = {}
-    labels = planned_labels(job)
-    for spec in job_specs(job):
+    every = planned_labels(job)
+    labels = {label: item for label, item in every.items() if item.spec.extraction == "pooled"}
+    specs = job_specs(job)
+    own = {label: item.spec.planned_units(store, job, specs, item.params) for label, item in every.items()
+           if item.spec.extraction != "pooled"}
+    for spec in specs:
         key = extraction_key(spec, fingerprint, job.extraction, job.layers, READOUT_COMPONENTS)
         marker = store.completion(spec.slug, spec.revision, key)
         if marker is not None and marker.get("key") != key:
@@ -207,7 +213,7 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
         if plan.marker is None and plan.spec.source in params_of_model:
             measured = [p.marker.get("params") for p in plans if p.marker and p.spec.source == plan.spec.source]
             plan.params = next((m for m in measured if m), plan.params or params_of_model[plan.spec.source])
-    return SweepPlan(job, store, fingerprint, plans)
+    return SweepPlan(job, store, fingerprint, plans, own)
 
 
 # ------------------------------------------------------------------------------------ integrity

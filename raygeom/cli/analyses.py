@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
     for name in sorted(registry.analyses()):
         command = make_command(name)
         analyze.command(name=name)(command)
-        if name not in existing:
+        if name not in existing and not registry.get(name).command:  # e.g. convergence runs as `raygeom converge`
             app.command(name=name)(command)
     app.add_typer(analyze, name="analyze")
 

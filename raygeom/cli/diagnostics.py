@@ -74,29 +74,24 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
 
     With ``align``, every text is first cut where all the models' tokenizers still read it whole, so each
     model pools the last token of exactly the same text."""
-    from raygeom.engine import orchestrate
+    from raygeom.analyses.extraction import aligned_corpus, extract_models
     from raygeom.sources.corpus import load_corpus
     from raygeom.jobs.pipeline import progress_bar
-    from raygeom.replica.request import ExtractionRequest
     from raygeom.store.tree import Store
 
     corpus = truncate_words(load_corpus(corpus_name).sample(n_samples, seed), max_words)
     if align:
-        from raygeom.sources.align import common_prefix
-        from raygeom.sources.models import load_tokenizer
-
-        tokenizers = {f"{spec.name}@{spec.revision}": load_tokenizer(spec) for spec in specs}
-        corpus, n_cut = common_prefix(corpus, tokenizers, settings.seq_len)
+        corpus, n_cut = aligned_corpus(specs, corpus, settings.seq_len)
         console.print(f"aligned: {n_cut} of {len(corpus.texts)} texts cut at the longest character prefix that every "
                       f"tokenizer reads within {settings.seq_len} tokens, so every model pools the same text end",
                       highlight=False, markup=False)
     store = Store(out)
-    infos = []
     with progress_bar(console) as progress:
-        for spec in specs:
-            task = progress.add_task(f"extract {spec.name}@{spec.revision}", total=len(corpus.texts))
-            request = ExtractionRequest(spec, corpus, settings, layers, nll=nll)
-            infos.append((spec, orchestrate.extract(store, request, progress=lambda n, t=task: progress.advance(t, n))))
+        def factory(label: str, total: int):
+            task = progress.add_task(label, total=total)
+            return lambda n: progress.advance(task, n)
+
+        infos = extract_models(store, specs, corpus, settings, layers, nll=nll, progress=factory)
     for spec, info in ([] if align else infos):
         cut = int(np.sum(store.read_samples(spec.slug, spec.revision, info["key"])["n_tokens"].to_numpy() >= settings.seq_len))
         if cut:

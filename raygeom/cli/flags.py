@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from raygeom.analyses.knn_lm import KnnParams
+from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
 from raygeom.params import LAYERS_HELP, Params, PGAParams, allowed, check_value, declared_type, default_of, param
@@ -73,36 +75,12 @@ class DiagnoseFlags(Params):
     probe: bool = param(True, "Linear probes on the corpus labels.")
 
 
-@dataclass(frozen=True)
-class DispersionFlags(Params):
-    """The token-level commands' flags (dispersion, select, knn): chunks of text instead of one vector per text."""
-
-    chunk_len: int = param(512, "Tokens per chunk.", low=2)
-    chunks_per_domain: int = param(40, "Chunks per domain (corpus label).", low=1)
-    batch_size: int = param(4, "Chunks per forward pass.", low=1)
-    domain_tokens: str = param("digits", "Gap token set: digits, or comma-separated token texts.", nonempty=True)
-    group_size: int = param(20, "Chunks per perplexity group (authors: 100, over far more chunks).", low=1)
-    n_groups: int = param(100, "Groups kept, evenly spaced in mean perplexity.", low=3)
-    n_slices: int = param(8, "k-means slices for the difficulty analysis.", low=3)
-    model_layer: str = param("final_norm", "Layer of the cross-model and gap summaries.", nonempty=True)
-    n_boot: int = param(1000, "Bootstrap draws behind every interval (seeded by --seed).", low=10)
-    seed: int = param(0, "Seed of the chunks and of the bootstrap.", low=0)
+# The token-level commands' flags (dispersion, select, knn): the chunk analyses' one declaration (token_dispersion,
+# slices), chunks of text instead of one vector per text.
+DispersionFlags = ChunkParams
 
 
-@dataclass(frozen=True)
-class KnnFlags(Params):
-    """knn's own flags."""
-
-    train_chunks: int = param(40, "Chunks of datastore text.", low=1)
-    test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2)
-    k: int = param(64, "Neighbours.", low=1)
-    temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True)
-    temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True)
-    lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
-                      nonempty=True, flag="--lam")
-    bootstrap_block: int = param(64, "Held-out tokens per resampled block of the bootstrap interval (consecutive, "
-                                     "within a chunk); 1 = single tokens, >= chunk-len = whole chunks.", low=1)
-    n_boot: int = param(2000, "Bootstrap resamples.", low=100)
+KnnFlags = KnnParams  # knn's own flags: the knn_lm analysis's one declaration
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from raygeom.report import figures as report
 from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
 from raygeom.jobs import experiment
+from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (and commands') one progress display
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
 from raygeom.params import PGAParams
@@ -26,11 +26,6 @@ class JobOutputs:
     rows: list[dict]
     table: Path
     plot: Path
-
-
-def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=False)
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
@@ -105,12 +100,13 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
     nll = experiment.needs_nll(job)
     items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll),
-                                   replica_gpus(spec, job, orchestrate.cluster_gpus(), None)) for spec in specs]
+                                   replica_gpus(spec, job, orchestrate.cluster_gpus(), None))
+             for spec in (specs if experiment.needs_pooled(job) else [])]
     label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
     names = experiment.analyses_of(job)
     units = experiment.JobUnits(store, job)
     with progress_bar(console) as progress:
-        extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(specs))
+        extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(items))
         pga_task = progress.add_task(f"{'PGA' if names == ['pga'] else ', '.join(names):<7} {escape(label)}", total=None)
         pga_total, stored = [0], [0]
 
@@ -131,7 +127,8 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
                                     row.get("relative_depth") or 0.0))
-    others = experiment.write_outputs(store, job, units, every_row, console)
+    others = experiment.write_outputs(store, job, units, every_row, console,
+                                      own=experiment.run_own_extractions(store, job, console))
     rows, table, plot = units.rows_of("pga", every_row), None, None
     if "pga" in names:
         from raygeom.engine.units import accumulated_rows
@@ -189,7 +186,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     gpus = orchestrate.cluster_gpus()
     items = []
     by_model = plan.by_model()
-    for revisions in by_model.values():
+    for revisions in by_model.values() if experiment.needs_pooled(job) else ():
         for i, revision in enumerate(revisions):
             following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
             request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
@@ -221,7 +218,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         every_row = orchestrate.run_sweep(store, items, units, progress=advance,
                                           max_in_flight=settings.max_in_flight or None, pga_threads=settings.pga_threads,
                                           keep_activations=settings.keep_activations)
-    experiment.write_outputs(store, job, units, every_row, console)
+    experiment.write_outputs(store, job, units, every_row, console, own=experiment.run_own_extractions(store, job, console))
     for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
         if row.get("note"):
             console.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "

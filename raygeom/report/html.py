@@ -543,14 +543,14 @@ def analysis_sections(root: Path) -> list[Section]:
 
     sections = []
     for name, analysis in sorted(registry.analyses().items()):
-        if name == "pga":  # z has its own sections above (depth profiles, sweep heatmaps, collapse zones)
+        if name == "pga" or analysis.section:  # z has its own sections above; others name theirs (declared_sections)
             continue
-        directory = root / "results" / name
+        directory = root / "results" / analysis.results_dir
         rows = [r for r in _read_dir(directory) if r.get("relative_depth") is not None]
         if not rows:
             continue
-        section = Section(f"analysis-{name}", analysis.title, files=[p for p in [root / "results" / f"{name}.parquet"]
-                                                                     if p.is_file()],
+        table = root / "results" / f"{analysis.results_dir}.parquet"
+        section = Section(f"analysis-{name}", analysis.title, files=[p for p in [table] if p.is_file()],
                           intro=f"Registered analysis '{name}' (version {analysis.version}): "
                                 "one line per model, revision and setting; bands are 95 % intervals where the rows carry them.")
         order = {rev: i for i, rev in enumerate(_revision_order(r["revision"] for r in rows))}
@@ -1016,9 +1016,23 @@ def build_sections(root: Path) -> list[Section]:
     pga = pga_rows(root)
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
     sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
-                *analysis_sections(root), converge_section(root), dispersion_section(root), knn_section(root), train_section(root),
-                trajectory_section(root), width_section(root), extraction_section(root)]
+                *analysis_sections(root), *declared_sections(root), converge_section(root), knn_section(root),
+                train_section(root), trajectory_section(root), width_section(root), extraction_section(root)]
     return [s for s in sections if s is not None]
+
+
+def declared_sections(root: Path) -> list[Section | None]:
+    """The sections registered analyses name (``Analysis.section``, "module:function"), each drawn once."""
+    import importlib
+
+    from raygeom.analyses import registry
+
+    named = dict.fromkeys(a.section for _, a in sorted(registry.analyses().items()) if a.section)
+    drawn = []
+    for name in named:
+        module, _, function = name.partition(":")
+        drawn.append(getattr(importlib.import_module(module), function)(root))
+    return drawn
 
 
 def _relative(path: Path, start: Path) -> str:

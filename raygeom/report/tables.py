@@ -37,7 +37,8 @@ def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
     """One table per model, revision and setting: every declared metric per layer, with its 95 % interval."""
     for (model, revision, setting), group in _groups(rows, analysis.series).items():
         first = group[0]
-        table = Table(title=f"{analysis.title}  {escape(model)}@{escape(revision)}  (N={first.get('n')}, d={first.get('d')}"
+        size = f"N={first['n']}" if first.get("n") is not None else f"{first.get('n_chunks')} chunks"
+        table = Table(title=f"{analysis.title}  {escape(model)}@{escape(revision)}  ({size}, d={first.get('d')}"
                             + (f", {escape(setting)}" if setting else "") + ")", title_justify="left")
         table.add_column("layer", no_wrap=True)
         for metric in analysis.metrics:
@@ -52,6 +53,22 @@ def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
                     cells.append(_value(row, metric.chance, None, None))
             table.add_row(*cells)
         console.print(table)
+
+
+def print_ranked(console: Console, analysis, rows: list[dict], most: int = 30) -> None:
+    """An analysis whose rows are not per layer (one per model and revision, e.g. the gap G): one table of its
+    declared columns, in the rows' order, each value with its interval where the row carries ``<column>_lo/_hi``;
+    the first ``most`` rows (the table under results/ has them all)."""
+    table = Table(title=analysis.title + (f" (first {most} of {len(rows)} rows)" if len(rows) > most else ""),
+                  title_justify="left")
+    shown = [c for c in ("rank", "model", "revision", *analysis.columns) if not c.endswith(("_lo", "_hi", "_se"))
+             and any(c in row for row in rows)]
+    for column in shown:
+        table.add_column(column, justify="left" if column in ("model", "revision", "layer") else "right")
+    for row in rows[:most]:
+        table.add_row(*(escape(str(row.get(c))) if isinstance(row.get(c), str) or row.get(c) is None
+                        else _value(row, c, f"{c}_lo", f"{c}_hi") for c in shown))
+    console.print(table)
 
 
 def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:

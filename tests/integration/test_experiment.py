@@ -1,7 +1,7 @@
 """One `raygeom run` of a job with [analyses.*] over several checkpoints, through the real CLI from an empty
 working directory: each (checkpoint, extraction) is extracted once, every analysis writes its table, the report
 keeps every series apart (every line trace has strictly increasing x and a setting tuple no other line has), and
-a rerun computes nothing."""
+a rerun computes nothing. token_dispersion, slices and gap share one chunk extraction per checkpoint."""
 
 import json
 import os
@@ -52,17 +52,28 @@ k = 8
 [analyses.probe]
 [analyses.twonn]
 [analyses.sample_dispersion]
+[analyses.token_dispersion]
+{chunks}
+[analyses.slices]
+{chunks}
+[analyses.gap]
+chunk_len = 64
+chunks_per_domain = 3
+n_boot = 100
 """
+CHUNKS = "chunk_len = 64\nchunks_per_domain = 3\ngroup_size = 3\nn_groups = 5\nn_slices = 3\nn_boot = 100"
+CHUNK_TABLES = ("dispersion_layers", "dispersion_slices", "dispersion_groups", "dispersion_domains", "dispersion_gap")
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory, hub_cache, ray_address):
     workdir = tmp_path_factory.mktemp("empty-cwd")
-    (workdir / "job.toml").write_text(JOB.format(revisions=json.dumps(list(REVISIONS))))
+    (workdir / "job.toml").write_text(JOB.format(revisions=json.dumps(list(REVISIONS)), chunks=CHUNKS))
     first = run_cli("run", "job.toml", "--address", ray_address, cwd=workdir)
     assert first.returncode == 0, first.stdout + first.stderr
     store = workdir / "store"
-    written = {p: p.stat().st_mtime_ns for p in [*(store / "results").rglob("*.parquet"), *store.rglob("_COMPLETE.json")]
+    written = {p: p.stat().st_mtime_ns for p in [*(store / "results").rglob("*.parquet"), *store.rglob("_COMPLETE.json"),
+                                                 *(store / "dispersion").rglob("*.parquet")]
                if p.parent.name != "results"}
     second = run_cli("run", "job.toml", "--address", ray_address, cwd=workdir)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -91,10 +102,34 @@ def test_every_analysis_writes_its_table_once_per_unit(experiment):
     assert dispersion and all(r["dispersion_lo"] <= r["dispersion"] <= r["dispersion_hi"] for r in dispersion)
 
 
+def test_token_dispersion_slices_and_gap_share_one_chunk_extraction_per_checkpoint(experiment):
+    store, first, _, _ = experiment
+    summaries = list((store / "dispersion").glob("model=*/revision=*/summary-*.parquet"))
+    assert len(summaries) == len(REVISIONS)  # token_dispersion, slices and gap: one chunk extraction each checkpoint
+    layers = pq.read_table(store / "results" / "dispersion_layers.parquet").to_pylist()
+    assert len(layers) == len(REVISIONS) * 6 and {r["revision"] for r in layers} == set(REVISIONS)  # 5 layers + attn_last
+    for row in layers:
+        assert row["token_dispersion_lo"] < row["token_dispersion"] < row["token_dispersion_hi"], row["layer"]
+        assert row["sample_dispersion_lo"] < row["sample_dispersion"] < row["sample_dispersion_hi"], row["layer"]
+        assert -1 <= row["domain_agreement_token_lo"] <= row["domain_agreement_token"] <= row["domain_agreement_token_hi"] <= 1
+    gap = pq.read_table(store / "results" / "dispersion_gap.parquet").to_pylist()
+    assert sorted(r["revision"] for r in gap) == sorted(REVISIONS)
+    assert all(r["gap_lo"] <= r["gap"] <= r["gap_hi"] and r["layer"] == "final_norm" for r in gap)
+    ranked = pq.read_table(store / "results" / "dispersion_select.parquet").to_pylist()
+    assert [r["rank"] for r in ranked] == [1, 2, 3] and [r["gap"] for r in ranked] == sorted((r["gap"] for r in gap), reverse=True)
+    for title in ("Token-level dispersion", "Difficulty slices", "Dispersion gap G"):
+        assert title in first.stdout, title
+
+
 def test_a_rerun_computes_no_unit_and_extracts_nothing(experiment):
     store, _, _, written = experiment
     units = [p for p in written if p.suffix == ".parquet"]
-    assert len(units) == 3 * 5 * (3 + 5) and len(written) == len(units) + 3  # unit files and one marker per checkpoint
+    chunk_files = [p for p in units if p.parent.name.startswith("revision=")]  # the chunk extraction: 4 files each
+    assert len(chunk_files) == 3 * 4
+    chunk_units = [p for p in units if p.parent.name in CHUNK_TABLES]
+    assert len(chunk_units) == 3 * len(CHUNK_TABLES)
+    assert len(units) - len(chunk_files) - len(chunk_units) == 3 * 5 * (3 + 5)
+    assert len(written) == len(units) + 3  # unit files and one marker per checkpoint
     assert {p: p.stat().st_mtime_ns for p in written} == written  # the rerun read every unit and extraction back
 
 
@@ -105,7 +140,8 @@ def test_the_report_never_joins_two_settings_in_one_line(experiment):
     assert len(figures) >= 8
     titles = [str(f["layout"].get("title", {}).get("text", "")) for f in figures]
     for wanted in ("RankMe over training", "PC1 readout share over training", "TwoNN dimension (MLE) over training",
-                   "probe accuracy over training"):
+                   "probe accuracy over training", "token dispersion over training",
+                   "domain slices: Spearman(token dispersion, perplexity) over training"):
         assert any(wanted in t for t in titles), (wanted, titles)
     checked = 0
     for figure, title in zip(figures, titles):

@@ -53,5 +53,5 @@ def test_absolute_and_default_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     absolute = write_job(tmp_path / "a", f'[job]\nout = "{tmp_path / "store"}"\n[[models]]\nid = "smollm2"\n')
     assert load_job(absolute).out == str(tmp_path / "store")
-    default = write_job(tmp_path / "b", '[[models]]\nid = "smollm2"\n')
+    write_job(tmp_path / "b", '[[models]]\nid = "smollm2"\n')
     assert load_job("b/job.toml").out == os.path.join("b", "runs", "job")

@@ -1,0 +1,89 @@
+"""Cross-model convergence (Subspace PGA across models): for every pair of the job's models and every pair of their
+layers, how well each model's top-k readout subspace of W_U preserves the distance structure the two models share
+(Spearman), as a z-score against random k-dim subspaces, with its interval and p-values (raygeom.analyses.converge
+does the work). Its extraction is its own ("aligned"): every text is first cut where all the models' tokenizers
+still read it whole within seq_len, so each model pools the last token of exactly the same text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from raygeom.analyses.registry import Analysis, Params, param, register
+
+
+@dataclass(frozen=True)
+class ConvergenceParams(Params):
+    k: int = param(100, "Readout subspace dimension (k < d of each model).", low=1)
+    r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr")
+    n_null: int = param(100, "Random subspaces in the null.", low=2)
+    seed: int = param(0, "Seed of the nulls.", low=0, high=2**32, high_open=True)
+    null_chunks: int = param(10, "Ray tasks the nulls of one pair are split into.", low=1)
+    depths: int = param(0, "Compare only the layers nearest this many (>= 2) evenly spaced relative depths; 0: every "
+                           "layer.", low=0)
+    text_halves: int = param(10, "Half-samples of the texts behind each cell's interval over texts (0: none, else >= 2).",
+                             low=0)
+
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.depths == 1:
+            from raygeom.errors import RaygeomError
+
+            raise RaygeomError("depths must be 0 (every layer) or at least 2, got 1")
+        if self.text_halves == 1:
+            from raygeom.errors import RaygeomError
+
+            raise RaygeomError("text_halves must be 0 (no interval over texts) or at least 2, got 1")
+
+
+def _converge_params(params: ConvergenceParams):
+    from raygeom.analyses.converge import ConvergeParams
+
+    return ConvergeParams(k=params.k, r=params.r, n_null=params.n_null, seed=params.seed, null_chunks=params.null_chunks,
+                          depths=params.depths or None, text_halves=params.text_halves)
+
+
+def _aligned(job, specs):
+    from raygeom.analyses.extraction import aligned_corpus
+    from raygeom.sources.corpus import load_corpus
+
+    return aligned_corpus(specs, load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction.seq_len)[0]
+
+
+@register
+class Convergence(Analysis):
+    name = "convergence"
+    version = 1
+    Params = ConvergenceParams
+    title = "Cross-model convergence"
+    command = "converge"
+    extraction = "aligned"
+    results = "converge"
+    section = "raygeom.report.html:converge_section"
+    columns = ("model_a", "revision_a", "model_b", "revision_b", "layer_a", "layer_b", "z", "z_lo", "z_hi", "k", "r",
+               "n", "n_null")
+    series = ("k", "r", "n_null", "text_halves")
+
+    def run(self, store, job, specs, params: ConvergenceParams, progress):
+        from raygeom.analyses import converge
+        from raygeom.analyses.extraction import extract_models
+
+        converge_params = _converge_params(params)
+        if len(specs) < 2:
+            from raygeom.errors import RaygeomError
+
+            raise RaygeomError("convergence needs at least two models (or revisions) in the job")
+        corpus = _aligned(job, specs)
+        infos = extract_models(store, specs, corpus, job.extraction, job.layers, progress=progress)
+        models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
+        sides = converge.model_sides(store, models, converge_params)
+        advance = progress("convergence", converge.units([len(s.layers) for s in sides], converge_params))
+        return converge.run_converge(store, models, converge_params, progress=advance)
+
+    def planned_units(self, store, job, specs, params: ConvergenceParams):
+        from raygeom.analyses import converge
+        from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
+
+        corpus = _aligned(job, specs)
+        models = [(s.slug, s.revision, extraction_key(s, corpus.fingerprint(), job.extraction, job.layers, READOUT_COMPONENTS))
+                  for s in specs]
+        return converge.planned_pairs(store, models, _converge_params(params))

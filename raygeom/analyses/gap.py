@@ -1,0 +1,53 @@
+"""The dispersion gap G of each (model, revision) at one layer (Representation dispersion, checkpoint selection):
+the mean cosine distance among the representations that predict a domain token set (digits, by default) minus that
+among the rest, with its bootstrap interval over chunks, the sides' dispersions, perplexity and bits per byte.
+Candidates are ranked by G, largest first (what `raygeom select` prints); rows of the chunk extraction that
+token_dispersion and slices read, so a job listing them makes one forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raygeom.analyses.registry import Analysis, param, register
+from raygeom.analyses.token_dispersion import ChunkExtractionParams, extraction_of, full_corpus
+
+
+@dataclass(frozen=True)
+class GapParams(ChunkExtractionParams):
+    layer: str = param("final_norm", "Layer whose gap is measured.", nonempty=True)
+    n_boot: int = param(1000, "Bootstrap draws of G's interval over chunks.", low=10)
+
+
+@register
+class DispersionGap(Analysis):
+    name = "gap"
+    version = 2
+    Params = GapParams
+    title = "Dispersion gap G"
+    command = "select"
+    extraction = "chunks"
+    results = "dispersion_gap"
+    section = "raygeom.report.html:dispersion_section"
+    # results/dispersion_gap.parquet accumulates every stored unit; the ranking of one job's candidates is
+    # results/dispersion_select.parquet (rank 1 = largest G), as `raygeom select` writes it.
+    columns = ("layer", "gap", "gap_se", "gap_lo", "gap_hi", "domain_dispersion", "generic_dispersion", "n_domain",
+               "n_generic", "perplexity", "bits_per_byte", "gap_warning")
+    series = ("chunk_len", "chunks_per_domain", "domain_tokens")
+
+    def run(self, store, job, specs, params: GapParams, progress):
+        from raygeom.analyses import dispersion as dp
+
+        corpus = full_corpus(job)
+        per_model = params.chunks_per_domain * len(set(corpus.labels or ["all"]))
+        extraction = extraction_of(params, job.layers)
+        for spec in specs:  # the chunk extraction first, with its progress (rank_by_gap reuses it)
+            dp.extract_unit(store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model))
+        return dp.rank_by_gap(store, specs, corpus, extraction, params.layer, params.n_boot,
+                              progress("gap units", len(specs)))
+
+    def planned_units(self, store, job, specs, params: GapParams):
+        from raygeom.analyses import dispersion as dp
+
+        corpus, extraction = full_corpus(job), extraction_of(params, job.layers)
+        keys = [dp.gap_key(dp.unit_key(spec, corpus, extraction), params.layer, params.n_boot, params.seed) for spec in specs]
+        return len(keys), sum(store.has_result("dispersion_gap", key) for key in keys)

@@ -1,0 +1,74 @@
+"""kNN-LM layer selection (Representation dispersion; raygeom.analyses.knn does the work): per layer, a datastore of
+that layer's representations of the training text, the held-out perplexity of the kNN-LM interpolated with the
+base LM (temperature and weight chosen on a tuning half of the held-out chunks), and its difference from the base
+LM with a paired block-bootstrap interval; beside it the dispersion of the layer's keys. Its extraction is its own
+("knn": datastore features per layer), one per (model, revision)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raygeom.analyses.registry import Analysis, Params, param, register
+
+
+@dataclass(frozen=True)
+class KnnParams(Params):
+    chunk_len: int = param(512, "Tokens per chunk.", low=2)
+    train_chunks: int = param(40, "Chunks of datastore text.", low=1)
+    test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2)
+    k: int = param(64, "Neighbours.", low=1)
+    temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True)
+    temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True)
+    lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
+                      nonempty=True, flag="--lam")
+    batch_size: int = param(4, "Chunks per forward pass.", low=1)
+    heldout_fraction: float = param(0.2, "Share of the articles held out for tuning and evaluation.", low=0.0,
+                                    high=1.0, low_open=True, high_open=True)
+    bootstrap_block: int = param(64, "Held-out tokens per resampled block of the bootstrap interval (consecutive, "
+                                     "within a chunk); 1 = single tokens, >= chunk-len = whole chunks.", low=1)
+    n_boot: int = param(2000, "Bootstrap resamples.", low=100)
+    seed: int = param(0, "Seed of the split, the chunks and the bootstrap.", low=0)
+    gpus_per_task: float = param(0.0, "GPUs each kNN-LM task asks Ray for (0: CPU).", low=0.0)
+
+
+def settings_of(params: KnnParams, layers: str):
+    from raygeom.analyses.knn import KnnSettings
+
+    return KnnSettings(chunk_len=params.chunk_len, train_chunks=params.train_chunks, test_chunks=params.test_chunks,
+                       layers=layers, k=params.k, temperature=params.temperature,
+                       temperature_scales=params.temperature_scales, lams=params.lams, batch_size=params.batch_size,
+                       seed=params.seed, heldout_fraction=params.heldout_fraction, gpus_per_task=params.gpus_per_task,
+                       bootstrap_block=params.bootstrap_block, n_boot=params.n_boot)
+
+
+@register
+class KnnLM(Analysis):
+    name = "knn_lm"
+    version = 2
+    Params = KnnParams
+    title = "kNN-LM layer selection"
+    command = "knn"
+    extraction = "knn"
+    results = "knn"
+    section = "raygeom.report.html:knn_section"
+    columns = ("layer", "dispersion", "knn_perplexity", "base_perplexity", "delta", "delta_se", "delta_lo", "delta_hi",
+               "temperature", "lam", "target_in_neighbours", "nearest_is_target", "n_keys", "n_test")
+    series = ("chunk_len", "train_chunks", "test_chunks", "k")
+
+    def run(self, store, job, specs, params: KnnParams, progress):
+        from raygeom.analyses import knn
+        from raygeom.sources.corpus import load_corpus
+
+        corpus, settings, rows = load_corpus(job.corpus), settings_of(params, job.layers), []
+        for spec in specs:
+            rows += knn.run_knn(store, spec, corpus, settings, progress=progress(f"kNN-LM {spec.name}@{spec.revision}",
+                                                                                 None))["layers"]
+        return rows
+
+    def planned_units(self, store, job, specs, params: KnnParams):
+        from raygeom.analyses import knn
+        from raygeom.sources.corpus import load_corpus
+
+        corpus, settings = load_corpus(job.corpus), settings_of(params, job.layers)
+        counts = [knn.planned_units(store, spec, corpus, settings) for spec in specs]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)

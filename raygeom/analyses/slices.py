@@ -1,0 +1,24 @@
+"""Difficulty slices of each layer (Representation dispersion): the chunks cut into slices by domain and by k-means
+on their pooled vectors; within each slicing, the Spearman agreement between the slices' dispersion (token and
+sample level) and their perplexity, each with a bootstrap interval over chunks. Reads the chunk extraction that
+token_dispersion and gap read, and the same engine unit: listing several of them costs one forward pass and one
+analysis per (model, revision). The per-slice rows are results/dispersion_slices.parquet."""
+
+from __future__ import annotations
+
+from raygeom.analyses.registry import Metric, register
+from raygeom.analyses.token_dispersion import ChunkAnalysis
+
+
+def _agreement(kind: str, level: str) -> Metric:
+    column = f"{kind}_agreement_{level}"
+    return Metric(column, f"{kind} slices: Spearman({level} dispersion, perplexity)", f"{column}_lo", f"{column}_hi")
+
+
+@register
+class DifficultySlices(ChunkAnalysis):
+    name = "slices"
+    version = 3
+    title = "Difficulty slices"
+    metrics = tuple(_agreement(kind, level) for kind in ("domain", "kmeans") for level in ("token", "sample"))
+    columns = tuple(c for m in metrics for c in (m.column, m.lo, m.hi))

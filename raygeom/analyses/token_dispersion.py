@@ -1,0 +1,118 @@
+"""Token-level dispersion of each layer over the corpus's chunks (Representation dispersion; raygeom.analyses.dispersion
+does the work): the mean pairwise cosine distance of the token vectors inside a chunk, averaged over chunks, with its
+Student-t interval over the chunks; the sample level of the pooled chunk vectors with its jackknife interval; and how
+dispersion follows perplexity, over perplexity groups (the authors' protocol) and over single chunks, each with a
+bootstrap interval.
+
+Its extraction is its own ("chunks": a replica cuts the corpus into chunks per domain and keeps every token's
+vector summaries); `slices` and `gap` read the same one, so a job listing all three makes one forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from raygeom.analyses.registry import Analysis, Metric, Params, param, register
+
+
+@dataclass(frozen=True)
+class ChunkExtractionParams(Params):
+    """The chunk extraction: what token_dispersion, slices and gap read (the same settings share one)."""
+
+    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2)
+    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1)
+    batch_size: int = param(4, "Chunks per forward batch.", low=1)
+    domain_tokens: str = param("digits", "Token set of the gap's domain side: digits, or comma-separated token texts.",
+                               nonempty=True)
+    seed: int = param(0, "Seed of the chunk sample, the k-means slices and the bootstraps.", low=0)
+
+
+@dataclass(frozen=True)
+class ChunkParams(ChunkExtractionParams):
+    """The chunk extraction and the analysis of its layers (shared by token_dispersion and slices)."""
+
+    group_size: int = param(20, "Chunks per perplexity group.", low=1)
+    n_groups: int = param(100, "Most perplexity groups (a correlation over groups needs 3).", low=3)
+    n_slices: int = param(8, "k-means difficulty slices (a rank agreement needs 3).", low=3)
+    gap_layer: str = param("final_norm", "Layer whose dispersion gap G every row carries.", nonempty=True)
+    n_boot: int = param(1000, "Bootstrap draws of every interval.", low=10)
+
+
+SERIES = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_slices")
+
+
+def extraction_of(params: ChunkExtractionParams, layers: str):
+    """The dispersion module's extraction settings of ``params`` on the job's layer selection."""
+    from raygeom.analyses import dispersion as dp
+
+    return dp.DispersionSettings(params.chunk_len, params.chunks_per_domain, params.batch_size, layers,
+                                 params.domain_tokens, params.seed)
+
+
+def settings_of(params: ChunkParams, layers: str):
+    """The dispersion module's (extraction, analysis) settings of ``params`` on the job's layer selection."""
+    from raygeom.analyses import dispersion as dp
+
+    return extraction_of(params, layers), dp.AnalysisSettings(params.group_size, params.n_groups, params.n_slices, params.gap_layer, params.n_boot)
+
+
+def full_corpus(job):
+    from raygeom.sources.corpus import load_corpus
+
+    return load_corpus(job.corpus)
+
+
+def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[dict]:
+    """Chunk extraction of every (model, revision), then one engine unit each: this job's layer rows."""
+    from raygeom.analyses import dispersion as dp
+
+    extraction, analysis = settings_of(params, job.layers)
+    corpus = full_corpus(job)
+    per_model = params.chunks_per_domain * len(set(corpus.labels or ["all"]))
+    analysis.check_against(per_model)
+    result = dp.run_dispersion(store, specs, corpus, extraction, analysis,
+                               lambda label, _: progress(f"chunks {label}", per_model),
+                               progress("dispersion units", len(specs)))
+    return result["layers"]
+
+
+def chunk_units(store, job, specs: list, params: ChunkParams) -> tuple[int, int]:
+    """One unit per (model, revision); done when its stored rows exist."""
+    from raygeom.analyses import dispersion as dp
+
+    extraction, analysis = settings_of(params, job.layers)
+    corpus = full_corpus(job)
+    keys = [dp.analysis_key(dp.unit_key(spec, corpus, extraction), analysis, params.seed) for spec in specs]
+    return len(keys), sum(store.has_result("dispersion_layers", key) for key in keys)
+
+
+class ChunkAnalysis(Analysis):
+    """An analysis of the chunk extraction's layer rows."""
+
+    Params = ChunkParams
+    command = "dispersion"
+    extraction = "chunks"
+    results = "dispersion_layers"
+    series = SERIES
+
+    def run(self, store, job, specs, params, progress):
+        return run_chunks(store, job, specs, params, progress)
+
+    def planned_units(self, store, job, specs, params):
+        return chunk_units(store, job, specs, params)
+
+
+@register
+class TokenDispersion(ChunkAnalysis):
+    name = "token_dispersion"
+    version = 3
+    title = "Token-level dispersion"
+    columns = ("token_dispersion", "token_dispersion_lo", "token_dispersion_hi", "sample_dispersion",
+               "sample_dispersion_lo", "sample_dispersion_hi", "perplexity", "bits_per_byte", "n_chunks",
+               "group_spearman", "group_spearman_lo", "group_spearman_hi", "chunk_spearman", "chunk_spearman_lo",
+               "chunk_spearman_hi", *(f.name for f in fields(ChunkParams)))
+    metrics = (Metric("token_dispersion", "token dispersion", "token_dispersion_lo", "token_dispersion_hi"),
+               Metric("sample_dispersion", "sample dispersion (chunks)", "sample_dispersion_lo", "sample_dispersion_hi"),
+               Metric("group_spearman", "Spearman(dispersion, perplexity) over groups", "group_spearman_lo",
+                      "group_spearman_hi"),
+               Metric("chunk_spearman", "Spearman(dispersion, perplexity) over chunks", "chunk_spearman_lo",
+                      "chunk_spearman_hi"))
