@@ -163,8 +163,8 @@ def test_a_layer_the_model_lacks_is_refused_from_its_config(tmp_path, tiny_corpu
     (["--layers", "10:5"], ["10:5", "selects no layer"]),
     (["--layers", "-1:-3"], ["selects no layer"]),
     (["--layers", "7:9"], ["layer '7:9' not found"]),
-    (["--num-cpus", "0"], ["--num-cpus must be at least 1"]),
-    (["--num-cpus", "-2"], ["--num-cpus must be at least 1"]),
+    (["--num-cpus", "0"], ["--num-cpus must be an integer >= 1"]),
+    (["--num-cpus", "-2"], ["--num-cpus must be an integer >= 1"]),
     (["--ccr", "40", "--n-samples", "40"], ["--ccr 40", "N=40"]),
     (["--ccr", "64", "--n-samples", "50"], ["--ccr 64", "d=64"]),
     (["--k", "64", "--n-samples", "20"], ["k=64, d=64"]),
@@ -199,8 +199,9 @@ def test_an_empty_layer_selection_is_refused_not_taken_as_all(tmp_path, where):
     body = {"flag": "", "job string": '[extract]\nlayers = ""\n', "job list": "[extract]\nlayers = []\n"}[where]
     job.write_text(f"[[models]]\nid = 'smollm2'\n[corpus]\nname = '{tmp_path / 'missing.txt'}'\n{body}")
     args = ["run", job, *(["--layers", ""] if where == "flag" else [])]
-    assert_refused_at_once(args, "[extract] layers is an empty list" if where == "job list" else "layers is empty",
-                           out=tmp_path / "out")
+    expected = {"flag": "--layers must be a string not empty", "job string": "layers is empty",
+                "job list": "[extract] layers is an empty list"}[where]
+    assert_refused_at_once(args, expected, out=tmp_path / "out")
 
 
 @pytest.mark.parametrize("out", ["out", "new/deeper/out"])
@@ -225,10 +226,10 @@ def test_dispersion_group_and_slice_sizes(tmp_path):
     defaults = AnalysisSettings()
     defaults.check_against(5 * 40)
     assert 5 * 40 // defaults.group_size >= 3
-    for args, fragment in [(["--group-size", "0"], "--group-size must be at least 1"),
+    for args, fragment in [(["--group-size", "0"], "--group-size must be an integer >= 1"),
                            (["--group-size", "100"], "--group-size 100 makes 2 full group(s)"),
-                           (["--n-slices", "0"], "--n-slices must be at least 3"),
-                           (["--n-groups", "2"], "--n-groups must be at least 3")]:
+                           (["--n-slices", "0"], "--n-slices must be an integer >= 3"),
+                           (["--n-groups", "2"], "--n-groups must be an integer >= 3")]:
         assert_one_line(run_cli("dispersion", *args, "--out", tmp_path / "out"), fragment)
 
 

@@ -69,8 +69,8 @@ def test_nan_activations(nan_model, ray_address, tiny_corpus, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([*TINY[:6], "--n-samples", "2"], "n-samples must be at least 3"),
-    ([*TINY[:6], "--seq-len", "0"], "seq_len must be an integer >= 1, got 0"),
+    ([*TINY[:6], "--n-samples", "2"], "--n-samples must be an integer >= 3"),
+    ([*TINY[:6], "--seq-len", "0"], "--seq-len must be an integer >= 1, got 0"),
     (["--corpus", "no-such-corpus"], "unknown corpus 'no-such-corpus'"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["--pool", "max"], "pool must be one of last, mean"),

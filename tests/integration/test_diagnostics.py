@@ -178,7 +178,7 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
 
 @pytest.mark.parametrize("args, message", [
     (["--ccr-ranks", "1,x"], "--ccr-ranks must be comma-separated integers"),
-    (["--k", "0"], "k must be positive"),
+    (["--k", "0"], "--k must be an integer >= 1"),
 ])
 def test_cli_bad_input_is_one_line_and_writes_nothing(hub_cache, labelled_corpus, tmp_path, args, message):
     from raygeom.cli.root import app

@@ -109,7 +109,7 @@ def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
     done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", "--chunk-len", "1", "-o", str(out)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
-    assert "chunk-len must be at least 2" in done.stderr and "Traceback" not in done.stderr
+    assert "--chunk-len must be an integer >= 2" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not out.exists()
 

@@ -129,8 +129,8 @@ def test_train_command_prints_the_paired_test_and_writes_its_report(ray_local, t
 
 
 @pytest.mark.parametrize("args, message", [
-    (["knn", "--bootstrap-block", "0"], "bootstrap block must be at least 1 token"),
-    (["knn", "--n-boot", "10"], "n-boot must be at least 100"),
+    (["knn", "--bootstrap-block", "0"], "--bootstrap-block must be an integer >= 1"),
+    (["knn", "--n-boot", "10"], "--n-boot must be an integer >= 100"),
     (["train", "--report", "{file}"], "report directory"),
 ])
 def test_bad_interval_and_report_options_fail_with_one_line(tmp_path, args, message):
