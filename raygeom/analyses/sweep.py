@@ -70,6 +70,13 @@ class SweepPlan:
     def n_done(self) -> int:
         return sum(len(r.done) for r in self.revisions)
 
+    def all_units(self) -> tuple[int, int]:
+        """(units, done) of every planned analysis (the [pga] section's alone for a job without [analyses])."""
+        per = self.per_analysis()
+        if not per:
+            return self.n_units, self.n_done
+        return sum(t for t, _ in per.values()), sum(d for _, d in per.values())
+
     def per_analysis(self) -> dict[str, tuple[int, int]]:
         """Planned analysis label -> (units, done) over every revision."""
         out: dict[str, tuple[int, int]] = {}

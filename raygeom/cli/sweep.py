@@ -53,6 +53,8 @@ def _show_training(job_file: Path, out: Optional[Path]) -> bool:
     for name in ("run", "d", "heads", "blocks", "seed", "steps", "checkpoints", "status", "train time"):
         table.add_column(name, justify="left" if name in ("run", "status") else "right")
     units = 0
+    pooled = [item for item in job.planned() if item.spec.extraction == "pooled"]  # per layer; the others per checkpoint
+    own = len(job.planned()) - len(pooled)
     with console.status("timing a few training steps per run to estimate the time of the runs to train"):
         for run in job.trains:
             plan, settings = run.plan(), run.settings
@@ -61,14 +63,15 @@ def _show_training(job_file: Path, out: Optional[Path]) -> bool:
             table.add_row(run.variant or Path(run.run_dir).name, str(settings.hidden_size), str(settings.n_heads),
                           str(settings.n_layers), str(settings.seed), f"{settings.steps:,}", str(len(plan.steps)),
                           "trained" if trained else "to train", estimate)
-            units += len(plan.steps) * (settings.n_layers + 2) * len(job.planned())
+            units += len(plan.steps) * (settings.n_layers + 2) * len(pooled)
     console.print(table)
     if (Path(job.train.run_dir) / "heldout.jsonl").is_file():
         return False
     shape = sorted({(len(run.plan().steps), run.settings.n_layers + 2) for run in job.trains})
     grid = (f"{len(job.trains)} runs x " if len(job.trains) > 1 else "") + (
         f"{shape[0][0]} checkpoints x {shape[0][1]} layers" if len(shape) == 1 else "their checkpoints x layers")
-    console.print(f"then: {grid} x {len(job.planned())} planned analyses -> {units:,} units (N={job.n_samples}); 0 done",
+    console.print(f"then: {grid} x {len(pooled)} planned analyses -> {units:,} units (N={job.n_samples}); 0 done"
+                  + (f"; and {own} analyses with an extraction of their own at every checkpoint" if own else ""),
                   highlight=False, markup=False)
     console.print("cost of the analyses: nothing measured yet; `raygeom run` trains first, then plan again",
                   highlight=False, markup=False)
@@ -113,8 +116,9 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
                       _revision_span(revisions), f"{sum(len(r.units) for r in revisions):,}",
                       f"{sum(len(r.done) for r in revisions):,}", gpus)
     console.print(table)
+    total, done = plan.all_units()
     console.print(f"grid: {len(plan.by_model())} models x {len(plan.revisions)} (model, revision) pairs -> "
-                  f"{plan.n_units:,} units; {plan.n_done:,} done, {plan.n_units - plan.n_done:,} to compute")
+                  f"{total:,} units; {done:,} done, {total - done:,} to compute")
     print_per_analysis(plan)
     cost = sweep.estimate(plan)
     _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
@@ -174,8 +178,9 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
                       f"{sum(r.complete for r in revisions)}/{len(revisions)}",
                       f"{sum(len(r.done) for r in revisions):,}/{sum(len(r.units) for r in revisions):,}", str(flagged))
     console.print(table)
-    percent = 100.0 * plan.n_done / plan.n_units if plan.n_units else 0.0
-    console.print(f"units: {plan.n_done:,}/{plan.n_units:,} done ({percent:.1f}%)")
+    total, done = plan.all_units()
+    percent = 100.0 * done / total if total else 0.0
+    console.print(f"units: {done:,}/{total:,} done ({percent:.1f}%)")
     print_per_analysis(plan)
     planned = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
     partial = [p for p in plan.store.partial_extractions() if p in planned]

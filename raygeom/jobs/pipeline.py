@@ -191,8 +191,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
             following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
             request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
-    per = plan.per_analysis()  # every planned analysis's units (the [pga] section's alone when there are no others)
-    total, done = (sum(t for t, _ in per.values()), sum(d for _, d in per.values())) if per else (plan.n_units, plan.n_done)
+    total, done = plan.all_units()
     console.print(f"sweep {escape(job.name)}: {len(plan.revisions)} revisions of {len(by_model)} models, {total:,} units, "
                   f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster")
     counter = {"pga": 0}
