@@ -162,3 +162,83 @@ def tiny_causal_lm(family: str, vocab_size: int = 320, seed: int = 0, hidden_siz
     config = AutoConfig.for_model(family, vocab_size=vocab_size, tie_word_embeddings=False, pad_token_id=0,
                                   bos_token_id=0, eos_token_id=0, **sizes, **extra)
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _fresh_for_next_run(replica) -> None:
+    """What a run leaves in a replica: batches held for its write, and the forward time its marker records."""
+    replica.held.clear()
+    replica.forward_seconds = 0.0
+
+
+def _set_threads(replica, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    replica.threads = torch.get_num_threads()
+
+
+class WarmReplicas:
+    """Replica actors kept loaded between runs in one driver, for tests that rerun a job many times on one model.
+
+    Starting a replica is a new Ray worker process that imports torch and transformers and loads the model: about
+    7 s here, whatever the model's size. While this is active (``with WarmReplicas():``, in the driver only),
+    ``raygeom.engine.replica_actor.create`` hands back a replica that an earlier run stopped, for the same spec and GPU
+    share (with its torch threads set to what a new one would get), and ``stop`` clears what the run left in it and keeps
+    it instead of killing it. Everything a replica does for a
+    run (describe, run_batch, write_extraction) still runs; only the process and the loaded weights are reused.
+    Kept replicas reserve no CPU (``num_cpus=0``, with the thread count the product gives them), so an idle one
+    never holds back the analysis tasks of the next run."""
+
+    def __init__(self):
+        self.idle: dict[tuple, list] = {}
+        self.keys: dict = {}
+        self.started = 0
+        self._saved = None
+
+    def create(self, spec, gpus: float, cpus: int = 1):
+        from raygeom.engine import replica_actor
+
+        key = (spec, float(gpus))
+        options, device, device_map = replica_actor.replica_options(gpus, cpus)
+        threads = options["num_cpus"] if device == "cpu" else None
+        if self.idle.get(key):
+            actor = self.idle[key].pop()
+            if threads:  # as a new replica of these CPUs would have it
+                actor.__ray_call__.remote(_set_threads, threads)
+        else:
+            actor = replica_actor.ReplicaActor.options(**{**options, "num_cpus": 0}).remote(spec, device, device_map, threads)
+            self.started += 1
+        self.keys[actor] = key
+        return actor
+
+    def stop(self, actor) -> None:
+        import ray
+
+        key = self.keys.pop(actor, None)
+        if key is None:
+            ray.kill(actor)
+            return
+        try:  # after any call still queued on it (an actor runs its calls in order)
+            ray.get(actor.__ray_call__.remote(_fresh_for_next_run))
+        except ray.exceptions.RayError:
+            ray.kill(actor)
+            return
+        self.idle.setdefault(key, []).append(actor)
+
+    def __enter__(self) -> "WarmReplicas":
+        from raygeom.engine import replica_actor
+
+        self._saved = (replica_actor.create, replica_actor.stop)
+        replica_actor.create, replica_actor.stop = self.create, self.stop
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import ray
+
+        from raygeom.engine import replica_actor
+
+        replica_actor.create, replica_actor.stop = self._saved
+        for actors in self.idle.values():
+            for actor in actors:
+                ray.kill(actor)
+        self.idle.clear()
