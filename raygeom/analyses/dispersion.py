@@ -507,9 +507,10 @@ def gap_key(extraction_key: str, layer: str, n_boot: int, seed: int) -> str:
 
 
 def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, layer: str,
-                n_boot: int = 1000, progress: Callable[[int], None] | None = None) -> list[dict]:
+                n_boot: int = 1000, progress: Callable[[int], None] | None = None, by_model: bool = False) -> list[dict]:
     """Candidates (models or checkpoints) ranked by the dispersion gap at ``layer``, largest first, each with
-    G's bootstrap interval over chunks and the positions behind it."""
+    G's bootstrap interval over chunks and the positions behind it. ``by_model``: each model's revisions are
+    ranked among themselves (the checkpoints of each run of a width ladder), not all candidates together."""
     from raygeom.engine.units import run_units
 
     if not settings.domain_tokens:
@@ -528,9 +529,11 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
     thin = [f"{r['model']}@{r['revision']}" for r in rows if r["n_domain"] < 2]
     if thin:
         raise RaygeomError(f"fewer than 2 domain-token positions for {', '.join(thin)}; use more chunks or another token set")
-    rows.sort(key=lambda r: (-r["gap"], r["model"], r["revision"]))
-    for rank, row in enumerate(rows, 1):
-        row["rank"] = rank
+    rows.sort(key=lambda r: (r["model"] if by_model else "", -r["gap"], r["model"], r["revision"]))
+    ranks: dict[str, int] = {}
+    for row in rows:
+        group = row["model"] if by_model else ""
+        ranks[group] = row["rank"] = ranks.get(group, 0) + 1
     atomic_write_table(pa.Table.from_pylist(rows), store.root / "results" / "dispersion_select.parquet")
     return rows
 

@@ -255,7 +255,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     trained = trained_runs[0] if trained_runs else None
     if job.sweep is None:
         job = replace(job, sweep=SweepSettings())
-    swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus)
+    swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus, report=False)  # written once, at the end
     outputs = {"trained": trained, "trained_runs": trained_runs, "swept": swept, "computed_dispersion_units": 0}
     settings = job.trajectory
     if settings is not None:
@@ -274,7 +274,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
                 return lambda n: progress.advance(task, n)
 
             result = dp.run_dispersion(store, specs, corpus, dsettings, analysis, factory)
-        ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer)
+        ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer, by_model=True)  # per run
         outputs["computed_dispersion_units"] = len(missing)
     if job.width is not None:
         from raygeom.jobs.width import write_width_report
@@ -291,6 +291,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         announce_report(store.root, console)
         return outputs
     if settings is None:
+        announce_report(store.root, console)
         return outputs
 
     steps = {s.revision: s.step for s in specs}

@@ -34,6 +34,11 @@ def tiny_width_job(path: Path, corpus: Path) -> Path:
     return path
 
 
+def html_count_of_report_writes(stdout: str) -> int:
+    """How many times a run announced writing its report.html (once: a later stage must not rewrite it)."""
+    return sum(1 for line in stdout.splitlines() if line.startswith("report:") and line.rstrip().endswith("report.html"))
+
+
 def run_cli(*args, cwd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
     return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], cwd=cwd, env=env, capture_output=True,
@@ -66,6 +71,10 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     assert ladder == {(32, 8), (48, 12)}  # k/d fixed across widths
     assert {(r["width"], r["k"]) for r in pga if r["k_per_d"] == 0} == {(32, 4), (48, 4)}  # the fixed-k run beside it
     assert all(r["z_lo"] <= r["z"] <= r["z_hi"] for r in pga if r["n_null"] >= 20)
+    ranked = pq.read_table(store / "results" / "dispersion_select.parquet").to_pylist()
+    for run in ("d32-seed0", "d48-seed0"):  # each run's checkpoints ranked among themselves, never across widths
+        assert sorted(r["rank"] for r in ranked if r["model"] == run) == [1, 2], run
+    assert html_count_of_report_writes(first.stdout) == 1
     gap = pq.read_table(store / "results" / "width_gap.parquet").to_pylist()
     assert sorted({(r["width"], r["revision"]) for r in gap}) == [(32, "step0"), (32, "step2"), (48, "step0"), (48, "step2")]
     page = (work / "docs" / "results" / "width.md").read_text()
