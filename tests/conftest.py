@@ -95,3 +95,15 @@ def tiny_corpus(tmp_path) -> Path:
     path = tmp_path / "tiny.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def warm_replicas(ray_local):
+    """For a module whose in-process runs load the same models again and again: a stopped replica stays loaded and the
+    next run gets it (raygeom.testing.WarmReplicas), instead of a new Ray worker importing torch and transformers (~7 s).
+    A module opts in with ``pytestmark = [..., pytest.mark.usefixtures("warm_replicas")]``; its module fixtures that run
+    jobs name it too, so that they run inside it."""
+    from raygeom.testing import WarmReplicas
+
+    with WarmReplicas() as replicas:
+        yield replicas

@@ -17,7 +17,8 @@ from raygeom.numerics.dispersion import dispersion, dispersion_gap
 from raygeom.store.tree import Store
 from raygeom.replica.tokens import domain_token_ids, make_chunks, token_features
 
-pytestmark = pytest.mark.integration
+# Its runs reload the same tiny models: they share loaded replicas (tests/conftest.py warm_replicas).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_replicas")]
 SETTINGS = dp.DispersionSettings(chunk_len=32, chunks_per_domain=6, batch_size=4, layers="all", domain_tokens="digits", seed=3)
 ANALYSIS = dp.AnalysisSettings(group_size=3, n_groups=5, n_slices=3, gap_layer="final_norm")
 
@@ -36,7 +37,7 @@ def labelled_corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def finished(hub_cache, ray_local, labelled_corpus, tmp_path_factory):
+def finished(hub_cache, ray_local, warm_replicas, labelled_corpus, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("dispersion"))
     specs = [resolve_model("EleutherAI/pythia-14m", "step1000"), resolve_model("EleutherAI/pythia-14m", "step0")]
     result = dp.run_dispersion(store, specs, labelled_corpus, SETTINGS, ANALYSIS)

@@ -22,7 +22,8 @@ from raygeom.jobs.pipeline import run_pga, run_pga_job
 from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store
 
-pytestmark = pytest.mark.integration
+# Its runs reload the same tiny models: they share loaded replicas (tests/conftest.py warm_replicas).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_replicas")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,7 +34,7 @@ def tiny_job(out, corpus, **pga):
 
 
 @pytest.fixture(scope="module")
-def finished_job(hub_cache, ray_local, tmp_path_factory):
+def finished_job(hub_cache, ray_local, warm_replicas, tmp_path_factory):
     from raygeom.testing import varied_text
 
     root = tmp_path_factory.mktemp("job")

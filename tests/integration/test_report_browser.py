@@ -55,8 +55,11 @@ def corpus(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def every_command_store(hub_cache, ray_local, tmp_path_factory):
-    """One store written by pga (three revisions: a heatmap), diagnose, probe, converge, dispersion, select, knn, train."""
+def every_command_store(hub_cache, ray_local, warm_replicas, tmp_path_factory):
+    """One store written by pga (three revisions: a heatmap), diagnose, probe, converge, dispersion, select, knn, train.
+
+    The commands after pga reuse the replicas it loaded (tests/conftest.py warm_replicas) instead of starting their
+    own, each about 7 s of importing torch and transformers in a new Ray worker: 3 replica starts instead of 11."""
     # Ray Data/Train set up their log handlers on the stderr of the moment they are first imported; inside
     # CliRunner that stream is closed afterwards, and later tests' ray.data logging would hit it.
     import ray.data  # noqa: F401
@@ -81,7 +84,7 @@ def every_command_store(hub_cache, ray_local, tmp_path_factory):
     printed = invoke("train", "-c", text, "--lam", 0.5, "--steps", 8, "--batch-size", 8, "--seq-len", 32,
                      "--hidden-size", 32, "--n-layers", 2, "--vocab-size", 300, "--eval-every", 4, "--out", out)
     assert "report:" in printed
-    print(f"every-command store built in {time.perf_counter() - started:.0f} s")
+    print(f"every-command store built in {time.perf_counter() - started:.0f} s, replicas started: {warm_replicas.started}")
     return out
 
 
