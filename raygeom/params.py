@@ -13,12 +13,42 @@ _TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 
 
 def param(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-          high_open: bool = False, choices: tuple | None = None, nonempty: bool = False, flag: str | None = None):
+          high_open: bool = False, choices: tuple | None = None, nonempty: bool = False, flag: str | None = None,
+          rule: tuple | None = None):
     """A declared parameter: its default, help text and the values allowed (``low``/``high`` bounds, closed
-    unless ``*_open``; ``choices``; ``nonempty`` strings). ``flag`` renames the CLI option (default ``--name``)."""
+    unless ``*_open``; ``choices``; ``nonempty`` strings; ``rule`` = (predicate, what it allows in words) for a
+    string with a grammar, e.g. a comma-separated list). ``flag`` renames the CLI option (default ``--name``)."""
     return field(default=default, metadata={"help": help, "low": low, "high": high, "low_open": low_open,
                                             "high_open": high_open, "choices": choices, "nonempty": nonempty,
-                                            "flag": flag})
+                                            "flag": flag, "rule": rule})
+
+
+def _numbers(text: str) -> list[float] | None:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        return None
+    return values if values and all(math.isfinite(v) for v in values) else None
+
+
+def number_list(low: float | None = None, high: float | None = None, positive: bool = False, integers: bool = False,
+                words: tuple[str, ...] = (), one: bool = False) -> tuple:
+    """A ``rule`` for a comma-separated list of numbers (``one``: a single number), or one of ``words``, each within
+    the bounds given."""
+    def allowed(text) -> bool:
+        if not isinstance(text, str):
+            return False
+        if text.strip() in words:
+            return True
+        values = _numbers(text)
+        return values is not None and (not one or len(values) == 1) and all((not integers or v == int(v)) and (low is None or v >= low)
+                                          and (high is None or v <= high) and (not positive or v > 0) for v in values)
+
+    kind = "integers" if integers else "numbers"
+    bounds = [f">= {low:g}" if low is not None else "", f"<= {high:g}" if high is not None else "", "> 0" if positive else ""]
+    text = ("an integer" if integers else "a number") if one else f"comma-separated {kind}"
+    text += " " + " and ".join(b for b in bounds if b) if any(bounds) else ""
+    return allowed, text + "".join(f", or {word}" for word in words)
 
 
 def declared_type(cls: type, name: str) -> type:
@@ -32,6 +62,8 @@ def allowed(cls: type, name: str) -> str:
     meta, kind = spec.metadata, declared_type(cls, name)
     if meta.get("choices"):
         return "one of " + ", ".join(map(str, meta["choices"]))
+    if meta.get("rule"):
+        return meta["rule"][1]
     parts = [_TYPES.get(kind, kind.__name__)]
     if meta.get("low") is not None:
         parts.append(f"{'>' if meta['low_open'] else '>='} {meta['low']:g}")
@@ -64,6 +96,8 @@ def check_value(cls: type, name: str, value: Any, where: str = "", label: str | 
         if not isinstance(value, str) or (meta.get("nonempty") and not value.strip()):
             raise refuse
     if meta.get("choices") and value not in meta["choices"]:
+        raise refuse
+    if meta.get("rule") and not meta["rule"][0](value):
         raise refuse
     low, high = meta.get("low"), meta.get("high")
     if low is not None and (value <= low if meta["low_open"] else value < low):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, Params, param, register
+from raygeom.params import number_list
 
 
 @dataclass(frozen=True)
@@ -17,10 +18,12 @@ class KnnParams(Params):
     train_chunks: int = param(40, "Chunks of datastore text.", low=1)
     test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2)
     k: int = param(64, "Neighbours.", low=1)
-    temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True)
-    temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True)
+    temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True,
+                             rule=number_list(positive=True, words=("auto",), one=True))
+    temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True,
+                                    rule=number_list(positive=True))
     lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
-                      nonempty=True, flag="--lam")
+                      nonempty=True, flag="--lam", rule=number_list(low=0.0, high=1.0))
     batch_size: int = param(4, "Chunks per forward pass.", low=1)
     heldout_fraction: float = param(0.2, "Share of the articles held out for tuning and evaluation.", low=0.0,
                                     high=1.0, low_open=True, high_open=True)

@@ -28,7 +28,7 @@ from raygeom.analyses.knn_lm import KnnParams
 from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
-from raygeom.params import LAYERS_HELP, Params, PGAParams, allowed, check_value, declared_type, default_of, param
+from raygeom.params import LAYERS_HELP, Params, PGAParams, allowed, check_value, declared_type, default_of, number_list, param
 from raygeom.replica.settings import ExtractionSettings
 
 errors = Console(stderr=True)
@@ -67,7 +67,7 @@ class CommandFlags(Params):
 class DiagnoseFlags(Params):
     """diagnose's and converge's own flags."""
 
-    ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis (comma-separated integers >= 0).",
+    ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis.", rule=number_list(low=0, integers=True),
                            nonempty=True)
     sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0)
     depths: Optional[int] = param(None, "Compare only the layers nearest this many evenly spaced relative depths.",
@@ -87,7 +87,8 @@ KnnFlags = KnnParams  # knn's own flags: the knn_lm analysis's one declaration
 class TrainFlags(Params):
     """train's flags that TrainSettings does not declare: the seed list and the checkpoint schedule."""
 
-    seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True)
+    seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True,
+                       rule=number_list(low=0, integers=True))
     save_every: int = param(0, "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every "
                                "N steps. 0: no checkpoints.", low=0)
     log_until: int = param(512, "Last log-spaced checkpoint step.", low=0)

@@ -28,6 +28,8 @@ def bad_values(cls, spec) -> list[tuple[str, object, str]]:
         cases += [("wrong type", 5, None)] + ([("empty", "", "")] if meta.get("nonempty") else [])
     elif kind is bool:
         cases += [("wrong type", "yes", None)]
+    if meta.get("rule"):  # a string with a grammar (a comma-separated list of numbers): text that is not one
+        cases.append(("not allowed by its rule", "x,", "x,"))
     if meta.get("low") is not None:
         below = meta["low"] if meta["low_open"] else meta["low"] - 1
         cases.append(("out of range", below, str(below)))
