@@ -167,9 +167,9 @@ def replica_gpus(spec: ModelSpec, job: JobSpec, cluster_gpus: float, params: int
 
 
 def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None,
-                  report: bool = True) -> SweepOutputs:
+                  write_html: bool = True) -> SweepOutputs:
     """Every (model, revision) of the job: extraction on GPU (or CPU) tasks, PGA per layer, then the tidy
-    table, collapse zones, plots and the integrity report, all from the store. ``report``: write the HTML
+    table, collapse zones, plots and the integrity report, all from the store. ``write_html``: write the HTML
     report too (a driver that adds to the store afterwards writes it once, at its end)."""
     from raygeom.analyses import sweep
 
@@ -238,7 +238,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
                       f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}", markup=False)
     console.print(f"store:   {store.root}", markup=False)
-    if report:
+    if write_html:
         announce_report(store.root, console)
     return SweepOutputs(outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"],
                         final.n_done - plan.n_done, report.flagged)

@@ -255,7 +255,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     trained = trained_runs[0] if trained_runs else None
     if job.sweep is None:
         job = replace(job, sweep=SweepSettings())
-    swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus, report=False)  # written once, at the end
+    swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus, write_html=False)  # written once, at the end
     outputs = {"trained": trained, "trained_runs": trained_runs, "swept": swept, "computed_dispersion_units": 0}
     settings = job.trajectory
     if settings is not None:

@@ -74,7 +74,7 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     ranked = pq.read_table(store / "results" / "dispersion_select.parquet").to_pylist()
     for run in ("d32-seed0", "d48-seed0"):  # each run's checkpoints ranked among themselves, never across widths
         assert sorted(r["rank"] for r in ranked if r["model"] == run) == [1, 2], run
-    assert html_count_of_report_writes(first.stdout) == 1
+    assert html_count_of_report_writes(first.stdout) == 1, [l for l in first.stdout.splitlines() if "report" in l]
     gap = pq.read_table(store / "results" / "width_gap.parquet").to_pylist()
     assert sorted({(r["width"], r["revision"]) for r in gap}) == [(32, "step0"), (32, "step2"), (48, "step0"), (48, "step2")]
     page = (work / "docs" / "results" / "width.md").read_text()
