@@ -87,7 +87,10 @@ def write_outputs(store, job, units: JobUnits, rows: list[dict], console, skip: 
         analysis = registry.get(name)
         mine = (own or {}).get(name, []) if analysis.extraction != "pooled" else units.rows_of(name, rows)
         directory = analysis.results_dir
-        written[name] = write_rows(accumulated_rows(store, directory, mine), store.root / "results" / f"{directory}.parquet")
+        every = accumulated_rows(store, directory, mine)
+        if analysis.extraction != "pooled":  # stores from before the unit engine kept summaries there, with no key
+            every = [row for row in every if row.get("unit_key")]
+        written[name] = write_rows(every, store.root / "results" / f"{directory}.parquet")
         layered = [row for row in mine if row.get("relative_depth") is not None]
         if layered and analysis.metrics:
             print_analysis(console, analysis, layered)
