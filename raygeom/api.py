@@ -294,8 +294,9 @@ def store_pga(store, model: str, revision: str = "main", *, layers: str | list[s
 
 def store_analysis(store, model: str, revision: str, analysis: str, *, layers: str | list[str] = "all",
                    extraction: str | None = None, **params) -> list[dict]:
-    """Any registered analysis (``pga``, ``spectral``, ``pc1``, ``twonn``, ``probe``, ...: the names
-    ``raygeom.analyses.registry.analyses()`` lists) of the layers of one extraction in ``store`` (raygeom's own, or
+    """Any registered analysis of stored vectors (``pga``, ``spectral``, ``pc1``, ``twonn``, ``probe``, ...: the names
+    ``raygeom.analyses.registry.analyses()`` lists whose ``extraction`` is "pooled"; the others are made from the
+    model and are refused here) of the layers of one extraction in ``store`` (raygeom's own, or
     vectors written with :func:`write_activations`), in this process, without Ray. ``params`` are the analysis's
     parameters, as in a job file's ``[analyses.<name>]`` table (e.g. ``k=6``), checked the same way; the units are
     the ones a job runs, so the rows (a list of dicts, per layer) are the CLI's, stored under
@@ -309,6 +310,9 @@ def store_analysis(store, model: str, revision: str, analysis: str, *, layers: s
     from raygeom.store.tree import Store, lock_store
 
     spec = registry.get(analysis)
+    if spec.extraction != "pooled":
+        raise InputError(f"{analysis} reads an extraction of its own ({spec.extraction}), made from the model, not the "
+                         f"stored vectors; run it in a job ([analyses.{analysis}]) or as `raygeom analyze {analysis}`")
     planned = registry.Planned(analysis, spec.Params.from_mapping(params, f"{analysis}: "))
     root = Path(store)
     tree = Store(root)

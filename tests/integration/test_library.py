@@ -199,6 +199,10 @@ def test_every_registered_analysis_runs_on_hook_captured_vectors(pythia, tmp_pat
                                   readout=model.get_output_embeddings().weight, n_blocks=3)
     small = {"k": 6, "n_null": 20, "text_halves": 4}  # d = 64 and 24 texts: the defaults (k = 100) do not fit
     for name, spec in analyses().items():
+        if spec.extraction != "pooled":  # made from the model (token chunks, kNN features, aligned texts): refused
+            with pytest.raises(raygeom.RaygeomError, match="reads an extraction of its own"):
+                raygeom.store_analysis(tmp_path, "pythia-14m-hooked", "step143000", name)
+            continue
         params = {key: value for key, value in small.items() if key in {f.name for f in spec.Params.declared()}}
         rows = raygeom.store_analysis(tmp_path, "pythia-14m-hooked", "step143000", name, **params)
         assert sorted({r["layer"] for r in rows}) == ["block_01", "block_02"], name
