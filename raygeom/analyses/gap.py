@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, param, register
-from raygeom.analyses.token_dispersion import ChunkExtractionParams, extraction_of, full_corpus
+from raygeom.analyses.token_dispersion import ChunkExtractionParams, chunks_per_model, extraction_of, full_corpus
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class DispersionGap(Analysis):
         from raygeom.analyses import dispersion as dp
 
         corpus = full_corpus(job)
-        per_model = params.chunks_per_domain * len(set(corpus.labels or ["all"]))
+        per_model = chunks_per_model(params, corpus)
         extraction = extraction_of(params, job.layers)
         for spec in specs:  # the chunk extraction first, with its progress (rank_by_gap reuses it)
             dp.extract_unit(store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model))

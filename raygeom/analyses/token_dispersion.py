@@ -61,13 +61,18 @@ def full_corpus(job):
     return load_corpus(job.corpus)
 
 
+def chunks_per_model(params: ChunkExtractionParams, corpus) -> int:
+    """How many chunks the extraction asks of each (model, revision): chunks_per_domain for every label."""
+    return params.chunks_per_domain * len(set(corpus.labels or ["all"]))
+
+
 def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[dict]:
     """Chunk extraction of every (model, revision), then one engine unit each: this job's layer rows."""
     from raygeom.analyses import dispersion as dp
 
     extraction, analysis = settings_of(params, job.layers)
     corpus = full_corpus(job)
-    per_model = params.chunks_per_domain * len(set(corpus.labels or ["all"]))
+    per_model = chunks_per_model(params, corpus)
     analysis.check_against(per_model)
     result = dp.run_dispersion(store, specs, corpus, extraction, analysis,
                                lambda label, _: progress(f"chunks {label}", per_model),
