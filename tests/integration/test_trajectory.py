@@ -71,8 +71,9 @@ def test_train_and_trajectory_sections_are_checked(tmp_path):
     job_file = tmp_path / "job.toml"
     job_file.write_text('[train]\nrun_dir = "r"\nsave_every = 100\nsteps = 400\n[corpus]\nname = "heldout"\n[trajectory]\nlate_from = 64\n')
     job = load_job(job_file)
-    assert job.corpus == "r/heldout.jsonl" and job.trajectory.late_from == 64
-    assert [(e.source, e.run_dir) for e in job.models] == [("r", True)]  # [train]'s run directory is swept
+    run_dir = str(tmp_path / "r")  # relative paths resolve against the job file's folder
+    assert job.corpus == f"{run_dir}/heldout.jsonl" and job.trajectory.late_from == 64
+    assert [(e.source, e.run_dir) for e in job.models] == [(run_dir, True)]  # [train]'s run directory is swept
     assert job.train.plan().steps[-3:] == (256, 300, 400)
     for body, message in (('[train]\nsave_every = 10\n', "needs run_dir"),
                           ('[train]\nrun_dir = "r"\nsave_every = 10\nsteps = 0\n', "steps must be"),
