@@ -34,7 +34,7 @@ class SweepSettings(Params):
     gpu_memory_gib: float = param(80.0, "Memory per GPU; decides how many GPUs one replica asks for.", low=0.0,
                                   low_open=True)
     gpus_per_node: int = param(8, "GPUs per node.", low=1)
-    max_in_flight: int = param(0, "Extraction tasks submitted at once (0: twice the replicas that fit).", low=0)
+    max_in_flight: int = param(0, "Replicas extracting at once (0: as many as fit); each takes the next revision when its own lands.", low=0)
     pga_threads: int = param(4, "Revisions analysed at once.", low=1)
     keep_activations: bool = param(True, "Keep layer files after every unit of a revision is done.")
     collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.")

@@ -94,13 +94,21 @@ class AnalysisSettings:
 
 # ---------------------------------------------------------------- extraction (driver + replica actor)
 
-def start_worker(spec: ModelSpec, gpus: float | None = None):
+def start_worker(spec: ModelSpec, gpus: float | None = None, replicas=None):
     """A replica actor for token-level work (a GPU, else every CPU of a node) and its description,
-    whose ``layers`` are the token layers (every layer, then ``attn_last``)."""
+    whose ``layers`` are the token layers (every layer, then ``attn_last``). ``replicas``: a
+    ``replica_actor.Handover`` whose parked replica this takes, if it has one."""
     from raygeom.engine import replica_actor
 
-    worker, described = replica_actor.start(spec, gpus)
+    worker, described = (replicas or replica_actor).start(spec, gpus)
     return worker, {**described, "layers": described["token_layers"]}
+
+
+def handover():
+    """Replicas handed from one (model, revision) to the next by a driver loop of ``extract_unit`` calls."""
+    from raygeom.engine import replica_actor
+
+    return replica_actor.Handover()
 
 
 def _get(ref):
@@ -130,10 +138,11 @@ def is_extracted(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
 
 
 def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: DispersionSettings,
-                 progress: Callable[[int], None] | None = None, gpus: float | None = None) -> dict:
+                 progress: Callable[[int], None] | None = None, gpus: float | None = None, replicas=None) -> dict:
     """Token-level extraction of one (model, revision) into the store; returns the unit's description.
 
-    Skipped when the unit's summary exists. Files of an interrupted run are overwritten.
+    Skipped when the unit's summary exists. Files of an interrupted run are overwritten. ``replicas``
+    (``handover()``): the replica is taken from it and parked in it for the next call.
     """
     from raygeom.sources.layers import select_layers
 
@@ -144,26 +153,33 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
         if progress and table.num_rows:
             progress(int(table["n_chunks"][0].as_py()))
         return {"key": key, "layers": table["layer"].to_pylist(), "cached": True}
-    worker, described = start_worker(spec, gpus)
+    worker, described = start_worker(spec, gpus, replicas)
+    handed_on = False
     try:
         selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
         wanted = select_layers(described["layers"][:-1], selection)
         layers = wanted + ["attn_last"]
         chunks, domains = _get(worker.chunks.remote(corpus.texts, corpus.labels, settings.chunk_len, settings.chunks_per_domain,
-                                                    settings.seed))
-        n_bytes = _get(worker.chunk_bytes.remote(chunks))
+                                                    settings.seed, spec=spec))
+        n_bytes = _get(worker.chunk_bytes.remote(chunks, spec=spec))
         n = len(domains)
         bounds = [(s, min(n, s + settings.batch_size)) for s in range(0, n, settings.batch_size)]
-        refs = [worker.statistics.remote(chunks[s:e], layers, settings.domain_tokens) for s, e in bounds]
+        refs = [worker.statistics.remote(chunks[s:e], layers, settings.domain_tokens, spec=spec) for s, e in bounds]
         results = []
         for ref, (s, e) in zip(refs, bounds):
             results.append(_get(ref))
             if progress:
                 progress(e - s)
+        handed_on = replicas is not None
     finally:
         from raygeom.engine import replica_actor
 
-        replica_actor.stop(worker)
+        if handed_on:
+            replicas.park(worker)
+        elif replicas is not None:
+            replicas.discard(worker)
+        else:
+            replica_actor.stop(worker)
     _write_unit(paths, spec, corpus, settings, described, layers, domains, np.asarray(n_bytes), results, key)
     return {"key": key, "layers": layers, "cached": False}
 
@@ -462,13 +478,14 @@ def run_dispersion(store: Store, specs: list[ModelSpec], corpus: Corpus, setting
     from raygeom.engine.units import accumulated_rows, run_units
 
     units = []
-    for spec in specs:
-        progress = progress_factory(f"{spec.name}@{spec.revision}", 0) if progress_factory else None
-        info = extract_unit(store, spec, corpus, settings, progress)
-        if analysis.gap_layer not in info["layers"]:
-            raise RaygeomError(f"gap layer '{analysis.gap_layer}' was not extracted; extracted: {', '.join(info['layers'])}")
-        units.append(analysis_unit(store, spec, info["key"], info["layers"], analysis, settings.seed,
-                                   extraction_provenance(spec, corpus, settings)))
+    with handover() as replicas:
+        for spec in specs:
+            progress = progress_factory(f"{spec.name}@{spec.revision}", 0) if progress_factory else None
+            info = extract_unit(store, spec, corpus, settings, progress, replicas=replicas)
+            if analysis.gap_layer not in info["layers"]:
+                raise RaygeomError(f"gap layer '{analysis.gap_layer}' was not extracted; extracted: {', '.join(info['layers'])}")
+            units.append(analysis_unit(store, spec, info["key"], info["layers"], analysis, settings.seed,
+                                       extraction_provenance(spec, corpus, settings)))
     job = {"layers": run_units(store, units, analysis_progress)}
     for table in TABLES[1:]:
         job[table] = [row for unit in units for row in _read_side(store, f"dispersion_{table}", unit.key)]
@@ -516,8 +533,9 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
     if not settings.domain_tokens:
         raise RaygeomError("a domain token set is needed to rank by the dispersion gap")
     units = []
-    for spec in specs:
-        info = extract_unit(store, spec, corpus, settings)
+    with handover() as replicas:
+        infos = [extract_unit(store, spec, corpus, settings, replicas=replicas) for spec in specs]
+    for spec, info in zip(specs, infos):
         if layer not in info["layers"]:
             raise RaygeomError(f"layer '{layer}' not extracted for {spec.name}; extracted: {', '.join(info['layers'])}")
         key = gap_key(info["key"], layer, n_boot, settings.seed)

@@ -40,8 +40,10 @@ class DispersionGap(Analysis):
         corpus = full_corpus(job)
         per_model = chunks_per_model(params, corpus)
         extraction = extraction_of(params, job.layers)
-        for spec in specs:  # the chunk extraction first, with its progress (rank_by_gap reuses it)
-            dp.extract_unit(store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model))
+        with dp.handover() as replicas:  # the chunk extraction first, with its progress (rank_by_gap reuses it)
+            for spec in specs:
+                dp.extract_unit(store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model),
+                                replicas=replicas)
         return dp.rank_by_gap(store, specs, corpus, extraction, params.layer, params.n_boot,
                               progress("gap units", len(specs)))
 

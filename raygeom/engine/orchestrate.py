@@ -190,10 +190,15 @@ class Extractions:
     ``progress(kind, n)``: ``texts`` per batch, ``extract`` per revision (landed or failed). A revision
     that fails with a RaygeomError (e.g. cannot be loaded) is recorded in ``failed`` and the rest go on."""
 
-    def __init__(self, store: Store, progress: Callable[[str, int], None], cpus: int):
+    def __init__(self, store: Store, progress: Callable[[str, int], None], cpus: int,
+                 replicas: replica_actor.Handover | None = None):
         self.store, self.progress, self.cpus = store, progress, cpus
         self.waiting: dict[ray.ObjectRef, tuple[str, int, int]] = {}  # ref -> (kind, number, texts)
         self.actors: dict[int, object] = {}
+        # A replica whose revision landed is handed to the next queued one (``start``); ``drop_idle`` stops the rest.
+        # A caller's ``replicas`` keeps it for the caller's next extraction instead.
+        self.own_replicas = replicas is None
+        self.replicas = replica_actor.Handover() if replicas is None else replicas
         self.items: dict[int, tuple[SweepItem, str]] = {}
         self.failed: list[str] = []
 
@@ -207,14 +212,23 @@ class Extractions:
     def start(self, item: SweepItem, need: str = "extract") -> None:
         number = len(self.items)
         self.items[number] = (item, need)
-        actor = replica_actor.create(item.request.spec, item.gpus, item.cpus or self.cpus)
+        spec = item.request.spec
+        actor = self.replicas.create(spec, item.gpus, item.cpus or self.cpus)
         self.actors[number] = actor
+        self.waiting[actor.describe.remote(spec=spec)] = ("describe", number, 0)
         if item.prefetch:
             actor.prefetch.remote(item.prefetch)
-        self.waiting[actor.describe.remote()] = ("describe", number, 0)
 
-    def _stop(self, number: int) -> None:
-        replica_actor.stop(self.actors.pop(number))
+    def drop_idle(self) -> None:
+        """Stop the replicas no queued revision took: they hold CPUs or GPUs that analysis tasks may need."""
+        self.replicas.drop()
+
+    def _stop(self, number: int, hand_on: bool = False) -> None:
+        actor = self.actors.pop(number)
+        if hand_on:
+            self.replicas.park(actor)
+        else:
+            self.replicas.discard(actor)
         for ref in [r for r, (_, n, _) in self.waiting.items() if n == number]:
             self.waiting.pop(ref)
 
@@ -228,18 +242,18 @@ class Extractions:
         request, actor = item.request, self.actors[number]
         spec, texts, settings = request.spec, request.corpus.texts, request.settings
         if need == "nll":
-            self.waiting[actor.add_nll.remote(str(self.store.root), request.key(), texts, settings)] = ("write", number, len(texts))
+            self.waiting[actor.add_nll.remote(str(self.store.root), request.key(), texts, settings, spec=spec)] = ("write", number, len(texts))
             return
         layers = select_layers(described["layers"], request.layer_selection)
         self.store.invalidate(spec.slug, spec.revision, request.key())
         size = settings.batch_size
         for index, begin in enumerate(range(0, len(texts), size)):
             part = texts[begin:begin + size]
-            self.waiting[actor.run_batch.remote(index, part, settings, layers, request.nll)] = ("batch", number, len(part))
+            self.waiting[actor.run_batch.remote(index, part, settings, layers, request.nll, spec=spec)] = ("batch", number, len(part))
         extra = {"model": spec.name, "revision": spec.revision, "corpus": request.corpus.name,
                  "corpus_fingerprint": request.corpus.fingerprint(), "step": spec.step}
         ref = actor.write_extraction.remote(str(self.store.root), request.key(), texts, request.corpus.labels, request.corpus.name,
-                                            settings, layers, request.readout_components, request.nll, extra)
+                                            settings, layers, request.readout_components, request.nll, extra, spec=spec)
         self.waiting[ref] = ("write", number, 0)
 
     def handle(self, ref: ray.ObjectRef) -> tuple[SweepItem, dict] | None:
@@ -268,18 +282,22 @@ class Extractions:
         if count:
             self.progress("texts", count)
         self.progress("extract", 1)
-        self._stop(number)
+        self._stop(number, hand_on=True)
         return self.items[number][0], value
 
     def close(self) -> None:
         for number in list(self.actors):
-            replica_actor.stop(self.actors.pop(number))
+            self.replicas.discard(self.actors.pop(number))
+        if self.own_replicas:
+            self.replicas.drop()
 
 
 def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], None] | None = None,
-            gpus_per_model: float | None = None, cpus: int | None = None) -> dict:
+            gpus_per_model: float | None = None, cpus: int | None = None,
+            replicas: replica_actor.Handover | None = None) -> dict:
     """Extract one (model, revision) into the store with one replica actor (a GPU, else every CPU of a
-    node); skip it when already complete. ``request.nll`` adds per-sample NLL to an extraction stored without."""
+    node); skip it when already complete. ``request.nll`` adds per-sample NLL to an extraction stored without.
+    ``replicas``: the replica is taken from this handover and parked in it afterwards, for the caller's next call."""
     need = needs_extraction(store, request)
     if need is None:
         if progress:
@@ -287,7 +305,7 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         return store.completion(request.spec.slug, request.spec.revision, request.key())
     gpus = replica_actor.default_gpus() if gpus_per_model is None else gpus_per_model
     extractions = Extractions(store, lambda kind, n: progress(n) if progress and kind == "texts" else None,
-                              cpus or replica_actor.largest_node_cpus())
+                              cpus or replica_actor.largest_node_cpus(), replicas)
     try:
         extractions.start(SweepItem(request, gpus), need)
         while extractions.refs():
@@ -361,7 +379,7 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
         gpu_items = [item.gpus for item, _ in queue if item.gpus > 0]
         if gpu_items:
             slots = max(1, int(cluster_gpus() / max(min(gpu_items), 1e-9)))
-        max_in_flight = 2 * slots
+        max_in_flight = slots  # a replica whose revision lands is handed the next one
     # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
     # days-long sweep: the rest finishes, then one error names every failed revision.
     extractions = Extractions(store, progress, cpus)
@@ -369,6 +387,7 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
         while queue or extractions.running or runner.busy:
             while queue and extractions.running < max_in_flight:
                 extractions.start(*queue.pop(0))
+            extractions.drop_idle()
             for ref in runner.step(extractions.refs()):
                 landed = extractions.handle(ref)
                 if landed:

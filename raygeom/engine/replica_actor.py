@@ -61,6 +61,69 @@ def stop(actor) -> None:
     ray.kill(actor)
 
 
+class Handover:
+    """Replicas handed from one (model, revision) to the next by a driver that works through many, instead of one
+    new actor each: a new actor is a new worker process that imports torch and transformers again (about 7 s of a
+    CPU here, before any weights load), which every checkpoint of a sweep would pay.
+
+    ``create`` hands back a replica ``park`` kept for the same placement (GPU share and CPUs), else a new one;
+    every call to it must pass ``spec=`` (``raygeom.replica.replica.serving``), which loads that model in place.
+    A parked replica still holds its CPUs or GPU, so a driver parks only what it hands on at once and ``drop``s the
+    rest before anything else needs those resources (and ``create`` drops the parked replicas of other placements).
+    As a context manager it drops everything at exit."""
+
+    def __init__(self):
+        self.parked: dict[tuple[float, int], list] = {}
+        self.placement: dict = {}
+
+    def create(self, spec: ModelSpec, gpus: float, cpus: int = 1):
+        key = (float(gpus), int(cpus))
+        for other in [k for k in self.parked if k != key]:
+            for actor in self.parked.pop(other):
+                stop(actor)
+        actor = self.parked[key].pop() if self.parked.get(key) else create(spec, gpus, cpus)
+        self.placement[actor] = key
+        return actor
+
+    def start(self, spec: ModelSpec, gpus: float | None = None, cpus: int | None = None):
+        """``start`` through the handover: (actor, description of ``spec``)."""
+        gpus = default_gpus() if gpus is None else gpus
+        actor = self.create(spec, gpus, largest_node_cpus() if cpus is None else cpus)
+        try:
+            return actor, get(actor.describe.remote(spec=spec))
+        except BaseException:
+            self.placement.pop(actor, None)
+            stop(actor)
+            raise
+
+    def park(self, actor) -> None:
+        """Keep ``actor`` for the next ``create`` of its placement (an actor this handover did not create is stopped)."""
+        key = self.placement.pop(actor, None)
+        if key is None:
+            stop(actor)
+        else:
+            self.parked.setdefault(key, []).append(actor)
+
+    def discard(self, actor) -> None:
+        """Stop ``actor`` (failed, or not needed again)."""
+        self.placement.pop(actor, None)
+        stop(actor)
+
+    def drop(self) -> None:
+        for actors in self.parked.values():
+            for actor in actors:
+                stop(actor)
+        self.parked.clear()
+
+    def __enter__(self) -> "Handover":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.drop()
+        for actor in list(self.placement):
+            self.discard(actor)
+
+
 def get(ref):
     """``ray.get`` that turns a replica's RaygeomError back into one (a one-line CLI error)."""
     try:

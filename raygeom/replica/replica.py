@@ -8,13 +8,15 @@ features and per-sample NLL. All of them tokenize through
 a Ray actor; tests and scripts use it directly.
 
 Methods take and return plain arrays and dicts so they cross process
-boundaries. State is only a cache: ``run_batch`` keeps pooled batches until
+boundaries. The ``@serving`` ones take ``spec=``, so one replica can be handed
+from one (model, revision) to the next without a new process. State is only a cache: ``run_batch`` keeps pooled batches until
 ``write_extraction``, which recomputes any batch it does not hold (an actor
 restarted on another node after its node died holds none).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import threading
 import time
@@ -60,6 +62,23 @@ def _download(spec: ModelSpec, revision: str) -> None:
         pass
 
 
+def serving(method):
+    """A method that takes ``spec=``: the model the call is for. A replica handed on to the next (model, revision)
+    loads it at its first call, and a call retried on an actor that Ray restarted (with its first spec) names
+    its model again, so no call ever runs on another model's weights. Without ``spec`` it is the held one."""
+
+    def call(self, *args, spec: ModelSpec | None = None, **kwargs):
+        if spec is not None and spec != self.spec:
+            self.join_prefetch()
+            self._load(spec)
+        return method(self, *args, **kwargs)
+
+    # No functools.wraps: Ray checks a call's arguments against inspect.signature, which would follow __wrapped__
+    # to the signature without ``spec``.
+    call.__name__, call.__qualname__, call.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    return call
+
+
 class Replica:
     """Holds one model; ``threads`` (CPU) is the torch thread count, normally the CPUs Ray gave the actor."""
 
@@ -69,18 +88,28 @@ class Replica:
         quiet_transformers()
         if device == "cpu" and threads:
             torch.set_num_threads(max(1, int(threads)))
-        self.spec, self.device = spec, device
+        self.device, self.device_map = device, device_map
         self.threads = torch.get_num_threads()
+        self._fetcher: threading.Thread | None = None
+        self._load(spec)
+
+    def _load(self, spec: ModelSpec) -> None:
+        """Holds ``spec``'s model from now on: what the last one left (batches, fingerprint, error) goes with it."""
+        self.spec = spec
+        handed_on = getattr(self, "model", None) is not None
+        self.model = self.tokenizer = None
+        if handed_on:  # the last model's tensors go before the next one loads
+            gc.collect()
         self.held: dict[int, BatchActivations] = {}
         self.forward_seconds = 0.0
         self._gap_ids: tuple[str, list[int]] | None = None
         self._fingerprint: str | None = None
-        self._fetcher: threading.Thread | None = None
+        self._release_cache()
         # A constructor that raises kills an actor and hides the reason; keep it for the first call.
         self.error: RaygeomError | None = None
         start = time.perf_counter()
         try:
-            self.model, self.tokenizer = load_model(spec, device=device, device_map=device_map)
+            self.model, self.tokenizer = load_model(spec, device=self.device, device_map=self.device_map)
             tokenize.prepare(self.tokenizer)
         except RaygeomError as error:
             self.error = error
@@ -91,6 +120,7 @@ class Replica:
             raise self.error
 
     # ------------------------------------------------------------------ description
+    @serving
     def describe(self) -> dict:
         """Layers (pooled extraction), token layers (adds ``attn_last``), shapes and the weight fingerprint."""
         from raygeom.replica.tokens import token_layer_names
@@ -135,11 +165,13 @@ class Replica:
         self.forward_seconds += time.perf_counter() - start
         return out
 
+    @serving
     def run_batch(self, index: int, texts: list[str], settings: ExtractionSettings, layers: list[str], nll: bool) -> int:
         """``pooled``, kept here for ``write_extraction``; returns the number of texts."""
         self.held[index] = self.pooled(texts, settings, layers, nll)
         return len(texts)
 
+    @serving
     def write_extraction(self, root: str, key: str, texts: list[str], labels: list[str] | None, corpus_name: str,
                          settings: ExtractionSettings, layers: list[str], readout_components: int, nll: bool,
                          extra: dict | None = None) -> dict:
@@ -190,6 +222,7 @@ class Replica:
         self.join_prefetch()
         return info
 
+    @serving
     def add_nll(self, root: str, key: str, texts: list[str], settings: ExtractionSettings) -> dict:
         """Per-sample NLL for the complete extraction ``key`` stored without it (a PGA-only run); the layers stay as stored."""
         from raygeom.store.tree import Store
@@ -214,11 +247,13 @@ class Replica:
         return info
 
     # ------------------------------------------------------------------ token level
+    @serving
     def chunks(self, texts: list[str], labels: list[str] | None, chunk_len: int, per_domain: int,
                seed: int) -> tuple[np.ndarray, list[str]]:
         self._ready()
         return tokenize.make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
 
+    @serving
     def statistics(self, chunks: np.ndarray, layers: list[str], gap_spec: str | None):
         """Token dispersion, pooled vectors and NLL of these chunks, and each chunk's dispersion-gap sums."""
         import torch
@@ -237,11 +272,13 @@ class Replica:
         gap_parts = {name: g.parts() for name, g in (gaps or {}).items()}
         return stats.token_dispersion, stats.pooled, stats.nll, stats.n_predicted, gap_parts
 
+    @serving
     def chunk_bytes(self, chunks: np.ndarray) -> np.ndarray:
         """UTF-8 bytes of each chunk's predicted text (bits per byte)."""
         self._ready()
         return tokenize.predicted_bytes(self.tokenizer, chunks)
 
+    @serving
     def features(self, chunks: np.ndarray, layers: list[str]):
         """kNN-LM features: per-layer vectors at positions with a next token, those tokens, their LM log-probs."""
         import torch
