@@ -58,8 +58,9 @@ def provenance_columns(settings: TrainSettings, corpus_fingerprint: str | None) 
             "settings": json.dumps(fields, sort_keys=True), "raygeom_version": __version__}
 
 
-def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None) -> dict:
-    """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row."""
+def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None, data=None) -> dict:
+    """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row.
+    ``data``: ``training.prepare_data(settings.data_fields())`` made already (a grid's runs share it)."""
     key = settings.key() if checkpoints is None else checkpoints.key(settings)
     if checkpoints is not None:
         done = completed_trajectory(checkpoints, key)
@@ -72,7 +73,8 @@ def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointP
     if checkpoints is not None:
         Path(checkpoints.run_dir).mkdir(parents=True, exist_ok=True)
         _claim_run_dir(checkpoints, key)
-    data = training.prepare_data(settings.data_fields())  # through the module: tests plant their data there
+    if data is None:
+        data = training.prepare_data(settings.data_fields())  # through the module: tests plant their data there
     from raygeom.engine.ray_train import fit_on_workers
 
     history_path = store.root / "train" / f"history-{key}.parquet"

@@ -3,6 +3,7 @@ and the dispersion gap's checkpoint ranking set against the ranking by held-out 
 
 from __future__ import annotations
 
+from raygeom.errors import RaygeomError
 from raygeom.jobs.trajectory_report import rank_interval
 from raygeom.jobspec import TrajectorySettings
 
@@ -208,31 +209,71 @@ def plot_gap_against_perplexity(rows: list[dict], path, title: str):
 
 # --------------------------------------------------------------------------------------------- run
 
+def runs_at_once(runs, cluster: dict) -> int:
+    """How many of ``runs`` (TrainSettings) the cluster holds at once: its CPUs (GPUs, when they train on GPUs) over
+    the most one run asks for; at least 1."""
+    need_cpu = max(run.workers * run.cpus_per_worker for run in runs)
+    fits = int(float(cluster.get("CPU", 0)) // need_cpu) if need_cpu else len(runs)
+    if any(run.use_gpu for run in runs):
+        fits = min(fits, int(float(cluster.get("GPU", 0)) // max(run.workers for run in runs)))
+    return max(1, min(len(runs), fits))
+
+
 def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
-    """[train]: every run of it, in order, each skipped when its checkpoints exist and match its settings and schedule."""
+    """[train]: every run of it, each skipped when its checkpoints exist and match its settings and schedule. The runs
+    of a grid are independent: as many train at once as the cluster holds (each run is seeded and has its own
+    workers, so its checkpoints are the same whatever trains beside it). Rows come back in the job's order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from raygeom.jobs import train as train_module
 
-    rows = []
-    for run in job.trains:
+    rows: dict[int, dict] = {}
+    todo = []
+    for index, run in enumerate(job.trains):
         plan, settings = run.plan(), run.settings
         name = f"train {run.variant}" if run.variant else "train"
         if train_module.completed_trajectory(plan, plan.key(settings)) is not None:
             row = train_module.run_training(store, settings, plan)  # reads it back, no Ray needed
             console.print(f"{name}: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
                           f"(trained in {row['wall_s'] / 60:.1f} min)")
-            rows.append(row)
-            continue
+            rows[index] = row
+        else:
+            todo.append((index, name, run))
+    if todo:
+        import ray
+
         from raygeom.engine import orchestrate
 
         with console.status("starting Ray" + (f" at {address}" if address else " locally")):
             orchestrate.start_ray(address, num_cpus)
-        with console.status(f"{name}: d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; "
-                            f"{len(plan.steps)} checkpoints into {plan.run_dir}"):
-            row = train_module.run_training(store, settings, plan)
-        console.print(f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
-                      f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}")
-        rows.append(row)
-    return rows
+        at_once = runs_at_once([run.settings for _, _, run in todo], ray.cluster_resources())
+        first = todo[0][2].settings
+        what = (f"d={first.hidden_size}, {first.n_layers} layers, {first.steps} steps; {len(todo[0][2].plan().steps)} "
+                f"checkpoints into {todo[0][2].plan().run_dir}" if len(todo) == 1 else f"{len(todo)} runs, {at_once} at once")
+        # The data (article split, tokenizer, sequences) is made here, once per data setting: the runs of a grid share
+        # it, and transformers' lazy imports are not safe from several threads at once.
+        data = {}
+        for _, _, run in todo:
+            fields = run.settings.data_fields()
+            if fields not in data:
+                data[fields] = train_module.training.prepare_data(fields)
+        with console.status(f"{todo[0][1] if len(todo) == 1 else 'train'}: {what}"), ThreadPoolExecutor(at_once) as pool:
+            futures = [(index, name, run, pool.submit(train_module.run_training, store, run.settings, run.plan(),
+                                                      data[run.settings.data_fields()]))
+                       for index, name, run in todo]
+            failed = None
+            for index, name, run, future in futures:
+                try:
+                    row = future.result()
+                except RaygeomError as error:  # the other runs still finish and keep their checkpoints
+                    failed = failed or error
+                    continue
+                console.print(f"{name}: {run.settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
+                              f"{row['heldout_perplexity']:.2f}; {len(run.plan().steps)} checkpoints in {run.plan().run_dir}")
+                rows[index] = row
+        if failed is not None:
+            raise failed
+    return [rows[index] for index in sorted(rows)]
 
 
 def run_trajectory_job(job, console, address: str | None = None, num_cpus: int | None = None) -> dict:

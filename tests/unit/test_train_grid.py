@@ -137,3 +137,21 @@ def test_mean_t_interval_is_scipys_t_interval():
     assert one["mean"] == 1.5 and np.isnan(one["lo"]) and np.isnan(one["hi"])
     with pytest.raises(RaygeomError):
         mean_t_interval([])
+
+
+@pytest.mark.parametrize("cluster, runs, expected", [
+    ({"CPU": 2.0}, [(1, 1.0, False)] * 2, 2),  # the tiny ladder: both runs at once
+    ({"CPU": 2.0}, [(1, 2.0, False)] * 8, 1),  # jobs/width.toml here: a run takes both CPUs
+    ({"CPU": 64.0}, [(2, 4.0, False)] * 8, 8),  # a cluster holds the whole grid
+    ({"CPU": 64.0}, [(2, 4.0, False)] * 9, 8),
+    ({"CPU": 64.0, "GPU": 4.0}, [(2, 1.0, True)] * 8, 2),  # GPUs are the bound
+    ({"CPU": 1.0}, [(1, 2.0, False)] * 3, 1),  # never 0: a run that does not fit waits for Ray, as before
+    ({"CPU": 8.0}, [(1, 1.0, False), (1, 4.0, False)], 2),  # the largest run decides
+])
+def test_runs_at_once_is_what_the_cluster_holds(cluster, runs, expected):
+    from types import SimpleNamespace
+
+    from raygeom.jobs.trajectory import runs_at_once
+
+    settings = [SimpleNamespace(workers=w, cpus_per_worker=c, use_gpu=g) for w, c, g in runs]
+    assert runs_at_once(settings, cluster) == expected
