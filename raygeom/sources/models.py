@@ -14,8 +14,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from raygeom.errors import RaygeomError
 
 BUILTIN_MODELS = {
@@ -317,6 +315,7 @@ def _dequantised_copy(gguf: Path) -> Path:
     target = _dequantised_path(gguf)
     if (target / "config.json").is_file():
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -382,10 +381,12 @@ def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of"):
         raise _cannot_load(spec, error, what) from None
 
 
-def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.float32, device_map: str | None = None):
-    """Return ``(model, tokenizer)`` in eval mode."""
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: "torch.dtype | None" = None, device_map: str | None = None):
+    """Return ``(model, tokenizer)`` in eval mode (float32 unless ``dtype``)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
+    dtype = torch.float32 if dtype is None else dtype
     directory, revision, _ = _locations(spec)
     tokenizer = load_tokenizer(spec, what="model")
     try:
@@ -398,7 +399,7 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype = torch.
     return model, tokenizer
 
 
-def weight_fingerprint(model: torch.nn.Module, samples_per_tensor: int = 4096) -> str:
+def weight_fingerprint(model: "torch.nn.Module", samples_per_tensor: int = 4096) -> str:
     """A cheap hash of every parameter's shape and an evenly strided sample of its values.
 
     Two revisions that serve the same weights get the same fingerprint; any real

@@ -387,3 +387,23 @@ def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, ray_address,
     assert "Traceback" not in result.stderr and "Unhandled error" not in result.stderr
     stored = [row for path in (out / "results" / "pga").glob("*.parquet") for row in pq.read_table(path).to_pylist()]
     assert [row["layer"] for row in stored] == ["block_00"]
+
+
+@pytest.mark.parametrize("case", ["config", "k"])
+def test_a_refusal_imports_neither_torch_nor_ray_and_leaves_nothing(tmp_path, tiny_corpus, case):
+    """Validation lives in torch-free modules (bench/bench_refusals.py times it): a bad model folder or flag is
+    refused before torch, transformers or ray is imported, and the run leaves no --out folder."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64,')
+    args = ["--model", str(model), "--corpus", str(tiny_corpus)] if case == "config" else ["--k", "0"]
+    wrapper = ("import atexit, sys\natexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in "
+               "('torch', 'transformers', 'ray') if m in sys.modules) + '\\n'))\nsys.argv = ['raygeom', *sys.argv[1:]]\n"
+               "from raygeom.cli.root import main\nmain()\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", wrapper, "pga", *args, "--out", str(tmp_path / "out")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and lines[-1] == "HEAVY=", done.stderr
+    assert len(lines) == 2 and lines[0].startswith("error:"), done.stderr
+    assert not (tmp_path / "out").exists()
