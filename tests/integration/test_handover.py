@@ -1,12 +1,8 @@
 """A replica handed from one revision to the next serves exactly what a new replica of that revision serves, and a
 sweep that hands its replicas on stores the same bytes as one that starts a replica per revision."""
 
-import json
-
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
-from rich.console import Console
 
 pytestmark = pytest.mark.integration
 REVISIONS = ("step0", "step1000", "step143000")
@@ -39,40 +35,33 @@ def test_a_handed_on_replica_serves_the_next_revision_as_a_new_one_would(hub_cac
     assert handed.describe(spec=specs[1])["fingerprint"] == expected["step1000"][0]
 
 
-def stored_vectors(store, slug: str, revisions) -> dict:
-    found = {}
-    for revision in revisions:
-        info = store.completion(slug, revision)
-        for layer in info["layers"]:
-            found[(revision, layer)] = store.read_layer(slug, revision, layer, key=info["key"])[1].tobytes()
-    return found
-
-
 def test_a_sweep_hands_its_replicas_on_and_stores_what_one_replica_per_revision_stores(hub_cache, ray_local, tmp_path,
                                                                                        monkeypatch):
-    from raygeom.engine import replica_actor
-    from raygeom.jobs.pipeline import run_sweep_job
-    from raygeom.jobspec import load_job
+    from raygeom.engine import orchestrate, replica_actor
+    from raygeom.replica.extract import ExtractionSettings
+    from raygeom.replica.request import ExtractionRequest
+    from raygeom.sources.corpus import Corpus
     from raygeom.sources.models import resolve_model
     from raygeom.store.tree import Store
-    from raygeom.testing import varied_text, write_tiny_job
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"number {i} {varied_text(i)}" for i in range(40)))
     created = []
     original = replica_actor.create
     monkeypatch.setattr(replica_actor, "create", lambda spec, *a, **k: created.append(spec.revision) or original(spec, *a, **k))
-    revisions = ["step0", "step143000"]
-    models = f'[[models]]\nid = "EleutherAI/pythia-14m"\nrevisions = {json.dumps(revisions)}\n'
+    specs = [resolve_model("EleutherAI/pythia-14m", revision) for revision in ("step0", "step143000")]
+    corpus = Corpus("handover", TEXTS)
     results = {}
     for in_flight in (1, 2):  # one replica handed on from the first revision to the second; a replica per revision
         created.clear()
-        job = write_tiny_job(tmp_path / f"job{in_flight}.toml", f"handover{in_flight}", tmp_path / f"out{in_flight}", corpus,
-                             sweep=f"max_in_flight = {in_flight}\npga_threads = 1\n", models=models)
-        outputs = run_sweep_job(load_job(job), Console(quiet=True))
-        slug = resolve_model("EleutherAI/pythia-14m", "step0").slug
-        results[in_flight] = (sorted(created), stored_vectors(Store(tmp_path / f"out{in_flight}"), slug, revisions),
-                              sorted((r["revision"], r["layer"], r["z"], r["rho_readout"]) for r in pq.read_table(outputs.table).to_pylist()))
-    assert results[1][0] == ["step0"] and results[2][0] == revisions
-    assert results[1][1] == results[2][1] and len(results[1][1]) == 2 * 5  # every layer of both revisions, byte for byte
-    assert results[1][2] == results[2][2] and len(results[1][2]) == 2 * 5
+        store = Store(tmp_path / f"out{in_flight}")
+        items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, ExtractionSettings(seq_len=16, batch_size=4), nll=True))
+                 for spec in specs]
+        orchestrate.run_sweep(store, items, lambda item, info: [], max_in_flight=in_flight)
+        found = {}
+        for spec, item in zip(specs, items):
+            info = store.completion(spec.slug, spec.revision, item.request.key())
+            found[spec.revision, "nll"] = store.read_samples(spec.slug, spec.revision, info["key"])["nll"].to_numpy().tobytes()
+            for layer in info["layers"]:
+                found[spec.revision, layer] = store.read_layer(spec.slug, spec.revision, layer, key=info["key"])[1].tobytes()
+        results[in_flight] = (sorted(created), found)
+    assert results[1][0] == ["step0"] and results[2][0] == ["step0", "step143000"]
+    assert results[1][1] == results[2][1] and len(results[1][1]) == 2 * 6  # every layer and the NLL, byte for byte
