@@ -79,21 +79,31 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
             request = ExtractionRequest(resolve_model(model, revision), texts, settings)
             items.append(orchestrate.SweepItem(request))
     params = PGAParams(k=16, n_null=48, null_chunks=2, seed=0)
-    before = _cpu_seconds()
+    before, machine_before = _cpu_seconds(), _machine_busy_seconds()
     start = time.perf_counter()
     store = Store(out)
     rows = orchestrate.run_sweep(store, items, pga_units_for(store, params))
     seconds = time.perf_counter() - start
-    after = _cpu_seconds()
+    after, machine = _cpu_seconds(), _machine_busy_seconds() - machine_before
     if os.environ.get("RAYGEOM_BENCH_TIMELINE"):
         ray.timeline(filename=f"{os.environ['RAYGEOM_BENCH_TIMELINE']}-{workers}.json")
     cpu = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in after}
-    print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows), "cpu": cpu,
+    print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows), "cpu": cpu, "machine": machine,
                       "z": sorted((r["model"], r["revision"], r["layer"], r["z"]) for r in rows)}))
 
 
+def _machine_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine (/proc/stat): every process of the sweep, whoever reaped it; on a quiet
+    machine what else runs is noise next to it (the bench prints the load average)."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_seconds() -> dict[str, float]:
-    """CPU seconds of this driver, its Ray workers and Ray's own processes (all children of this local Ray)."""
+    """CPU seconds of the live processes of the sweep: this driver, the Ray task workers (PGA units) and Ray's own
+    processes. A stopped replica actor is gone by the end, and Ray does not reap it where ``children_*`` times would
+    keep it, so the replicas are the machine's busy time (``_machine_busy_seconds``) less these."""
     import psutil
 
     me = psutil.Process()
@@ -132,10 +142,12 @@ def speedup(n_texts: int, repeats: int) -> None:
                 if z.setdefault(workers, result["z"]) != result["z"]:
                     sys.exit(f"results differ between two runs with {workers} workers")
                 cpu = result["cpu"]
+                live = sum(cpu.values())
                 print(f"run {repeat + 1}, {workers} Ray worker(s): {result['units']} units (8 revisions, N={n_texts}) in "
-                      f"{result['seconds']:.1f} s; CPU-s: workers {cpu.get('workers', 0):.1f}, driver "
-                      f"{cpu.get('driver', 0):.1f}, Ray system {cpu.get('ray system', 0):.1f}; cores obtained "
-                      f"{sum(cpu.values()) / result['seconds']:.2f}")
+                      f"{result['seconds']:.1f} s; busy CPU-s of the machine {result['machine']:.1f} = PGA task workers "
+                      f"{cpu.get('workers', 0):.1f} + replicas (start, load, extraction; stopped by the end) "
+                      f"{max(0.0, result['machine'] - live):.1f} + driver {cpu.get('driver', 0):.1f} + Ray system "
+                      f"{cpu.get('ray system', 0):.1f}; cores obtained {result['machine'] / result['seconds']:.2f}")
                 shutil.rmtree(out)
         identical = z[1] == z[2]
         one, two = statistics.median(seconds[1]), statistics.median(seconds[2])
