@@ -170,16 +170,16 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
             results.append(_get(ref))
             if progress:
                 progress(e - s)
-        handed_on = replicas is not None
+        handed_on = True
     finally:
         from raygeom.engine import replica_actor
 
-        if handed_on:
-            replicas.park(worker)
-        elif replicas is not None:
-            replicas.discard(worker)
-        else:
+        if replicas is None:
             replica_actor.stop(worker)
+        elif handed_on:
+            replicas.park(worker)
+        else:  # failed: not handed to the next model
+            replicas.discard(worker)
     _write_unit(paths, spec, corpus, settings, described, layers, domains, np.asarray(n_bytes), results, key)
     return {"key": key, "layers": layers, "cached": False}
 

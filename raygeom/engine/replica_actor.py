@@ -92,8 +92,7 @@ class Handover:
         try:
             return actor, get(actor.describe.remote(spec=spec))
         except BaseException:
-            self.placement.pop(actor, None)
-            stop(actor)
+            self.discard(actor)
             raise
 
     def park(self, actor) -> None:

@@ -238,7 +238,7 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
                           f"(trained in {row['wall_s'] / 60:.1f} min)")
             rows[index] = row
         else:
-            todo.append((index, name, run))
+            todo.append((index, name, settings, plan))
     if todo:
         import ray
 
@@ -246,30 +246,29 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
 
         with console.status("starting Ray" + (f" at {address}" if address else " locally")):
             orchestrate.start_ray(address, num_cpus)
-        at_once = runs_at_once([run.settings for _, _, run in todo], ray.cluster_resources())
-        first = todo[0][2].settings
-        what = (f"d={first.hidden_size}, {first.n_layers} layers, {first.steps} steps; {len(todo[0][2].plan().steps)} "
-                f"checkpoints into {todo[0][2].plan().run_dir}" if len(todo) == 1 else f"{len(todo)} runs, {at_once} at once")
+        at_once = runs_at_once([settings for _, _, settings, _ in todo], ray.cluster_resources())
+        _, name, settings, plan = todo[0]
+        what = (f"{name}: d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; {len(plan.steps)} "
+                f"checkpoints into {plan.run_dir}" if len(todo) == 1 else f"train: {len(todo)} runs, {at_once} at once")
         # The data (article split, tokenizer, sequences) is made here, once per data setting: the runs of a grid share
         # it, and transformers' lazy imports are not safe from several threads at once.
         data = {}
-        for _, _, run in todo:
-            fields = run.settings.data_fields()
-            if fields not in data:
-                data[fields] = train_module.training.prepare_data(fields)
-        with console.status(f"{todo[0][1] if len(todo) == 1 else 'train'}: {what}"), ThreadPoolExecutor(at_once) as pool:
-            futures = [(index, name, run, pool.submit(train_module.run_training, store, run.settings, run.plan(),
-                                                      data[run.settings.data_fields()]))
-                       for index, name, run in todo]
+        for _, _, settings, _ in todo:
+            if settings.data_fields() not in data:
+                data[settings.data_fields()] = train_module.training.prepare_data(settings.data_fields())
+        with console.status(what), ThreadPoolExecutor(at_once) as pool:
+            futures = [(index, name, settings, plan, pool.submit(train_module.run_training, store, settings, plan,
+                                                                 data[settings.data_fields()]))
+                       for index, name, settings, plan in todo]
             failed = None
-            for index, name, run, future in futures:
+            for index, name, settings, plan, future in futures:
                 try:
                     row = future.result()
                 except RaygeomError as error:  # the other runs still finish and keep their checkpoints
                     failed = failed or error
                     continue
-                console.print(f"{name}: {run.settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
-                              f"{row['heldout_perplexity']:.2f}; {len(run.plan().steps)} checkpoints in {run.plan().run_dir}")
+                console.print(f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
+                              f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}")
                 rows[index] = row
         if failed is not None:
             raise failed
