@@ -203,17 +203,45 @@ def stored_run_table() -> None:
           f"{totals[0] / totals[3]:>7.1f}")
 
 
+def layer_draws(model: str, layer: str, n_texts: int, max_words: int, data: dict) -> Draws:
+    return Draws(CACHE / f"draws_{model}_n{n_texts}_w{max_words}_{layer}.npz", data["layers"][layer], data["basis"])
+
+
+def run_layer(model: str, layer: str, args: dict) -> tuple[dict, dict, float]:
+    """One layer's reference, new-rule replicates and old-rule run (a process of its own with --jobs > 1): its
+    per-layer record, its rows per run, and the CPU-s of the draws it made."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    data = extract(model, args["n_texts"], args["max_words"])
+    names = list(data["layers"])
+    d = layer_draws(model, layer, args["n_texts"], args["max_words"], data)
+    rows = {("ref", 0): row(model, layer, names, d.rho, d.get(REF_SEED, args["ref_nulls"]), REF_SEED)}
+    new_counts = []
+    for s in range(args["replicates"]):
+        count, nulls, _ = run_rule(d, s, 0.05, args["new_cap"])
+        rows[("new", s)] = row(model, layer, names, d.rho, nulls, s)
+        new_counts.append(count)
+    count, nulls, reached = run_rule(d, 0, None, args["old_cap"])
+    old = rows[("old", 0)] = row(model, layer, names, d.rho, nulls, 0)
+    old_count = count if reached else int(np.ceil(count * (old["z_half_width"] / 0.25) ** 2 / BLOCK) * BLOCK)
+    record = {"model": model, "layer": layer, "z_ref": rows[("ref", 0)]["z"], "old": old_count, "old_exact": reached,
+              "new": new_counts[0], "new_mean": float(np.mean(new_counts)), "z_new": rows[("new", 0)]["z"],
+              "hw_new": rows[("new", 0)]["z_half_width"], "spn": d.seconds_per_null()}
+    d.save()
+    return record, rows, d.session
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="smollm2,gemma3-270m")
     parser.add_argument("--n-texts", type=int, default=200)
     parser.add_argument("--max-words", type=int, default=64)
-    parser.add_argument("--ref-nulls", type=int, default=1000, help="nulls of the reference run (the issue: 20,000)")
+    parser.add_argument("--ref-nulls", type=int, default=20_000, help="nulls of the reference run")
     parser.add_argument("--replicates", type=int, default=2, help="independent runs of the new rule (seeds 0..)")
     parser.add_argument("--old-cap", type=int, default=2000, help="most draws the old rule is run on; beyond, extrapolated")
     parser.add_argument("--new-cap", type=int, default=1000, help="--n-null-cap of the new rule (the CLI default)")
     parser.add_argument("--coverage-seeds", type=int, default=40)
-    parser.add_argument("--truth-nulls", type=int, default=3000, help="nulls of the truth for the coverage layers")
+    parser.add_argument("--truth-nulls", type=int, default=10_000, help="nulls of the truth for the coverage layers")
+    parser.add_argument("--jobs", type=int, default=2, help="processes drawing nulls, a layer each (one per core)")
     parser.add_argument("--extract-only", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -228,30 +256,28 @@ def main() -> None:
     if args.extract_only:
         return
     draws: dict[tuple[str, str], Draws] = {}
-    per_layer = []
+    per_layer, sessions = [], {}
     runs = {("new", s): [] for s in range(args.replicates)} | {("old", 0): [], ("ref", 0): []}
+    tasks = [(m, layer, vars(args)) for m in models for layer in data[m]["layers"]]
+    if args.jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(run_layer, *zip(*tasks)))
+    else:
+        results = [run_layer(*task) for task in tasks]
+    for (m, layer, _), (record, rows, session) in zip(tasks, results):
+        per_layer.append(record)
+        for key, r in rows.items():
+            runs[key].append(r)
+        sessions[(m, layer)] = session
     for m in models:
         names = list(data[m]["layers"])
         for layer in names:
-            d = draws[(m, layer)] = Draws(CACHE / f"draws_{m}_n{args.n_texts}_w{args.max_words}_{layer}.npz",
-                                          data[m]["layers"][layer], data[m]["basis"])
-            ref = d.get(REF_SEED, args.ref_nulls)
-            runs[("ref", 0)].append(row(m, layer, names, d.rho, ref, REF_SEED))
-            new_counts = []
-            for s in range(args.replicates):
-                count, nulls, _ = run_rule(d, s, 0.05, args.new_cap)
-                runs[("new", s)].append(row(m, layer, names, d.rho, nulls, s))
-                new_counts.append(count)
-            count, nulls, reached = run_rule(d, 0, None, args.old_cap)
-            old = row(m, layer, names, d.rho, nulls, 0)
-            runs[("old", 0)].append(old)
-            old_count = count if reached else int(np.ceil(count * (old["z_half_width"] / 0.25) ** 2 / BLOCK) * BLOCK)
-            per_layer.append({"model": m, "layer": layer, "z_ref": runs[("ref", 0)][-1]["z"], "old": old_count,
-                              "old_exact": reached, "new": new_counts[0], "new_mean": float(np.mean(new_counts)),
-                              "z_new": runs[("new", 0)][-1]["z"], "hw_new": runs[("new", 0)][-1]["z_half_width"],
-                              "spn": d.seconds_per_null()})
-            d.save()
-        print(f"{m}: rules run ({time.perf_counter() - start:.0f} s so far)", flush=True)
+            draws[(m, layer)] = layer_draws(m, layer, args.n_texts, args.max_words, data[m])
+    print(f"rules run on {len(tasks)} layers in {args.jobs} processes ({time.perf_counter() - start:.0f} s so far)",
+          flush=True)
 
     print(f"\nPer layer (CCR-1, k={K}, N={args.n_texts}; reference {args.ref_nulls:,} nulls on seed {REF_SEED}; "
           f"~ = old rule extrapolated beyond {args.old_cap:,} draws)")
@@ -318,7 +344,7 @@ def main() -> None:
         print(f"{p['model']:<14}{p['layer']:<11}{truth:>+9.2f}{np.mean(zs) - truth:>+19.2f}{np.mean(biases):>+16.2f}"
               f"{now:>10}/{args.coverage_seeds}{before:>5}/{args.coverage_seeds}")
     stored_run_table()
-    cpu = sum(d.session for d in draws.values())
+    cpu = sum(sessions.values()) + sum(d.session for d in draws.values())
     print(f"\nscale: models {', '.join(models)}; N={args.n_texts} texts ({args.max_words} words), reference {args.ref_nulls:,} "
           f"nulls, {args.replicates} new-rule replicates, old rule up to {args.old_cap:,} draws, coverage "
           f"{args.coverage_seeds} seeds x 3 layers, truth {args.truth_nulls:,} nulls; null draws this run: "
