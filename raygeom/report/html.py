@@ -27,6 +27,7 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def _fig(title: str, height: int = 420, **layout):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height, template="plotly_white",
+    fig.update_layout(title={"text": title, "x": 0.01, "font": {"size": 14}}, height=height,
                       margin={"l": 60, "r": 20, "t": 50, "b": 50}, hovermode="closest",
                       legend={"font": {"size": 10}, "groupclick": "togglegroup"}, **layout)
     return fig
@@ -498,7 +499,7 @@ def diagnostics_section(root: Path) -> Section | None:
             fig.update_yaxes(type="log", row=1 + [m[0] for m in panels].index("condition_number"), col=1)
         fig.update_xaxes(title_text="relative depth", row=len(panels), col=1)
         fig.update_layout(title={"text": "Per-layer diagnostics", "x": 0.01}, height=190 * len(panels) + 120,
-                          template="plotly_white", legend={"font": {"size": 10}}, margin={"l": 60, "r": 20, "t": 60, "b": 50})
+                          legend={"font": {"size": 10}}, margin={"l": 60, "r": 20, "t": 60, "b": 50})
         section.figures.append(fig)
         if len(ranks) > 1:
             fig = _fig("CCR restoration: z at CCR-r", xaxis_title="relative depth", yaxis_title="z")
@@ -664,7 +665,7 @@ def converge_section(root: Path) -> Section | None:
             fig.update_yaxes(title_text=f"{ma}@{ra} layer", tickfont={"size": 7}, row=row, col=col)
         fig.update_layout(title={"text": f"{ma}@{ra} vs {mb}@{rb} (k={group[0].get('k')}, CCR-{group[0].get('r')}, "
                                          f"N={group[0].get('n')}, {group[0].get('n_null')} nulls)", "x": 0.01},
-                          height=820, template="plotly_white", margin={"l": 80, "r": 20, "t": 70, "b": 60})
+                          height=820, margin={"l": 80, "r": 20, "t": 70, "b": 60})
         section.figures.append(fig)
     section.tables.append(_settings_block(rows, by=("model_a", "model_b")))
     return section
@@ -696,7 +697,7 @@ def dispersion_section(root: Path) -> Section | None:
                                          showlegend=c == 1, text=[r["layer"] for r in part],
                                          hovertemplate=_hover("%{text}: %{y:.4f}", model)), row=1, col=c)
             fig.update_xaxes(title_text="relative depth")
-        fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400, template="plotly_white",
+        fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400,
                           margin={"l": 60, "r": 20, "t": 60, "b": 50})
         section.figures.append(fig)
         columns = ["model", "revision", "step", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
@@ -780,7 +781,7 @@ def knn_section(root: Path) -> Section | None:
         fig.update_yaxes(title_text="held-out perplexity", secondary_y=False)
         fig.update_yaxes(title_text="dispersion of keys", secondary_y=True)
         fig.update_xaxes(type="category", tickangle=-60)
-        fig.update_layout(title={"text": f"kNN-LM {label}", "x": 0.01}, height=420, template="plotly_white",
+        fig.update_layout(title={"text": f"kNN-LM {label}", "x": 0.01}, height=420,
                           margin={"l": 60, "r": 60, "t": 50, "b": 90})
         section.figures.append(fig)
     section.tables.append(_table_html(rows, [c for c in ("model", "revision", "layer", "dispersion", "temperature", "lam",
@@ -824,7 +825,7 @@ def train_section(root: Path) -> Section | None:
         return None
     fig.update_yaxes(type="log", row=1, col=3)
     fig.update_xaxes(title_text="step")
-    fig.update_layout(title={"text": "Training curves", "x": 0.01}, height=420, template="plotly_white",
+    fig.update_layout(title={"text": "Training curves", "x": 0.01}, height=420,
                       margin={"l": 60, "r": 20, "t": 60, "b": 50})
     section.figures.append(fig)
     summary = _read(summary_path)
@@ -879,7 +880,7 @@ def trajectory_section(root: Path) -> Section | None:
         fig.update_yaxes(title_text="dispersion gap G", secondary_y=False)
         fig.update_yaxes(title_text="held-out perplexity", type="log", secondary_y=True)
         fig.update_layout(title={"text": "Checkpoint selection: G against held-out perplexity", "x": 0.01}, height=420,
-                          template="plotly_white", margin={"l": 60, "r": 60, "t": 50, "b": 50})
+                          margin={"l": 60, "r": 60, "t": 50, "b": 50})
         section.figures.append(fig)
     if agreement:
         section.tables.append("<h4>Does G rank checkpoints like held-out perplexity?</h4>" + _table_html(agreement))
@@ -922,7 +923,7 @@ def width_section(root: Path) -> Section | None:
                                          hovertemplate=f"d = {width}, seed {seed}<br>" + "%{y} @ step %{x}: z = %{z:.2f}<extra></extra>"),
                               row=i + 1, col=j + 1)
         fig.update_layout(title={"text": f"z over step x layer by width ({html.escape(name)})", "x": 0.01},
-                          height=260 * len(seeds) + 80, template="plotly_white", margin={"l": 70, "r": 30, "t": 70, "b": 40})
+                          height=260 * len(seeds) + 80, margin={"l": 70, "r": 30, "t": 70, "b": 40})
         section.figures.append(fig)
         depth = _fig(f"z at the last checkpoint by depth, one line per width ({name})",
                      xaxis_title="relative depth (embedding = 0, final norm = 1)", yaxis_title="z")
@@ -1010,8 +1011,26 @@ code { font-size: 12px; } .warning { background: #fff4e5; border: 1px solid #f0b
 """
 
 
+@contextmanager
+def _white_template():
+    """Figures made inside start from plotly_white, as plotly's default template. plotly applies its default unvalidated,
+    where ``template="plotly_white"`` on each figure deep-copies and validates the template: a third of a report's time."""
+    import plotly.io as pio
+
+    before = pio.templates.default
+    pio.templates.default = "plotly_white"
+    try:
+        yield
+    finally:
+        pio.templates.default = before
+
+
 def build_sections(root: Path) -> list[Section]:
-    root = Path(root)
+    with _white_template():
+        return _build_sections(Path(root))
+
+
+def _build_sections(root: Path) -> list[Section]:
     _UNREADABLE.clear()
     pga = pga_rows(root)
     pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
