@@ -116,14 +116,14 @@ def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[in
 
 def check_params(info: dict, params: PGAParams, model: str, readout_components: int) -> None:
     """Everything that would make every layer fail, refused before any work."""
-    from raygeom.numerics import pga
+    from raygeom.numerics.limits import MIN_SAMPLES
 
     if not 0 < params.k < info["d"]:
         raise RaygeomError(f"k must satisfy 0 < k < d; got k={params.k}, d={info['d']} for {model}")
     if params.k > readout_components:
         raise RaygeomError(f"k={params.k} exceeds the {readout_components} readout components stored for {model}")
-    if info["n_samples"] < pga.MIN_SAMPLES:
-        raise RaygeomError(f"need at least {pga.MIN_SAMPLES} samples, got N={info['n_samples']}")
+    if info["n_samples"] < MIN_SAMPLES:
+        raise RaygeomError(f"need at least {MIN_SAMPLES} samples, got N={info['n_samples']}")
     if params.r >= min(info["n_samples"], info["d"]):
         raise RaygeomError(f"ccr={params.r} must be below min(N, d) = {min(info['n_samples'], info['d'])} for {model}")
 
@@ -149,13 +149,12 @@ def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
 
 def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
         note: str = "") -> dict:
-    from raygeom.numerics import pga
-    from raygeom.numerics.uncertainty import z_uncertainty
+    from raygeom.numerics.uncertainty import summarize_null, z_uncertainty
 
     if note:
         stats = {"null_mean": float("nan"), "null_std": float("nan"), "z": float("nan")}
     else:
-        stats = {**pga.summarize_null(rho, nulls), **z_uncertainty(rho, nulls, params.seed)}
+        stats = {**summarize_null(rho, nulls), **z_uncertainty(rho, nulls, params.seed)}
     names = info["all_layers"]
     return {"model": model, "revision": revision, "layer": layer, "layer_index": layer_position.index(names, layer),
             "relative_depth": layer_position.relative_depth(names, layer), "k": params.k, "k_per_d": params.k_per_d,

@@ -31,12 +31,12 @@ from scipy.linalg import eigh
 from threadpoolctl import threadpool_limits
 
 from raygeom.errors import InputError
+from raygeom.numerics.limits import MIN_SAMPLES  # noqa: F401 - re-exported
 from raygeom.numerics.ties import Groups, duplicate_groups
-from raygeom.numerics.uncertainty import z_uncertainty
+from raygeom.numerics.uncertainty import summarize_null, z_uncertainty  # noqa: F401 - summarize_null re-exported
 
 MAX_PAIRS_PER_BIN = 256
 EXACT_RANK_PAIRS = 1 << 14
-MIN_SAMPLES = 3
 
 
 def _check_matrix(name: str, a: np.ndarray) -> np.ndarray:
@@ -507,15 +507,6 @@ def null_rhos(layer: PreparedLayer, k: int, seed: int, indices: Iterable[int], d
     scorer = _SubspaceScorer(layer, device)
     with _one_cpu_thread(scorer.device):
         return np.array([scorer.rho_of_null(k, seed, i) for i in indices], dtype=np.float64)
-
-
-def summarize_null(rho_readout: float, rhos: Sequence[float]) -> dict[str, float]:
-    rhos = np.asarray(rhos, dtype=np.float64)
-    if rhos.size < 2:
-        raise InputError("need at least 2 null subspaces to estimate a standard deviation")
-    mean, std = float(rhos.mean()), float(rhos.std(ddof=1))
-    z = (rho_readout - mean) / std if std > 0 else float("nan")
-    return {"null_mean": mean, "null_std": std, "z": float(z)}
 
 
 @dataclass(frozen=True)

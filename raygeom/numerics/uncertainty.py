@@ -74,6 +74,15 @@ def empirical_p_values(rho: float, nulls: Sequence[float]) -> dict[str, float]:
             "p_lower": float((1 + np.count_nonzero(nulls <= rho)) / (1 + n))}
 
 
+def summarize_null(rho_readout: float, rhos: Sequence[float]) -> dict[str, float]:
+    rhos = np.asarray(rhos, dtype=np.float64)
+    if rhos.size < 2:
+        raise InputError("need at least 2 null subspaces to estimate a standard deviation")
+    mean, std = float(rhos.mean()), float(rhos.std(ddof=1))
+    z = (rho_readout - mean) / std if std > 0 else float("nan")
+    return {"null_mean": mean, "null_std": std, "z": float(z)}
+
+
 def z_delta_se(z: float, n: int) -> float:
     """Delta-method standard error of ``z = (rho - mean) / sd`` from ``n`` Gaussian null draws:
     ``sqrt((1 + z^2 / 2) / n)`` (the mean contributes ``1/n``, the sd ``z^2 / (2n)``)."""

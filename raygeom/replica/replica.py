@@ -20,14 +20,18 @@ import gc
 import hashlib
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.replica import tokenize
-from raygeom.replica.extract import BatchActivations, ExtractionSettings, extract_batch
+from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
+
+if TYPE_CHECKING:  # torch is imported where a model is loaded, not by a driver that only names replicas
+    from raygeom.replica.extract import BatchActivations
 
 
 def quiet_transformers() -> None:
@@ -159,6 +163,8 @@ class Replica:
     def pooled(self, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
                nll: bool = False) -> BatchActivations:
         """Pooled vectors of one batch of texts; NLL only when asked (NaN otherwise)."""
+        from raygeom.replica.extract import extract_batch
+
         self._ready()
         start = time.perf_counter()
         out = extract_batch(self.model, self.tokenizer, texts, settings, layers, nll=nll)
