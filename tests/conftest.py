@@ -4,6 +4,7 @@ The environment is set at import, before anything imports ray or huggingface_hub
 because both read it once at import.
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -33,8 +34,9 @@ TINY_REVISIONS = ("step0", "step1000", "step143000")
 # another's session run (imported from it) runs on that file's worker, or the run would be made twice.
 RUNS_WITH = {"tests/integration/test_faults.py": "tests/integration/test_sweep.py",  # first_run
              "tests/integration/test_trajectory.py": "tests/integration/test_checkpoint_sweep.py"}  # trajectory_run
-# The long directories are handed out first (with --no-loadscope-reorder), so the unit files fill the end of both workers.
-FIRST = {"slow": 0, "integration": 1}
+# Files are handed out longest first (with --no-loadscope-reorder; seconds per file in tests/durations.json, refreshed by
+# tests/durations.py), so the short unit files fill the end of both workers and neither is left with a long file at the end.
+DURATIONS = json.loads((Path(__file__).with_name("durations.json")).read_text())
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: without the plugin (-p no:xdist) it is never called
@@ -51,9 +53,18 @@ def pytest_xdist_make_scheduler(config, log):
     return LoadFileWithShared(config, log)
 
 
+def _scope(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return RUNS_WITH.get(path, path)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' collection order is the order work is handed out in
-        items.sort(key=lambda item: FIRST.get(item.nodeid.split("/")[1] if item.nodeid.startswith("tests/") else "", 2))
+        seconds: dict[str, float] = {}
+        for path, value in DURATIONS.items():
+            seconds[_scope(path)] = seconds.get(_scope(path), 0.0) + value
+        order = {item.nodeid: i for i, item in enumerate(items)}
+        items.sort(key=lambda item: (-seconds.get(_scope(item.nodeid), 0.0), _scope(item.nodeid), order[item.nodeid]))
 
 
 @pytest.fixture(scope="session")
