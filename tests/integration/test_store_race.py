@@ -35,8 +35,9 @@ def cli_args(n: int, corpus: Path, out: Path, address: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def references(hub_cache, ray_local, tmp_path_factory):
-    """Each setting's numbers, each in a store of its own."""
+def references(hub_cache, ray_local, warm_replicas, tmp_path_factory):
+    """Each setting's numbers, each in a store of its own. The second run reuses the first's loaded replica
+    (tests/conftest.py warm_replicas; it reserves no CPU, so the racing CLI runs get the session's CPUs)."""
     root = tmp_path_factory.mktemp("race")
     corpus = root / "corpus.txt"
     from raygeom.testing import varied_text

@@ -200,3 +200,19 @@ def test_the_result_carries_z_uncertainty_of_its_own_nulls():
         assert getattr(got, name) == pytest.approx(expected[name], rel=1e-12), name
     assert got.z_lo < got.z < got.z_hi
     assert set(got.to_dict()) >= {"z", "z_se", "z_lo", "z_hi", "p_upper", "p_lower"}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_read_only_layers_as_ray_hands_them_out_score_the_same_and_warn_nothing(seed):
+    import warnings
+
+    h = np.random.default_rng(seed).normal(size=(30, 16)).astype(np.float32)
+    writable = null_rhos(prepare_layer(h, 1), 4, seed, range(5))
+    layer = prepare_layer(h, 1)
+    for array in (layer.centred_full_ranks, layer.corrected):
+        array.setflags(write=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_only = null_rhos(layer, 4, seed, range(5))
+    np.testing.assert_array_equal(read_only, writable)
+    assert [str(w.message) for w in caught] == []
