@@ -6,7 +6,8 @@
 Each run is a fresh subprocess with its own local Ray (loopback), with worker processes warmed up
 first (imports, one model build), so the time is the sweep itself. Runs alternate between 1 and 2
 workers and the medians are compared. Results of all runs must be identical. With
-RAYGEOM_BENCH_TIMELINE=PREFIX each run also writes Ray's task timeline to PREFIX-<workers>.json.
+RAYGEOM_BENCH_TIMELINE=PREFIX each run also writes Ray's task timeline to PREFIX-<workers>.json; with
+RAYGEOM_BENCH_REPLICAS=N at most N replicas run at once (the sweep's max_in_flight; default: as many as fit).
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
     before, machine_before = _cpu_seconds(), _machine_busy_seconds()
     start = time.perf_counter()
     store = Store(out)
-    rows = orchestrate.run_sweep(store, items, pga_units_for(store, params))
+    replicas = int(os.environ.get("RAYGEOM_BENCH_REPLICAS", "0")) or None
+    rows = orchestrate.run_sweep(store, items, pga_units_for(store, params), max_in_flight=replicas)
     seconds = time.perf_counter() - start
     after, machine = _cpu_seconds(), _machine_busy_seconds() - machine_before
     if os.environ.get("RAYGEOM_BENCH_TIMELINE"):
