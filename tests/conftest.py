@@ -47,8 +47,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class LoadFileWithShared(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return RUNS_WITH.get(path, path)
+            return _scope(nodeid)
 
     return LoadFileWithShared(config, log)
 
@@ -63,8 +62,7 @@ def pytest_collection_modifyitems(config, items):
         seconds: dict[str, float] = {}
         for path, value in DURATIONS.items():
             seconds[_scope(path)] = seconds.get(_scope(path), 0.0) + value
-        order = {item.nodeid: i for i, item in enumerate(items)}
-        items.sort(key=lambda item: (-seconds.get(_scope(item.nodeid), 0.0), _scope(item.nodeid), order[item.nodeid]))
+        items.sort(key=lambda item: (-seconds.get(_scope(item.nodeid), 0.0), _scope(item.nodeid)))  # stable: a file keeps its order
 
 
 @pytest.fixture(scope="session")

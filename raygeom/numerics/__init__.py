@@ -10,8 +10,8 @@ _FROM = {
             "random_subspace", "readout_basis", "readout_basis_from_gram", "subspace_pga", "subspace_rho"),
     "pga_texts": ("half_sample_spread", "pga_text_interval"),
     "uncertainty": ("auto_null_count", "auto_nulls", "bootstrap_ci", "empirical_p_values", "jackknife_se", "normal_interval",
-                    "null_blocks", "summarize_null", "null_target_reached", "paired_t", "spearman_with_ci", "text_subsample", "text_subsamples",
-                    "token_blocks", "wilson_interval", "z_delta_se", "z_uncertainty"),
+                    "null_blocks", "null_target_reached", "paired_t", "spearman_with_ci", "summarize_null", "text_subsample",
+                    "text_subsamples", "token_blocks", "wilson_interval", "z_delta_se", "z_uncertainty"),
 }
 _MODULE_OF = {name: module for module, names in _FROM.items() for name in names}
 __all__ = sorted(_MODULE_OF)
