@@ -209,7 +209,39 @@ def _stop_local_ray() -> None:
             pass
 
 
+def _end_process(code) -> None:
+    """Exit with ``code`` once Python's exit handlers (Ray's shutdown, temporary folders, logging) have run, but
+    without the C++ static destructors that follow them: Arrow's global thread pool aborts there ("terminate called
+    without an active exception", SIGABRT) when one of its workers has not yet parked, which happens under load
+    after any Parquet read (apache/arrow#34314). Every result was written and flushed before this point."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message") prints the message and exits 1, as Python does
+        print(code, file=sys.stderr)
+        status = 1
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe has nothing left to flush
+            pass
+    os._exit(status)
+
+
 def main() -> None:
+    """The console script: the CLI, then the process ends through _end_process whatever the exit status."""
+    try:
+        _cli()
+    except SystemExit as done:
+        _end_process(done.code)
+    _end_process(0)
+
+
+def _cli() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
