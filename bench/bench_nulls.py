@@ -137,20 +137,33 @@ def row(model: str, layer: str, names: list[str], rho: float, nulls: np.ndarray,
             "relative_depth": index / (len(names) - 1), "n_null": nulls.size, **u}
 
 
-def decisions(rows: list[dict]) -> dict[tuple, tuple[object, bool]]:
-    """Every decision a reader takes from one run, with whether the run's own 95 % interval backs it: per layer the
-    sign and |z| > 2 (backed when the interval excludes 0, or -2 and 2), the collapse zone (decided on the intervals by
-    `raygeom.analyses.sweep.collapse_zones`, so always backed); per model the lowest layer (backed when its interval
-    lies below every other layer's)."""
+def _zones(rows: list[dict]) -> set[tuple[str, str]]:
     from raygeom.analyses.sweep import collapse_zones
 
-    zones = {(z["model"]): set(z["zone_layers"].split(",")) - {""} for z in collapse_zones(rows)}
+    return {(z["model"], layer) for z in collapse_zones(rows) for layer in z["zone_layers"].split(",") if layer}
+
+
+def _at(r: dict, end: str) -> dict:
+    """The row as if its z were known exactly at one end of its interval."""
+    return {**r, "z": r[end], "z_lo": r[end], "z_hi": r[end]}
+
+
+def decisions(rows: list[dict]) -> dict[tuple, tuple[object, bool]]:
+    """Every decision a reader takes from one run, with whether the run's own 95 % interval backs it: per layer the
+    sign and |z| > 2 (backed when the interval excludes 0, or -2 and 2), the collapse zone as
+    `raygeom.analyses.sweep.collapse_zones` decides it on the intervals (backed when every z inside the intervals
+    gives the same answer: a late layer's zone membership grows as its own z falls and as the early layers' z rise, so
+    the two extreme corners decide it); per model the lowest layer (backed when its interval lies below every other
+    layer's)."""
+    zones = _zones(rows)
+    widest = _zones([_at(r, "z_lo" if r["relative_depth"] > 0.5 else "z_hi") for r in rows])  # most in a zone
+    narrowest = _zones([_at(r, "z_hi" if r["relative_depth"] > 0.5 else "z_lo") for r in rows])  # fewest
     out = {}
     for r in rows:
-        lo, hi = r["z_lo"], r["z_hi"]
-        out[(r["model"], r["layer"], "sign")] = (r["z"] > 0, lo > 0 or hi < 0)
-        out[(r["model"], r["layer"], "|z|>2")] = (abs(r["z"]) > 2, lo > 2 or hi < -2 or (lo > -2 and hi < 2))
-        out[(r["model"], r["layer"], "collapse zone")] = (r["layer"] in zones[r["model"]], True)
+        lo, hi, key = r["z_lo"], r["z_hi"], (r["model"], r["layer"])
+        out[(*key, "sign")] = (r["z"] > 0, lo > 0 or hi < 0)
+        out[(*key, "|z|>2")] = (abs(r["z"]) > 2, lo > 2 or hi < -2 or (lo > -2 and hi < 2))
+        out[(*key, "collapse zone")] = (key in zones, (key in widest) == (key in narrowest))
     for model in {r["model"] for r in rows}:
         group = [r for r in rows if r["model"] == model]
         low = min(group, key=lambda r: r["z"])
@@ -158,16 +171,18 @@ def decisions(rows: list[dict]) -> dict[tuple, tuple[object, bool]]:
     return out
 
 
-def compare(got: dict, reference: dict, kinds: list[str]) -> tuple[list[str], int, int, int]:
-    """Per kind 'differing/compared (backed by the run's own interval)', and the totals."""
-    cells, differ, backed, total = [], 0, 0, 0
+def compare(got: dict, reference: dict, kinds: list[str]) -> tuple[list[str], int, int, int, int]:
+    """Per kind 'differing/compared (backed by the run's own interval)', and the totals: differing, differing and
+    backed, compared, backed (whether or not they differ)."""
+    cells, differ, wrong, total, decided = [], 0, 0, 0, 0
     for kind in kinds:
         keys = [key for key in reference if key[-1] == kind]
         bad = [key for key in keys if got[key][0] != reference[key][0]]
         sure = sum(got[key][1] for key in bad)
-        differ, backed, total = differ + len(bad), backed + sure, total + len(keys)
+        differ, wrong, total = differ + len(bad), wrong + sure, total + len(keys)
+        decided += sum(got[key][1] for key in keys)
         cells.append(f"{len(bad)}/{len(keys)} ({sure})")
-    return cells, differ, backed, total
+    return cells, differ, wrong, total, decided
 
 
 STORED = Path(__file__).resolve().parents[1] / "docs" / "results" / "pga" / "diagnostics_pga.parquet"
@@ -311,15 +326,17 @@ def main() -> None:
     print(f"\nDecisions against the {args.ref_nulls:,}-null reference: differing / compared (of which the run's own "
           "95 % interval excluded the reference's side: wrong and sure)")
     kinds = ["sign", "|z|>2", "collapse zone", "lowest layer"]
-    print(f"{'run':<22}" + "".join(f"{k:>16}" for k in kinds) + f"{'all':>16}{'sure':>8}")
+    print(f"{'run':<22}" + "".join(f"{k:>16}" for k in kinds) + f"{'all':>16}{'sure':>8}{'backed by the run':>19}")
     pairs = [(f"{rule} rule seed {seed}" + (" (*)" if rule == "old" else ""), decisions(rows), reference)
              for (rule, seed), rows in runs.items() if rule != "ref"]
     pairs.append(("new vs old, seed 0", decisions(runs[("new", 0)]), decisions(runs[("old", 0)])))
     for label, got, against in pairs:
-        cells, differ, backed, total = compare(got, against, kinds)
+        cells, differ, wrong, total, decided = compare(got, against, kinds)
         print(f"{label:<22}" + "".join(f"{c:>16}" for c in cells) + f"{differ:>6}/{total} {100 * differ / total:4.1f}%"
-              f"{backed:>8}")
-    print("(*) where the old rule needs more than --old-cap draws, its decisions are those at --old-cap")
+              f"{wrong:>8}{decided:>12}/{total} ({100 * wrong / max(decided, 1):.1f}% of them wrong)")
+    print("(*) where the old rule needs more than --old-cap draws, its decisions are those at --old-cap\n"
+          "sure: differing where the run's own 95 % interval backs its side; backed by the run: the decisions whose side "
+          "every z in the run's intervals gives (the rest it leaves open)")
 
     # Coverage at 100 nulls: 3 layers (|z| smallest, nearest 10, largest over all models), against a high-null truth.
     by_z = sorted(per_layer, key=lambda p: abs(p["z_ref"]))

@@ -160,7 +160,8 @@ class PGAResult(pga.PGAResult):
         p_upper, p_lower: empirical one-sided p-values of rho_readout against the nulls.
         rho_texts_lo, rho_texts_hi, margin_texts_lo, margin_texts_hi, n_half_samples: the 95 % interval over texts
             of rho_readout and of the margin ``rho_readout - null_mean``, from ``n_half_samples`` seeded half-samples
-            of the texts (the CLI's ``--text-halves``, 10 by default); NaN and 0 where not computed
+            of the texts (the CLI's ``--text-halves``, 10 by default); it is the margin at this N, which shifts with N
+            (docs/METRICS.md, "It is the margin at that N"); NaN and 0 where not computed
             (``text_halves=0``) or not computable (too few texts).
     """
 
