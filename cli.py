@@ -1,6 +1,6 @@
 """`python cli.py ...` from a checkout: the same CLI as the `raygeom` console script."""
 
-from raygeom.cli.root import main
+from raygeom.cli.root import run_as_process
 
 if __name__ == "__main__":
-    main()
+    run_as_process()

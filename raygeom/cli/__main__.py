@@ -1,3 +1,3 @@
-from raygeom.cli.root import main
+from raygeom.cli.root import run_as_process
 
-main()
+run_as_process()

@@ -232,16 +232,17 @@ def _end_process(code) -> None:
     os._exit(status)
 
 
-def main() -> None:
-    """The console script: the CLI, then the process ends through _end_process whatever the exit status."""
+def run_as_process() -> None:
+    """The console script, ``python cli.py`` and ``python -m raygeom.cli``: :func:`main`, then the process ends
+    through _end_process with the status main chose. In-process callers (tests) call main, which raises SystemExit."""
     try:
-        _cli()
+        main()
     except SystemExit as done:
         _end_process(done.code)
     _end_process(0)
 
 
-def _cli() -> None:
+def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:

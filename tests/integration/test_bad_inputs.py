@@ -414,8 +414,8 @@ libc = ctypes.CDLL("libc.so.6")
 assert libc.on_exit(ctypes.cast(libc.abort, ctypes.c_void_p), None) == 0  # as Arrow's thread pool can at static teardown
 atexit.register(lambda: sys.stderr.write("PYTHON EXIT HANDLERS RAN\\n"))
 sys.argv = ["raygeom", *sys.argv[1:]]
-from raygeom.cli.root import main
-main()
+from raygeom.cli.root import run_as_process
+run_as_process()
 """
 
 
