@@ -409,25 +409,35 @@ def test_a_refusal_imports_neither_torch_nor_ray_and_leaves_nothing(tmp_path, ti
     assert not (tmp_path / "out").exists()
 
 
-EXIT_WRAPPER = """import atexit, ctypes, sys
+EXIT_WRAPPER = """import atexit, ctypes, runpy, sys
 libc = ctypes.CDLL("libc.so.6")
 assert libc.on_exit(ctypes.cast(libc.abort, ctypes.c_void_p), None) == 0  # as Arrow's thread pool can at static teardown
 atexit.register(lambda: sys.stderr.write("PYTHON EXIT HANDLERS RAN\\n"))
-sys.argv = ["raygeom", *sys.argv[1:]]
-from raygeom.cli.root import run_as_process
-run_as_process()
+entry, *args = sys.argv[1:]
+sys.argv = ["raygeom", *args]
+if entry.endswith(".py"):
+    runpy.run_path(entry, run_name="__main__")
+else:
+    runpy.run_module(entry, run_name="__main__")
 """
 
 
+@pytest.mark.parametrize("entry", [str(ROOT / "cli.py"), "raygeom.cli"])
 @pytest.mark.parametrize("case", ["done", "refused", "usage"])
-def test_the_cli_ends_after_python_exit_handlers_and_before_static_destructors(tmp_path, case):
+def test_the_cli_ends_after_python_exit_handlers_and_before_static_destructors(tmp_path, case, entry):
     """Arrow's global thread pool can abort the process in the C++ static destructors that run after Python's
-    finalisation (CI saw `raygeom gc` end in SIGABRT after printing its whole answer). The CLI ends the process once
-    Python's own exit handlers have run, so a C-level exit handler that aborts, standing in for Arrow's, never runs."""
+    finalisation (CI saw `raygeom gc` end in SIGABRT after printing its whole answer). `python cli.py` and
+    `python -m raygeom.cli` (and the console script, which names the same function) end the process once Python's own
+    exit handlers have run, so a C-level exit handler that aborts, standing in for Arrow's, never runs."""
+    from importlib.metadata import entry_points
+
+    from raygeom.cli.root import run_as_process
+
+    assert entry_points(group="console_scripts")["raygeom"].load() is run_as_process
     (tmp_path / "store").mkdir()
     args = {"done": ["gc", "store", "--dry-run"], "refused": ["gc", "no-such-store"], "usage": ["gc", "--no-such-flag"]}
-    done = subprocess.run([sys.executable, "-c", EXIT_WRAPPER, *args[case]], cwd=tmp_path, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    done = subprocess.run([sys.executable, "-c", EXIT_WRAPPER, entry, *args[case]], cwd=tmp_path, capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert done.returncode == (0 if case == "done" else 2), (done.returncode, done.stderr)
     assert done.stderr.splitlines()[-1] == "PYTHON EXIT HANDLERS RAN", done.stderr
     if case == "done":
