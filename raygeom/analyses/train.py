@@ -1,4 +1,4 @@
-"""Push-away training with Ray Train: ``L = L_LM - lambda * D_batch`` on a small GPT-NeoX trained from scratch.
+"""Push-away training on Ray: ``L = L_LM - lambda * D_batch`` on a small GPT-NeoX trained from scratch.
 
 ``D_batch`` is the differentiable dispersion (``numerics.dispersion.push_away_loss``)
 of one layer's representations in the batch. The TorchTrainer (``raygeom.engine.ray_train``, driven by
@@ -69,7 +69,7 @@ class TrainSettings(Params):
     heldout_fraction: float = param(0.1, "Share of the articles held out.", low=0.0, high=1.0, low_open=True,
                                     high_open=True)
     max_texts: int = param(0, "Texts of the corpus used (0: all).", low=0)
-    workers: int = param(1, "Data-parallel Ray Train workers.", low=1)
+    workers: int = param(1, "Data-parallel workers (Ray Train); one runs as a single Ray task.", low=1)
     use_gpu: bool = param(False, "One GPU per worker.")
     cpus_per_worker: float = param(1.0, "CPUs each worker asks Ray for.", low=0.0, low_open=True)
 
@@ -281,7 +281,7 @@ def estimate_training_seconds(settings: TrainSettings, checkpoints: int, probe_s
 
 def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1, prepare=None, report=None,
         checkpoints: CheckpointPlan | None = None) -> list[dict]:
-    """The training loop, shared by the Ray Train workers and in-process use; returns the per-step log.
+    """The training loop, shared by the Ray workers and in-process use; returns the per-step log.
 
     ``prepare`` wraps the model for data parallelism (Ray Train's ``prepare_model``),
     ``report`` receives the metrics every ``eval_every`` steps on every rank; with

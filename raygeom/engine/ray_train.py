@@ -30,14 +30,45 @@ def worker_loop(config: dict) -> None:
 
 
 def fit_on_workers(fit: Callable, settings, data, history_path: Path, checkpoints, storage: Path, name: str) -> None:
-    """One TorchTrainer run of ``settings`` on ``settings.workers`` workers; a failure is one RaygeomError line.
+    """One run of ``settings`` on ``settings.workers`` workers (a TorchTrainer, or one Ray task for one worker); a
+    failure is one RaygeomError line.
 
     Every worker calls ``fit(settings, data, rank, world, prepare=, report=, checkpoints=)`` and returns its
     per-step log (``raygeom.analyses.train.fit``); ``fit`` is pickled by reference, so it must be importable."""
+    resources = {"CPU": settings.cpus_per_worker} | ({"GPU": 1} if settings.use_gpu else {})
+    try:
+        if settings.workers == 1:
+            _fit_in_one_task(fit, settings, data, history_path, checkpoints, resources)
+        else:
+            _fit_with_trainer(fit, settings, data, history_path, checkpoints, storage, name, resources)
+    except Exception as error:  # Ray wraps worker failures in its own types
+        cause = getattr(error, "cause", None) or error  # a task's RayTaskError carries the worker's exception
+        while getattr(cause, "__cause__", None) is not None:
+            cause = cause.__cause__
+        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+        raise RaygeomError(f"training failed (lambda={settings.lam}, seed={settings.seed}): {message}") from None
+
+
+def _one_worker(fit: Callable, settings, data, history_path: str, checkpoints) -> None:
+    prepare = (lambda model: model.to("cuda")) if settings.use_gpu else None
+    history = fit(settings, data, 0, 1, prepare=prepare, report=None, checkpoints=checkpoints)
+    atomic_write_table(pa.Table.from_pylist(history), Path(history_path))
+
+
+def _fit_in_one_task(fit: Callable, settings, data, history_path: Path, checkpoints, resources: dict) -> None:
+    """One worker needs no process group, no trainer controller and no Ray Train session (about 20 s of actor
+    start-up each on 2 cores): the same loop, with the same numbers, runs as one Ray task on the same resources."""
+    import ray
+
+    task = ray.remote(_one_worker).options(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0), max_retries=0)
+    ray.get(task.remote(fit, settings, data, str(Path(history_path).resolve()), checkpoints))
+
+
+def _fit_with_trainer(fit: Callable, settings, data, history_path: Path, checkpoints, storage: Path, name: str,
+                      resources: dict) -> None:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    resources = {"CPU": settings.cpus_per_worker} | ({"GPU": 1} if settings.use_gpu else {})
     trainer = TorchTrainer(
         worker_loop,
         train_loop_config={"fit": fit, "settings": settings, "data": data, "history_path": str(Path(history_path).resolve()),
@@ -45,11 +76,4 @@ def fit_on_workers(fit: Callable, settings, data, history_path: Path, checkpoint
         scaling_config=ScalingConfig(num_workers=settings.workers, use_gpu=settings.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
     )
-    try:
-        trainer.fit()
-    except Exception as error:  # Ray Train wraps worker failures in its own types
-        cause = error
-        while getattr(cause, "__cause__", None) is not None:
-            cause = cause.__cause__
-        message = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-        raise RaygeomError(f"training failed (lambda={settings.lam}, seed={settings.seed}): {message}") from None
+    trainer.fit()

@@ -1,4 +1,4 @@
-"""Push-away training as a job: one Ray Train run per settings (``raygeom.engine.ray_train.fit_on_workers``
+"""Push-away training as a job: one Ray run per settings (``raygeom.engine.ray_train.fit_on_workers``
 running ``raygeom.analyses.train.fit`` on every worker), cached by its key, its summary row stored, and for a
 trajectory the run directory claimed, filled with checkpoints and marked complete."""
 
@@ -59,7 +59,7 @@ def provenance_columns(settings: TrainSettings, corpus_fingerprint: str | None) 
 
 
 def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None, data=None) -> dict:
-    """One Ray Train run (cached by its settings' key, and its checkpoint plan's); returns its summary row.
+    """One Ray run (cached by its settings' key, and its checkpoint plan's); returns its summary row.
     ``data``: ``training.prepare_data(settings.data_fields())`` made already (a grid's runs share it)."""
     key = settings.key() if checkpoints is None else checkpoints.key(settings)
     if checkpoints is not None:

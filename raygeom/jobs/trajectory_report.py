@@ -135,7 +135,7 @@ def write_report(path: str | Path, job, outputs: dict, by_step: list[dict], z_ro
             f"- **Data**: BBC News, {1 - train.heldout_fraction:.0%} of the articles for training, {train.heldout_fraction:.0%} held out "
             f"(never trained on); {train.steps} steps of {train.batch_size} x {train.seq_len} tokens "
             f"({train.steps * train.batch_size * train.seq_len / 1e6:.1f}M tokens), AdamW lr {train.lr:g}, cosine schedule, "
-            f"seed {train.seed}, Ray Train ({train.workers} worker).",
+            f"seed {train.seed}, " + ("one Ray task (one worker)." if train.workers == 1 else f"Ray Train ({train.workers} data-parallel workers)."),
             f"- **Checkpoints**: {len(steps)} (`step0`, then 1, 2, 4, ... {log_until}, then every {job.train.save_every} steps): "
             f"{', '.join(str(s) for s in steps)}. Each is a `save_pretrained` directory (model + tokenizer) with its held-out "
             "evaluation.",

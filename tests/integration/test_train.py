@@ -1,4 +1,5 @@
-"""Push-away training: the loop in process on a tiny GPT-NeoX, and one run through Ray Train."""
+"""Push-away training: the loop in process on a tiny GPT-NeoX, one run as a Ray task (one worker), and one through
+Ray Train (two data-parallel workers)."""
 
 import math
 import os
@@ -60,6 +61,16 @@ def test_ray_train_run_logs_every_step_and_is_cached(ray_local, data, tmp_path, 
     assert summary[1]["paired_delta_mean"] == pytest.approx(-1.0)
     paths = train.write_report(store, [row], summary)
     assert paths["plot"].stat().st_size > 5_000
+
+
+def test_a_failure_on_the_worker_is_one_line_naming_the_run(ray_local, data, tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "prepare_data", lambda fields: data)
+    settings = train.TrainSettings(**{**SMALL, "steps": 2}, lam=0.25, seed=4, push_layer="block_07")
+    with pytest.raises(RaygeomError) as failure:
+        train_job.run_training(Store(tmp_path), settings)
+    message = str(failure.value)
+    assert message.startswith("training failed (lambda=0.25, seed=4): push layer 'block_07' not in this model: ")
+    assert "\n" not in message and "Traceback" not in message
 
 
 def test_settings_are_validated_and_the_cli_fails_cleanly(tmp_path):
