@@ -26,6 +26,7 @@ from scipy.stats import pearsonr, spearmanr
 
 from raygeom.errors import InputError
 from raygeom.numerics.rank_interval import _pearson_rows
+from raygeom.numerics.tensors import shared_tensor
 from raygeom.numerics.uncertainty import _percentile_interval
 
 # Rows x dims converted to float64 at once; bounds the temporary copy.
@@ -34,7 +35,7 @@ POOLINGS = ("tokens", "last", "mean")
 
 
 def _as_tensor(name: str, x) -> torch.Tensor:
-    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+    t = x if isinstance(x, torch.Tensor) else shared_tensor(x)
     if t.dtype == torch.bool or t.is_complex():
         raise InputError(f"{name} must hold real numbers, got {t.dtype}")
     return t if t.is_floating_point() else t.double()

@@ -25,12 +25,13 @@ import torch
 
 from raygeom.errors import InputError
 from raygeom.numerics.dispersion import dispersion
+from raygeom.numerics.tensors import shared_tensor
 
 DEFAULT_KEY_CHUNK = 1 << 16
 
 
 def _tensor(name: str, x, ndim: int) -> torch.Tensor:
-    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
+    t = x if isinstance(x, torch.Tensor) else shared_tensor(x)
     if t.ndim != ndim:
         raise InputError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     return t

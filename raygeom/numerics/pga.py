@@ -21,7 +21,6 @@ Without duplicates nothing of this runs.
 
 from __future__ import annotations
 
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, asdict
 from typing import Iterable, Sequence
@@ -33,6 +32,7 @@ from threadpoolctl import threadpool_limits
 
 from raygeom.errors import InputError
 from raygeom.numerics.limits import MIN_SAMPLES  # noqa: F401 - re-exported
+from raygeom.numerics.tensors import shared_tensor
 from raygeom.numerics.ties import Groups, duplicate_groups
 from raygeom.numerics.uncertainty import summarize_null, z_uncertainty  # noqa: F401 - summarize_null re-exported
 
@@ -373,15 +373,6 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _shared_tensor(array: np.ndarray) -> torch.Tensor:
-    """A tensor over ``array``, without a copy. In a Ray task the prepared layer's arrays are the object store's
-    read-only pages; the scorer only reads them, so torch's warning about non-writable arrays (which Ray prints on
-    the driver's console from every PGA worker) does not apply."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-        return torch.from_numpy(array)
-
-
 class _SubspaceScorer:
     """Scores subspaces of one prepared layer on one torch device.
 
@@ -396,10 +387,10 @@ class _SubspaceScorer:
     def __init__(self, layer: PreparedLayer, device: str | None = None):
         self.layer = layer
         self.device = torch.device(device or default_device())
-        self.reference = _shared_tensor(layer.centred_full_ranks).to(self.device)
+        self.reference = shared_tensor(layer.centred_full_ranks).to(self.device)
         if layer.groups is None:
             self.tied = None
-            self.x = _shared_tensor(layer.corrected).to(self.device)
+            self.x = shared_tensor(layer.corrected).to(self.device)
             self.layout = PairLayout(layer.n_samples)
             n_values = self.layout.n_pairs
             self.mean_rank = (n_values + 1) / 2.0

@@ -312,3 +312,26 @@ def test_push_away_loss_rejects_bad_input():
         push_away_loss(torch.ones(2, 3, 4), over="first")
     with pytest.raises(InputError):
         push_away_loss(torch.ones(2, 3, 4), torch.tensor([[1, 1, 1], [0, 0, 0]]), over="last")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_read_only_inputs_as_ray_hands_them_out_give_the_same_numbers_and_warn_nothing(seed):
+    """A Ray task's numpy arguments are read-only views of the object store; torch warns on them, and Ray prints that
+    warning on the driver's console among a command's output (a CLI test saw it as a second stderr line)."""
+    import warnings
+
+    from raygeom.numerics.knnlm import knn_log_probs
+
+    rng = np.random.default_rng(seed)
+    h, chunks = rng.normal(size=(12, 6)), rng.normal(size=(3, 5, 6))
+    keys, queries, values = rng.normal(size=(20, 6)), rng.normal(size=(4, 6)), rng.integers(0, 7, 20)
+    writable = (dispersion(h), token_dispersion(chunks), knn_log_probs(queries, keys, values, 7, k=5))
+    for array in (h, chunks, keys, queries, values):
+        array.setflags(write=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_only = (dispersion(h), token_dispersion(chunks), knn_log_probs(queries, keys, values, 7, k=5))
+    assert read_only[0] == writable[0]
+    np.testing.assert_array_equal(read_only[1], writable[1])
+    np.testing.assert_array_equal(read_only[2], writable[2])
+    assert [str(w.message) for w in caught] == []
