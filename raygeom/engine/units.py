@@ -120,10 +120,14 @@ class UnitRunner:
         while self._queue and len(self._active) < self.units_in_flight:
             self._start(self._queue.pop(0))
 
-    def _cancel(self, key: str) -> None:
+    def _drop(self, key: str) -> None:
+        """Forget a unit's tasks; those still running finish on their own and their results are never read. Not
+        ``ray.cancel``: a cancel racing with the task's completion aborts the driver inside Ray's core worker
+        ("Check failed: it != submissible_tasks_.end() Tried to complete task that was not pending", Ray 2.60; seen
+        here once in bench/bench_sweep.py, right after "Cancelling a task" in the driver's log), and a degenerate
+        layer's other tasks fail at once on its failed preparation anyway."""
         for ref in [r for r, (k, _) in self._refs.items() if k == key]:
             self._refs.pop(ref)
-            ray.cancel(ref, force=False)
         self._active.pop(key, None)
 
     def _fail(self, key: str, error: BaseException) -> None:
@@ -132,14 +136,14 @@ class UnitRunner:
         cause = error.cause if isinstance(error, ray.exceptions.RayTaskError) else error
         if isinstance(cause, InputError) and unit.degenerate is not None:
             # Nothing to compute (e.g. every sample shares one vector): shown with its reason, never stored as done.
-            self._cancel(key)
+            self._drop(key)
             rows = unit.degenerate(str(cause))
             self.rows[key] = [rows] if isinstance(rows, dict) else rows
             self.warn(f"{unit.label}: not computed: {cause}")
             self.progress(unit.cost)
             return
         for other in list(self._active):
-            self._cancel(other)
+            self._drop(other)
         self._queue.clear()
         if os.environ.get("RAYGEOM_DEBUG"):
             raise error

@@ -1,6 +1,6 @@
 """Run by every Ray worker of a raygeom job when it starts (``worker_process_setup_hook``).
 
-The engine cancels tasks (``ray.cancel`` raises KeyboardInterrupt in the running task), and a task's first
+A task can be interrupted (``ray.cancel`` or Ctrl-C raise KeyboardInterrupt in it), and a task's first
 step is to import the module its function lives in. An interrupt that lands inside the first
 ``import scipy.stats`` leaves scipy half-imported in that worker: ``scipy.ndimage._ndimage_api`` stays in
 ``sys.modules`` while ``scipy.ndimage`` is dropped, and every later task the worker runs fails with
