@@ -56,8 +56,9 @@ def _one_worker(fit: Callable, settings, data, history_path: str, checkpoints) -
 
 
 def _fit_in_one_task(fit: Callable, settings, data, history_path: Path, checkpoints, resources: dict) -> None:
-    """One worker needs no process group, no trainer controller and no Ray Train session (about 20 s of actor
-    start-up each on 2 cores): the same loop, with the same numbers, runs as one Ray task on the same resources."""
+    """One worker needs no process group, no trainer controller and no Ray Train session, each an actor process that
+    imports torch (two one-worker runs at once on 2 cores: 58 s as TorchTrainers, 19 s as tasks): the same loop, with
+    the same numbers, runs as one Ray task on the same resources."""
     import ray
 
     task = ray.remote(_one_worker).options(num_cpus=resources["CPU"], num_gpus=resources.get("GPU", 0), max_retries=0)
