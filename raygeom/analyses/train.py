@@ -1,9 +1,9 @@
 """Push-away training on Ray: ``L = L_LM - lambda * D_batch`` on a small GPT-NeoX trained from scratch.
 
 ``D_batch`` is the differentiable dispersion (``numerics.dispersion.push_away_loss``)
-of one layer's representations in the batch. The TorchTrainer (``raygeom.engine.ray_train``, driven by
-``raygeom.jobs.train.run_training``; no Ray here) runs
-``workers`` data-parallel workers (DDP; one GPU each on a cluster, CPU
+of one layer's representations in the batch. ``raygeom.engine.ray_train`` (driven by
+``raygeom.jobs.train.run_training``; no Ray here) runs one worker as one Ray task, and
+``workers`` > 1 as data-parallel TorchTrainer workers (DDP; one GPU each on a cluster, CPU
 processes here); every worker draws the same global batch indices and takes
 its own slice, so a run depends on (settings, seed) and the worker count only.
 With several workers ``D_batch`` is each worker's own slice's dispersion (the
