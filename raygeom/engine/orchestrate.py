@@ -25,9 +25,7 @@ from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.replica.request import ExtractionRequest
 from raygeom.sources.layers import select_layers
 from raygeom.store.tree import Store
-from raygeom.engine.worker_setup import HOOK
 
-WORKER_ENV = {"worker_process_setup_hook": HOOK}
 # A worker beyond one per CPU that idles for a second is killed by default, and the next stage of the same job (the sweep
 # after training, dispersion after the sweep, the tasks after a replica ends) starts a new one, which imports torch and
 # the numerics again (about 7 CPU-s here). Kept for a minute, it serves the next stage: the tiny width ladder started 7
@@ -80,7 +78,7 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
     if address is None:
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=True, logging_level="ERROR", runtime_env=WORKER_ENV, _system_config=LOCAL_SYSTEM_CONFIG)
+                     configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
         return
@@ -135,7 +133,7 @@ def _connect(address: str, timeout_s: float) -> None:
 
     def connect() -> None:
         try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR", runtime_env=WORKER_ENV)
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
             outcome["ok"] = True
         except BaseException as error:  # noqa: BLE001 - reported below as one line
             outcome["error"] = error

@@ -19,6 +19,7 @@ import ray
 
 from raygeom.errors import InputError, RaygeomError
 from raygeom.engine.contract import PREPARED, More, Step, Unit  # noqa: F401 - re-exported
+from raygeom.engine.threads import one_thread
 from raygeom.store.tree import Store
 
 PUT_BYTES = 1 << 20  # numpy arguments at least this big travel through the object store, once
@@ -26,6 +27,7 @@ UNITS_IN_FLIGHT = 4  # units whose tasks are submitted at once: bounds object-st
 
 
 def _call(fn: Callable, *args):
+    one_thread()
     return fn(*args)
 
 

@@ -178,18 +178,24 @@ def test_local_ray_traffic_stays_on_loopback(ray_local):
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
 
 
-def test_every_worker_imports_the_numerics_before_its_first_task(ray_local):
-    """A cancel (KeyboardInterrupt) landing in a worker's first `import scipy.stats` would leave scipy half-imported
-    there and fail every later task (NameError: '_ndimage_api'); the setup hook imports them before any task runs."""
+def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_local):
+    """A unit task asks for one CPU: torch and every BLAS/OpenMP pool of its worker run one thread, even in a worker
+    that Ray started for a task of two CPUs (OMP_NUM_THREADS=2), as one that ran a training task is. The job has no
+    runtime environment, so Ray starts its workers directly, not through a second Python (setup_worker.py)."""
     import ray
+    from raygeom.engine.units import _remote_call
 
-    def modules_in_this_worker() -> list[str]:
-        import sys
+    def threads_in_this_task() -> tuple[int, list[int], dict]:  # defined here: pickled by value, not by module
+        import torch
+        from threadpoolctl import threadpool_info
 
-        return sorted(sys.modules)
+        return (torch.get_num_threads(), sorted({pool["num_threads"] for pool in threadpool_info()}),
+                dict(ray.get_runtime_context().runtime_env))
 
-    modules = ray.get(ray.remote(modules_in_this_worker).remote())
-    assert {"scipy.ndimage", "scipy.stats", "raygeom.numerics.pga", "raygeom.numerics.probe"} <= set(modules)
+    two_threads = {"num_cpus": 2, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2"}}}  # whatever this session sets
+    torch_threads, pool_threads, _ = ray.get(_remote_call.options(**two_threads).remote(threads_in_this_task))
+    assert torch_threads == 1 and pool_threads == [1], (torch_threads, pool_threads)
+    assert ray.get(_remote_call.remote(threads_in_this_task))[2] == {}
 
 
 def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub_cache, ray_local, tmp_path):
