@@ -36,6 +36,7 @@ from raygeom.numerics.dispersion import (
     sample_dispersion_interval,
     slice_agreement_interval,
 )
+from raygeom.numerics.distributions import pearson, spearman
 from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
 from raygeom.report.figures import format_interval, pyplot, save_figure
 from raygeom.sources import layers as layer_position
@@ -296,22 +297,13 @@ def _nan_interval(prefix: str) -> dict:
     return {f"{prefix}_lo": float("nan"), f"{prefix}_hi": float("nan")}
 
 
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson's r; NaN (no warning) when either side is constant, as a bootstrap draw can be."""
-    x, y = x - x.mean(), y - y.mean()
-    denominator = float(np.sqrt((x * x).sum() * (y * y).sum()))
-    return float((x * y).sum() / denominator) if denominator > 0 else float("nan")
-
-
 def _correlations(x: np.ndarray, y: np.ndarray, prefix: str, n_boot: int, seed: int) -> dict:
     """Spearman and Pearson of paired values with percentile-bootstrap intervals over the pairs (NaN below 4 pairs)."""
-    from scipy.stats import spearmanr
-
-    out = {f"{prefix}_spearman": float(spearmanr(x, y)[0]) if len(x) >= 3 else float("nan"),
-           f"{prefix}_pearson": _pearson(x, y) if len(x) >= 3 else float("nan")}
+    out = {f"{prefix}_spearman": spearman(x, y) if len(x) >= 3 else float("nan"),
+           f"{prefix}_pearson": pearson(x, y) if len(x) >= 3 else float("nan")}
     try:
         rank = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
-        linear = bootstrap_ci((x, y), _pearson, seed=seed, n_boot=n_boot)
+        linear = bootstrap_ci((x, y), pearson, seed=seed, n_boot=n_boot)
         out.update({f"{prefix}_spearman_lo": rank["lo"], f"{prefix}_spearman_hi": rank["hi"],
                     f"{prefix}_pearson_lo": linear["lo"], f"{prefix}_pearson_hi": linear["hi"]})
     except InputError:

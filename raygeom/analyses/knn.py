@@ -37,11 +37,11 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-from scipy.stats import spearmanr
 
 from raygeom.engine.contract import Step, Unit
 from raygeom.sources.corpus import Corpus
 from raygeom.errors import InputError, RaygeomError
+from raygeom.numerics.distributions import spearman
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
@@ -418,7 +418,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     def rank_correlation(column: str, sign: float = 1.0) -> float:
         if len(rows) < 3:
             return float("nan")
-        return float(spearmanr([r["dispersion"] for r in rows], [sign * r[column] for r in rows])[0])
+        return spearman([r["dispersion"] for r in rows], [sign * r[column] for r in rows])
 
     comparison = best_against_runner_up(store, rows, settings)
     table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")

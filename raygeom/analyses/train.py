@@ -375,9 +375,9 @@ PROVENANCE = ("model", "corpus", "corpus_fingerprint", "chunk_len", "step", "ray
 def summarise(rows: list[dict]) -> list[dict]:
     """Per lambda over seeds: held-out perplexity mean/std, and against lambda=0 on the same seeds the paired
     difference with its paired t-test (t, two-sided p, 95 % t-interval) and how many seeds went lower / higher."""
-    from scipy.stats import t as student
 
     from raygeom.errors import InputError
+    from raygeom.numerics.distributions import t_quantile
     from raygeom.numerics.uncertainty import paired_t
 
     plain = {r["seed"]: r["heldout_perplexity"] for r in rows if r["lam"] == 0.0}
@@ -389,7 +389,7 @@ def summarise(rows: list[dict]) -> list[dict]:
         paired = [r for r in part if r["seed"] in plain]
         try:
             test = paired_t([r["heldout_perplexity"] for r in paired], [plain[r["seed"]] for r in paired])
-            half = float(student.ppf(0.975, test["df"])) * test["se"]
+            half = t_quantile(0.975, test["df"]) * test["se"]
             test.update(lo=test["mean_diff"] - half, hi=test["mean_diff"] + half)
         except InputError:  # fewer than 2 paired seeds
             test = {"t": float("nan"), "p": float("nan"), "df": 0, "lo": float("nan"), "hi": float("nan")}

@@ -22,9 +22,9 @@ from typing import Iterable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import pearsonr, spearmanr
 
 from raygeom.errors import InputError
+from raygeom.numerics.distributions import normal_quantile, pearson, rank_rows, spearman
 from raygeom.numerics.rank_interval import _pearson_rows
 from raygeom.numerics.tensors import shared_tensor
 from raygeom.numerics.uncertainty import _percentile_interval
@@ -244,8 +244,8 @@ def perplexity_groups(perplexity, dispersion, group_size: int = 100, n_groups: i
         mean_dispersion=group_disp,
         members=members,
         n_full_groups=n_full,
-        spearman=float(spearmanr(x, y)[0]),
-        pearson=float(pearsonr(x, y)[0]),
+        spearman=spearman(x, y),
+        pearson=pearson(x, y),
     )
 
 
@@ -269,7 +269,7 @@ def rank_agreement(slice_dispersion, slice_perplexity) -> float:
         raise InputError(f"slice_dispersion and slice_perplexity differ in length: {disp.shape[0]} vs {ppl.shape[0]}")
     if disp.shape[0] < 3 or not (np.isfinite(disp).all() and np.isfinite(ppl).all()):
         raise InputError("rank agreement needs at least 3 slices with finite values")
-    return float(spearmanr(-disp, ppl)[0])
+    return spearman(-disp, ppl)
 
 
 def kmeans_slices(h, n_slices: int, seed: int = 0, *, normalize: bool = True, n_init: int = 10) -> np.ndarray:
@@ -416,9 +416,7 @@ def gap_warning(n_domain: int, minimum: int = MIN_GAP_POSITIONS) -> str:
 
 
 def _rank_rows(a: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(a, axis=-1)
+    return rank_rows(a)
 
 
 def slice_agreement_interval(labels, perplexity, token_dispersion, pooled, seed: int = 0, n_boot: int = 1000,
@@ -487,8 +485,6 @@ def sample_dispersion_interval(h, level: float = 0.95) -> dict[str, float]:
     matrix, ``r_i = sum_{j != i} (1 - cos_ij) = N - u_i . s`` with ``s = sum_j u_j``, so no pair is formed:
     ``D_(-i) = (S - 2 r_i) / ((N-1)(N-2))`` with ``S = sum_i r_i``. Zero rows have cosine 0 to everything.
     """
-    from scipy import stats
-
     x = np.asarray(h.detach().cpu().double().numpy() if isinstance(h, torch.Tensor) else h, dtype=np.float64)
     if x.ndim != 2:
         raise InputError(f"H must be a 2-D array (N x d), got shape {x.shape}")
@@ -506,5 +502,5 @@ def sample_dispersion_interval(h, level: float = 0.95) -> dict[str, float]:
     value = total / (n * (n - 1))
     leave_out = (total - 2 * row) / ((n - 1) * (n - 2))
     se = float(np.sqrt((n - 1) / n * np.sum((leave_out - leave_out.mean()) ** 2)))
-    half = float(stats.norm.ppf(0.5 + level / 2)) * se
+    half = normal_quantile(0.5 + level / 2) * se
     return {"dispersion": value, "dispersion_se": se, "dispersion_lo": value - half, "dispersion_hi": value + half}

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
 
 from raygeom.errors import InputError
+from raygeom.numerics.distributions import pearson, spearman
 from raygeom.numerics.pga import _check_matrix, ccr
 
 
@@ -47,7 +47,7 @@ def loss_geometry_correlation(nll: np.ndarray, geometry: np.ndarray) -> dict[str
     keep = np.isfinite(nll) & np.isfinite(geometry)
     if keep.sum() < 3 or np.ptp(nll[keep]) == 0 or np.ptp(geometry[keep]) == 0:
         return {"spearman": float("nan"), "pearson": float("nan")}
-    return {"spearman": float(spearmanr(nll[keep], geometry[keep])[0]), "pearson": float(pearsonr(nll[keep], geometry[keep])[0])}
+    return {"spearman": spearman(nll[keep], geometry[keep]), "pearson": pearson(nll[keep], geometry[keep])}
 
 
 def align_by_key(keys_a: Sequence[str], keys_b: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +103,7 @@ def blindness_summary(z: Sequence[float], metric: Sequence[float]) -> dict[str, 
         raise InputError("need at least 3 layers with finite z and metric")
     z, metric = z[keep], metric[keep]
     median = float(np.median(np.abs(metric)))
-    rho = float(spearmanr(z, metric)[0]) if np.ptp(z) > 0 and np.ptp(metric) > 0 else float("nan")
+    rho = spearman(z, metric) if np.ptp(z) > 0 and np.ptp(metric) > 0 else float("nan")
     return {
         "z_range": float(np.ptp(z)),
         "metric_relative_range": float(np.ptp(metric) / median) if median > 0 else float("inf"),

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
 
+from raygeom.numerics.distributions import normal_quantile
 from raygeom.numerics.pga import average_ranks
 
 
@@ -51,7 +51,7 @@ def spearman_with_ci(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     rho = float(_pearson_rows(average_ranks(x), average_ranks(y)))
-    quantile = norm.ppf(0.5 + level / 2)
+    quantile = normal_quantile(0.5 + level / 2)
     if math.isfinite(rho):
         centre = math.atanh(max(-1 + 1e-12, min(1 - 1e-12, rho)))
         half = quantile * math.sqrt(1.06 / (n - 3))

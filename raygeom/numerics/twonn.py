@@ -15,9 +15,9 @@ Points that coincide (duplicated texts) have r1 = 0 and are dropped: their mu is
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 from raygeom.errors import InputError
+from raygeom.numerics.distributions import chi2_quantile
 
 MIN_POINTS = 3
 LEVEL = 0.95
@@ -68,5 +68,5 @@ def twonn_mle(h: np.ndarray, level: float = LEVEL) -> dict[str, float]:
         raise InputError("TwoNN: every neighbour ratio is 1, so the dimension is undefined")
     n = mu.size
     tail = (1.0 - level) / 2.0
-    return {"twonn_mle": n / total, "twonn_mle_lo": float(stats.chi2.ppf(tail, 2 * n) / (2 * total)),
-            "twonn_mle_hi": float(stats.chi2.ppf(1.0 - tail, 2 * n) / (2 * total)), "twonn_points": n}
+    return {"twonn_mle": n / total, "twonn_mle_lo": chi2_quantile(tail, 2 * n) / (2 * total),
+            "twonn_mle_hi": chi2_quantile(1.0 - tail, 2 * n) / (2 * total), "twonn_points": n}

@@ -24,9 +24,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy import stats
-
 from raygeom.errors import InputError
+from raygeom.numerics.distributions import normal_quantile, rank_rows, spearman, t_quantile, t_sf
 
 LEVEL = 0.95
 N_BOOT = 2000
@@ -49,7 +48,7 @@ _BOOT_TAG = 0xB0C1  # bootstrap_ci and spearman_with_ci
 def _quantile(level: float) -> float:
     if not 0.0 < level < 1.0:
         raise InputError(f"level must lie in (0, 1); got {level}")
-    return float(stats.norm.ppf(0.5 + level / 2.0))
+    return normal_quantile(0.5 + level / 2.0)
 
 
 def _finite_1d(name: str, values) -> np.ndarray:
@@ -393,7 +392,7 @@ def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "f
     n = x.size
     if n != y.size or n < 4:
         raise InputError(f"need equal-length x and y with at least 4 points; got {x.size} and {y.size}")
-    rho = float(stats.spearmanr(x, y)[0])
+    rho = spearman(x, y)
     if method == "fisher":
         q = _quantile(level)
         if not np.isfinite(rho) or abs(rho) >= 1.0:
@@ -405,8 +404,8 @@ def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "f
     if method == "bootstrap":
         rng = np.random.default_rng([int(seed), _BOOT_TAG])
         index = np.stack([rng.integers(0, n, size=n) for _ in range(n_boot)])
-        ranks_x = stats.rankdata(x[index], axis=1) - (n + 1) / 2.0
-        ranks_y = stats.rankdata(y[index], axis=1) - (n + 1) / 2.0
+        ranks_x = rank_rows(x[index]) - (n + 1) / 2.0
+        ranks_y = rank_rows(y[index]) - (n + 1) / 2.0
         with np.errstate(invalid="ignore", divide="ignore"):
             values = (ranks_x * ranks_y).sum(axis=1) / np.sqrt((ranks_x**2).sum(axis=1) * (ranks_y**2).sum(axis=1))
         boot = _percentile_interval(values, level)
@@ -425,7 +424,7 @@ def mean_t_interval(values, level: float = LEVEL) -> dict[str, float]:
     if x.size < 2:
         return {"mean": mean, "lo": float("nan"), "hi": float("nan"), "sd": float("nan"), "n": 1}
     sd = float(x.std(ddof=1))
-    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1)) * sd / np.sqrt(x.size)
+    half = t_quantile(0.5 + level / 2, x.size - 1) * sd / np.sqrt(x.size)
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "sd": sd, "n": int(x.size)}
 
 
@@ -444,7 +443,7 @@ def paired_t(a, b) -> dict[str, float]:
     se = sd / np.sqrt(n)
     if se > 0:
         t = mean / se
-        p = float(2.0 * stats.t.sf(abs(t), n - 1))
+        p = 2.0 * t_sf(abs(t), n - 1)
     else:
         t, p = (float("nan"), float("nan")) if mean == 0 else (float(np.copysign(np.inf, mean)), 0.0)
     return {"t": float(t), "df": n - 1, "p": p, "mean_diff": mean, "se": float(se), "n": n}
