@@ -74,11 +74,27 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
         signal.signal(signal.SIGTERM, handler)
 
 
+def _any_agent_port(init: Callable) -> Callable:
+    """``RayParams.__init__`` with the dashboard agent's HTTP port left to the OS. ray.init takes no such argument,
+    and the fixed default (52365) is held by any other Ray on the machine: the agent then retries for 3.5 s before
+    the node comes up (every local start in a test session, or a second local job)."""
+
+    def with_any_port(self, *args, **kwargs):
+        kwargs.setdefault("dashboard_agent_listen_port", 0)
+        init(self, *args, **kwargs)
+
+    return with_any_port
+
+
 def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
+        from unittest import mock
+
+        params = ray._private.parameter.RayParams
         try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
+            with mock.patch.object(params, "__init__", _any_agent_port(params.__init__)):
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
         return

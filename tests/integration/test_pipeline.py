@@ -178,6 +178,15 @@ def test_local_ray_traffic_stays_on_loopback(ray_local):
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
 
 
+def test_a_local_ray_leaves_its_agent_port_to_the_os(ray_local):
+    """Ray's fixed agent port (52365) is held by any other Ray on the machine (the other test worker's), and the agent
+    then retries for 3.5 s before the node starts; raygeom's local Ray takes any free port, and its agent serves it."""
+    import ray
+
+    port = ray.nodes()[0]["DashboardAgentListenPort"]
+    assert port > 0 and port != 52365, port
+
+
 def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_local):
     """A unit task asks for one CPU: torch and every BLAS/OpenMP pool of its worker run one thread, even in a worker
     that Ray started for a task of two CPUs (OMP_NUM_THREADS=2), as one that ran a training task is. The job has no
