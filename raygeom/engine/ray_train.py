@@ -65,12 +65,31 @@ def _fit_in_one_task(fit: Callable, settings, data, history_path: Path, checkpoi
     ray.get(task.remote(fit, settings, data, str(Path(history_path).resolve()), checkpoints))
 
 
+def trainer_class() -> type:
+    """TorchTrainer without Ray Train's placement-group cleaner.
+
+    The cleaner (a detached actor) asks the State API every second whether the run's controller is alive, and frees
+    the workers' placement group when the answer is "not found". A raygeom local Ray serves no State API
+    (``include_dashboard=False``), and on a machine with several Rays the API client may resolve another cluster,
+    which does not know the controller: the cleaner then removed the placement group of a live run and killed both
+    workers (seen in a full test run: "Destroying worker since its placement group was removed"). Without the cleaner,
+    the group of a controller that died lives on only until the job ends (Ray ties it to the job's driver)."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            return [callback for callback in super()._create_default_callbacks()
+                    if not isinstance(callback, PlacementGroupCleanerCallback)]
+
+    return Trainer
+
+
 def _fit_with_trainer(fit: Callable, settings, data, history_path: Path, checkpoints, storage: Path, name: str,
                       resources: dict) -> None:
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    trainer = TorchTrainer(
+    trainer = trainer_class()(
         worker_loop,
         train_loop_config={"fit": fit, "settings": settings, "data": data, "history_path": str(Path(history_path).resolve()),
                            "checkpoints": checkpoints},

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+
 from raygeom.errors import InputError
 from raygeom.numerics.distributions import normal_quantile, rank_rows, spearman, t_quantile, t_sf
 

@@ -84,6 +84,18 @@ def test_settings_are_validated_and_the_cli_fails_cleanly(tmp_path):
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 
 
+def test_the_trainer_has_no_placement_group_cleaner(ray_local):
+    """Ray Train's cleaner frees a run's placement group when the State API does not find the controller, which a
+    local raygeom Ray cannot answer and another Ray on the machine answers wrongly: it killed a live 2-worker run."""
+    from ray.train import ScalingConfig
+
+    from raygeom.engine.ray_train import trainer_class
+
+    trainer = trainer_class()(lambda config: None, scaling_config=ScalingConfig(num_workers=2))
+    kinds = {type(callback).__name__ for callback in trainer._create_default_callbacks()}
+    assert "BackendSetupCallback" in kinds and "PlacementGroupCleanerCallback" not in kinds, kinds
+
+
 def test_two_data_parallel_workers_on_fractional_cpus(ray_local, data, tmp_path, monkeypatch):
     monkeypatch.setattr(train, "prepare_data", lambda fields: data)
     settings = train.TrainSettings(**{**SMALL, "steps": 4, "eval_every": 4}, lam=0.5, seed=3, workers=2, cpus_per_worker=0.5)
