@@ -45,7 +45,7 @@ def rank_rows(a) -> np.ndarray:
     rows = a.reshape(-1, a.shape[-1])
     count, n = rows.shape
     ranks = np.empty_like(rows)
-    order = np.argsort(rows, axis=1, kind="stable")
+    order = np.argsort(rows, axis=1)  # any order of tied values gives them the same average
     ordered = np.take_along_axis(rows, order, axis=1)
     starts = np.ones_like(ordered, dtype=bool)
     np.not_equal(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
