@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from raygeom.errors import InputError
-from raygeom.numerics.distributions import normal_quantile, pearson, rank_rows, spearman
-from raygeom.numerics.rank_interval import _pearson_rows
+from raygeom.numerics.distributions import normal_quantile, pearson, pearson_rows, rank_rows, spearman
 from raygeom.numerics.tensors import shared_tensor
 from raygeom.numerics.uncertainty import _percentile_interval
 
@@ -460,7 +459,7 @@ def slice_agreement_interval(labels, perplexity, token_dispersion, pooled, seed:
     for kind, values in (("token", slice_token), ("sample", slice_sample)):
         values = np.stack(values, axis=1)
         ok = np.isfinite(values).all(axis=1)
-        boot = _percentile_interval(_pearson_rows(_rank_rows(-values[ok]), ppl_ranks[ok]), level)
+        boot = _percentile_interval(pearson_rows(_rank_rows(-values[ok]), ppl_ranks[ok]), level)
         out[f"{kind}_lo"], out[f"{kind}_hi"] = boot["lo"], boot["hi"]
     return out
 

@@ -57,14 +57,18 @@ def rank_rows(a) -> np.ndarray:
     return ranks.reshape(a.shape)
 
 
+def pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row of ``a`` with the same row of ``b``; NaN where a row is constant."""
+    a = a - a.mean(axis=-1, keepdims=True)
+    b = b - b.mean(axis=-1, keepdims=True)
+    denominator = np.sqrt((a * a).sum(axis=-1) * (b * b).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, (a * b).sum(axis=-1) / np.where(denominator > 0, denominator, 1.0), np.nan)
+
+
 def pearson(x, y) -> float:
     """Pearson's r of two 1-D samples, as ``scipy.stats.pearsonr(x, y)[0]``; NaN when either side is constant."""
-    x, y = _pair(x, y)
-    x, y = x - x.mean(), y - y.mean()
-    denominator = float(np.sqrt((x * x).sum() * (y * y).sum()))
-    if not denominator > 0:
-        return float("nan")
-    return float(np.clip((x * y).sum() / denominator, -1.0, 1.0))
+    return float(np.clip(pearson_rows(*_pair(x, y)), -1.0, 1.0))
 
 
 def spearman(x, y) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raygeom.numerics.distributions import normal_quantile
+from raygeom.numerics.distributions import normal_quantile, pearson_rows
 from raygeom.numerics.pga import average_ranks
 
 
@@ -29,15 +29,6 @@ class SpearmanInterval:
     n_boot: int  # resamples that gave a defined correlation
 
 
-def _pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pearson correlation of each row of ``a`` with the same row of ``b``; NaN where a row is constant."""
-    a = a - a.mean(axis=-1, keepdims=True)
-    b = b - b.mean(axis=-1, keepdims=True)
-    denominator = np.sqrt((a * a).sum(axis=-1) * (b * b).sum(axis=-1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(denominator > 0, (a * b).sum(axis=-1) / np.where(denominator > 0, denominator, 1.0), np.nan)
-
-
 def spearman_with_ci(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> SpearmanInterval:
     """Spearman's rho of paired ``x`` and ``y`` (ties share their average rank) with Fisher-z and bootstrap intervals."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
@@ -50,7 +41,7 @@ def spearman_with_ci(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 
         raise ValueError(f"an interval for Spearman's rho needs at least 4 pairs, got {n}")
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
-    rho = float(_pearson_rows(average_ranks(x), average_ranks(y)))
+    rho = float(pearson_rows(average_ranks(x), average_ranks(y)))
     quantile = normal_quantile(0.5 + level / 2)
     if math.isfinite(rho):
         centre = math.atanh(max(-1 + 1e-12, min(1 - 1e-12, rho)))
@@ -60,7 +51,7 @@ def spearman_with_ci(x, y, level: float = 0.95, n_boot: int = 2000, seed: int = 
         fisher = (float("nan"), float("nan"))
     rng = np.random.default_rng([seed, 0x5BEA])
     draws = rng.integers(0, n, size=(n_boot, n))
-    boot = _pearson_rows(np.apply_along_axis(average_ranks, 1, x[draws]), np.apply_along_axis(average_ranks, 1, y[draws]))
+    boot = pearson_rows(np.apply_along_axis(average_ranks, 1, x[draws]), np.apply_along_axis(average_ranks, 1, y[draws]))
     boot = boot[np.isfinite(boot)]
     tail = (1 - level) / 2
     lo, hi = (np.quantile(boot, [tail, 1 - tail]) if boot.size else (float("nan"), float("nan")))
