@@ -74,16 +74,22 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
         signal.signal(signal.SIGTERM, handler)
 
 
-def _any_agent_port(init: Callable) -> Callable:
-    """``RayParams.__init__`` with the dashboard agent's HTTP port left to the OS. ray.init takes no such argument,
-    and the fixed default (52365) is held by any other Ray on the machine: the agent then retries for 3.5 s before
-    the node comes up (every local start in a test session, or a second local job)."""
+def _lean_local_node(init: Callable) -> Callable:
+    """``RayParams.__init__`` for raygeom's local node, with two defaults ray.init takes no argument for:
 
-    def with_any_port(self, *args, **kwargs):
+    - the dashboard agent's HTTP port left to the OS. The fixed default (52365) is held by any other Ray on the
+      machine: the agent then retries for 3.5 s before the node comes up (every local start in a test session, or a
+      second local job);
+    - no log monitor. It only forwards workers' output to the driver, and raygeom's driver does not take it
+      (``log_to_driver=False``); it rescans the node's log folder all the time (38 CPU-s in a 20-minute test session
+      here)."""
+
+    def lean(self, *args, **kwargs):
         kwargs.setdefault("dashboard_agent_listen_port", 0)
+        kwargs.setdefault("include_log_monitor", False)
         init(self, *args, **kwargs)
 
-    return with_any_port
+    return lean
 
 
 def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
@@ -92,7 +98,7 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
 
         params = ray._private.parameter.RayParams
         try:
-            with mock.patch.object(params, "__init__", _any_agent_port(params.__init__)):
+            with mock.patch.object(params, "__init__", _lean_local_node(params.__init__)):
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
         except Exception as error:  # ray.init raises a bare Exception when the node times out

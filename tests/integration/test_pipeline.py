@@ -178,19 +178,34 @@ def test_local_ray_traffic_stays_on_loopback(ray_local):
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
 
 
-def test_a_local_ray_leaves_its_agent_port_to_the_os(ray_local):
+def test_a_local_ray_leaves_its_agent_port_to_the_os_and_runs_no_log_monitor(ray_local):
     """Ray's fixed agent port (52365) is held by any other Ray on the machine (the other test worker's), and the agent
-    then retries for 3.5 s before the node starts; raygeom's local Ray takes any free port, and its agent serves it."""
+    then retries for 3.5 s before the node starts; raygeom's local Ray takes any free port, and its agent serves it.
+    Its driver takes no worker output (log_to_driver=False), so the node runs no log monitor to forward it."""
+    import psutil
     import ray
 
     port = ray.nodes()[0]["DashboardAgentListenPort"]
     assert port > 0 and port != 52365, port
+    session = ray._private.worker.global_worker.node.get_session_dir_path()
+    ours = [c for c in map(_cmdline, psutil.process_iter()) if any(session in part for part in c)]
+    assert any("gcs_server" in " ".join(c) for c in ours), ours  # the node's processes are found by its session dir
+    assert not [c for c in ours if "log_monitor.py" in " ".join(c)], ours
+
+
+def _cmdline(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # gone, or not ours to read
+        return []
 
 
 def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_local):
     """A unit task asks for one CPU: torch and every BLAS/OpenMP pool of its worker run one thread, even in a worker
-    that Ray started for a task of two CPUs (OMP_NUM_THREADS=2), as one that ran a training task is. The job has no
-    runtime environment, so Ray starts its workers directly, not through a second Python (setup_worker.py)."""
+    that Ray started for a task of two CPUs (OMP_NUM_THREADS=2), as one that ran a training task is, and whether torch
+    was imported before the task or during it. Setting this up imports no torch: a task that never uses it (the nulls)
+    leaves its worker without it. The job has no runtime environment, so Ray starts its workers directly, not through
+    a second Python (setup_worker.py)."""
     import ray
     from raygeom.engine.units import _remote_call
 
@@ -201,9 +216,38 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
         return (torch.get_num_threads(), sorted({pool["num_threads"] for pool in threadpool_info()}),
                 dict(ray.get_runtime_context().runtime_env))
 
-    two_threads = {"num_cpus": 2, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2"}}}  # whatever this session sets
-    torch_threads, pool_threads, _ = ray.get(_remote_call.options(**two_threads).remote(threads_in_this_task))
+    def two_torch_threads() -> tuple[int, int]:  # what a training task leaves in its worker
+        import os
+
+        import torch
+
+        torch.set_num_threads(2)
+        return torch.get_num_threads(), os.getpid()
+
+    def torch_imported() -> tuple[bool, int]:
+        import os
+        import sys
+
+        return "torch" in sys.modules, os.getpid()
+
+    def pid() -> int:
+        import os
+
+        return os.getpid()
+
+    def fresh_worker(name: str) -> dict:  # a runtime env of its own: a worker no earlier task has used
+        return {"num_cpus": 2, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2", "RAYGEOM_TEST_WORKER": name}}}
+
+    torch_threads, pool_threads, _ = ray.get(_remote_call.options(**fresh_worker("import-in-task")).remote(threads_in_this_task))
     assert torch_threads == 1 and pool_threads == [1], (torch_threads, pool_threads)
+    imported, worker = ray.get(_remote_call.options(**fresh_worker("unit-train-unit")).remote(torch_imported))
+    assert imported is False
+    # the same worker (one idle worker of that runtime env, two CPUs of two) runs a training task, then a unit task
+    trained = fresh_worker("unit-train-unit")
+    assert ray.get(ray.remote(two_torch_threads).options(**trained).remote()) == (2, worker)
+    torch_threads, pool_threads, _ = ray.get(_remote_call.options(**trained).remote(threads_in_this_task))
+    assert torch_threads == 1 and pool_threads == [1], (torch_threads, pool_threads)
+    assert ray.get(_remote_call.options(**trained).remote(pid)) == worker
     assert ray.get(_remote_call.remote(threads_in_this_task))[2] == {}
 
 
