@@ -21,7 +21,9 @@ Without duplicates nothing of this runs.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from contextlib import contextmanager
+from threading import Lock
 from dataclasses import dataclass, asdict
 from typing import Iterable, Sequence
 
@@ -472,10 +474,44 @@ class _SubspaceScorer:
         x Q = (x A) R^{-1}: the coordinates of :func:`random_subspace` at a
         fraction of the cost.
         """
-        a = _null_gaussian(self.layer.dim, k, seed, index)
-        r_inverse = np.linalg.inv(np.linalg.cholesky(a.T @ a).T)
-        xa = self.x @ torch.from_numpy(a.astype(np.float32)).to(self.device)
-        return self.rho_of_projection(xa @ torch.from_numpy(r_inverse.astype(np.float32)).to(self.device))
+        a, r_inverse = _null_factors(self.layer.dim, k, seed, index)
+        xa = self.x @ a.to(self.device)
+        return self.rho_of_projection(xa @ r_inverse.to(self.device))
+
+
+NULL_FACTOR_BYTES = 256 << 20
+_null_factor_cache: OrderedDict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+_null_factor_bytes = 0
+_null_factor_lock = Lock()
+
+
+def _null_factors(d: int, k: int, seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Null ``index``'s Gaussian ``A`` (d x k) and ``R^{-1}`` (k x k, from the Cholesky factor of A^T A), float32 on
+    the CPU; kept for later calls of this process up to :data:`NULL_FACTOR_BYTES`, least recently used out first.
+    Every layer of a model and every half-sample of its texts draws the same nulls, and drawing one (the Gaussian,
+    A^T A, Cholesky, inverse) cost as much as scoring it at N = 200 here. A pure function of its arguments: a kept
+    pair is the pair computed afresh, bit for bit."""
+    global _null_factor_bytes
+    key = (int(d), int(k), int(seed), int(index))
+    with _null_factor_lock:
+        kept = _null_factor_cache.get(key)
+        if kept is not None:
+            _null_factor_cache.move_to_end(key)
+            return kept
+    a = _null_gaussian(d, k, seed, index)
+    r_inverse = np.linalg.inv(np.linalg.cholesky(a.T @ a).T)
+    kept = torch.from_numpy(a.astype(np.float32)), torch.from_numpy(r_inverse.astype(np.float32))
+    with _null_factor_lock:
+        if key not in _null_factor_cache:
+            _null_factor_cache[key] = kept
+            _null_factor_bytes += _nbytes(kept)
+        while len(_null_factor_cache) > 1 and _null_factor_bytes > NULL_FACTOR_BYTES:
+            _null_factor_bytes -= _nbytes(_null_factor_cache.popitem(last=False)[1])
+    return kept
+
+
+def _nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @contextmanager

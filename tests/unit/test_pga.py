@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr, ortho_group
 
 from raygeom.errors import InputError
@@ -216,3 +217,34 @@ def test_read_only_layers_as_ray_hands_them_out_score_the_same_and_warn_nothing(
         read_only = null_rhos(layer, 4, seed, range(5))
     np.testing.assert_array_equal(read_only, writable)
     assert [str(w.message) for w in caught] == []
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("budget", [None, 1])  # the default budget, and one that keeps a single null at a time
+def test_nulls_drawn_once_per_process_score_bit_for_bit_as_drawn_afresh(monkeypatch, seed, budget):
+    """A null's Gaussian and Cholesky inverse are kept across layers and calls: every score equals the one from an
+    empty cache, in any order, whatever the cache evicts; and the scores still match the plain QR + scipy loop."""
+    from raygeom.numerics import pga as pga_module
+
+    rng = np.random.default_rng(seed)
+    raw = [rng.standard_normal((70, 24)) for _ in range(3)]
+    layers = [prepare_layer(h, 1) for h in raw]
+    monkeypatch.setattr(pga_module, "_null_factor_cache", type(pga_module._null_factor_cache)())
+    monkeypatch.setattr(pga_module, "_null_factor_bytes", 0)
+    fresh = []
+    for layer in layers:
+        pga_module._null_factor_cache.clear()
+        pga_module._null_factor_bytes = 0
+        fresh.append(null_rhos(layer, 5, seed, range(12)))
+    if budget is not None:
+        pga_module._null_factor_cache.clear()
+        pga_module._null_factor_bytes = 0
+        monkeypatch.setattr(pga_module, "NULL_FACTOR_BYTES", budget)
+    for layer, expected in zip(layers, fresh):  # warm from the other layers, and reversed order
+        np.testing.assert_array_equal(null_rhos(layer, 5, seed, range(12)), expected)
+        np.testing.assert_array_equal(null_rhos(layer, 5, seed, range(11, -1, -1))[::-1], expected)
+    assert len(pga_module._null_factor_cache) == (12 if budget is None else 1)
+    corrected = reference.ccr(raw[0], 1)
+    plain = [spearmanr(pdist(corrected, "cosine"), pdist(corrected @ reference.null_subspace(24, 5, seed, i), "cosine"))[0]
+             for i in range(12)]
+    np.testing.assert_allclose(fresh[0], plain, atol=2e-4)
