@@ -21,16 +21,17 @@ Without duplicates nothing of this runs.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from contextlib import contextmanager
-from threading import Lock
 from dataclasses import dataclass, asdict
+from threading import Lock
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 from scipy.linalg import eigh
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from raygeom.errors import InputError
 from raygeom.numerics.limits import MIN_SAMPLES  # noqa: F401 - re-exported
@@ -525,10 +526,22 @@ def _one_cpu_thread(device: torch.device):
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with threadpool_limits(1):
+        with _thread_pools().limit(limits=1):
             yield
     finally:
         torch.set_num_threads(previous)
+
+
+_pools: tuple[int, ThreadpoolController] | None = None
+
+
+def _thread_pools() -> ThreadpoolController:
+    """This process's BLAS/OpenMP pools, found again only after an import: finding them scans every loaded library
+    (1-10 ms a call here, about 2 CPU-s of a small job's null task), and a library loads only with a module."""
+    global _pools
+    if _pools is None or _pools[0] != len(sys.modules):
+        _pools = (len(sys.modules), ThreadpoolController())
+    return _pools[1]
 
 
 def subspace_rho(layer: PreparedLayer, basis: np.ndarray, device: str | None = None) -> float:

@@ -248,3 +248,32 @@ def test_nulls_drawn_once_per_process_score_bit_for_bit_as_drawn_afresh(monkeypa
     plain = [spearmanr(pdist(corrected, "cosine"), pdist(corrected @ reference.null_subspace(24, 5, seed, i), "cosine"))[0]
              for i in range(12)]
     np.testing.assert_allclose(fresh[0], plain, atol=2e-4)
+
+
+def test_scoring_runs_every_thread_pool_at_one_thread_and_restores_them(monkeypatch):
+    """Each null is scored with torch and every BLAS/OpenMP pool at one thread (the pools are found once per set of
+    loaded modules, not per call), and the caller's settings come back afterwards, call after call."""
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from raygeom.numerics import pga as pga_module
+
+    seen = []
+    score = pga_module._SubspaceScorer.rho_of_null
+
+    def watched(self, *args):
+        seen.append((torch.get_num_threads(), sorted({pool["num_threads"] for pool in threadpool_info()})))
+        return score(self, *args)
+
+    monkeypatch.setattr(pga_module._SubspaceScorer, "rho_of_null", watched)
+    layer = prepare_layer(planted(0)[0], 1)
+    before_torch = torch.get_num_threads()
+    with threadpool_limits(2):
+        torch.set_num_threads(2)
+        before = sorted((pool["filepath"], pool["num_threads"]) for pool in threadpool_info())
+        for _ in range(3):
+            null_rhos(layer, 4, 0, range(2))
+            assert torch.get_num_threads() == 2
+            assert sorted((pool["filepath"], pool["num_threads"]) for pool in threadpool_info()) == before
+    torch.set_num_threads(before_torch)
+    assert seen == [(1, [1])] * 6
