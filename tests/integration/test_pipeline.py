@@ -209,12 +209,14 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
     import ray
     from raygeom.engine.units import _remote_call
 
-    def threads_in_this_task() -> tuple[int, list[int], dict]:  # defined here: pickled by value, not by module
+    def threads_in_this_task() -> tuple[int, list[int], dict, int]:  # defined here: pickled by value, not by module
+        import os
+
         import torch
         from threadpoolctl import threadpool_info
 
         return (torch.get_num_threads(), sorted({pool["num_threads"] for pool in threadpool_info()}),
-                dict(ray.get_runtime_context().runtime_env))
+                dict(ray.get_runtime_context().runtime_env), os.getpid())
 
     def two_torch_threads() -> tuple[int, int]:  # what a training task leaves in its worker
         import os
@@ -230,15 +232,10 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
 
         return "torch" in sys.modules, os.getpid()
 
-    def pid() -> int:
-        import os
-
-        return os.getpid()
-
     def fresh_worker(name: str) -> dict:  # a runtime env of its own: a worker no earlier task has used
         return {"num_cpus": 2, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2", "RAYGEOM_TEST_WORKER": name}}}
 
-    torch_threads, pool_threads, _ = ray.get(_remote_call.options(**fresh_worker("import-in-task")).remote(threads_in_this_task))
+    torch_threads, pool_threads, _, _ = ray.get(_remote_call.options(**fresh_worker("import-in-task")).remote(threads_in_this_task))
     assert torch_threads == 1 and pool_threads == [1], (torch_threads, pool_threads)
     # One worker (the one idle worker of its runtime env, two CPUs of two) runs a unit task, a training task, then a
     # unit task. Ray may still replace an idle worker between tasks: then the sequence is tried again in a new one.
@@ -247,8 +244,8 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
         imported, worker = ray.get(_remote_call.options(**trained).remote(torch_imported))
         assert imported is False
         raised, raised_in = ray.get(ray.remote(two_torch_threads).options(**trained).remote())
-        torch_threads, pool_threads, _ = ray.get(_remote_call.options(**trained).remote(threads_in_this_task))
-        one_worker = raised_in == worker == ray.get(_remote_call.options(**trained).remote(pid))
+        torch_threads, pool_threads, _, checked_in = ray.get(_remote_call.options(**trained).remote(threads_in_this_task))
+        one_worker = raised_in == worker == checked_in
         if one_worker:
             break
     assert one_worker, "three tries never ran the three tasks in one worker"
