@@ -4,13 +4,15 @@
   with every unit present exactly once and identical to an uninterrupted run. The same cluster then
   gets a node with 2 fake GPUs, on which extraction replicas are placed by their num_gpus request.
 - The driver of a sweep is killed (SIGKILL) mid-run: a rerun computes only the missing units.
-- The documented `ray job submit` command runs a sweep on a `ray start --head` cluster, and resubmitting it resumes.
+- docs/sweeps.md's `ray job submit` recipe runs a sweep on a `ray start --head` cluster started outside the venv,
+  resubmitting it resumes, and its last lines stop that head and no other Ray.
 
 Each separate cluster runs in a subprocess, because this process already holds the session's Ray.
 """
 
 import json
 import os
+import re
 import socket
 import shutil
 import signal
@@ -249,50 +251,95 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_the_documented_ray_job_submit_runs_a_sweep_on_a_started_head_and_resubmitting_resumes(sweep_setup, tmp_path, ray_tmp):
+def documented_recipe() -> str:
+    text = (ROOT / "docs" / "sweeps.md").read_text()
+    found = re.search(r"<!-- recipe: job-submit -->\n```bash\n(.*?)```", text, re.DOTALL)
+    assert found, "docs/sweeps.md lost its job-submit recipe"
+    return found.group(1)
+
+
+def is_ray_node(pid: int) -> bool:
+    try:
+        return any(name in Path(f"/proc/{pid}/cmdline").read_bytes() for name in (b"gcs_server", b"raylet"))
+    except OSError:
+        return False
+
+
+def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(sweep_setup, tmp_path):
+    """docs/sweeps.md's recipe, as written, against a loopback head started *outside* the venv (PATH without it,
+    as when `ray start` ran from another shell), its submit line run twice: the entrypoint names the venv's
+    interpreter, the head has its own --temp-dir, and the recipe's last lines stop that head and no other Ray."""
     root, corpus, reference = sweep_setup
     out = tmp_path / "out"
     job_file = write_sweep_job(tmp_path, out, corpus)
-    ray_cli = str(Path(sys.executable).with_name("ray"))
-    # The job's `python` is whatever the head's PATH finds; here, this venv's.
-    env = dict(subprocess_env(ray_tmp), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    dashboard = free_port()
-    started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={free_port()}", "--num-cpus=2",
-                              "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-                              # Fixed defaults (52365 ...) would collide with the agents of this session's own Ray.
-                              *(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                                       "runtime-env-agent-port", "metrics-export-port",
-                                                                       "ray-client-server-port")),
-                              f"--temp-dir={ray_tmp}", "--disable-usage-stats"], env=env, capture_output=True, text=True, timeout=120)
-    runtime_env = {"excludes": [".venv", "runs", ".git"],
-                   "env_vars": {"HF_HUB_CACHE": os.environ["HF_HUB_CACHE"], "HF_HUB_OFFLINE": "1"}}
-    submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{dashboard}", "--working-dir", str(ROOT),
-              "--runtime-env-json", json.dumps(runtime_env), "--",
-              "python", "-m", "raygeom.cli", "run", str(job_file), "--address", "auto", "--out", str(out)]
+    recipe = documented_recipe()
+    # What a test must change: this checkout's venv, free ports (this session's own Ray holds the defaults), the
+    # offline hub cache of tiny models, the tiny sweep in place of the Pythia one, and the output directory.
+    agent_ports = " ".join(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                                  "runtime-env-agent-port", "metrics-export-port",
+                                                                  "ray-client-server-port"))
+    script = (recipe.replace("VENV=$PWD/.venv", f"VENV={sys.prefix}")
+              .replace("--port=6390", f"--port={free_port()}").replace("8266", str(free_port()))
+              .replace("--disable-usage-stats", f"--disable-usage-stats {agent_ports}")
+              .replace('"HF_HUB_OFFLINE": "1"', f'"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": {json.dumps(os.environ["HF_HUB_CACHE"])}')
+              .replace("jobs/pythia-sweep.toml", str(job_file)).replace("/tmp/js/out", str(out)))
+    script = script.replace("RAY_TEMP=$(mktemp -d /tmp/rayhead-XXXXXX)", 'RAY_TEMP=$(mktemp -d /tmp/rayhead-XXXXXX); echo "head temp dir $RAY_TEMP"', 1)
+    submit_start = script.index('"$VENV/bin/ray" job submit')
+    submit_end = script.index(f"--out {out}") + len(f"--out {out}")
+    submit = script[submit_start:submit_end]
+    # Right after `ray start` the head may answer 'No available agent to submit job, please try again later'. While
+    # the head is up, its processes and sockets are listed; then the same line is submitted again.
+    script = (script[:submit_start]
+              + f'for try in $(seq 10); do {submit} > "$RAY_TEMP/first.log" 2>&1; rc=$?; '
+              'grep -q "No available agent" "$RAY_TEMP/first.log" || break; sleep 2; done; '
+              'cat "$RAY_TEMP/first.log"; echo "first submit exit $rc"\n'
+              f'pgrep -f -- "$RAY_TEMP" > {tmp_path}/head_pids; ss -tanpH > {tmp_path}/sockets\n'
+              f'echo "second submit:"; {submit}; echo "second submit exit $?"'
+              + script[submit_end:])
+    outside = {key: value for key, value in os.environ.items()
+               if not key.startswith(("VIRTUAL_ENV", "PYTHON", "RAY_", "COLUMNS", "LINES"))}
+    outside.update(PATH="/usr/local/bin:/usr/bin:/bin", RAYGEOM=str(ROOT), HOME=str(tmp_path))
+    # this session's own Ray (started by this process, so its GCS server and raylet are our children)
+    import psutil
+
+    others = [child.pid for child in psutil.Process().children(recursive=True) if is_ray_node(child.pid)]
+    assert others
+    temp = None
     try:
-        assert started.returncode == 0, started.stderr[-3000:]
-        deadline = time.time() + 90
-        while True:
-            first = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
-            # Right after `ray start` the head's job agent may not be up yet; Ray asks to try again.
-            if "No available agent" not in first.stderr or time.time() > deadline:
-                break
-            time.sleep(2)
-        cluster = set(map(str, processes_under(str(ray_tmp))))
-        sockets = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout.splitlines()
-        ours = [line.split() for line in sockets if any(f"pid={pid}," in line for pid in cluster)]
-        second = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(["bash", "-c", script], env=outside, capture_output=True, text=True, timeout=600, check=False)
+        printed = done.stdout + done.stderr
+        temp = re.search(r"head temp dir (/tmp/rayhead-\w+)", printed)
+        first, _, second = printed.partition("second submit:")
+        assert "first submit exit 0" in first and "succeeded" in first, printed[-4000:]
+        assert f"{UNITS} units, 0 already done" in " ".join(first.split()), first[-3000:]
+        rows = [line for line in first.splitlines() if line.startswith("│")]  # the log is not a terminal: names whole
+        assert rows and any("final_norm" in row for row in rows) and not any("…" in row for row in rows), first[-3000:]
+        assert "second submit exit 0" in second and f"{UNITS} already done, 0 to" in " ".join(second.split()), second[-3000:]
+        assert tidy(out / "results" / "sweep_pga.parquet") == reference
+        head = set((tmp_path / "head_pids").read_text().split())
+        ours = [line.split() for line in (tmp_path / "sockets").read_text().splitlines()
+                if any(f"pid={pid}," in line for pid in head)]
+        assert ours, "the head's processes should hold sockets"
+        loopback = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
+        assert all(fields[3].startswith(loopback) and (fields[0] == "LISTEN" or fields[4].startswith(loopback))
+                   for fields in ours), ours
+        # the recipe's last lines stopped its head ...
+        assert temp, printed[-2000:]
+        deadline = time.time() + 30
+        while processes_under(temp.group(1)) and time.time() < deadline:
+            time.sleep(0.5)
+        survivors = processes_under(temp.group(1))
+        assert not survivors, [Path(f"/proc/{pid}/cmdline").read_bytes()[:300] for pid in survivors]
+        # ... and nothing else: this session's own Ray is still up
+        import ray
+
+        assert ray.is_initialized() and ray.cluster_resources().get("CPU", 0) >= 1
+        assert all(Path(f"/proc/{pid}").exists() for pid in others)
     finally:
-        for pid in processes_under(str(ray_tmp)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert first.returncode == 0 and "succeeded" in first.stdout + first.stderr, (first.stdout + first.stderr)[-3000:]
-    assert f"{UNITS} units, 0 already done" in " ".join(first.stdout.split())
-    assert ours, "the head's processes should hold sockets"
-    loopback = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
-    assert all(fields[3].startswith(loopback) and (fields[0] == "LISTEN" or fields[4].startswith(loopback))
-               for fields in ours), ours
-    assert tidy(out / "results" / "sweep_pga.parquet") == reference
-    assert second.returncode == 0 and f"{UNITS} already done, 0 to" in " ".join(second.stdout.split()), second.stdout[-3000:]
+        if temp:
+            for pid in processes_under(temp.group(1)):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            shutil.rmtree(temp.group(1), ignore_errors=True)
