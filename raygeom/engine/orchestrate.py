@@ -75,30 +75,49 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
 
 
 def _lean_local_node(init: Callable) -> Callable:
-    """``RayParams.__init__`` for raygeom's local node, with two defaults ray.init takes no argument for:
+    """``RayParams.__init__`` for raygeom's local node, with defaults ray.init takes no argument for:
 
     - the dashboard agent's HTTP port left to the OS. The fixed default (52365) is held by any other Ray on the
       machine: the agent then retries for 3.5 s before the node comes up (every local start in a test session, or a
       second local job);
     - no log monitor. It only forwards workers' output to the driver, and raygeom's driver does not take it
       (``log_to_driver=False``); it rescans the node's log folder all the time (38 CPU-s in a 20-minute test session
-      here)."""
+      here);
+    - no autoscaler monitor: a local node has nothing to scale.
+
+    With ``include_dashboard=False`` Ray still starts a dashboard process for its usage-stats module alone (usage
+    stats are off, ``raygeom.engine.ray_env``), and ``ray.init`` waits for it: :func:`_no_dashboard_process`."""
 
     def lean(self, *args, **kwargs):
         kwargs.setdefault("dashboard_agent_listen_port", 0)
         kwargs.setdefault("include_log_monitor", False)
+        kwargs.setdefault("no_monitor", True)
         init(self, *args, **kwargs)
 
     return lean
+
+
+def _no_dashboard_process(start_api_server: Callable) -> Callable:
+    """``Node.start_api_server`` that starts nothing when the dashboard is not included: the node then has no web
+    URL, as when Ray's own start of it fails (``raise_on_failure=False``)."""
+
+    def start(self, *, include_dashboard, raise_on_failure):
+        if include_dashboard is False:
+            self._webui_url = None
+            return
+        start_api_server(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+
+    return start
 
 
 def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
         from unittest import mock
 
-        params = ray._private.parameter.RayParams
+        params, node = ray._private.parameter.RayParams, ray._private.node.Node
         try:
-            with mock.patch.object(params, "__init__", _lean_local_node(params.__init__)):
+            with mock.patch.object(params, "__init__", _lean_local_node(params.__init__)), \
+                    mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)):
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
         except Exception as error:  # ray.init raises a bare Exception when the node times out

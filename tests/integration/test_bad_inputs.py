@@ -287,19 +287,6 @@ def test_a_loopback_address_gets_the_loopback_environment_before_ray_is_imported
 
 # ------------------------------------------------------------------------------------- rich escaping
 
-def test_markup_in_out_and_model_names_is_printed_not_parsed(hub_cache, ray_address, tiny_corpus, tmp_path):
-    out = tmp_path / "a[/red]b[bold]"
-    # Wide: at rich's default 80 columns a long tmp path (xdist's adds popen-gwN/) is folded inside the name checked below.
-    result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out,
-                     "--address", ray_address, env={"COLUMNS": "1000"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "MarkupError" not in result.stderr and "Traceback" not in result.stderr
-    assert str(out) in " ".join(result.stdout.split()) or "a[/red]b[bold]" in result.stdout
-    assert (out / "results" / "pga.parquet").is_file()
-    assert_one_line(run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
-                    "unknown model 'org[/red]x/name'")
-
-
 def _terminal_sigint() -> None:
     """SIGINT as a terminal's child has it: default and unblocked. A suite started in the background by a
     non-interactive shell (`make test &`) runs with SIGINT ignored, and an ignored or blocked SIGINT survives
@@ -361,17 +348,25 @@ main()
 """
 
 
-def test_a_full_disk_is_one_line_and_leaves_no_partial_result(hub_cache, ray_address, tiny_corpus, tmp_path):
-    out = tmp_path / "out"
+def test_a_full_disk_is_one_line_leaves_no_partial_result_and_markup_in_names_is_printed_not_parsed(
+        hub_cache, ray_address, tiny_corpus, tmp_path):
+    out = tmp_path / "a[/red]b[bold]"  # rich markup in the --out path: printed as it is, never parsed
     args = ["pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out, "--address", ray_address]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     full = subprocess.run([sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
     assert_one_line(full, "the disk is full")
     results = out / "results"
     assert not [p for p in results.rglob("*") if p.is_file()] if results.exists() else True  # no unit, no temporary
-    again = run_cli(*args)  # space freed: the rerun finishes, resuming the stored extraction
+    # Space freed: the rerun finishes, resuming the stored extraction. Wide: at rich's default 80 columns a long tmp
+    # path (xdist's adds popen-gwN/) is folded inside the name checked below.
+    again = run_cli(*args, env={"COLUMNS": "1000"})
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(list((results / "pga").glob("*.parquet"))) == 2
+    assert "MarkupError" not in again.stderr and "Traceback" not in again.stderr
+    assert str(out) in " ".join(again.stdout.split()) or "a[/red]b[bold]" in again.stdout
+    assert (results / "pga.parquet").is_file()
+    assert_one_line(run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
+                    "unknown model 'org[/red]x/name'")
 
 
 def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, ray_address, tmp_path):

@@ -108,48 +108,37 @@ def test_missing_job_file(tmp_path):
     assert_clean_failure(run_cli("run", tmp_path / "nope.toml"), "job file not found")
 
 
-def test_sigterm_stops_the_local_ray_it_started(hub_cache, tiny_corpus, tmp_path):
+def test_sigterm_ends_a_run_like_ctrl_c_with_exit_143_and_stops_the_local_ray_it_started(hub_cache, tiny_corpus, tmp_path):
+    """SIGTERM while PGA runs on the local Ray the CLI started: the interrupted line and 128 + 15, not Ray's abseil
+    stack dump and SIGABRT (-6), and every process of that Ray ends with it."""
     import signal
     import time
 
     import psutil
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--k", "8", "--n-null", "200", "--corpus", tiny_corpus,
-                                "--out", tmp_path / "out", "--num-cpus", "1"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    parent = psutil.Process(process.pid)
-    deadline = time.time() + 120
-    children = []
-    while time.time() < deadline and not any("raylet" in " ".join(c.cmdline()) for c in children if c.is_running()):
-        time.sleep(0.5)
-        try:
-            children = parent.children(recursive=True)
-        except psutil.NoSuchProcess:
-            break
-    assert children, "the CLI should have started a local Ray"
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) != 0
-    gone, alive = psutil.wait_procs(children, timeout=30)
-    assert not alive, [" ".join(p.cmdline())[:80] for p in alive]
-
-
-def test_sigterm_ends_a_run_like_ctrl_c_with_exit_143(hub_cache, ray_address, tiny_corpus, tmp_path):
-    """SIGTERM while PGA runs: the interrupted line and 128 + 15, not Ray's abseil stack dump and SIGABRT (-6)."""
-    import signal
-    import time
-
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY[:-2], "--n-null", "100000", "--k", "8",
-                                "--corpus", tiny_corpus, "--out", out, "--address", ray_address], env=env,
+                                "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(process.pid)
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None and not list(out.glob("activations/**/_COMPLETE.json")):
         time.sleep(0.2)
     assert process.poll() is None, process.communicate()
+    children = parent.children(recursive=True)
+
+    def cmdline(child) -> str:
+        try:
+            return " ".join(child.cmdline())
+        except psutil.Error:  # ended meanwhile
+            return ""
+
+    assert any("raylet" in cmdline(child) for child in children), "the CLI should have started a local Ray"
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 143, (process.returncode, stderr[-2000:])
     assert stderr.count("interrupted; finished units are kept, rerun to resume") == 1, stderr[-2000:]  # was printed twice
     assert "SIGTERM received" not in stderr and "Traceback" not in stderr + stdout, stderr[-2000:]
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [cmdline(child)[:80] for child in alive]

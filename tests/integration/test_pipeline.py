@@ -178,10 +178,11 @@ def test_local_ray_traffic_stays_on_loopback(ray_local):
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in peers), peers
 
 
-def test_a_local_ray_leaves_its_agent_port_to_the_os_and_runs_no_log_monitor(ray_local):
+def test_a_local_ray_leaves_its_agent_port_to_the_os_and_runs_no_monitor_or_dashboard(ray_local):
     """Ray's fixed agent port (52365) is held by any other Ray on the machine (the other test worker's), and the agent
     then retries for 3.5 s before the node starts; raygeom's local Ray takes any free port, and its agent serves it.
-    Its driver takes no worker output (log_to_driver=False), so the node runs no log monitor to forward it."""
+    Its driver takes no worker output (log_to_driver=False), so the node runs no log monitor to forward it; nor an
+    autoscaler monitor (nothing to scale), nor the usage-stats-only dashboard that include_dashboard=False leaves."""
     import psutil
     import ray
 
@@ -191,6 +192,10 @@ def test_a_local_ray_leaves_its_agent_port_to_the_os_and_runs_no_log_monitor(ray
     ours = [c for c in map(_cmdline, psutil.process_iter()) if any(session in part for part in c)]
     assert any("gcs_server" in " ".join(c) for c in ours), ours  # the node's processes are found by its session dir
     assert not [c for c in ours if "log_monitor.py" in " ".join(c)], ours
+    assert not [c for c in ours if "autoscaler/_private/monitor.py" in " ".join(c)], ours
+    assert not [c for c in ours if "dashboard/dashboard.py" in " ".join(c)], ours
+    assert ray._private.worker.global_worker.node.webui_url is None
+    assert any("raylet" in " ".join(c) for c in ours) and ray.cluster_resources().get("CPU") == 2  # the node itself serves
 
 
 def _cmdline(process) -> list[str]:
