@@ -232,3 +232,22 @@ def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(
     assert list(figures_of(tmp_path)["sweep"].figures[0].data[0].y) == expected
     heatmap = report._step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
     assert list(heatmap.data[0].y) == expected
+
+
+@pytest.mark.parametrize("default", ["plotly", "plotly_dark", None])
+def test_figures_start_from_plotly_white_and_the_callers_default_template_is_restored(grid, default):
+    import plotly.io as pio
+    import plotly.graph_objects as go
+
+    root, _ = grid
+    white = pio.templates["plotly_white"].layout.plot_bgcolor
+    before = pio.templates.default
+    pio.templates.default = default
+    try:
+        sections = report.build_sections(root)
+        assert pio.templates.default == default
+        assert go.Figure().layout.template == (pio.templates[default] if default else go.layout.Template())
+    finally:
+        pio.templates.default = before
+    figures = [figure for section in sections for figure in section.figures]
+    assert figures and all(figure.layout.template.layout.plot_bgcolor == white for figure in figures)
