@@ -144,6 +144,18 @@ def _revision_order(revisions) -> list[str]:
     return sorted(set(revisions), key=lambda v: (_step(v) is None, _step(v) or 0, v))
 
 
+def _setting_key(value):
+    """A setting's value as a set or dict key that tells apart what its JSON tells apart (1 from 1.0 and True, NaN
+    equal to NaN), without encoding every scalar: reports of the full Pythia grid key a million cells."""
+    if isinstance(value, float):
+        return (float, "nan") if value != value else (float, value)
+    if value is None or isinstance(value, (str, int)):
+        return (type(value), value)
+    if isinstance(value, np.integer):
+        return (int, int(value))
+    return json.dumps(value, default=str)
+
+
 def pga_rows(root: Path) -> list[dict]:
     """Every PGA row the store holds: the per-unit rows, the job table and the sweep's tidy table, one row
     per measurement (the sweep table's row wins: it adds step, size and the weights flag). Two units with the
@@ -156,7 +168,7 @@ def pga_rows(root: Path) -> list[dict]:
             if row.get("z") is None and row.get("rho_readout") is None:
                 continue
             rho = row.get("rho_readout")
-            key = (*(json.dumps(row.get(c), default=str) for c in ("model", "revision", "layer", *VARIANT_COLUMNS)),
+            key = (*(_setting_key(row.get(c)) for c in ("model", "revision", "layer", *VARIANT_COLUMNS)),
                    round(rho, 9) if _finite(rho) else row.get("unit_key"))
             merged[key] = {**merged.get(key, {}), **{k: v for k, v in row.items() if v is not None}}
     return list(merged.values())
@@ -190,7 +202,7 @@ def _colour(i: int) -> str:
 
 def _variants(rows: list[dict]) -> list[str]:
     """The setting columns that take more than one value across ``rows``."""
-    return [c for c in VARIANT_COLUMNS if len({json.dumps(r.get(c), default=str) for r in rows}) > 1]
+    return [c for c in VARIANT_COLUMNS if len({_setting_key(r.get(c)) for r in rows}) > 1]
 
 
 def _variant_label(row: dict, columns: list[str]) -> str:
@@ -204,7 +216,7 @@ def series(rows: list[dict], base: tuple[str, ...] = ("model", "revision"), extr
     column (VARIANT_COLUMNS and ``extra``) that varies across ``rows``; each line sorted by ``x``. A line that
     would still hold two rows at one x (a setting no column names) is split by its unit key."""
     varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if c not in base
-               and len({json.dumps(r.get(c), default=str) for r in rows}) > 1]
+               and len({_setting_key(r.get(c)) for r in rows}) > 1]
     lines: dict[str, list[dict]] = {}
     for row in rows:
         label = "@".join(str(row.get(c)) for c in base if row.get(c) is not None)
@@ -232,13 +244,12 @@ def _visible_revisions(revisions: list[str], keep: int = VISIBLE_REVISIONS) -> s
 
 def _band(fig, x, lo, hi, colour: str, group: str, visible, **where) -> None:
     """A filled interval behind a line, in the line's legend group so one click hides both (``where``: row/col)."""
-    import plotly.graph_objects as go
 
     keep = np.isfinite(lo) & np.isfinite(hi)
     if not keep.any():
         return
     x, lo, hi = np.asarray(x)[keep], lo[keep], hi[keep]
-    fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
+    fig.add_trace(dict(type="scatter", x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
                              line={"width": 0}, fillcolor=colour, opacity=0.18, hoverinfo="skip", showlegend=False,
                              legendgroup=group, visible=visible), **where)
 
@@ -287,7 +298,7 @@ def settings_runs(rows: list[dict], by: tuple[str, ...] = ("model", "revision"))
     columns = [c for c in SETTING_COLUMNS if any(c in r for r in rows)]
     runs: dict = {}
     for row in rows:
-        key = tuple(json.dumps(row.get(c), default=str) for c in columns)
+        key = tuple(_setting_key(row.get(c)) for c in columns)
         run = runs.setdefault(key, {"settings": {c: row.get(c) for c in columns}, "rows": 0, "cover": {b: set() for b in by}})
         run["rows"] += 1
         for b in by:
@@ -313,7 +324,6 @@ def _settings_block(rows: list[dict], by: tuple[str, ...] = ("model", "revision"
 # ----------------------------------------------------------------------------------- sections
 
 def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
-    import plotly.graph_objects as go
 
     rows = [r for r in rows if r.get("relative_depth") is not None]
     if not rows:
@@ -357,7 +367,7 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
                      + (" [%{customdata[3]:.2f}, %{customdata[4]:.2f}]" if has_band else "")
                      + "<br>rho_readout = %{customdata[0]:.4f}<br>null %{customdata[1]:.4f} ± %{customdata[2]:.4f}"
                      "<br>N = %{customdata[5]}<extra></extra>")
-            fig.add_trace(go.Scatter(x=x, y=_num(line, "z"), mode="lines+markers", marker={"size": 4}, line={"color": colour},
+            fig.add_trace(dict(type="scatter", x=x, y=_num(line, "z"), mode="lines+markers", marker={"size": 4}, line={"color": colour},
                                      name=label, legendgroup=label, visible=shown, text=[r["layer"] for r in line],
                                      customdata=extra, hovertemplate=hover))
         _zero_lines(fig)
@@ -369,7 +379,7 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
         for i, (label, line) in enumerate(series(finals).items()):
             if has_band:
                 _band(fig, _num(line, "relative_depth"), _num(line, "z_lo"), _num(line, "z_hi"), _colour(i), label, True)
-            fig.add_trace(go.Scatter(x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
+            fig.add_trace(dict(type="scatter", x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
                                      legendgroup=label, line={"color": _colour(i)}, marker={"size": 4},
                                      text=[r["layer"] for r in line], hovertemplate=_hover("%{text}: z = %{y:.2f}", label)))
         _zero_lines(fig)
@@ -380,7 +390,6 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
 
 def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | None:
     """Heatmaps of z over (revision x layer), one per model and setting, for models with several revisions."""
-    import plotly.graph_objects as go
 
     variants = _variants(rows)
     groups: dict = {}
@@ -415,18 +424,18 @@ def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | 
                    yaxis_title="layer")
         hover = ("%{y} @ %{x}<br>z = %{z:.2f}" + (" [%{customdata[0]:.2f}, %{customdata[1]:.2f}]" if has_band else "")
                  + "<br>rho_readout = %{customdata[2]:.4f}<extra></extra>")
-        fig.add_trace(go.Heatmap(z=z, x=revisions, y=layers, customdata=extra, colorscale="RdBu", reversescale=True, zmid=0,
+        fig.add_trace(dict(type="heatmap", z=z, x=revisions, y=layers, customdata=extra, colorscale="RdBu", reversescale=True, zmid=0,
                                  zmin=-bound, zmax=bound, colorbar={"title": {"text": "z"}}, hovertemplate=hover,
                                  hoverongaps=False, name="z"))
         if has_band:
             crossing = np.isfinite(extra[..., 0]) & (extra[..., 0] <= 0) & (extra[..., 1] >= 0)
             ii, jj = np.nonzero(crossing)
-            fig.add_trace(go.Scatter(x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
+            fig.add_trace(dict(type="scatter", x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
                                      marker={"symbol": "circle-open", "size": 6, "color": "black", "line": {"width": 1}},
                                      name="interval contains 0", hoverinfo="skip", showlegend=True))
         flags = {r["revision"]: r.get("weights_flag") for r in group if r.get("weights_flag")}
         if flags:
-            fig.add_trace(go.Scatter(x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
+            fig.add_trace(dict(type="scatter", x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
                                      marker={"symbol": "diamond", "size": 9, "color": "gold",
                                              "line": {"color": "black", "width": 1}},
                                      text=list(flags.values()), hovertemplate="%{x}: %{text}<extra></extra>"))
@@ -457,7 +466,6 @@ def _tick_positions(steps: list[int | None], most: int = 24) -> list[int]:
 
 def diagnostics_section(root: Path) -> Section | None:
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     path = root / "results" / "diagnostics_layers.parquet"
     rows = _read(path)
@@ -486,13 +494,13 @@ def diagnostics_section(root: Path) -> Section | None:
                 interval = _interval(group, column)
                 if interval is not None:
                     _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True, row=p, col=1)
-                fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
+                fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
                                          showlegend=p == 1, text=[r["layer"] for r in group],
                                          hovertemplate=_hover("%{text}: " + name + " = %{y:.4g}", label)),
                               row=p, col=1)
                 if column == "pc1_readout_share" and any(_finite(r.get("pc1_readout_chance")) for r in group):
-                    fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
+                    fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
                                              line={"color": _colour(i), "dash": "dot", "width": 1}, legendgroup=label,
                                              showlegend=False, name=f"{label} chance k/d", hoverinfo="skip"), row=p, col=1)
         if any(m[0] == "condition_number" for m in panels):
@@ -509,7 +517,7 @@ def diagnostics_section(root: Path) -> Section | None:
                     interval = _interval(group, f"z_ccr{rank}")
                     if interval is not None:
                         _band(fig, _num(group, "relative_depth"), *interval, _colour(i * len(ranks) + j), name, True)
-                    fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
+                    fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
                                              marker={"size": 4, "symbol": j}, line={"color": _colour(i * len(ranks) + j)},
                                              name=name, legendgroup=name, text=[r["layer"] for r in group],
                                              hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(name) + "</extra>"))
@@ -523,10 +531,10 @@ def diagnostics_section(root: Path) -> Section | None:
             interval = _interval(group, "accuracy")
             if interval is not None:
                 _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True)
-            fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
+            fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
                                      name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
                                      hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))
-            fig.add_trace(go.Scatter(x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
+            fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
                                      showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip",
                                      name=f"{label} chance"))
         section.figures.append(fig)
@@ -538,7 +546,6 @@ def analysis_sections(root: Path) -> list[Section]:
     """A section per registered analysis the store holds rows of (raygeom.analyses.registry): each declared
     metric against depth, one line per model, revision and setting, with its interval as a band and its chance
     level dotted; and, for a model with several revisions, a (revision x layer) heatmap per setting."""
-    import plotly.graph_objects as go
 
     from raygeom.analyses import registry
 
@@ -569,12 +576,12 @@ def analysis_sections(root: Path) -> list[Section]:
                 x = _num(line, "relative_depth")
                 if metric.lo and metric.hi:
                     _band(fig, x, _num(line, metric.lo), _num(line, metric.hi), _colour(i), label, shown)
-                fig.add_trace(go.Scatter(x=x, y=_num(line, metric.column), mode="lines+markers", marker={"size": 4},
+                fig.add_trace(dict(type="scatter", x=x, y=_num(line, metric.column), mode="lines+markers", marker={"size": 4},
                                          line={"color": _colour(i)}, name=label, legendgroup=label, visible=shown,
                                          text=[r["layer"] for r in line], meta={"series": label},
                                          hovertemplate=_hover("%{text}: " + html.escape(metric.title) + " = %{y:.4g}", label)))
                 if metric.chance:
-                    fig.add_trace(go.Scatter(x=x, y=_num(line, metric.chance), mode="lines", legendgroup=label,
+                    fig.add_trace(dict(type="scatter", x=x, y=_num(line, metric.chance), mode="lines", legendgroup=label,
                                              showlegend=False, visible=shown, name=f"{label} chance", hoverinfo="skip",
                                              meta={"series": label, "role": "chance"},
                                              line={"color": _colour(i), "dash": "dot", "width": 1}))
@@ -587,11 +594,10 @@ def analysis_sections(root: Path) -> list[Section]:
 
 def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> list:
     """(revision x layer) heatmaps of one metric, one per model and setting that has several revisions."""
-    import plotly.graph_objects as go
 
     figures = []
     groups: dict = {}
-    varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if len({json.dumps(r.get(c), default=str) for r in rows}) > 1]
+    varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if len({_setting_key(r.get(c)) for r in rows}) > 1]
     for row in rows:
         groups.setdefault((row["model"], _variant_label(row, varying)), []).append(row)
     for (model, variant), group in sorted(groups.items()):
@@ -613,7 +619,7 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
         hover = "%{y} @ %{x}<br>" + html.escape(metric.title) + " = %{z:.4g}"
         if metric.lo and metric.hi:
             hover += " [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
-        fig.add_trace(go.Heatmap(z=values, x=revisions, y=layers, customdata=bounds, colorscale="Viridis",
+        fig.add_trace(dict(type="heatmap", z=values, x=revisions, y=layers, customdata=bounds, colorscale="Viridis",
                                  colorbar={"title": {"text": metric.title}}, hovertemplate=hover + "<extra></extra>",
                                  hoverongaps=False, name=metric.column))
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=revisions, tickangle=-60, tickfont={"size": 8},
@@ -625,7 +631,6 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
 
 def converge_section(root: Path) -> Section | None:
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     path = root / "results" / "converge.parquet"
     rows = _read(path) or _read_dir(root / "results" / "converge")
@@ -654,7 +659,7 @@ def converge_section(root: Path) -> Section | None:
         for n, (name, label) in enumerate(titles.items()):
             row, col = n // 2 + 1, n % 2 + 1
             is_z = name == "z"
-            fig.add_trace(go.Heatmap(z=grids[name], x=b_layers, y=a_layers, colorscale="RdBu" if is_z else "Viridis",
+            fig.add_trace(dict(type="heatmap", z=grids[name], x=b_layers, y=a_layers, colorscale="RdBu" if is_z else "Viridis",
                                      reversescale=is_z, zmin=-bound if is_z else low, zmax=bound if is_z else high,
                                      showscale=n in (0, 3), name=label,
                                      colorbar={"len": 0.42, "y": 0.79 if n == 0 else 0.21,
@@ -673,7 +678,6 @@ def converge_section(root: Path) -> Section | None:
 
 def dispersion_section(root: Path) -> Section | None:
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     results = root / "results"
     layers = _read(results / "dispersion_layers.parquet")
@@ -692,7 +696,7 @@ def dispersion_section(root: Path) -> Section | None:
                                                                                 "domain_tokens"))
         for i, (model, part) in enumerate(lines.items()):
             for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
-                fig.add_trace(go.Scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
+                fig.add_trace(dict(type="scatter", x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
                                          showlegend=c == 1, text=[r["layer"] for r in part],
                                          hovertemplate=_hover("%{text}: %{y:.4f}", model)), row=1, col=c)
@@ -713,7 +717,7 @@ def dispersion_section(root: Path) -> Section | None:
                        xaxis_title="group mean perplexity", yaxis_title="group mean token dispersion", xaxis_type="log")
             for i, layer in enumerate(names):
                 line = sorted((r for r in part if r["layer"] == layer), key=lambda r: r["mean_perplexity"])
-                fig.add_trace(go.Scatter(x=_num(line, "mean_perplexity"), y=_num(line, "mean_dispersion"), mode="markers",
+                fig.add_trace(dict(type="scatter", x=_num(line, "mean_perplexity"), y=_num(line, "mean_dispersion"), mode="markers",
                                          marker={"size": 5, "color": _colour(i)}, name=layer,
                                          visible=True if layer in shown else "legendonly",
                                          hovertemplate=_hover("perplexity %{x:.2f}, dispersion %{y:.4f}", layer)))
@@ -722,7 +726,7 @@ def dispersion_section(root: Path) -> Section | None:
         fig = _fig("Per domain: dispersion against perplexity", xaxis_title="perplexity", yaxis_title="token dispersion")
         for i, model in enumerate(dict.fromkeys(r["model"] for r in domains)):
             part = [r for r in domains if r["model"] == model]
-            fig.add_trace(go.Scatter(x=_num(part, "perplexity"), y=_num(part, "token_dispersion"), mode="markers+text",
+            fig.add_trace(dict(type="scatter", x=_num(part, "perplexity"), y=_num(part, "token_dispersion"), mode="markers+text",
                                      text=[r.get("domain") for r in part], textposition="top center",
                                      marker={"size": 8, "color": _colour(i)},
                                      name=model, hovertemplate="%{text}: perplexity %{x:.2f}, dispersion %{y:.4f}<extra>"
@@ -733,7 +737,7 @@ def dispersion_section(root: Path) -> Section | None:
         labels = [f"{r['model']}@{r['revision']}" for r in select]
         fig = _fig(f"Dispersion gap at {select[0].get('layer')} (domain tokens: {select[0].get('domain_tokens')})",
                    xaxis_title="candidate", yaxis_title="gap G (domain minus generic dispersion)")
-        fig.add_trace(go.Bar(x=labels, y=_num(select, "gap"), name="gap", customdata=_num(select, "perplexity"),
+        fig.add_trace(dict(type="bar", x=labels, y=_num(select, "gap"), name="gap", customdata=_num(select, "perplexity"),
                              hovertemplate="%{x}<br>gap %{y:.4f}<br>perplexity %{customdata:.2f}<extra></extra>"))
         section.figures.append(fig)
         section.tables.append("<h4>Checkpoint selection by the gap</h4>" + _table_html(select))
@@ -742,7 +746,6 @@ def dispersion_section(root: Path) -> Section | None:
 
 def knn_section(root: Path) -> Section | None:
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     directory = root / "results" / "knn"
     if not directory.is_dir():
@@ -768,14 +771,14 @@ def knn_section(root: Path) -> Section | None:
             interval = {"type": "data", "symmetric": False,  # 95 % bootstrap interval of the difference to the base LM
                         "array": np.nan_to_num(base + _num(part, "delta_hi") - ppl),
                         "arrayminus": np.nan_to_num(ppl - base - _num(part, "delta_lo"))}
-        fig.add_trace(go.Scatter(x=names, y=ppl, mode="lines+markers", name="kNN-LM perplexity", error_y=interval,
+        fig.add_trace(dict(type="scatter", x=names, y=ppl, mode="lines+markers", name="kNN-LM perplexity", error_y=interval,
                                  customdata=np.stack([_num(part, "lam"), _num(part, "temperature")], axis=1),
                                  hovertemplate="%{x}: %{y:.3f} (lambda %{customdata[0]:.2f}, T %{customdata[1]:.3g})"
                                                "<extra></extra>"),
                       secondary_y=False)
-        fig.add_trace(go.Scatter(x=names, y=_num(part, "base_perplexity"), mode="lines", line={"dash": "dash"},
+        fig.add_trace(dict(type="scatter", x=names, y=_num(part, "base_perplexity"), mode="lines", line={"dash": "dash"},
                                  name="base LM perplexity", hovertemplate="%{y:.3f}<extra>base</extra>"), secondary_y=False)
-        fig.add_trace(go.Scatter(x=names, y=_num(part, "dispersion"), mode="lines+markers", name="datastore dispersion",
+        fig.add_trace(dict(type="scatter", x=names, y=_num(part, "dispersion"), mode="lines+markers", name="datastore dispersion",
                                  marker={"symbol": "square", "size": 5}, hovertemplate="%{x}: %{y:.4f}<extra>dispersion</extra>"),
                       secondary_y=True)
         fig.update_yaxes(title_text="held-out perplexity", secondary_y=False)
@@ -794,7 +797,6 @@ def knn_section(root: Path) -> Section | None:
 
 def train_section(root: Path) -> Section | None:
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     runs_path = root / "results" / "train_runs.parquet"
     runs = {r.get("key"): r for r in _read_dir(root / "results" / "train_runs") + _read(runs_path) if r.get("key")}
@@ -817,7 +819,7 @@ def train_section(root: Path) -> Section | None:
         evals = [h for h in history if _finite(h.get("heldout_perplexity"))]
         for c, (x, y) in enumerate([(steps, _num(history, "lm_loss")), (steps, _num(history, "dispersion")),
                                     (_num(evals, "step"), _num(evals, "heldout_perplexity"))], start=1):
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if c == 3 else "lines", line={"color": colour, "width": 1},
+            fig.add_trace(dict(type="scatter", x=x, y=y, mode="lines+markers" if c == 3 else "lines", line={"color": colour, "width": 1},
                                      marker={"size": 4}, name=label, legendgroup=label, showlegend=c == 1,
                                      hovertemplate="step %{x}: %{y:.4g}<extra>" + html.escape(label) + "</extra>"), row=1, col=c)
         section.files.append(history_path)
@@ -840,7 +842,6 @@ def train_section(root: Path) -> Section | None:
 def trajectory_section(root: Path) -> Section | None:
     """A trained trajectory's checkpoints: dispersion over steps per layer, the gap G beside held-out perplexity."""
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     results = root / "results"
     by_step = [r for r in _read(results / "trajectory_dispersion.parquet") if r.get("step") is not None]
@@ -859,7 +860,7 @@ def trajectory_section(root: Path) -> Section | None:
         shown = _visible_revisions(layers, 4)
         for i, layer in enumerate(layers):
             line = sorted((r for r in by_step if r["layer"] == layer), key=lambda r: r["step"])
-            fig.add_trace(go.Scatter(x=_num(line, "step") + 1, y=_num(line, "token_dispersion"), mode="lines+markers",
+            fig.add_trace(dict(type="scatter", x=_num(line, "step") + 1, y=_num(line, "token_dispersion"), mode="lines+markers",
                                      marker={"size": 4}, line={"color": _colour(i)}, name=layer,
                                      visible=True if layer in shown else "legendonly", text=[r["revision"] for r in line],
                                      hovertemplate="%{text}: %{y:.4f}<extra>" + html.escape(layer) + "</extra>"))
@@ -869,11 +870,11 @@ def trajectory_section(root: Path) -> Section | None:
         fig = make_subplots(specs=[[{"secondary_y": True}]])
         x = _num(checkpoints, "step") + 1
         names = [r["revision"] for r in checkpoints]
-        fig.add_trace(go.Scatter(x=x, y=_num(checkpoints, "gap"), mode="lines+markers", name="gap G", text=names,
+        fig.add_trace(dict(type="scatter", x=x, y=_num(checkpoints, "gap"), mode="lines+markers", name="gap G", text=names,
                                  customdata=_num(checkpoints, "select_rank"),
                                  hovertemplate="%{text}: G = %{y:.4f} (select rank %{customdata})<extra></extra>"),
                       secondary_y=False)
-        fig.add_trace(go.Scatter(x=x, y=_num(checkpoints, "heldout_perplexity"), mode="lines+markers", name="held-out perplexity",
+        fig.add_trace(dict(type="scatter", x=x, y=_num(checkpoints, "heldout_perplexity"), mode="lines+markers", name="held-out perplexity",
                                  text=names, line={"dash": "dot"}, hovertemplate="%{text}: %{y:.3f}<extra>perplexity</extra>"),
                       secondary_y=True)
         fig.update_xaxes(type="log", title_text="training step + 1")
@@ -893,7 +894,6 @@ def width_section(root: Path) -> Section | None:
     step x layer with the widths side by side (a row per seed), and z at the last checkpoint against depth, one line
     per width (the seed mean; the band spans the seeds' 95 % intervals)."""
     from plotly.subplots import make_subplots
-    import plotly.graph_objects as go
 
     path = root / "results" / "width_pga.parquet"
     rows = [r for r in _read(path) if r.get("width") is not None and _finite(r.get("z"))]
@@ -918,7 +918,7 @@ def width_section(root: Path) -> Section | None:
                 values = np.full((len(layers), len(steps)), np.nan)
                 for r in cell:
                     values[layers.index(r["layer"]), steps.index(r["step"])] = r["z"]
-                fig.add_trace(go.Heatmap(z=values, x=[str(s) for s in steps], y=layers, zmin=-limit, zmax=limit,
+                fig.add_trace(dict(type="heatmap", z=values, x=[str(s) for s in steps], y=layers, zmin=-limit, zmax=limit,
                                          colorscale="RdBu", reversescale=True, showscale=i == 0 and j == 0,
                                          hovertemplate=f"d = {width}, seed {seed}<br>" + "%{y} @ step %{x}: z = %{z:.2f}<extra></extra>"),
                               row=i + 1, col=j + 1)
@@ -936,7 +936,7 @@ def width_section(root: Path) -> Section | None:
             hi = [max((r.get("z_hi") if _finite(r.get("z_hi")) else r["z"]) for r in last if r["relative_depth"] == v) for v in x]
             label = f"d = {width}"
             _band(depth, np.array(x), np.array(lo), np.array(hi), _colour(j), label, True)
-            depth.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", line={"color": _colour(j)}, name=label,
+            depth.add_trace(dict(type="scatter", x=x, y=mean, mode="lines+markers", line={"color": _colour(j)}, name=label,
                                        legendgroup=label, meta={"series": f"{label} {name}"},
                                        hovertemplate=_hover("depth %{x:.2f}: mean z over seeds = %{y:.2f}", label)))
         _zero_lines(depth)
