@@ -71,7 +71,7 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
     for row in rows:
         if row.get("z") is not None and row["z"] == row["z"]:
             groups.setdefault((row["model"], row["revision"]), []).append(row)
-    table = Table(title=f"Subspace PGA over the sweep ({len(groups)} model revisions)", title_justify="left")
+    table = Table(title=f"Subspace PGA over the sweep ({counted(len(groups), 'model revision')})", title_justify="left")
     for name in ("model", "revision", "step", "layers", "max z ± 95%", "at", "min z ± 95%", "at", "collapse zone"):
         table.add_column(name, justify="left" if name in ("model", "revision", "at") else "right")
 
@@ -90,6 +90,11 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
     if len(shown) < len(keys):
         table.caption = f"{len(shown)} of {len(keys)} revisions shown, evenly spaced; all are in the tidy table"
     return table
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 model``, ``5 models``."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
 def print_pga(console: Console, rows: list[dict]) -> None:

@@ -27,6 +27,7 @@ import pytest
 from rich.console import Console
 
 from raygeom.jobspec import load_job
+from raygeom.testing import write_tiny_job
 from test_sweep import UNITS, first_run, tidy, write_sweep_job
 
 pytestmark = pytest.mark.integration
@@ -43,6 +44,7 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     from rich.console import Console
 
     from raygeom.jobspec import load_job
+from raygeom.testing import write_tiny_job
     from raygeom.jobs.pipeline import run_sweep_job
 
     job_file, report_path = sys.argv[1], sys.argv[2]
@@ -271,7 +273,12 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
     interpreter, the head has its own --temp-dir, and the recipe's last lines stop that head and no other Ray."""
     root, corpus, reference = sweep_setup
     out = tmp_path / "out"
-    job_file = write_sweep_job(tmp_path, out, corpus)
+    # One checkpoint of the session's sweep (4 units, one model load; its lowest z is at final_norm, the longest
+    # layer name in the log's table): the recipe is under test here, not the sweep.
+    job_file = write_tiny_job(tmp_path / "sweep.toml", "tiny-sweep", out, corpus, sweep='sizes = ["31m"]\nrevisions = ["step1000"]\n')
+    reference = [row for row in reference if (row["repo"], row["revision"]) == ("EleutherAI/pythia-31m", "step1000")]
+    units = len(reference)
+    assert units == 4
     recipe = documented_recipe()
     # What a test must change: this checkout's venv, free ports (this session's own Ray holds the defaults), the
     # offline hub cache of tiny models, the tiny sweep in place of the Pythia one, and the output directory.
@@ -311,10 +318,10 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
         temp = re.search(r"head temp dir (/tmp/rayhead-\w+)", printed)
         first, _, second = printed.partition("second submit:")
         assert "first submit exit 0" in first and "succeeded" in first, printed[-4000:]
-        assert f"{UNITS} units, 0 already done" in " ".join(first.split()), first[-3000:]
+        assert f"{units} units, 0 already done" in " ".join(first.split()), first[-3000:]
         rows = [line for line in first.splitlines() if line.startswith("│")]  # the log is not a terminal: names whole
         assert rows and any("final_norm" in row for row in rows) and not any("…" in row for row in rows), first[-3000:]
-        assert "second submit exit 0" in second and f"{UNITS} already done, 0 to" in " ".join(second.split()), second[-3000:]
+        assert "second submit exit 0" in second and f"{units} already done, 0 to" in " ".join(second.split()), second[-3000:]
         assert tidy(out / "results" / "sweep_pga.parquet") == reference
         head = set((tmp_path / "head_pids").read_text().split())
         ours = [line.split() for line in (tmp_path / "sockets").read_text().splitlines()
