@@ -26,6 +26,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from raygeom.engine.ray_env import prepare_local_ray_environment  # noqa: E402
 
+import typer.testing  # noqa: E402
+
+# CliRunner builds the app's whole click tree at every invoke (0.1-0.2 s); raygeom's app keeps the one it built.
+_build_command = typer.testing._get_command
+typer.testing._get_command = lambda app: app.click_command() if hasattr(app, "click_command") else _build_command(app)
+
 prepare_local_ray_environment()
 
 TINY_REVISIONS = ("step0", "step1000", "step143000")

@@ -36,7 +36,21 @@ try:  # typer >= 0.20 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on click itself
     from click.exceptions import ClickException as UsageErrors
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+class _Typer(typer.Typer):
+    """A Typer that builds its click command tree once (again only when commands are added): Typer builds it, every
+    command's parameters from its signature, at each call, 0.1-0.2 s here, and in-process callers call it often."""
+
+    def click_command(self):
+        key = (len(self.registered_commands), len(self.registered_groups))
+        if getattr(self, "_built", (None, None))[0] != key:
+            self._built = (key, typer.main.get_command(self))
+        return self._built[1]
+
+    def __call__(self, *args, **kwargs):
+        return self.click_command()(*args, **kwargs)
+
+
+app = _Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Measure how a language model organises its hidden-state geometry for prediction.")
 console = SafeConsole(width=output_width())
 errors = SafeConsole(stderr=True)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from raygeom.report import figures as report
+from raygeom.report.figures import counted
 from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
 from raygeom.jobs import experiment
@@ -194,7 +195,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
             request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
     total, done = plan.all_units()
-    console.print(f"sweep {escape(job.name)}: {report.counted(len(plan.revisions), 'revision')} of {report.counted(len(by_model), 'model')}, {total:,} units, "
+    console.print(f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, {total:,} units, "
                   f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster")
     counter = {"pga": 0}
     with progress_bar(console) as progress:
