@@ -44,7 +44,6 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     from rich.console import Console
 
     from raygeom.jobspec import load_job
-from raygeom.testing import write_tiny_job
     from raygeom.jobs.pipeline import run_sweep_job
 
     job_file, report_path = sys.argv[1], sys.argv[2]
