@@ -372,13 +372,15 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
     units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
     for analysis. ``progress(kind, n)`` gets kind ``texts`` (per batch), ``extract`` (per revision),
     ``stored`` (per revision whose extraction is read back from the store: no forward pass), ``pga_units`` (a
-    revision's engine progress total, when it lands) or ``pga``; callers ignore the rest. An extraction of other
+    revision's engine progress total, when it lands), ``pga_more`` (steps a unit added: --n-null auto) or ``pga``;
+    callers ignore the rest. An extraction of other
     settings of the same (model, revision) is left as it is: each has its own place in the store.
     """
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
-    runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads)
+    runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads,
+                        grow=lambda n: progress("pga_more", n))
     extraction_units: dict[tuple[str, str, str], list[str]] = {}
 
     def analyse(item: SweepItem, info: dict, units: list[Unit] | None = None) -> None:

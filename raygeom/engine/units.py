@@ -57,9 +57,13 @@ class UnitRunner:
     """Runs units to completion on Ray; units can be added while others run (streaming)."""
 
     def __init__(self, store: Store, progress: Callable[[int], None] | None = None,
-                 warn: Callable[[str], None] | None = None, units_in_flight: int = UNITS_IN_FLIGHT):
+                 warn: Callable[[str], None] | None = None, units_in_flight: int = UNITS_IN_FLIGHT,
+                 grow: Callable[[int], None] | None = None):
+        """``progress(n)``: n more steps done, of the units' ``cost`` in all; ``grow(n)``: a unit asked for n steps
+        more than its cost (``More``: --n-null auto), so a progress bar's total can follow."""
         self.store = store
         self.progress = progress or (lambda n: None)
+        self.grow = grow or (lambda n: None)
         self.warn = warn or (lambda message: None)
         self.units_in_flight = units_in_flight
         self.rows: dict[str, list[dict]] = {}
@@ -112,7 +116,7 @@ class UnitRunner:
         for step in unit.prepare:
             args = [self._arg(v) for v in step.args]
             prepared.append(_remote_call.options(**step.options).remote(step.fn, *args))
-        state = {"unit": unit, "prepared": prepared, "values": {}, "parts": list(unit.parts)}
+        state = {"unit": unit, "prepared": prepared, "values": {}, "parts": list(unit.parts), "counted": 0}
         self._active[unit.key] = state
         # Preparation is waited on through the parts that consume it; count it as done once they run.
         for index, step in enumerate(state["parts"]):
@@ -142,7 +146,7 @@ class UnitRunner:
             rows = unit.degenerate(str(cause))
             self.rows[key] = [rows] if isinstance(rows, dict) else rows
             self.warn(f"{unit.label}: not computed: {cause}")
-            self.progress(unit.cost)
+            self.progress(len(unit.prepare) + len(state["parts"]) - state["counted"])  # what is left of its steps
             return
         for other in list(self._active):
             self._drop(other)
@@ -163,6 +167,7 @@ class UnitRunner:
         if isinstance(produced, More):
             start = len(state["parts"])
             state["parts"].extend(produced.parts)
+            self.grow(len(produced.parts))
             for offset, step in enumerate(produced.parts):
                 self._submit(key, step, start + offset, state["prepared"])
             return
@@ -195,6 +200,7 @@ class UnitRunner:
                 continue
             state = self._active[key]
             state["values"][index] = value
+            state["counted"] += 1
             self.progress(1)
             if len(state["values"]) == len(state["parts"]):
                 self._complete(key)

@@ -114,7 +114,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
         def advance(kind: str, n: int) -> None:
             if kind == "texts":
                 progress.advance(extract_task, n)
-            elif kind == "pga_units":  # a revision landed: its layers are known now
+            elif kind in ("pga_units", "pga_more"):  # a revision landed (its layers are known now), or auto nulls
                 pga_total[0] += n
                 progress.update(pga_task, total=pga_total[0])
             elif kind == "pga":
@@ -213,6 +213,8 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         def advance(kind: str, n: int) -> None:
             if kind == "pga":
                 counter["pga"] += n
+            if kind == "pga_more":  # --n-null auto asked for more null blocks than planned
+                progress.update(pga_task, total=next(t.total for t in progress.tasks if t.id == pga_task) + n)
             if kind in ("extract", "pga"):
                 progress.advance(extract_task if kind == "extract" else pga_task, n)
 
