@@ -51,7 +51,7 @@ class _Typer(typer.Typer):
 
 
 app = _Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Measure how a language model organises its hidden-state geometry for prediction.")
+             help="Measure how a language model organises its hidden-state geometry for prediction.")
 console = SafeConsole(width=output_width())
 errors = SafeConsole(stderr=True)
 

@@ -116,7 +116,7 @@ class UnitRunner:
         for step in unit.prepare:
             args = [self._arg(v) for v in step.args]
             prepared.append(_remote_call.options(**step.options).remote(step.fn, *args))
-        state = {"unit": unit, "prepared": prepared, "values": {}, "parts": list(unit.parts), "counted": 0}
+        state = {"unit": unit, "prepared": prepared, "values": {}, "parts": list(unit.parts)}
         self._active[unit.key] = state
         # Preparation is waited on through the parts that consume it; count it as done once they run.
         for index, step in enumerate(state["parts"]):
@@ -146,7 +146,7 @@ class UnitRunner:
             rows = unit.degenerate(str(cause))
             self.rows[key] = [rows] if isinstance(rows, dict) else rows
             self.warn(f"{unit.label}: not computed: {cause}")
-            self.progress(len(unit.prepare) + len(state["parts"]) - state["counted"])  # what is left of its steps
+            self.progress(len(unit.prepare) + len(state["parts"]) - len(state["values"]))  # what is left of its steps
             return
         for other in list(self._active):
             self._drop(other)
@@ -200,7 +200,6 @@ class UnitRunner:
                 continue
             state = self._active[key]
             state["values"][index] = value
-            state["counted"] += 1
             self.progress(1)
             if len(state["values"]) == len(state["parts"]):
                 self._complete(key)
