@@ -195,7 +195,8 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
             request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
     total, done = plan.all_units()
-    console.print(f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, {total:,} units, "
+    console.print(f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, "
+                  f"{total:,} units, "
                   f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster")
     counter = {"pga": 0}
     with progress_bar(console) as progress:

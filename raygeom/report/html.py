@@ -196,6 +196,15 @@ def _fig(title: str, height: int = 420, **layout):
     return fig
 
 
+def _trace(kind: str):
+    """A trace as a dict for ``fig.add_trace``: plotly validates it once there (a ``go.Scatter`` is validated when
+    made and again when added)."""
+    return lambda **properties: {"type": kind, **properties}
+
+
+_scatter, _heatmap, _bar = _trace("scatter"), _trace("heatmap"), _trace("bar")
+
+
 def _colour(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
@@ -249,7 +258,7 @@ def _band(fig, x, lo, hi, colour: str, group: str, visible, **where) -> None:
     if not keep.any():
         return
     x, lo, hi = np.asarray(x)[keep], lo[keep], hi[keep]
-    fig.add_trace(dict(type="scatter", x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
+    fig.add_trace(_scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
                              line={"width": 0}, fillcolor=colour, opacity=0.18, hoverinfo="skip", showlegend=False,
                              legendgroup=group, visible=visible), **where)
 
@@ -367,7 +376,7 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
                      + (" [%{customdata[3]:.2f}, %{customdata[4]:.2f}]" if has_band else "")
                      + "<br>rho_readout = %{customdata[0]:.4f}<br>null %{customdata[1]:.4f} ± %{customdata[2]:.4f}"
                      "<br>N = %{customdata[5]}<extra></extra>")
-            fig.add_trace(dict(type="scatter", x=x, y=_num(line, "z"), mode="lines+markers", marker={"size": 4}, line={"color": colour},
+            fig.add_trace(_scatter(x=x, y=_num(line, "z"), mode="lines+markers", marker={"size": 4}, line={"color": colour},
                                      name=label, legendgroup=label, visible=shown, text=[r["layer"] for r in line],
                                      customdata=extra, hovertemplate=hover))
         _zero_lines(fig)
@@ -379,7 +388,7 @@ def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
         for i, (label, line) in enumerate(series(finals).items()):
             if has_band:
                 _band(fig, _num(line, "relative_depth"), _num(line, "z_lo"), _num(line, "z_hi"), _colour(i), label, True)
-            fig.add_trace(dict(type="scatter", x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
+            fig.add_trace(_scatter(x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
                                      legendgroup=label, line={"color": _colour(i)}, marker={"size": 4},
                                      text=[r["layer"] for r in line], hovertemplate=_hover("%{text}: z = %{y:.2f}", label)))
         _zero_lines(fig)
@@ -424,18 +433,18 @@ def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | 
                    yaxis_title="layer")
         hover = ("%{y} @ %{x}<br>z = %{z:.2f}" + (" [%{customdata[0]:.2f}, %{customdata[1]:.2f}]" if has_band else "")
                  + "<br>rho_readout = %{customdata[2]:.4f}<extra></extra>")
-        fig.add_trace(dict(type="heatmap", z=z, x=revisions, y=layers, customdata=extra, colorscale="RdBu", reversescale=True, zmid=0,
+        fig.add_trace(_heatmap(z=z, x=revisions, y=layers, customdata=extra, colorscale="RdBu", reversescale=True, zmid=0,
                                  zmin=-bound, zmax=bound, colorbar={"title": {"text": "z"}}, hovertemplate=hover,
                                  hoverongaps=False, name="z"))
         if has_band:
             crossing = np.isfinite(extra[..., 0]) & (extra[..., 0] <= 0) & (extra[..., 1] >= 0)
             ii, jj = np.nonzero(crossing)
-            fig.add_trace(dict(type="scatter", x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
+            fig.add_trace(_scatter(x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
                                      marker={"symbol": "circle-open", "size": 6, "color": "black", "line": {"width": 1}},
                                      name="interval contains 0", hoverinfo="skip", showlegend=True))
         flags = {r["revision"]: r.get("weights_flag") for r in group if r.get("weights_flag")}
         if flags:
-            fig.add_trace(dict(type="scatter", x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
+            fig.add_trace(_scatter(x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
                                      marker={"symbol": "diamond", "size": 9, "color": "gold",
                                              "line": {"color": "black", "width": 1}},
                                      text=list(flags.values()), hovertemplate="%{x}: %{text}<extra></extra>"))
@@ -494,13 +503,13 @@ def diagnostics_section(root: Path) -> Section | None:
                 interval = _interval(group, column)
                 if interval is not None:
                     _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True, row=p, col=1)
-                fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
+                fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
                                          showlegend=p == 1, text=[r["layer"] for r in group],
                                          hovertemplate=_hover("%{text}: " + name + " = %{y:.4g}", label)),
                               row=p, col=1)
                 if column == "pc1_readout_share" and any(_finite(r.get("pc1_readout_chance")) for r in group):
-                    fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
+                    fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
                                              line={"color": _colour(i), "dash": "dot", "width": 1}, legendgroup=label,
                                              showlegend=False, name=f"{label} chance k/d", hoverinfo="skip"), row=p, col=1)
         if any(m[0] == "condition_number" for m in panels):
@@ -517,7 +526,7 @@ def diagnostics_section(root: Path) -> Section | None:
                     interval = _interval(group, f"z_ccr{rank}")
                     if interval is not None:
                         _band(fig, _num(group, "relative_depth"), *interval, _colour(i * len(ranks) + j), name, True)
-                    fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
+                    fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
                                              marker={"size": 4, "symbol": j}, line={"color": _colour(i * len(ranks) + j)},
                                              name=name, legendgroup=name, text=[r["layer"] for r in group],
                                              hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(name) + "</extra>"))
@@ -531,10 +540,10 @@ def diagnostics_section(root: Path) -> Section | None:
             interval = _interval(group, "accuracy")
             if interval is not None:
                 _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True)
-            fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
+            fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
                                      name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
                                      hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))
-            fig.add_trace(dict(type="scatter", x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
+            fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
                                      showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip",
                                      name=f"{label} chance"))
         section.figures.append(fig)
@@ -576,12 +585,12 @@ def analysis_sections(root: Path) -> list[Section]:
                 x = _num(line, "relative_depth")
                 if metric.lo and metric.hi:
                     _band(fig, x, _num(line, metric.lo), _num(line, metric.hi), _colour(i), label, shown)
-                fig.add_trace(dict(type="scatter", x=x, y=_num(line, metric.column), mode="lines+markers", marker={"size": 4},
+                fig.add_trace(_scatter(x=x, y=_num(line, metric.column), mode="lines+markers", marker={"size": 4},
                                          line={"color": _colour(i)}, name=label, legendgroup=label, visible=shown,
                                          text=[r["layer"] for r in line], meta={"series": label},
                                          hovertemplate=_hover("%{text}: " + html.escape(metric.title) + " = %{y:.4g}", label)))
                 if metric.chance:
-                    fig.add_trace(dict(type="scatter", x=x, y=_num(line, metric.chance), mode="lines", legendgroup=label,
+                    fig.add_trace(_scatter(x=x, y=_num(line, metric.chance), mode="lines", legendgroup=label,
                                              showlegend=False, visible=shown, name=f"{label} chance", hoverinfo="skip",
                                              meta={"series": label, "role": "chance"},
                                              line={"color": _colour(i), "dash": "dot", "width": 1}))
@@ -619,7 +628,7 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
         hover = "%{y} @ %{x}<br>" + html.escape(metric.title) + " = %{z:.4g}"
         if metric.lo and metric.hi:
             hover += " [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
-        fig.add_trace(dict(type="heatmap", z=values, x=revisions, y=layers, customdata=bounds, colorscale="Viridis",
+        fig.add_trace(_heatmap(z=values, x=revisions, y=layers, customdata=bounds, colorscale="Viridis",
                                  colorbar={"title": {"text": metric.title}}, hovertemplate=hover + "<extra></extra>",
                                  hoverongaps=False, name=metric.column))
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=revisions, tickangle=-60, tickfont={"size": 8},
@@ -659,7 +668,7 @@ def converge_section(root: Path) -> Section | None:
         for n, (name, label) in enumerate(titles.items()):
             row, col = n // 2 + 1, n % 2 + 1
             is_z = name == "z"
-            fig.add_trace(dict(type="heatmap", z=grids[name], x=b_layers, y=a_layers, colorscale="RdBu" if is_z else "Viridis",
+            fig.add_trace(_heatmap(z=grids[name], x=b_layers, y=a_layers, colorscale="RdBu" if is_z else "Viridis",
                                      reversescale=is_z, zmin=-bound if is_z else low, zmax=bound if is_z else high,
                                      showscale=n in (0, 3), name=label,
                                      colorbar={"len": 0.42, "y": 0.79 if n == 0 else 0.21,
@@ -696,7 +705,7 @@ def dispersion_section(root: Path) -> Section | None:
                                                                                 "domain_tokens"))
         for i, (model, part) in enumerate(lines.items()):
             for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
-                fig.add_trace(dict(type="scatter", x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
+                fig.add_trace(_scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
                                          marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
                                          showlegend=c == 1, text=[r["layer"] for r in part],
                                          hovertemplate=_hover("%{text}: %{y:.4f}", model)), row=1, col=c)
@@ -717,7 +726,7 @@ def dispersion_section(root: Path) -> Section | None:
                        xaxis_title="group mean perplexity", yaxis_title="group mean token dispersion", xaxis_type="log")
             for i, layer in enumerate(names):
                 line = sorted((r for r in part if r["layer"] == layer), key=lambda r: r["mean_perplexity"])
-                fig.add_trace(dict(type="scatter", x=_num(line, "mean_perplexity"), y=_num(line, "mean_dispersion"), mode="markers",
+                fig.add_trace(_scatter(x=_num(line, "mean_perplexity"), y=_num(line, "mean_dispersion"), mode="markers",
                                          marker={"size": 5, "color": _colour(i)}, name=layer,
                                          visible=True if layer in shown else "legendonly",
                                          hovertemplate=_hover("perplexity %{x:.2f}, dispersion %{y:.4f}", layer)))
@@ -726,7 +735,7 @@ def dispersion_section(root: Path) -> Section | None:
         fig = _fig("Per domain: dispersion against perplexity", xaxis_title="perplexity", yaxis_title="token dispersion")
         for i, model in enumerate(dict.fromkeys(r["model"] for r in domains)):
             part = [r for r in domains if r["model"] == model]
-            fig.add_trace(dict(type="scatter", x=_num(part, "perplexity"), y=_num(part, "token_dispersion"), mode="markers+text",
+            fig.add_trace(_scatter(x=_num(part, "perplexity"), y=_num(part, "token_dispersion"), mode="markers+text",
                                      text=[r.get("domain") for r in part], textposition="top center",
                                      marker={"size": 8, "color": _colour(i)},
                                      name=model, hovertemplate="%{text}: perplexity %{x:.2f}, dispersion %{y:.4f}<extra>"
@@ -737,7 +746,7 @@ def dispersion_section(root: Path) -> Section | None:
         labels = [f"{r['model']}@{r['revision']}" for r in select]
         fig = _fig(f"Dispersion gap at {select[0].get('layer')} (domain tokens: {select[0].get('domain_tokens')})",
                    xaxis_title="candidate", yaxis_title="gap G (domain minus generic dispersion)")
-        fig.add_trace(dict(type="bar", x=labels, y=_num(select, "gap"), name="gap", customdata=_num(select, "perplexity"),
+        fig.add_trace(_bar(x=labels, y=_num(select, "gap"), name="gap", customdata=_num(select, "perplexity"),
                              hovertemplate="%{x}<br>gap %{y:.4f}<br>perplexity %{customdata:.2f}<extra></extra>"))
         section.figures.append(fig)
         section.tables.append("<h4>Checkpoint selection by the gap</h4>" + _table_html(select))
@@ -771,14 +780,14 @@ def knn_section(root: Path) -> Section | None:
             interval = {"type": "data", "symmetric": False,  # 95 % bootstrap interval of the difference to the base LM
                         "array": np.nan_to_num(base + _num(part, "delta_hi") - ppl),
                         "arrayminus": np.nan_to_num(ppl - base - _num(part, "delta_lo"))}
-        fig.add_trace(dict(type="scatter", x=names, y=ppl, mode="lines+markers", name="kNN-LM perplexity", error_y=interval,
+        fig.add_trace(_scatter(x=names, y=ppl, mode="lines+markers", name="kNN-LM perplexity", error_y=interval,
                                  customdata=np.stack([_num(part, "lam"), _num(part, "temperature")], axis=1),
                                  hovertemplate="%{x}: %{y:.3f} (lambda %{customdata[0]:.2f}, T %{customdata[1]:.3g})"
                                                "<extra></extra>"),
                       secondary_y=False)
-        fig.add_trace(dict(type="scatter", x=names, y=_num(part, "base_perplexity"), mode="lines", line={"dash": "dash"},
+        fig.add_trace(_scatter(x=names, y=_num(part, "base_perplexity"), mode="lines", line={"dash": "dash"},
                                  name="base LM perplexity", hovertemplate="%{y:.3f}<extra>base</extra>"), secondary_y=False)
-        fig.add_trace(dict(type="scatter", x=names, y=_num(part, "dispersion"), mode="lines+markers", name="datastore dispersion",
+        fig.add_trace(_scatter(x=names, y=_num(part, "dispersion"), mode="lines+markers", name="datastore dispersion",
                                  marker={"symbol": "square", "size": 5}, hovertemplate="%{x}: %{y:.4f}<extra>dispersion</extra>"),
                       secondary_y=True)
         fig.update_yaxes(title_text="held-out perplexity", secondary_y=False)
@@ -819,7 +828,7 @@ def train_section(root: Path) -> Section | None:
         evals = [h for h in history if _finite(h.get("heldout_perplexity"))]
         for c, (x, y) in enumerate([(steps, _num(history, "lm_loss")), (steps, _num(history, "dispersion")),
                                     (_num(evals, "step"), _num(evals, "heldout_perplexity"))], start=1):
-            fig.add_trace(dict(type="scatter", x=x, y=y, mode="lines+markers" if c == 3 else "lines", line={"color": colour, "width": 1},
+            fig.add_trace(_scatter(x=x, y=y, mode="lines+markers" if c == 3 else "lines", line={"color": colour, "width": 1},
                                      marker={"size": 4}, name=label, legendgroup=label, showlegend=c == 1,
                                      hovertemplate="step %{x}: %{y:.4g}<extra>" + html.escape(label) + "</extra>"), row=1, col=c)
         section.files.append(history_path)
@@ -860,7 +869,7 @@ def trajectory_section(root: Path) -> Section | None:
         shown = _visible_revisions(layers, 4)
         for i, layer in enumerate(layers):
             line = sorted((r for r in by_step if r["layer"] == layer), key=lambda r: r["step"])
-            fig.add_trace(dict(type="scatter", x=_num(line, "step") + 1, y=_num(line, "token_dispersion"), mode="lines+markers",
+            fig.add_trace(_scatter(x=_num(line, "step") + 1, y=_num(line, "token_dispersion"), mode="lines+markers",
                                      marker={"size": 4}, line={"color": _colour(i)}, name=layer,
                                      visible=True if layer in shown else "legendonly", text=[r["revision"] for r in line],
                                      hovertemplate="%{text}: %{y:.4f}<extra>" + html.escape(layer) + "</extra>"))
@@ -870,11 +879,11 @@ def trajectory_section(root: Path) -> Section | None:
         fig = make_subplots(specs=[[{"secondary_y": True}]])
         x = _num(checkpoints, "step") + 1
         names = [r["revision"] for r in checkpoints]
-        fig.add_trace(dict(type="scatter", x=x, y=_num(checkpoints, "gap"), mode="lines+markers", name="gap G", text=names,
+        fig.add_trace(_scatter(x=x, y=_num(checkpoints, "gap"), mode="lines+markers", name="gap G", text=names,
                                  customdata=_num(checkpoints, "select_rank"),
                                  hovertemplate="%{text}: G = %{y:.4f} (select rank %{customdata})<extra></extra>"),
                       secondary_y=False)
-        fig.add_trace(dict(type="scatter", x=x, y=_num(checkpoints, "heldout_perplexity"), mode="lines+markers", name="held-out perplexity",
+        fig.add_trace(_scatter(x=x, y=_num(checkpoints, "heldout_perplexity"), mode="lines+markers", name="held-out perplexity",
                                  text=names, line={"dash": "dot"}, hovertemplate="%{text}: %{y:.3f}<extra>perplexity</extra>"),
                       secondary_y=True)
         fig.update_xaxes(type="log", title_text="training step + 1")
@@ -918,7 +927,7 @@ def width_section(root: Path) -> Section | None:
                 values = np.full((len(layers), len(steps)), np.nan)
                 for r in cell:
                     values[layers.index(r["layer"]), steps.index(r["step"])] = r["z"]
-                fig.add_trace(dict(type="heatmap", z=values, x=[str(s) for s in steps], y=layers, zmin=-limit, zmax=limit,
+                fig.add_trace(_heatmap(z=values, x=[str(s) for s in steps], y=layers, zmin=-limit, zmax=limit,
                                          colorscale="RdBu", reversescale=True, showscale=i == 0 and j == 0,
                                          hovertemplate=f"d = {width}, seed {seed}<br>" + "%{y} @ step %{x}: z = %{z:.2f}<extra></extra>"),
                               row=i + 1, col=j + 1)
@@ -936,7 +945,7 @@ def width_section(root: Path) -> Section | None:
             hi = [max((r.get("z_hi") if _finite(r.get("z_hi")) else r["z"]) for r in last if r["relative_depth"] == v) for v in x]
             label = f"d = {width}"
             _band(depth, np.array(x), np.array(lo), np.array(hi), _colour(j), label, True)
-            depth.add_trace(dict(type="scatter", x=x, y=mean, mode="lines+markers", line={"color": _colour(j)}, name=label,
+            depth.add_trace(_scatter(x=x, y=mean, mode="lines+markers", line={"color": _colour(j)}, name=label,
                                        legendgroup=label, meta={"series": f"{label} {name}"},
                                        hovertemplate=_hover("depth %{x:.2f}: mean z over seeds = %{y:.2f}", label)))
         _zero_lines(depth)

@@ -274,7 +274,8 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
     out = tmp_path / "out"
     # One checkpoint of the session's sweep (4 units, one model load; its lowest z is at final_norm, the longest
     # layer name in the log's table): the recipe is under test here, not the sweep.
-    job_file = write_tiny_job(tmp_path / "sweep.toml", "tiny-sweep", out, corpus, sweep='sizes = ["31m"]\nrevisions = ["step1000"]\n')
+    job_file = write_tiny_job(tmp_path / "sweep.toml", "tiny-sweep", out, corpus,
+                              sweep='sizes = ["31m"]\nrevisions = ["step1000"]\n')
     reference = [row for row in reference if (row["repo"], row["revision"]) == ("EleutherAI/pythia-31m", "step1000")]
     units = len(reference)
     assert units == 4
