@@ -102,9 +102,9 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
     prefix = replica.tokenizer.convert_ids_to_tokens(described["special_prefix"])
 
     def pooled(nll: bool):
-        def run() -> None:
-            for part in batches:
-                replica.pooled(part, settings, layers, nll=nll)
+        def run() -> None:  # as the engine drives it: `threads` batches at once, one torch thread each
+            for first in range(0, len(batches), threads):
+                replica.pooled_batches(batches[first:first + threads], settings, layers, nll=nll)
         return run
 
     actor = replica_actor.create(spec, 0, threads)
@@ -112,7 +112,8 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
 
     def remote() -> None:
         # Held batches are keyed by index, so repeats overwrite them instead of piling up.
-        ray.get([actor.run_batch.remote(i, part, settings, layers, False) for i, part in enumerate(batches)])
+        ray.get([actor.run_batches.remote(first, batches[first:first + threads], settings, layers, False)
+                 for first in range(0, len(batches), threads)])
 
     sides = {"bare": bare, "replica": pooled(False), "replica+nll": pooled(True), "actor": remote}
     for run in sides.values():  # warm-up: first kernels, allocator

@@ -22,7 +22,7 @@ import numpy as np
 
 from raygeom.errors import InputError
 from raygeom.numerics import pga
-from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
 
@@ -94,8 +94,9 @@ def layer_activations(model, tokenizer, texts: list[str], settings: ExtractionSe
     (128 tokens, last-token pooling, batches of 16)."""
     settings = settings or ExtractionSettings()
     chosen = _chosen_layers(model, layers)
-    batches = [extract_batch(model, tokenizer, texts[i:i + settings.batch_size], settings, chosen, nll=nll)
-               for i in range(0, len(texts), settings.batch_size)]
+    # As the CLI's replicas extract: one torch thread per batch, as many batches at once as torch has threads here.
+    parts = [texts[i:i + settings.batch_size] for i in range(0, len(texts), settings.batch_size)]
+    batches = extract_batches(model, tokenizer, parts, settings, chosen, nll=nll)
     if not batches:
         raise InputError("no texts given")
     return ({n: np.concatenate([b.pooled[n] for b in batches]) for n in chosen},

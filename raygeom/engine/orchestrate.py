@@ -291,9 +291,13 @@ class Extractions:
         layers = select_layers(described["layers"], request.layer_selection)
         self.store.invalidate(spec.slug, spec.revision, request.key())
         size = settings.batch_size
-        for index, begin in enumerate(range(0, len(texts), size)):
-            part = texts[begin:begin + size]
-            self.waiting[actor.run_batch.remote(index, part, settings, layers, request.nll, spec=spec)] = ("batch", number, len(part))
+        parts = [texts[begin:begin + size] for begin in range(0, len(texts), size)]
+        # A CPU replica computes as many batches at once as it has threads, one thread each (Replica.pooled_batches).
+        group = int(described.get("threads") or 1) if described.get("device") == "cpu" else 1
+        for first in range(0, len(parts), group):
+            some = parts[first:first + group]
+            self.waiting[actor.run_batches.remote(first, some, settings, layers, request.nll, spec=spec)] = (
+                "batch", number, sum(len(part) for part in some))
         extra = {"model": spec.name, "revision": spec.revision, "corpus": request.corpus.name,
                  "corpus_fingerprint": request.corpus.fingerprint(), "step": spec.step}
         ref = actor.write_extraction.remote(str(self.store.root), request.key(), texts, request.corpus.labels, request.corpus.name,

@@ -7,6 +7,8 @@ logits are made only for the loss, a slice of positions at a time.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,6 +24,7 @@ from raygeom.sources import model_surgery
 
 # Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
 LOGIT_CHUNK_ELEMENTS = 1 << 26
+_HOOKS = threading.Lock()
 
 
 @dataclass
@@ -63,6 +66,17 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
     names = model_surgery.layer_names(model)
     blocks = model_surgery.blocks(model)
     handles = []
+    # Several threads may run forward passes of one model at once (extract_batches): a hook serves only the
+    # thread that registered it, and hooks are added and removed one thread at a time.
+    owner = threading.get_ident()
+
+    def attach(module: nn.Module, function, pre: bool = False) -> None:
+        def mine(*args):
+            return function(*args) if threading.get_ident() == owner else None
+
+        with _HOOKS:
+            handles.append(module.register_forward_pre_hook(mine, with_kwargs=True) if pre
+                           else module.register_forward_hook(mine))
 
     def first_input(args, kwargs):
         return args[0] if args else kwargs["hidden_states"]
@@ -99,15 +113,15 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
                 reduce(f"{block_name}.resid_mid", held.pop("input") + out)
 
         if formed:
-            handles.append(block.register_forward_pre_hook(keep_input, with_kwargs=True))
+            attach(block, keep_input, pre=True)
         if "attn_out" in subs or formed:
-            handles.append(model_surgery.sublayer_module(model, index, points.attn_out).register_forward_hook(attn_hook))
+            attach(model_surgery.sublayer_module(model, index, points.attn_out), attn_hook)
         if "resid_mid" in subs and not formed:
             module = model_surgery.sublayer_module(model, index, points.resid_mid)
-            handles.append(module.register_forward_pre_hook(input_hook(f"{block_name}.resid_mid"), with_kwargs=True))
+            attach(module, input_hook(f"{block_name}.resid_mid"), pre=True)
         if "mlp_out" in subs:
             module = model_surgery.sublayer_module(model, index, points.mlp_out)
-            handles.append(module.register_forward_hook(output_hook(f"{block_name}.mlp_out")))
+            attach(module, output_hook(f"{block_name}.mlp_out"))
 
     inside: dict[str, set[str]] = {}
     for name in wanted:
@@ -119,18 +133,19 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
         raise RaygeomError(f"no layer {unknown[0]} in this model (layers: {names[0]} .. {names[-1]})")
     try:
         if "embed" in wanted:
-            handles.append(blocks[0].register_forward_pre_hook(block_input_hook, with_kwargs=True))
+            attach(blocks[0], block_input_hook, pre=True)
         for index, (name, block) in enumerate(zip(names[1:-1], blocks)):
             if name in wanted:
-                handles.append(block.register_forward_hook(output_hook(name)))
+                attach(block, output_hook(name))
             if name in inside:
                 register_inside(index, name, inside[name])
         if "final_norm" in wanted:
-            handles.append(model_surgery.final_norm(model).register_forward_hook(output_hook("final_norm")))
+            attach(model_surgery.final_norm(model), output_hook("final_norm"))
         yield
     finally:
-        for handle in handles:
-            handle.remove()
+        with _HOOKS:
+            for handle in handles:
+                handle.remove()
 
 
 def per_sample_nll(model: nn.Module, final_hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -185,3 +200,17 @@ def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: Extra
         if not np.isfinite(values).all():
             raise RaygeomError(f"layer {name} produced NaN or inf activations")
     return BatchActivations(pooled, losses, mask.sum(1).cpu().numpy())
+
+
+def extract_batches(model: nn.Module, tokenizer, parts: list[list[str]], settings: ExtractionSettings,
+                    layers: list[str] | None = None, nll: bool = True, threads: int | None = None) -> list[BatchActivations]:
+    """:func:`extract_batch` of each part. On CPU every part runs on one torch thread, up to ``threads`` parts at once
+    (default: torch's thread count here): torch's CPU kernels split one batch across threads in ways that change its
+    last bits (scaled_dot_product_attention, RMSNorm: measured), so a part's numbers would depend on how many CPUs
+    its replica got. One thread per part makes them the same for any ``threads``, on any node."""
+    if next(model.parameters()).device.type != "cpu":
+        return [extract_batch(model, tokenizer, part, settings, layers, nll=nll) for part in parts]
+    workers = max(1, min(int(threads or torch.get_num_threads()), len(parts)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="raygeom-extract", initializer=torch.set_num_threads,
+                            initargs=(1,)) as pool:
+        return list(pool.map(lambda part: extract_batch(model, tokenizer, part, settings, layers, nll=nll), parts))

@@ -84,7 +84,8 @@ def serving(method):
 
 
 class Replica:
-    """Holds one model; ``threads`` (CPU) is the torch thread count, normally the CPUs Ray gave the actor."""
+    """Holds one model. ``threads`` (CPU), normally the CPUs Ray gave the actor: the batches extracted at once (one
+    torch thread each), and the torch thread count of token-level work."""
 
     def __init__(self, spec: ModelSpec, device: str = "cpu", device_map: str | None = None, threads: int | None = None):
         import torch
@@ -163,19 +164,33 @@ class Replica:
     def pooled(self, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
                nll: bool = False) -> BatchActivations:
         """Pooled vectors of one batch of texts; NLL only when asked (NaN otherwise)."""
-        from raygeom.replica.extract import extract_batch
+        return self.pooled_batches([texts], settings, layers, nll)[0]
+
+    def pooled_batches(self, parts: list[list[str]], settings: ExtractionSettings, layers: list[str] | None = None,
+                       nll: bool = False) -> list[BatchActivations]:
+        """``pooled`` of several batches, ``threads`` of them at once on CPU, each on one torch thread, so that the
+        numbers do not depend on the CPUs this replica was given (:func:`raygeom.replica.extract.extract_batches`)."""
+        from raygeom.replica.extract import extract_batches
 
         self._ready()
         start = time.perf_counter()
-        out = extract_batch(self.model, self.tokenizer, texts, settings, layers, nll=nll)
+        out = extract_batches(self.model, self.tokenizer, parts, settings, layers, nll=nll, threads=self.threads)
         self.forward_seconds += time.perf_counter() - start
         return out
 
     @serving
     def run_batch(self, index: int, texts: list[str], settings: ExtractionSettings, layers: list[str], nll: bool) -> int:
         """``pooled``, kept here for ``write_extraction``; returns the number of texts."""
-        self.held[index] = self.pooled(texts, settings, layers, nll)
-        return len(texts)
+        return self.run_batches(index, [texts], settings, layers, nll)
+
+    @serving
+    def run_batches(self, first: int, parts: list[list[str]], settings: ExtractionSettings, layers: list[str],
+                    nll: bool) -> int:
+        """Batches ``first``, ``first + 1``, ... at once (``pooled_batches``), kept for ``write_extraction``; returns
+        the number of texts."""
+        for offset, batch in enumerate(self.pooled_batches(parts, settings, layers, nll)):
+            self.held[first + offset] = batch
+        return sum(len(part) for part in parts)
 
     @serving
     def write_extraction(self, root: str, key: str, texts: list[str], labels: list[str] | None, corpus_name: str,
@@ -191,9 +206,9 @@ class Replica:
         self._ready()
         size = settings.batch_size
         starts = list(range(0, len(texts), size))
-        for index, start in enumerate(starts):
-            if index not in self.held:
-                self.run_batch(index, texts[start:start + size], settings, layers, nll)
+        missing = [index for index in range(len(starts)) if index not in self.held]
+        parts = [texts[starts[index]:starts[index] + size] for index in missing]
+        self.held.update(zip(missing, self.pooled_batches(parts, settings, layers, nll)))
         ordered = [self.held[i] for i in range(len(starts))]
         store, slug, revision = Store(root), self.spec.slug, self.spec.revision
         all_layers = model_surgery.layer_names(self.model)
@@ -236,8 +251,8 @@ class Replica:
         self._ready()
         store, slug, revision = Store(root), self.spec.slug, self.spec.revision
         size = settings.batch_size
-        losses = np.concatenate([self.pooled(texts[s:s + size], settings, [], nll=True).nll
-                                 for s in range(0, len(texts), size)])
+        parts = [texts[s:s + size] for s in range(0, len(texts), size)]
+        losses = np.concatenate([batch.nll for batch in self.pooled_batches(parts, settings, [], nll=True)])
         import pyarrow as pa
 
         samples = store.read_samples(slug, revision, key)
