@@ -39,6 +39,7 @@ from raygeom.numerics.dispersion import (
 from raygeom.numerics.distributions import pearson, spearman
 from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
 from raygeom.report.figures import format_interval, pyplot, save_figure
+from raygeom.replica.settings import batches_at_once
 from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
@@ -165,12 +166,15 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
         n_bytes = _get(worker.chunk_bytes.remote(chunks, spec=spec))
         n = len(domains)
         bounds = [(s, min(n, s + settings.batch_size)) for s in range(0, n, settings.batch_size)]
-        refs = [worker.statistics.remote(chunks[s:e], layers, settings.domain_tokens, spec=spec) for s, e in bounds]
+        group = batches_at_once(described)
+        groups = [bounds[i:i + group] for i in range(0, len(bounds), group)]
+        refs = [worker.statistics_batches.remote([chunks[s:e] for s, e in some], layers, settings.domain_tokens, spec=spec)
+                for some in groups]
         results = []
-        for ref, (s, e) in zip(refs, bounds):
-            results.append(_get(ref))
+        for ref, some in zip(refs, groups):
+            results.extend(_get(ref))
             if progress:
-                progress(e - s)
+                progress(sum(e - s for s, e in some))
         handed_on = True
     finally:
         from raygeom.engine import replica_actor

@@ -42,6 +42,7 @@ from raygeom.engine.contract import Step, Unit
 from raygeom.sources.corpus import Corpus
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.distributions import spearman
+from raygeom.replica.settings import batches_at_once
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
@@ -168,22 +169,24 @@ def _features_dir(store: Store, spec: ModelSpec, key: str) -> Path:
 
 
 def _write_features(directory: Path, worker, train_chunks: np.ndarray, test_chunks: np.ndarray, layers: list[str],
-                    batch_size: int, progress) -> None:
+                    batch_size: int, progress, at_once: int = 1) -> None:
     from raygeom.analyses.dispersion import _get
 
     parts: dict[str, dict[str, list]] = {"train": {}, "test": {}}
     tokens: dict[str, list] = {"train": [], "test": []}
     logprobs: list = []
     for which, chunks in (("train", train_chunks), ("test", test_chunks)):
-        for start in range(0, len(chunks), batch_size):
-            features, next_tokens, lm_logprob = _get(worker.features.remote(chunks[start:start + batch_size], layers))
-            for layer in layers:
-                parts[which].setdefault(layer, []).append(features[layer])
-            tokens[which].append(next_tokens)
-            if which == "test":
-                logprobs.append(lm_logprob)
+        batches = [chunks[start:start + batch_size] for start in range(0, len(chunks), batch_size)]
+        for first in range(0, len(batches), at_once):
+            some = batches[first:first + at_once]
+            for features, next_tokens, lm_logprob in _get(worker.features_batches.remote(some, layers)):
+                for layer in layers:
+                    parts[which].setdefault(layer, []).append(features[layer])
+                tokens[which].append(next_tokens)
+                if which == "test":
+                    logprobs.append(lm_logprob)
             if progress:
-                progress(len(chunks[start:start + batch_size]))
+                progress(sum(len(batch) for batch in some))
     per_chunk = train_chunks.shape[1] - 1
     for layer in layers:
         for which, name in (("train", "keys"), ("test", "queries")):
@@ -402,7 +405,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
                                    "those are for pga, sweeps, diagnose and dispersion")
             train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[0]
             test = _get(worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed))[0]
-            _write_features(directory, worker, train, test, layers, settings.batch_size, progress)
+            _write_features(directory, worker, train, test, layers, settings.batch_size, progress, batches_at_once(described))
         finally:
             from raygeom.engine import replica_actor
 

@@ -20,6 +20,7 @@ import ray
 from raygeom.engine import replica_actor
 from raygeom.engine.contract import Unit
 from raygeom.errors import RaygeomError
+from raygeom.replica.settings import batches_at_once
 from raygeom.engine.units import UnitRunner, warn_damaged
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.replica.request import ExtractionRequest
@@ -292,8 +293,7 @@ class Extractions:
         self.store.invalidate(spec.slug, spec.revision, request.key())
         size = settings.batch_size
         parts = [texts[begin:begin + size] for begin in range(0, len(texts), size)]
-        # A CPU replica computes as many batches at once as it has threads, one thread each (Replica.pooled_batches).
-        group = int(described.get("threads") or 1) if described.get("device") == "cpu" else 1
+        group = batches_at_once(described)
         for first in range(0, len(parts), group):
             some = parts[first:first + group]
             self.waiting[actor.run_batches.remote(first, some, settings, layers, request.nll, spec=spec)] = (

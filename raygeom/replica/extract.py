@@ -56,6 +56,23 @@ def pool_hidden(hidden: torch.Tensor, mask: torch.Tensor, pool: str, skip_first:
     return (hidden * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
 
 
+def own_hook(module: nn.Module, function, owner: int, pre: bool = False):
+    """``function`` as a forward (pre-, with kwargs) hook of ``module`` that serves only thread ``owner``: several
+    threads may run forward passes of one model at once (:func:`one_thread_each`). Hooks are added and removed one
+    thread at a time."""
+    def mine(*args):
+        return function(*args) if threading.get_ident() == owner else None
+
+    with _HOOKS:
+        return module.register_forward_pre_hook(mine, with_kwargs=True) if pre else module.register_forward_hook(mine)
+
+
+def remove_hooks(handles) -> None:
+    with _HOOKS:
+        for handle in handles:
+            handle.remove()
+
+
 @contextmanager
 def capture_layers(model: nn.Module, wanted: list[str], reduce):
     """Run ``reduce(name, hidden)`` on each wanted layer's hidden states during a forward pass.
@@ -66,17 +83,10 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
     names = model_surgery.layer_names(model)
     blocks = model_surgery.blocks(model)
     handles = []
-    # Several threads may run forward passes of one model at once (extract_batches): a hook serves only the
-    # thread that registered it, and hooks are added and removed one thread at a time.
     owner = threading.get_ident()
 
     def attach(module: nn.Module, function, pre: bool = False) -> None:
-        def mine(*args):
-            return function(*args) if threading.get_ident() == owner else None
-
-        with _HOOKS:
-            handles.append(module.register_forward_pre_hook(mine, with_kwargs=True) if pre
-                           else module.register_forward_hook(mine))
+        handles.append(own_hook(module, function, owner, pre))
 
     def first_input(args, kwargs):
         return args[0] if args else kwargs["hidden_states"]
@@ -143,9 +153,7 @@ def capture_layers(model: nn.Module, wanted: list[str], reduce):
             attach(model_surgery.final_norm(model), output_hook("final_norm"))
         yield
     finally:
-        with _HOOKS:
-            for handle in handles:
-                handle.remove()
+        remove_hooks(handles)
 
 
 def per_sample_nll(model: nn.Module, final_hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -204,13 +212,18 @@ def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: Extra
 
 def extract_batches(model: nn.Module, tokenizer, parts: list[list[str]], settings: ExtractionSettings,
                     layers: list[str] | None = None, nll: bool = True, threads: int | None = None) -> list[BatchActivations]:
-    """:func:`extract_batch` of each part. On CPU every part runs on one torch thread, up to ``threads`` parts at once
+    """:func:`extract_batch` of each part, by :func:`one_thread_each`."""
+    return one_thread_each(model, lambda part: extract_batch(model, tokenizer, part, settings, layers, nll=nll), parts, threads)
+
+
+def one_thread_each(model: nn.Module, function, items: list, threads: int | None = None) -> list:
+    """``function`` of each item in order. On CPU every item runs on one torch thread, up to ``threads`` items at once
     (default: torch's thread count here): torch's CPU kernels split one batch across threads in ways that change its
-    last bits (scaled_dot_product_attention, RMSNorm: measured), so a part's numbers would depend on how many CPUs
-    its replica got. One thread per part makes them the same for any ``threads``, on any node."""
+    last bits (scaled_dot_product_attention, RMSNorm: measured), so a batch's numbers would depend on how many CPUs
+    its replica got. One thread per batch makes them the same for any ``threads``, on any node."""
     if next(model.parameters()).device.type != "cpu":
-        return [extract_batch(model, tokenizer, part, settings, layers, nll=nll) for part in parts]
-    workers = max(1, min(int(threads or torch.get_num_threads()), len(parts)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="raygeom-extract", initializer=torch.set_num_threads,
+        return [function(item) for item in items]
+    workers = max(1, min(int(threads or torch.get_num_threads()), len(items)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="raygeom-forward", initializer=torch.set_num_threads,
                             initargs=(1,)) as pool:
-        return list(pool.map(lambda part: extract_batch(model, tokenizer, part, settings, layers, nll=nll), parts))
+        return list(pool.map(function, items))

@@ -84,8 +84,8 @@ def serving(method):
 
 
 class Replica:
-    """Holds one model. ``threads`` (CPU), normally the CPUs Ray gave the actor: the batches extracted at once (one
-    torch thread each), and the torch thread count of token-level work."""
+    """Holds one model. ``threads`` (CPU), normally the CPUs Ray gave the actor: the batches it runs at once, one torch
+    thread each."""
 
     def __init__(self, spec: ModelSpec, device: str = "cpu", device_map: str | None = None, threads: int | None = None):
         import torch
@@ -277,21 +277,31 @@ class Replica:
     @serving
     def statistics(self, chunks: np.ndarray, layers: list[str], gap_spec: str | None):
         """Token dispersion, pooled vectors and NLL of these chunks, and each chunk's dispersion-gap sums."""
+        return self.statistics_batches([chunks], layers, gap_spec)[0]
+
+    @serving
+    def statistics_batches(self, parts: list[np.ndarray], layers: list[str], gap_spec: str | None) -> list[tuple]:
+        """``statistics`` of several batches of chunks, ``threads`` at once on one torch thread each (as
+        ``pooled_batches``)."""
         import torch
 
+        from raygeom.replica.extract import one_thread_each
         from raygeom.replica.tokens import ChunkGaps, chunk_statistics, domain_token_ids
 
         self._ready()
-        gaps = None
-        if gap_spec:
-            if self._gap_ids is None or self._gap_ids[0] != gap_spec:
-                self._gap_ids = (gap_spec, domain_token_ids(self.tokenizer, gap_spec))
-            gaps = {layer: ChunkGaps(self._gap_ids[1]) for layer in layers}
+        if gap_spec and (self._gap_ids is None or self._gap_ids[0] != gap_spec):
+            self._gap_ids = (gap_spec, domain_token_ids(self.tokenizer, gap_spec))
+
+        def one(chunks: np.ndarray) -> tuple:
+            gaps = {layer: ChunkGaps(self._gap_ids[1]) for layer in layers} if gap_spec else None
+            stats = chunk_statistics(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers, gaps)
+            gap_parts = {name: g.parts() for name, g in (gaps or {}).items()}
+            return stats.token_dispersion, stats.pooled, stats.nll, stats.n_predicted, gap_parts
+
         start = time.perf_counter()
-        stats = chunk_statistics(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers, gaps)
+        out = one_thread_each(self.model, one, parts, self.threads)
         self.forward_seconds += time.perf_counter() - start
-        gap_parts = {name: g.parts() for name, g in (gaps or {}).items()}
-        return stats.token_dispersion, stats.pooled, stats.nll, stats.n_predicted, gap_parts
+        return out
 
     @serving
     def chunk_bytes(self, chunks: np.ndarray) -> np.ndarray:
@@ -302,12 +312,21 @@ class Replica:
     @serving
     def features(self, chunks: np.ndarray, layers: list[str]):
         """kNN-LM features: per-layer vectors at positions with a next token, those tokens, their LM log-probs."""
+        return self.features_batches([chunks], layers)[0]
+
+    @serving
+    def features_batches(self, parts: list[np.ndarray], layers: list[str]) -> list[tuple]:
+        """``features`` of several batches of chunks, ``threads`` at once on one torch thread each."""
         import torch
 
+        from raygeom.replica.extract import one_thread_each
         from raygeom.replica.tokens import token_features
 
         self._ready()
-        return token_features(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers)
+        def one(chunks: np.ndarray) -> tuple:
+            return token_features(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers)
+
+        return one_thread_each(self.model, one, parts, self.threads)
 
     # ------------------------------------------------------------------ housekeeping
     def prefetch(self, revision: str) -> None:

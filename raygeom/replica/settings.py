@@ -21,3 +21,8 @@ class ExtractionSettings(Params):
     pool: str = param("last", "last | mean: the last real token, or the mean over tokens.", choices=POOLS)
     skip_first: bool = param(True, "With pool mean, drop each text's first token.", flag="--skip-first")
     batch_size: int = param(16, "Texts per forward batch.", low=1, flag="--batch-size")
+
+
+def batches_at_once(described: dict) -> int:
+    """How many batches to hand a replica per call: as many as it runs at once (its CPU threads; one on a GPU)."""
+    return max(1, int(described.get("threads") or 1)) if described.get("device") == "cpu" else 1

@@ -9,6 +9,7 @@ NLL, with logits made a bounded slice of positions at a time and never twice.
 
 from __future__ import annotations
 
+import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
-from raygeom.replica.extract import LOGIT_CHUNK_ELEMENTS, capture_layers
+from raygeom.replica.extract import LOGIT_CHUNK_ELEMENTS, capture_layers, own_hook, remove_hooks
 from raygeom.replica.tokenize import SEPARATOR, make_chunks  # noqa: F401 - chunking lives with the one tokenizer path
 from raygeom.numerics.dispersion import DispersionGap, token_dispersion
 
@@ -40,8 +41,8 @@ def capture_token_layers(model: nn.Module, wanted: list[str], reduce):
     with ExitStack() as stack:
         stack.enter_context(capture_layers(model, [w for w in wanted if w != ATTENTION_LAYER], reduce))
         if ATTENTION_LAYER in wanted:
-            handle = model_surgery.last_attention(model).register_forward_hook(attention_hook)
-            stack.callback(handle.remove)
+            handle = own_hook(model_surgery.last_attention(model), attention_hook, threading.get_ident())
+            stack.callback(remove_hooks, [handle])
         yield
 
 

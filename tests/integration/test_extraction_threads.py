@@ -88,3 +88,47 @@ def test_the_library_extracts_what_the_replica_does_with_any_torch_threads(model
             np.testing.assert_array_equal(nll, np.concatenate([b.nll for b in reference]))
     finally:
         torch.set_num_threads(before)
+
+
+def token_work_with(directory, threads: int):
+    from raygeom.replica.replica import Replica
+    from raygeom.sources.models import resolve_model
+
+    replica = Replica(resolve_model(str(directory)), threads=threads)
+    layers = replica.describe()["token_layers"]
+    chunks = np.random.default_rng(0).integers(1, replica.describe()["vocab_size"], (4 * TEXTS_PER_BATCH, 24))
+    parts = [chunks[i:i + TEXTS_PER_BATCH] for i in range(0, len(chunks), TEXTS_PER_BATCH)]
+    statistics = replica.statistics_batches(parts, layers, None)
+    return (statistics, [replica.statistics(part, layers, None) for part in parts[:2]],
+            replica.features_batches(parts, layers), [replica.features(part, layers) for part in parts[:2]])
+
+
+def assert_same(got, want, where: str) -> None:
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            assert_same(got[key], want[key], f"{where}/{key}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for index, (a, b) in enumerate(zip(got, want)):
+            assert_same(a, b, f"{where}[{index}]")
+    else:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=where)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gemma3_text"])
+def test_token_level_work_gives_the_same_bits_with_any_number_of_threads(model_dirs, family):
+    """Dispersion (token dispersion, pooled vectors, NLL) and kNN-LM features, a batch at a time or several at once."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        statistics, one_by_one, features, features_one_by_one = token_work_with(model_dirs[family], 1)
+        assert_same(one_by_one, statistics[:2], "statistics one by one")
+        assert_same(features_one_by_one, features[:2], "features one by one")
+        for threads in (2, 3):
+            got = token_work_with(model_dirs[family], threads)
+            assert_same(got[0], statistics, f"statistics, {threads} threads")
+            assert_same(got[2], features, f"features, {threads} threads")
+    finally:
+        torch.set_num_threads(before)
