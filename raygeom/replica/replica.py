@@ -83,6 +83,9 @@ def serving(method):
     return call
 
 
+READOUT_BLOCK_ROWS = 4096
+
+
 class Replica:
     """Holds one model. ``threads`` (CPU), normally the CPUs Ray gave the actor: the batches it runs at once, one torch
     thread each."""
@@ -151,10 +154,18 @@ class Replica:
         from raygeom.numerics import pga
         from raygeom.sources import model_surgery
 
+        from raygeom.replica.extract import one_thread_each
+
         self._ready()
         w_u = model_surgery.unembedding(self.model).detach()
-        gram = (w_u.double().T @ w_u.double()).cpu().numpy()
-        return pga.readout_basis_from_gram(gram, min(gram.shape[0] - 1, components))
+        # W_U^T W_U summed over fixed blocks of the vocabulary, each on one thread, in order: a multi-threaded GEMM
+        # splits the long vocabulary axis by thread count, and the basis would change in its last bits with the CPUs.
+        blocks = [w_u[start:start + READOUT_BLOCK_ROWS] for start in range(0, w_u.shape[0], READOUT_BLOCK_ROWS)]
+        partial = one_thread_each(self.model, lambda block: block.double().T @ block.double(), blocks, self.threads)
+        gram = partial[0]
+        for part in partial[1:]:
+            gram = gram + part
+        return pga.readout_basis_from_gram(gram.cpu().numpy(), min(gram.shape[0] - 1, components))
 
     # ------------------------------------------------------------------ pooled vectors and NLL
     def encode(self, texts: list[str], seq_len: int) -> dict[str, np.ndarray]:

@@ -209,9 +209,11 @@ def _colour(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
-def _variants(rows: list[dict]) -> list[str]:
-    """The setting columns that take more than one value across ``rows``."""
-    return [c for c in VARIANT_COLUMNS if len({_setting_key(r.get(c)) for r in rows}) > 1]
+def _variants(rows: list[dict], extra: tuple[str, ...] = (), base: tuple[str, ...] = ()) -> list[str]:
+    """The setting columns (VARIANT_COLUMNS, then ``extra``; none of ``base``) that take more than one value across
+    ``rows``."""
+    return [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if c not in base
+            and len({_setting_key(r.get(c)) for r in rows}) > 1]
 
 
 def _variant_label(row: dict, columns: list[str]) -> str:
@@ -224,8 +226,7 @@ def series(rows: list[dict], base: tuple[str, ...] = ("model", "revision"), extr
     """Rows split into lines that never join two settings: one per combination of ``base`` and of every setting
     column (VARIANT_COLUMNS and ``extra``) that varies across ``rows``; each line sorted by ``x``. A line that
     would still hold two rows at one x (a setting no column names) is split by its unit key."""
-    varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if c not in base
-               and len({_setting_key(r.get(c)) for r in rows}) > 1]
+    varying = _variants(rows, extra, base)
     lines: dict[str, list[dict]] = {}
     for row in rows:
         label = "@".join(str(row.get(c)) for c in base if row.get(c) is not None)
@@ -606,7 +607,7 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
 
     figures = []
     groups: dict = {}
-    varying = [c for c in dict.fromkeys((*VARIANT_COLUMNS, *extra)) if len({_setting_key(r.get(c)) for r in rows}) > 1]
+    varying = _variants(rows, extra)
     for row in rows:
         groups.setdefault((row["model"], _variant_label(row, varying)), []).append(row)
     for (model, variant), group in sorted(groups.items()):

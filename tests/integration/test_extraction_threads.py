@@ -132,3 +132,31 @@ def test_token_level_work_gives_the_same_bits_with_any_number_of_threads(model_d
             assert_same(got[2], features, f"features, {threads} threads")
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "llama"])
+def test_the_readout_basis_is_the_same_with_any_number_of_threads(model_dirs, family, monkeypatch):
+    import torch
+
+    from raygeom.replica import replica as replica_module
+    from raygeom.replica.replica import Replica
+    from raygeom.sources import model_surgery
+    from raygeom.sources.models import resolve_model
+
+    monkeypatch.setattr(replica_module, "READOUT_BLOCK_ROWS", 64)  # several blocks of the tiny vocabulary
+    before = torch.get_num_threads()
+    try:
+        bases = []
+        for threads in (1, 2, 3):
+            replica = Replica(resolve_model(str(model_dirs[family])), threads=threads)
+            bases.append(replica.readout_basis(8))
+        for basis, values in bases[1:]:
+            np.testing.assert_array_equal(basis, bases[0][0])
+            np.testing.assert_array_equal(values, bases[0][1])
+        # and it is W_U's top right singular vectors (numpy's SVD of the float64 matrix, signs aligned)
+        w_u = model_surgery.unembedding(replica.model).detach().double().numpy()
+        _, singular, vt = np.linalg.svd(w_u, full_matrices=False)
+        np.testing.assert_allclose(bases[0][1], singular[:8], rtol=1e-10)
+        np.testing.assert_allclose(np.abs(np.sum(bases[0][0] * vt[:8].T, axis=0)), 1.0, atol=1e-8)
+    finally:
+        torch.set_num_threads(before)
