@@ -74,7 +74,7 @@ def print_ranked(console: Console, analysis, rows: list[dict], most: int = 30) -
 def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     """One PNG per declared metric: the metric against relative depth, a line (and band) per model, revision and
     setting."""
-    from raygeom.report.figures import save_figure
+    from raygeom.report.figures import drawn_key, figure_key, save_figure
 
     import matplotlib
 
@@ -84,6 +84,11 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     paths = []
     groups = _groups(rows, analysis.series)
     for metric in analysis.metrics:
+        path = Path(directory) / f"{analysis.name}_{metric.column}_vs_depth.png"
+        key = figure_key(plot_analysis, (analysis.name, analysis.title, analysis.series, metric, rows))
+        if key is not None and drawn_key(path) == key:  # drawn from these rows already (a rerun)
+            paths.append(path)
+            continue
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
         for (model, revision, setting), group in sorted(groups.items()):
             group = sorted(group, key=lambda r: r["relative_depth"])
@@ -100,7 +105,7 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
         ax.set_title(f"{analysis.title} by depth")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        paths.append(save_figure(fig, Path(directory) / f"{analysis.name}_{metric.column}_vs_depth.png"))
+        paths.append(save_figure(fig, path, key))
     return paths
 
 

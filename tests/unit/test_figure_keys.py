@@ -1,0 +1,71 @@
+"""A plot is drawn again only when what it is drawn from changed: a rerun that computes nothing redraws nothing."""
+
+import math
+
+import pytest
+
+from raygeom.report.figures import FIGURE_KEY, drawn_key, plot_z_vs_depth
+
+
+def pga_rows(z_last: float = -3.0) -> list[dict]:
+    return [{"model": "m", "revision": "main", "k": 8, "r": 1, "relative_depth": depth, "z": z, "z_lo": z - 0.5,
+             "z_hi": z + 0.5} for depth, z in ((0.0, 1.0), (0.5, 2.5), (1.0, z_last))]
+
+
+def stamp(path):
+    stat = path.stat()
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def test_the_same_rows_do_not_redraw_and_other_rows_do(tmp_path):
+    path = tmp_path / "z.png"
+    assert plot_z_vs_depth(pga_rows(), path) == path
+    first, key = stamp(path), drawn_key(path)
+    assert key and len(key) == 64
+    assert plot_z_vs_depth(pga_rows(), path) == path
+    assert stamp(path) == first  # not written again
+    plot_z_vs_depth(pga_rows(-4.0), path)
+    assert stamp(path) != first and drawn_key(path) not in (None, key)
+    plot_z_vs_depth(pga_rows(-4.0), path, title="another title")  # every argument but the path is in the key
+    assert drawn_key(path) not in (None, key)
+    # NaN equals itself in the key: rows read back with a NaN do not redraw
+    nan_rows = pga_rows(math.nan)
+    plot_z_vs_depth(nan_rows, path)
+    again = stamp(path)
+    plot_z_vs_depth(pga_rows(math.nan), path)
+    assert stamp(path) == again
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign"])
+def test_a_damaged_or_foreign_png_is_drawn_again(tmp_path, damage):
+    from raygeom.report.figures import pyplot, save_figure
+
+    path = tmp_path / "z.png"
+    plot_z_vs_depth(pga_rows(), path)
+    key = drawn_key(path)
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    else:  # a PNG another tool wrote there
+        fig, _ = pyplot().subplots()
+        save_figure(fig, path)
+    assert drawn_key(path) is None
+    plot_z_vs_depth(pga_rows(), path)
+    assert drawn_key(path) == key
+
+
+def test_each_metric_plot_of_an_analysis_is_keyed_by_its_rows(tmp_path):
+    from raygeom.analyses.registry import get
+    from raygeom.report.tables import plot_analysis
+
+    analysis = get("pc1")
+    rows = [{"model": "m", "revision": "main", "layer": f"block_0{i}", "relative_depth": i / 2, "k": 8,
+             **{metric.column: 0.1 * i for metric in analysis.metrics}} for i in range(3)]
+    paths = plot_analysis(analysis, rows, tmp_path)
+    assert paths and all(drawn_key(p) for p in paths)
+    before = [stamp(p) for p in paths]
+    assert plot_analysis(analysis, rows, tmp_path) == paths
+    assert [stamp(p) for p in paths] == before
+    rows[0][analysis.metrics[0].column] = 0.9
+    plot_analysis(analysis, rows, tmp_path)
+    assert stamp(paths[0]) != before[0]
+    assert FIGURE_KEY == "raygeom-inputs"
