@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from raygeom.report.figures import pyplot, save_figure
+from raygeom.report.figures import figure_to_draw, pyplot, save_figure
 from raygeom.sources import revisions as pythia
 from raygeom.sources.corpus import Corpus
 from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
@@ -557,6 +557,11 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     paths = []
     for model in sorted({r["model"] for r in rows}):
         group = [r for r in rows if r["model"] == model]
+        path = directory / f"heatmap_{model.replace('/', '--')}.png"
+        key, drawn = figure_to_draw(path, plot_heatmaps, (model, group))
+        if drawn:
+            paths.append(path)
+            continue
         by_step = all(r["step"] is not None for r in group)
         if by_step:
             columns = sorted({r["step"] for r in group})
@@ -600,7 +605,7 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA z over training: {model}")
         fig.colorbar(mesh, ax=ax, label="z")
         fig.tight_layout()
-        paths.append(save_figure(fig, directory / f"heatmap_{model.replace('/', '--')}.png"))
+        paths.append(save_figure(fig, path, key))
     return paths
 
 
@@ -613,8 +618,13 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
     paths = []
     steps = {r["revision"]: r["step"] for r in rows}
     for revision in sorted(steps, key=lambda v: (steps[v] if steps[v] is not None else -1, v)):
-        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         group = [r for r in rows if r["revision"] == revision]
+        path = directory / f"z_vs_depth_{encode_segment(str(revision))}.png"  # a revision may hold '/' or '..'
+        key, drawn = figure_to_draw(path, plot_depth_profiles, (revision, params, group))
+        if drawn:
+            paths.append(path)
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         for model in sorted({r["model"] for r in group}, key=lambda m: next(r["params"] or 0 for r in group if r["model"] == m)):
             line = sorted((r for r in group if r["model"] == model), key=lambda r: r["relative_depth"])
             p = line[0]["params"] or 0
@@ -628,7 +638,7 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
         ax.set_title(f"Subspace PGA by depth at {revision}")
         ax.legend(fontsize=6)
         fig.tight_layout()
-        paths.append(save_figure(fig, directory / f"z_vs_depth_{encode_segment(str(revision))}.png"))  # a revision may hold '/' or '..'
+        paths.append(save_figure(fig, path, key))
     return paths
 
 

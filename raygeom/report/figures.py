@@ -146,6 +146,13 @@ def drawn_key(path: Path) -> str | None:
         return None
 
 
+def figure_to_draw(path: Path, function, inputs) -> tuple[str | None, bool]:
+    """``(key, drawn)``: the :func:`figure_key` of a figure ``function`` draws from ``inputs``, and whether ``path``
+    already holds the PNG drawn from them (then there is nothing to draw)."""
+    key = figure_key(function, inputs)
+    return key, key is not None and drawn_key(path) == key
+
+
 def drawn_once(function):
     """A plot function ``f(..., path, ...) -> path`` that draws nothing when ``path`` holds the PNG it drew from the
     same arguments with the same code, so a rerun that computes nothing redraws nothing (a plot is 0.3-0.5 s here).
@@ -157,8 +164,8 @@ def drawn_once(function):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         path = Path(bound.arguments["path"])
-        key = figure_key(function, {name: value for name, value in bound.arguments.items() if name != "path"})
-        if key is not None and drawn_key(path) == key:
+        key, drawn = figure_to_draw(path, function, {name: value for name, value in bound.arguments.items() if name != "path"})
+        if drawn:
             return path
         token = _drawing_key.set(key)
         try:

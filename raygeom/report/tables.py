@@ -74,7 +74,7 @@ def print_ranked(console: Console, analysis, rows: list[dict], most: int = 30) -
 def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     """One PNG per declared metric: the metric against relative depth, a line (and band) per model, revision and
     setting."""
-    from raygeom.report.figures import drawn_key, figure_key, save_figure
+    from raygeom.report.figures import figure_to_draw, save_figure
 
     import matplotlib
 
@@ -85,8 +85,8 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     groups = _groups(rows, analysis.series)
     for metric in analysis.metrics:
         path = Path(directory) / f"{analysis.name}_{metric.column}_vs_depth.png"
-        key = figure_key(plot_analysis, (analysis.name, analysis.title, analysis.series, metric, rows))
-        if key is not None and drawn_key(path) == key:  # drawn from these rows already (a rerun)
+        key, drawn = figure_to_draw(path, plot_analysis, (analysis.name, analysis.title, analysis.series, metric, rows))
+        if drawn:  # from these rows already (a rerun)
             paths.append(path)
             continue
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)

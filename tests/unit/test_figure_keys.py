@@ -69,3 +69,34 @@ def test_each_metric_plot_of_an_analysis_is_keyed_by_its_rows(tmp_path):
     plot_analysis(analysis, rows, tmp_path)
     assert stamp(paths[0]) != before[0]
     assert FIGURE_KEY == "raygeom-inputs"
+
+
+def sweep_table(z_shift: float = 0.0):
+    import pyarrow as pa
+
+    rows = [{"model": model, "revision": f"step{step}", "step": step, "layer": layer, "layer_index": index,
+             "relative_depth": index / 2, "z": index - step / 1000 + z_shift, "z_lo": None, "z_hi": None,
+             "weights_flag": False, "params": params, "size": size, "d": 64}
+            for model, params, size in (("EleutherAI/pythia-14m", 14, "14m"), ("EleutherAI/pythia-31m", 31, "31m"))
+            for step in (0, 1000, 2000) for index, layer in enumerate(("embed", "block_00", "final_norm"))]
+    return pa.Table.from_pylist(rows)
+
+
+def test_a_sweep_redraws_only_the_heatmaps_and_profiles_whose_rows_changed(tmp_path):
+    import pyarrow.compute as pc
+
+    from raygeom.analyses.sweep import plot_depth_profiles, plot_heatmaps
+
+    table = sweep_table()
+    heatmaps, profiles = plot_heatmaps(table, tmp_path), plot_depth_profiles(table, tmp_path)
+    assert len(heatmaps) == 2 and len(profiles) == 3 and all(drawn_key(p) for p in heatmaps + profiles)
+    before = {p: stamp(p) for p in heatmaps + profiles}
+    assert plot_heatmaps(table, tmp_path) == heatmaps and plot_depth_profiles(table, tmp_path) == profiles
+    assert {p: stamp(p) for p in before} == before
+    # one revision of one model changes: that model's heatmap and that revision's profile are drawn again, no other
+    changed = pc.if_else(pc.and_(pc.equal(table["model"], "EleutherAI/pythia-31m"), pc.equal(table["step"], 1000)),
+                         pc.add(table["z"], 1.0), table["z"])
+    table = table.set_column(table.schema.get_field_index("z"), "z", changed)
+    plot_heatmaps(table, tmp_path), plot_depth_profiles(table, tmp_path)
+    redrawn = {p.name for p in before if stamp(p) != before[p]}
+    assert redrawn == {"heatmap_EleutherAI--pythia-31m.png", "z_vs_depth_step1000.png"}
