@@ -38,7 +38,7 @@ from raygeom.numerics.dispersion import (
 )
 from raygeom.numerics.distributions import pearson, spearman
 from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
-from raygeom.report.figures import format_interval, pyplot, save_figure
+from raygeom.report.figures import drawn_once, format_interval, pyplot, save_figure
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
@@ -554,6 +554,7 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
 
 # ---------------------------------------------------------------- plots
 
+@drawn_once
 def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers: list[str], path: Path) -> Path:
     """The authors' figure: per selected layer, group mean dispersion against group mean perplexity."""
     plt = pyplot()
@@ -571,6 +572,7 @@ def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers:
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_layer_profile(rows: list[dict], path: Path) -> Path:
     """Per model, by relative depth: token dispersion, sample dispersion and the group Spearman with its interval."""
     plt = pyplot()
@@ -593,6 +595,7 @@ def plot_layer_profile(rows: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_models(points: list[dict], path: Path) -> Path:
     """Per domain, dispersion against perplexity and against bits per byte (comparable across tokenizers)."""
     plt = pyplot()
@@ -612,6 +615,7 @@ def plot_models(points: list[dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_select(rows: list[dict], path: Path) -> Path:
     """G per candidate (model@revision, in rank order) with its 95 % bootstrap interval; thin ones hollow."""
     plt = pyplot()

@@ -43,6 +43,7 @@ from raygeom.sources.corpus import Corpus
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.distributions import spearman
 from raygeom.replica.settings import batches_at_once
+from raygeom.report.figure_keys import drawn_once
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
@@ -431,6 +432,7 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
             "n_test": rows[0]["n_test"], "warnings": edge_warnings(rows, settings), "table": table}
 
 
+@drawn_once
 def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     """kNN-LM held-out perplexity per candidate layer with its 95 % bootstrap interval, beside the datastore dispersion."""
     from raygeom.report.figures import pyplot, save_figure

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from raygeom.report.figures import pyplot, save_figure
+from raygeom.report.figures import drawn_once, pyplot, save_figure
 from raygeom.report.html import announce_report
 from raygeom.analyses.probe import ProbeParams
 from raygeom.cli.flags import (PGA_OPTIONS, TEXT_GRID, CommandFlags, DiagnoseFlags, ReportOption, checked, grid_job, option,
@@ -139,6 +139,7 @@ def _copy_reports(paths: list[Path], report: Optional[Path]) -> None:
 
 # ---------------------------------------------------------------- diagnose: plots and tables
 
+@drawn_once
 def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) -> Path:
     """z (CCR-``z_rank``) on every panel's right axis; one spectral or probe metric per panel on the left."""
     plt = pyplot()
@@ -172,6 +173,7 @@ def plot_diagnostics(rows: list[dict], path: Path, title: str, z_rank: int = 1) 
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_restoration(rows: list[dict], ranks: tuple[int, ...], path: Path, title: str) -> Path:
     plt = pyplot()
     groups: dict[str, list[dict]] = {}
@@ -280,6 +282,7 @@ def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
 
 # ---------------------------------------------------------------- converge: plots and tables
 
+@drawn_once
 def plot_convergence(rows: list[dict], path: Path) -> Path:
     plt = pyplot()
     a_layers = sorted({(r["layer_index_a"], r["layer_a"]) for r in rows})
@@ -380,6 +383,7 @@ def _pairs(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 # ---------------------------------------------------------------- probe: plot
 
+@drawn_once
 def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)

@@ -4,6 +4,7 @@ and the dispersion gap's checkpoint ranking set against the ranking by held-out 
 from __future__ import annotations
 
 from raygeom.errors import RaygeomError
+from raygeom.report.figure_keys import drawn_once
 from raygeom.jobs.trajectory_report import rank_interval
 from raygeom.jobspec import TrajectorySettings
 
@@ -134,6 +135,7 @@ def _log_step_axis(ax, steps: list[int]) -> None:
     ax.set_xlabel("training step (log scale of step + 1)")
 
 
+@drawn_once
 def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str):
     """z against step for the early, middle and late blocks and the final norm; a band where z_lo/z_hi exist."""
     from raygeom.report.figures import pyplot, save_figure
@@ -158,6 +160,7 @@ def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str)
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, title: str):
     from raygeom.report.figures import pyplot, save_figure
 
@@ -177,6 +180,7 @@ def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, titl
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_gap_against_perplexity(rows: list[dict], path, title: str):
     from raygeom.report.figures import pyplot, save_figure
 

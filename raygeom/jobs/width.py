@@ -14,7 +14,7 @@ import numpy as np
 from raygeom.analyses import sweep
 from raygeom.analyses.sweep import collapse_zones
 from raygeom.numerics.uncertainty import mean_t_interval, spearman_with_ci
-from raygeom.report.figures import interval_bounds, pyplot, save_figure, save_text
+from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure, save_text
 
 SPECTRAL = ("rankme", "alpha_req", "isotropy")
 
@@ -253,6 +253,7 @@ def gap_reading(gaps: list[dict]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- figures
 
+@drawn_once
 def plot_heatmaps(pga: list[dict], config: dict, path: Path, title: str) -> Path | None:
     """z over step x layer, one panel per run: widths side by side (columns), seeds as rows."""
     rows = [r for r in pga if _is(r, **config)]
@@ -285,6 +286,7 @@ def plot_heatmaps(pga: list[dict], config: dict, path: Path, title: str) -> Path
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_depth(pga: list[dict], config: dict, last: dict[str, int], path: Path, title: str) -> Path | None:
     """z at the last checkpoint against relative depth: one line per width (seed mean), each seed's interval as a band."""
     rows = [r for r in pga if _is(r, **config) and r["step"] == last.get(r["run"])]
@@ -314,6 +316,7 @@ def plot_depth(pga: list[dict], config: dict, last: dict[str, int], path: Path, 
     return save_figure(fig, path)
 
 
+@drawn_once
 def plot_losses(losses: list[dict], path: Path) -> Path | None:
     if not losses:
         return None

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import contextvars
-import functools
-import hashlib
-import inspect
 import math
-import pickle
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from raygeom.report.figure_keys import FIGURE_KEY, drawing_key, drawn_key, drawn_once, figure_key, figure_to_draw  # noqa: F401
 from raygeom.store.tree import atomic_write_table
 
 
@@ -112,70 +108,6 @@ def print_pga(console: Console, rows: list[dict]) -> None:
         console.print(pga_table(sorted(group, key=lambda r: (r["layer_index"], r.get("relative_depth") or 0.0)), title))
 
 
-FIGURE_KEY = "raygeom-inputs"
-_drawing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("raygeom_figure_key", default=None)
-
-
-@functools.lru_cache(maxsize=None)
-def _code_digest(module_file: str) -> str:
-    import matplotlib
-
-    from raygeom import __version__
-
-    return hashlib.sha256(Path(module_file).read_bytes() + f"{__version__} {matplotlib.__version__}".encode()).hexdigest()
-
-
-def figure_key(function, inputs) -> str | None:
-    """A key of what a figure is drawn from: ``inputs`` and the code that draws it (``function``'s module, raygeom's and
-    matplotlib's versions). None when the inputs cannot be pickled: then the figure is always drawn."""
-    try:
-        payload = pickle.dumps((function.__qualname__, inputs), protocol=4)
-    except Exception:
-        return None
-    return hashlib.sha256(payload + _code_digest(inspect.getsourcefile(function)).encode()).hexdigest()
-
-
-def drawn_key(path: Path) -> str | None:
-    """The key a raygeom PNG at ``path`` was drawn from; None for no file, another PNG or a damaged one."""
-    try:
-        from PIL import Image
-
-        with Image.open(path) as image:
-            return image.text.get(FIGURE_KEY)
-    except Exception:
-        return None
-
-
-def figure_to_draw(path: Path, function, inputs) -> tuple[str | None, bool]:
-    """``(key, drawn)``: the :func:`figure_key` of a figure ``function`` draws from ``inputs``, and whether ``path``
-    already holds the PNG drawn from them (then there is nothing to draw)."""
-    key = figure_key(function, inputs)
-    return key, key is not None and drawn_key(path) == key
-
-
-def drawn_once(function):
-    """A plot function ``f(..., path, ...) -> path`` that draws nothing when ``path`` holds the PNG it drew from the
-    same arguments with the same code, so a rerun that computes nothing redraws nothing (a plot is 0.3-0.5 s here).
-    The key (:func:`figure_key`) is kept in the PNG's text."""
-    signature = inspect.signature(function)
-
-    @functools.wraps(function)
-    def plot(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        path = Path(bound.arguments["path"])
-        key, drawn = figure_to_draw(path, function, {name: value for name, value in bound.arguments.items() if name != "path"})
-        if drawn:
-            return path
-        token = _drawing_key.set(key)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            _drawing_key.reset(token)
-
-    return plot
-
-
 @drawn_once
 def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by depth") -> Path:
     plt = pyplot()
@@ -208,7 +140,7 @@ def save_figure(fig, path: Path, key: str | None = None) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp.png")
-    key = key or _drawing_key.get()
+    key = key or drawing_key()
     fig.savefig(temporary, metadata={FIGURE_KEY: key} if key else None)
     plt.close(fig)
     temporary.replace(path)

@@ -100,3 +100,21 @@ def test_a_sweep_redraws_only_the_heatmaps_and_profiles_whose_rows_changed(tmp_p
     plot_heatmaps(table, tmp_path), plot_depth_profiles(table, tmp_path)
     redrawn = {p.name for p in before if stamp(p) != before[p]}
     assert redrawn == {"heatmap_EleutherAI--pythia-31m.png", "z_vs_depth_step1000.png"}
+
+
+def test_every_plot_function_that_takes_a_path_is_keyed():
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import raygeom
+
+    root = Path(raygeom.__file__).parent
+    found = []
+    for source in sorted(root.rglob("*.py")):
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("plot_") and "path" in [a.arg for a in node.args.args]:
+                module = importlib.import_module(".".join(("raygeom", *source.relative_to(root).with_suffix("").parts)))
+                found.append((module.__name__, node.name, hasattr(getattr(module, node.name), "__wrapped__")))
+    assert len(found) >= 16
+    assert [f"{m}.{n}" for m, n, keyed in found if not keyed] == []
