@@ -223,7 +223,12 @@ def one_thread_each(model: nn.Module, function, items: list, threads: int | None
     its replica got. One thread per batch makes them the same for any ``threads``, on any node."""
     if next(model.parameters()).device.type != "cpu":
         return [function(item) for item in items]
-    workers = max(1, min(int(threads or torch.get_num_threads()), len(items)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="raygeom-forward", initializer=torch.set_num_threads,
-                            initargs=(1,)) as pool:
-        return list(pool.map(function, items))
+    previous = torch.get_num_threads()
+    workers = max(1, min(int(threads or previous), len(items)))
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="raygeom-forward", initializer=torch.set_num_threads,
+                                initargs=(1,)) as pool:
+            return list(pool.map(function, items))
+    finally:
+        # The pool's threads set torch's process-wide default, which threads started later would inherit.
+        torch.set_num_threads(previous)

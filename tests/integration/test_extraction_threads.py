@@ -160,3 +160,25 @@ def test_the_readout_basis_is_the_same_with_any_number_of_threads(model_dirs, fa
         np.testing.assert_allclose(np.abs(np.sum(bases[0][0] * vt[:8].T, axis=0)), 1.0, atol=1e-8)
     finally:
         torch.set_num_threads(before)
+
+
+def test_extracting_leaves_torch_threads_as_they_were_for_threads_started_later(model_dirs):
+    import threading
+
+    import torch
+
+    import raygeom
+    from raygeom.replica.settings import ExtractionSettings
+
+    model, tokenizer = raygeom.load_model(str(model_dirs["llama"]))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        raygeom.layer_activations(model, tokenizer, texts()[:16], ExtractionSettings(seq_len=32, batch_size=8))
+        seen = []
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+        assert torch.get_num_threads() == 2 and seen == [2]
+    finally:
+        torch.set_num_threads(before)
