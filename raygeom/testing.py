@@ -185,7 +185,7 @@ class WarmReplicas:
     ``raygeom.engine.replica_actor.create`` hands back a replica that an earlier run stopped, for the same spec and GPU
     share (with its torch threads set to what a new one would get), and ``stop`` clears what the run left in it and keeps
     it instead of killing it. Everything a replica does for a
-    run (describe, run_batch, write_extraction) still runs; only the process and the loaded weights are reused.
+    run (describe, run_batches, write_extraction) still runs; only the process and the loaded weights are reused.
     Kept replicas reserve no CPU (``num_cpus=0``, with the thread count the product gives them), so an idle one
     never holds back the analysis tasks of the next run."""
 

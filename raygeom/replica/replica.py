@@ -9,13 +9,14 @@ a Ray actor; tests and scripts use it directly.
 
 Methods take and return plain arrays and dicts so they cross process
 boundaries. The ``@serving`` ones take ``spec=``, so one replica can be handed
-from one (model, revision) to the next without a new process. State is only a cache: ``run_batch`` keeps pooled batches until
+from one (model, revision) to the next without a new process. State is only a cache: ``run_batches`` keeps pooled batches until
 ``write_extraction``, which recomputes any batch it does not hold (an actor
 restarted on another node after its node died holds none).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import threading
@@ -151,10 +152,11 @@ class Replica:
 
     def readout_basis(self, components: int) -> tuple[np.ndarray, np.ndarray]:
         """Top right singular vectors of ``W_U`` (d x k, float64) and their singular values."""
-        from raygeom.numerics import pga
-        from raygeom.sources import model_surgery
+        import torch
 
+        from raygeom.numerics import pga
         from raygeom.replica.extract import one_thread_each
+        from raygeom.sources import model_surgery
 
         self._ready()
         w_u = model_surgery.unembedding(self.model).detach()
@@ -162,9 +164,7 @@ class Replica:
         # splits the long vocabulary axis by thread count, and the basis would change in its last bits with the CPUs.
         blocks = [w_u[start:start + READOUT_BLOCK_ROWS] for start in range(0, w_u.shape[0], READOUT_BLOCK_ROWS)]
         partial = one_thread_each(self.model, lambda block: block.double().T @ block.double(), blocks, self.threads)
-        gram = partial[0]
-        for part in partial[1:]:
-            gram = gram + part
+        gram = functools.reduce(torch.add, partial)  # in block order
         return pga.readout_basis_from_gram(gram.cpu().numpy(), min(gram.shape[0] - 1, components))
 
     # ------------------------------------------------------------------ pooled vectors and NLL
@@ -188,11 +188,6 @@ class Replica:
         out = extract_batches(self.model, self.tokenizer, parts, settings, layers, nll=nll, threads=self.threads)
         self.forward_seconds += time.perf_counter() - start
         return out
-
-    @serving
-    def run_batch(self, index: int, texts: list[str], settings: ExtractionSettings, layers: list[str], nll: bool) -> int:
-        """``pooled``, kept here for ``write_extraction``; returns the number of texts."""
-        return self.run_batches(index, [texts], settings, layers, nll)
 
     @serving
     def run_batches(self, first: int, parts: list[list[str]], settings: ExtractionSettings, layers: list[str],
@@ -286,14 +281,9 @@ class Replica:
         return tokenize.make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
 
     @serving
-    def statistics(self, chunks: np.ndarray, layers: list[str], gap_spec: str | None):
-        """Token dispersion, pooled vectors and NLL of these chunks, and each chunk's dispersion-gap sums."""
-        return self.statistics_batches([chunks], layers, gap_spec)[0]
-
-    @serving
     def statistics_batches(self, parts: list[np.ndarray], layers: list[str], gap_spec: str | None) -> list[tuple]:
-        """``statistics`` of several batches of chunks, ``threads`` at once on one torch thread each (as
-        ``pooled_batches``)."""
+        """Per batch of chunks: token dispersion, pooled vectors and NLL, and each chunk's dispersion-gap sums;
+        ``threads`` batches at once on one torch thread each (as ``pooled_batches``)."""
         import torch
 
         from raygeom.replica.extract import one_thread_each
@@ -321,19 +311,16 @@ class Replica:
         return tokenize.predicted_bytes(self.tokenizer, chunks)
 
     @serving
-    def features(self, chunks: np.ndarray, layers: list[str]):
-        """kNN-LM features: per-layer vectors at positions with a next token, those tokens, their LM log-probs."""
-        return self.features_batches([chunks], layers)[0]
-
-    @serving
     def features_batches(self, parts: list[np.ndarray], layers: list[str]) -> list[tuple]:
-        """``features`` of several batches of chunks, ``threads`` at once on one torch thread each."""
+        """Per batch of chunks, the kNN-LM features: per-layer vectors at positions with a next token, those tokens,
+        their LM log-probs; ``threads`` batches at once on one torch thread each."""
         import torch
 
         from raygeom.replica.extract import one_thread_each
         from raygeom.replica.tokens import token_features
 
         self._ready()
+
         def one(chunks: np.ndarray) -> tuple:
             return token_features(self.model, torch.from_numpy(np.ascontiguousarray(chunks)), layers)
 

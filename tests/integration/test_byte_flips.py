@@ -5,7 +5,7 @@ One tiny store is built once; each flip works on a fresh copy. RAYGEOM_FLIPS (de
 the seed is fixed so a failure names a reproducible (file, offset, bit).
 
 About 20 of the 50 flips damage an extraction, whose rerun extracts again. The runs share one loaded replica
-(tests/conftest.py warm_replicas): its describe, run_batch and write_extraction run for every rerun as before, but
+(tests/conftest.py warm_replicas): its describe, run_batches and write_extraction run for every rerun as before, but
 its process (torch and transformers imported, about 7 s) is started once instead of once a rerun.
 """
 

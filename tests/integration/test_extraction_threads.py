@@ -99,8 +99,8 @@ def token_work_with(directory, threads: int):
     chunks = np.random.default_rng(0).integers(1, replica.describe()["vocab_size"], (4 * TEXTS_PER_BATCH, 24))
     parts = [chunks[i:i + TEXTS_PER_BATCH] for i in range(0, len(chunks), TEXTS_PER_BATCH)]
     statistics = replica.statistics_batches(parts, layers, None)
-    return (statistics, [replica.statistics(part, layers, None) for part in parts[:2]],
-            replica.features_batches(parts, layers), [replica.features(part, layers) for part in parts[:2]])
+    return (statistics, [replica.statistics_batches([part], layers, None)[0] for part in parts[:2]],
+            replica.features_batches(parts, layers), [replica.features_batches([part], layers)[0] for part in parts[:2]])
 
 
 def assert_same(got, want, where: str) -> None:

@@ -115,7 +115,7 @@ def test_chunk_path_keeps_bos_and_matches_hugging_face(replica):
     chunks, _ = replica.chunks(_long_texts(), None, 16, 3, 0)
     bos = replica.tokenizer.convert_tokens_to_ids("<bos>")
     assert (chunks[:, 0] == bos).all()
-    dispersion, pooled, nll, n_predicted, _ = replica.statistics(chunks, ["final_norm"], None)
+    dispersion, pooled, nll, n_predicted, _ = replica.statistics_batches([chunks], ["final_norm"], None)[0]
     assert n_predicted == 15
     for row in range(len(chunks)):
         ids = chunks[row].tolist()
@@ -124,7 +124,7 @@ def test_chunk_path_keeps_bos_and_matches_hugging_face(replica):
         with torch.no_grad():
             loss = replica.model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
         assert nll[row] == pytest.approx(loss, rel=1e-4)
-    features, next_tokens, logprob = replica.features(chunks, ["final_norm"])
+    features, next_tokens, logprob = replica.features_batches([chunks], ["final_norm"])[0]
     np.testing.assert_array_equal(next_tokens, chunks[:, 1:].reshape(-1))
     np.testing.assert_allclose(-logprob.reshape(len(chunks), 15).mean(1), nll, atol=1e-5)
 
