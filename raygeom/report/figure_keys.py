@@ -14,25 +14,42 @@ FIGURE_KEY = "raygeom-inputs"
 _drawing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("raygeom_figure_key", default=None)
 
 
+def _raygeom_sources(function) -> list[str]:
+    """The source files of the code that draws: ``function``'s module, figures.py, and every raygeom module that
+    module takes a name from (a helper imported from elsewhere changes the figure as much as the plot's own code)."""
+    import sys
+
+    function = inspect.unwrap(function)
+    names = {function.__module__, "raygeom.report.figures"}
+    for value in function.__globals__.values():
+        name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if isinstance(name, str) and (name == "raygeom" or name.startswith("raygeom.")):
+            names.add(name)
+    files = {getattr(sys.modules.get(name), "__file__", None) for name in names}
+    return sorted(f for f in files if f and f.endswith(".py"))
+
+
 @functools.lru_cache(maxsize=None)
-def _code_digest(module_file: str) -> str:
+def _code_digest(files: tuple[str, ...]) -> str:
     import matplotlib
 
     from raygeom import __version__
 
-    # the shared drawing helpers (figures.py) as well as the plot's own module
-    sources = Path(module_file).read_bytes() + (Path(__file__).parent / "figures.py").read_bytes()
-    return hashlib.sha256(sources + f"{__version__} {matplotlib.__version__}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{__version__} {matplotlib.__version__}".encode())
+    for file in files:
+        digest.update(file.encode() + b"\0" + Path(file).read_bytes())
+    return digest.hexdigest()
 
 
 def figure_key(function, inputs) -> str | None:
-    """A key of what a figure is drawn from: ``inputs`` and the code that draws it (``function``'s module, raygeom's and
-    matplotlib's versions). None when the inputs cannot be pickled: then the figure is always drawn."""
+    """A key of what a figure is drawn from: ``inputs`` and the code that draws it (the source of ``function``'s
+    module and of the raygeom modules it imports from, raygeom's and matplotlib's versions). None when the inputs
+    cannot be pickled: then the figure is always drawn."""
     try:
         payload = pickle.dumps((function.__qualname__, inputs), protocol=4)
     except Exception:
         return None
-    return hashlib.sha256(payload + _code_digest(inspect.getsourcefile(function)).encode()).hexdigest()
+    return hashlib.sha256(payload + _code_digest(tuple(_raygeom_sources(function))).encode()).hexdigest()
 
 
 def drawn_key(path: Path) -> str | None:

@@ -82,16 +82,19 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    groups = _groups(rows, analysis.series)
+    groups = [(name, sorted(group, key=lambda r: r["relative_depth"]))
+              for name, group in sorted(_groups(rows, analysis.series).items())]
     for metric in analysis.metrics:
         path = Path(directory) / f"{analysis.name}_{metric.column}_vs_depth.png"
-        key, drawn = figure_to_draw(path, plot_analysis, (analysis.name, analysis.title, analysis.series, metric, rows))
+        # keyed on the columns this plot draws, not the whole rows: another metric's change does not redraw it
+        columns = ("relative_depth", metric.column, metric.lo, metric.hi, metric.chance)
+        drawn_from = [(name, [tuple(r.get(c) if c else None for c in columns) for r in group]) for name, group in groups]
+        key, drawn = figure_to_draw(path, plot_analysis, (analysis.name, analysis.title, metric, drawn_from))
         if drawn:  # from these rows already (a rerun)
             paths.append(path)
             continue
         fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-        for (model, revision, setting), group in sorted(groups.items()):
-            group = sorted(group, key=lambda r: r["relative_depth"])
+        for (model, revision, setting), group in groups:
             x = [r["relative_depth"] for r in group]
             label = f"{model}@{revision}" + (f" ({setting})" if setting else "")
             line, = ax.plot(x, [_finite(r.get(metric.column)) for r in group], marker="o", ms=3, label=label)

@@ -57,18 +57,30 @@ def test_each_metric_plot_of_an_analysis_is_keyed_by_its_rows(tmp_path):
     from raygeom.analyses.registry import get
     from raygeom.report.tables import plot_analysis
 
-    analysis = get("pc1")
+    analysis = get("spectral")  # four metrics
     rows = [{"model": "m", "revision": "main", "layer": f"block_0{i}", "relative_depth": i / 2, "k": 8,
              **{metric.column: 0.1 * i for metric in analysis.metrics}} for i in range(3)]
     paths = plot_analysis(analysis, rows, tmp_path)
-    assert paths and all(drawn_key(p) for p in paths)
+    assert len(paths) == 4 and all(drawn_key(p) for p in paths)
     before = [stamp(p) for p in paths]
     assert plot_analysis(analysis, rows, tmp_path) == paths
     assert [stamp(p) for p in paths] == before
     rows[0][analysis.metrics[0].column] = 0.9
     plot_analysis(analysis, rows, tmp_path)
     assert stamp(paths[0]) != before[0]
+    assert [stamp(p) for p in paths[1:]] == before[1:], "another metric's column changed: its plot stays"
     assert FIGURE_KEY == "raygeom-inputs"
+
+
+def test_the_key_covers_the_raygeom_modules_a_plot_imports_from():
+    from raygeom.jobs import width
+    from raygeom.report.figure_keys import _raygeom_sources
+
+    sources = _raygeom_sources(width.plot_heatmaps)
+    for module in ("raygeom/jobs/width.py", "raygeom/report/figures.py", "raygeom/analyses/sweep.py",
+                   "raygeom/numerics/uncertainty.py"):
+        assert any(s.endswith(module) for s in sources), module
+    assert not any("site-packages" in s for s in sources)
 
 
 def sweep_table(z_shift: float = 0.0):
