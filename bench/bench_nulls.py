@@ -112,7 +112,7 @@ class Draws:
         np.savez(self.path, **{**self.cache, "seconds": self.seconds, "drawn": self.drawn})
 
 
-def run_rule(draws: Draws, seed: int, relative: float | None, cap: int) -> tuple[int, np.ndarray, bool]:
+def run_rule(draws: Draws, seed: int, relative: float | None, cap: int, decide: int = 0) -> tuple[int, np.ndarray, bool]:
     """(count, nulls, reached) of `--n-null auto` on seed ``seed``: the rule checked at each block end in turn, as
     `auto_null_count` checks it (the first end where `null_target_reached` holds, or ``cap``); ``reached``: the
     half-width target met, not just the cap."""
@@ -121,7 +121,7 @@ def run_rule(draws: Draws, seed: int, relative: float | None, cap: int) -> tuple
     n = BLOCK
     while True:
         nulls = draws.get(seed, min(n, cap))
-        if null_target_reached(draws.rho, nulls, 0.25, cap=cap, seed=seed, relative_target=relative):
+        if null_target_reached(draws.rho, nulls, 0.25, cap=cap, seed=seed, relative_target=relative, decide_cap=decide):
             reached = nulls.size < cap or null_target_reached(draws.rho, nulls, 0.25, cap=10**9, seed=seed,
                                                                 relative_target=relative)
             return nulls.size, nulls, reached
@@ -185,6 +185,52 @@ def compare(got: dict, reference: dict, kinds: list[str]) -> tuple[list[str], in
     return cells, differ, wrong, total, decided
 
 
+def expected_differences(rows: list[dict], counts: np.ndarray, per_null_sd: np.ndarray,
+                         zones: set | None = None) -> np.ndarray:
+    """Per layer, the expected number of its decisions (sign, |z| > 2, collapse-zone membership; the model's lowest
+    layer on that layer's row) that a run of ``counts`` nulls takes differently from ``rows``, the reference, whose
+    z is taken as true. z of a run is normal around it with sd ``per_null_sd / sqrt(count)`` (the normal model the
+    intervals use); the zone is decided on intervals, as `collapse_zones` decides it: a reference zone layer is kept
+    only while its own interval stays below 0 and an early layer's stays above 2."""
+    from scipy.stats import norm
+
+    q = 1.959964
+    z = np.array([r["z"] for r in rows])
+    sd = per_null_sd / np.sqrt(counts)
+    zones = _zones(rows) if zones is None else zones
+    out = norm.cdf(-np.abs(z) / sd) + norm.cdf(-np.abs(np.abs(z) - 2) / sd)
+    for model in dict.fromkeys(r["model"] for r in rows):
+        index = [i for i, r in enumerate(rows) if r["model"] == model]
+        early = [i for i in index if 0 < rows[i]["relative_depth"] <= 0.5]
+        backed_early = max((norm.cdf((z[i] - 2) / sd[i] - q) for i in early), default=0.0)
+        for i in index:
+            if (model, rows[i]["layer"]) in zones:
+                out[i] += 1 - norm.cdf(-z[i] / sd[i] - q) * backed_early
+        low = sorted(index, key=lambda i: z[i])[:2]
+        if len(low) == 2:
+            out[low[0]] += norm.cdf(-(z[low[1]] - z[low[0]]) / np.hypot(sd[low[0]], sd[low[1]]))
+    return out
+
+
+def decision_floor(rows: list[dict], start: np.ndarray, per_null_sd: np.ndarray, allowed: float,
+                   cap: int = 200_000) -> np.ndarray:
+    """The fewest nulls per layer, in blocks of BLOCK, from ``start`` up, at which the expected differing
+    decisions (:func:`expected_differences`) fall to ``allowed``: blocks go, one at a time, where they remove the
+    most expected differences. A rule that knew every layer's z could do no better; one that must find out does
+    worse."""
+    counts, zones = start.astype(float).copy(), _zones(rows)
+    current = expected_differences(rows, counts, per_null_sd, zones)
+    while current.sum() > allowed and counts.sum() < cap * len(rows):
+        gains = np.empty(len(rows))
+        for i in range(len(rows)):
+            trial = counts.copy()
+            trial[i] += BLOCK
+            gains[i] = current.sum() - expected_differences(rows, trial, per_null_sd, zones).sum()
+        counts[int(np.argmax(gains))] += BLOCK
+        current = expected_differences(rows, counts, per_null_sd, zones)
+    return counts
+
+
 STORED = Path(__file__).resolve().parents[1] / "docs" / "results" / "pga" / "diagnostics_pga.parquet"
 
 
@@ -203,6 +249,7 @@ def stored_run_table() -> None:
           "and each rule's need from the stored z x the null's measured (z_se / delta se)^2")
     print(f"{'model':<16}{'layers':>7}{'measured (old)':>16}{'need old':>10}{'need new':>10}{'new, cap 1000':>15}{'ratio':>7}")
     totals = np.zeros(4)
+    new_counts = []
     for model in dict.fromkeys(r["model"] for r in rows):
         group = [r for r in rows if r["model"] == model]
         z = np.array([r["z"] for r in group])
@@ -210,12 +257,76 @@ def stored_run_table() -> None:
         inflation = (np.array([r["z_se"] for r in group]) / np.sqrt((1 + z * z / 2) / n)) ** 2
         old = expected_auto_nulls(z, 0.25, None, cap=40_000, inflation=inflation).sum()
         new = expected_auto_nulls(z, 0.25, 0.05, cap=40_000, inflation=inflation).sum()
-        capped = expected_auto_nulls(z, 0.25, 0.05, cap=1000, inflation=inflation).sum()
+        capped = expected_auto_nulls(z, 0.25, 0.05, cap=1000, inflation=inflation)
+        new_counts.append(capped)
+        capped = capped.sum()
         totals += [n.sum(), old, new, capped]
         print(f"{model:<16}{len(group):>7}{int(n.sum()):>16,}{int(old):>10,}{int(new):>10,}{int(capped):>15,}"
               f"{n.sum() / capped:>7.1f}")
     print(f"{'all':<16}{len(rows):>7}{int(totals[0]):>16,}{int(totals[1]):>10,}{int(totals[2]):>10,}{int(totals[3]):>15,}"
           f"{totals[0] / totals[3]:>7.1f}")
+    for r in rows:
+        r["revision"] = "main"
+    print_decision_cost(rows, np.concatenate(new_counts), int(totals[0]), "the stored z", "the old rule's measured")
+    per_null_sd = np.array([r["z_se"] * np.sqrt(r["n_null"]) for r in rows])
+    print(f"Each rule run {SIMULATED_RUNS} times on the stored layers (z of a run normal around the stored z, with its "
+          "per-null sd, its path over blocks a random walk; old rule capped at 40,000, the others at 1,000):")
+    for label, relative, decide, cap in (("old rule", None, 0, 40_000), ("new rule", 0.05, 0, 1000),
+                                         ("new + decide 500", 0.05, 500, 1000), ("new + decide 1000", 0.05, 1000, 1000)):
+        nulls, differ, at_most_one = simulate_rule(rows, per_null_sd, relative, decide, cap)
+        print(f"  {label:<18} {nulls:>9,.0f} nulls ({int(totals[0]) / nulls:.1f}x fewer than the measured "
+              f"{int(totals[0]):,}); differing decisions {differ:.2f} of {3 * len(rows) + 2} "
+              f"({100 * differ / (3 * len(rows) + 2):.1f} %), a run with <= 1 of them: {100 * at_most_one:.0f} %")
+
+
+SIMULATED_RUNS = 300
+
+
+def simulate_rule(rows: list[dict], per_null_sd: np.ndarray, relative: float | None, decide: int, cap: int,
+                  runs: int = SIMULATED_RUNS, seed: int = 0) -> tuple[float, float, float]:
+    """(mean nulls, mean differing decisions, share of runs with at most one) of ``runs`` simulated runs of the rule
+    (half-width <= max(0.25, relative |z|); below ``decide`` nulls also while the interval holds 0, -2 or 2; at most
+    ``cap``) on layers whose true z are the rows' z: a run's z after n nulls is z + sd B(n) / n, B a random walk
+    (the mean of n independent errors), its half-width 1.96 sd / sqrt(n); decisions against the rows' own."""
+    rng = np.random.default_rng(seed)
+    z = np.array([r["z"] for r in rows])
+    n = BLOCK * np.arange(1, cap // BLOCK + 1)
+    reference = decisions([{**r, "z_lo": r["z"], "z_hi": r["z"]} for r in rows])
+    totals, differing = [], []
+    for _ in range(runs):
+        walk = np.cumsum(rng.standard_normal((len(z), n.size)) * np.sqrt(BLOCK), axis=1)
+        z_run = z[:, None] + per_null_sd[:, None] * walk / n
+        half = 1.959964 * per_null_sd[:, None] / np.sqrt(n)
+        target = 0.25 if relative is None else np.maximum(0.25, relative * np.abs(z_run))
+        open_ = np.zeros(z_run.shape, dtype=bool)
+        for threshold in (-2.0, 0.0, 2.0):
+            open_ |= (z_run - half <= threshold) & (threshold <= z_run + half)
+        stop = (half <= target) & ~(open_ & (n < decide))
+        stop[:, -1] = True
+        at = stop.argmax(axis=1)
+        i = np.arange(len(z))
+        got = decisions([{**r, "z": z_run[j, at[j]], "z_lo": z_run[j, at[j]] - half[j, at[j]],
+                          "z_hi": z_run[j, at[j]] + half[j, at[j]]} for j, r in zip(i, rows)])
+        differing.append(sum(got[key][0] != reference[key][0] for key in reference))
+        totals.append(n[at].sum())
+    return float(np.mean(totals)), float(np.mean(differing)), float(np.mean(np.array(differing) <= 1))
+
+
+def print_decision_cost(rows: list[dict], new_counts: np.ndarray, old_total: int, truth: str, old: str) -> None:
+    """What <= 1 % differing decisions costs: expected differences at the new rule's counts, and the floor of
+    :func:`decision_floor`, taking ``truth`` (the rows' z, with their per-null sd) as the true z."""
+    per_null_sd = np.array([r["z_se"] * np.sqrt(r["n_null"]) for r in rows])
+    n_decisions = 3 * len(rows) + len({r["model"] for r in rows})
+    floor = decision_floor(rows, new_counts, per_null_sd, 0.01 * n_decisions)
+    close = [f"{r['model']}/{r['layer']} z={r['z']:+.2f} +{int(e):,}" for r, e in zip(rows, floor - new_counts) if e > 0]
+    print(f"Decisions (sign, |z|>2, collapse zone, lowest layer: {n_decisions}), {truth} taken as true, z of a run normal "
+          "around it (the intervals' model):\n"
+          f"  expected differing at the new rule's counts: {expected_differences(rows, new_counts, per_null_sd).sum():.1f} "
+          f"({int(new_counts.sum()):,} nulls)\n"
+          f"  a rule that knew every z, drawing only where decisions are close, for <= 1 %: {int(floor.sum()):,} nulls "
+          f"({expected_differences(rows, floor, per_null_sd).sum():.2f} expected), {old_total / floor.sum():.1f}x fewer "
+          f"than {old} {old_total:,}\n"
+          f"  its extra draws over the new rule: {'; '.join(close) or 'none'}")
 
 
 def layer_draws(model: str, layer: str, n_texts: int, max_words: int, data: dict) -> Draws:
@@ -230,16 +341,19 @@ def run_layer(model: str, layer: str, args: dict) -> tuple[dict, dict, float]:
     names = list(data["layers"])
     d = layer_draws(model, layer, args["n_texts"], args["max_words"], data)
     rows = {("ref", 0): row(model, layer, names, d.rho, d.get(REF_SEED, args["ref_nulls"]), REF_SEED)}
-    new_counts = []
+    new_counts, decide_counts = [], []
     for s in range(args["replicates"]):
         count, nulls, _ = run_rule(d, s, 0.05, args["new_cap"])
         rows[("new", s)] = row(model, layer, names, d.rho, nulls, s)
         new_counts.append(count)
+        count, nulls, _ = run_rule(d, s, 0.05, args["new_cap"], args["decide"])
+        rows[("decide", s)] = row(model, layer, names, d.rho, nulls, s)
+        decide_counts.append(count)
     count, nulls, reached = run_rule(d, 0, None, args["old_cap"])
     old = rows[("old", 0)] = row(model, layer, names, d.rho, nulls, 0)
     old_count = count if reached else int(np.ceil(count * (old["z_half_width"] / 0.25) ** 2 / BLOCK) * BLOCK)
     record = {"model": model, "layer": layer, "z_ref": rows[("ref", 0)]["z"], "old": old_count, "old_exact": reached,
-              "new": new_counts[0], "new_mean": float(np.mean(new_counts)), "z_new": rows[("new", 0)]["z"],
+              "new": new_counts[0], "new_mean": float(np.mean(new_counts)), "decide": decide_counts[0], "z_new": rows[("new", 0)]["z"],
               "hw_new": rows[("new", 0)]["z_half_width"], "spn": d.seconds_per_null()}
     d.save()
     return record, rows, d.session
@@ -254,6 +368,7 @@ def main() -> None:
     parser.add_argument("--replicates", type=int, default=2, help="independent runs of the new rule (seeds 0..)")
     parser.add_argument("--old-cap", type=int, default=2000, help="most draws the old rule is run on; beyond, extrapolated")
     parser.add_argument("--new-cap", type=int, default=1000, help="--n-null-cap of the new rule (the CLI default)")
+    parser.add_argument("--decide", type=int, default=500, help="--n-null-decide of the new rule + decide (the CLI default)")
     parser.add_argument("--coverage-seeds", type=int, default=40)
     parser.add_argument("--truth-nulls", type=int, default=10_000, help="nulls of the truth for the coverage layers")
     parser.add_argument("--jobs", type=int, default=2, help="processes drawing nulls, a layer each (one per core)")
@@ -277,7 +392,8 @@ def main() -> None:
         return
     draws: dict[tuple[str, str], Draws] = {}
     per_layer, sessions = [], {}
-    runs = {("new", s): [] for s in range(args.replicates)} | {("old", 0): [], ("ref", 0): []}
+    runs = ({(rule, s): [] for rule in ("new", "decide") for s in range(args.replicates)}
+            | {("old", 0): [], ("ref", 0): []})
     tasks = [(m, layer, vars(args)) for m in models for layer in data[m]["layers"]]
     if args.jobs > 1:
         import multiprocessing
@@ -301,33 +417,37 @@ def main() -> None:
 
     print(f"\nPer layer (CCR-1, k={K}, N={args.n_texts}; reference {args.ref_nulls:,} nulls on seed {REF_SEED}; "
           f"~ = old rule extrapolated beyond {args.old_cap:,} draws)")
-    print(f"{'model':<14}{'layer':<11}{'z ref':>8}{'old rule':>10}{'new rule':>10}{'new z ± 95%':>16}{'ms/null':>9}")
+    print(f"{'model':<14}{'layer':<11}{'z ref':>8}{'old rule':>10}{'new rule':>10}{'+ decide':>10}{'new z ± 95%':>16}"
+          f"{'ms/null':>9}")
     for p in per_layer:
         old = f"{'~' if not p['old_exact'] else ''}{p['old']:,}"
-        print(f"{p['model']:<14}{p['layer']:<11}{p['z_ref']:>+8.2f}{old:>10}{p['new']:>10,}"
+        print(f"{p['model']:<14}{p['layer']:<11}{p['z_ref']:>+8.2f}{old:>10}{p['new']:>10,}{p['decide']:>10,}"
               f"{p['z_new']:>+9.2f} ± {p['hw_new']:<5.2f}{1000 * p['spn']:>9.1f}")
 
     reference = decisions(runs[("ref", 0)])
     print("\nSide by side, per model (CPU-s = nulls x the layer's CPU-s per null, timed on 30 nulls; = wall on one free core)")
-    print(f"{'model':<14}{'layers':>7}{'nulls old':>12}{'nulls new':>11}{'ratio':>7}{'CPU-s old':>11}{'CPU-s new':>11}"
-          f"{'|z|>5 old':>11}{'|z|>5 new':>11}")
-    totals = np.zeros(4)
+    print(f"{'model':<14}{'layers':>7}{'nulls old':>12}{'nulls new':>11}{'ratio':>7}{'+ decide':>10}{'ratio':>7}"
+          f"{'CPU-s old':>11}{'CPU-s new':>11}{'+ decide':>10}{'|z|>5 old':>11}{'|z|>5 new':>11}")
+    totals = np.zeros(6)
     for m in models:
         ps = [p for p in per_layer if p["model"] == m]
-        old, new = sum(p["old"] for p in ps), sum(p["new"] for p in ps)
-        cpu_old, cpu_new = sum(p["old"] * p["spn"] for p in ps), sum(p["new"] * p["spn"] for p in ps)
+        old, new, dec = (sum(p[rule] for p in ps) for rule in ("old", "new", "decide"))
+        cpu = [sum(p[rule] * p["spn"] for p in ps) for rule in ("old", "new", "decide")]
         far = [p for p in ps if abs(p["z_ref"]) > 5]
-        totals += [old, new, cpu_old, cpu_new]
-        print(f"{m:<14}{len(ps):>7}{old:>12,}{new:>11,}{old / new:>7.1f}{cpu_old:>11.0f}{cpu_new:>11.0f}"
-              f"{sum(p['old'] for p in far):>11,}{sum(p['new'] for p in far):>11,}")
+        totals += [old, new, dec, *cpu]
+        print(f"{m:<14}{len(ps):>7}{old:>12,}{new:>11,}{old / new:>7.1f}{dec:>10,}{old / dec:>7.1f}{cpu[0]:>11.0f}"
+              f"{cpu[1]:>11.0f}{cpu[2]:>10.0f}{sum(p['old'] for p in far):>11,}{sum(p['new'] for p in far):>11,}")
     print(f"{'all':<14}{len(per_layer):>7}{int(totals[0]):>12,}{int(totals[1]):>11,}{totals[0] / totals[1]:>7.1f}"
-          f"{totals[2]:>11.0f}{totals[3]:>11.0f}")
+          f"{int(totals[2]):>10,}{totals[0] / totals[2]:>7.1f}{totals[3]:>11.0f}{totals[4]:>11.0f}{totals[5]:>10.0f}")
+    print(f"(+ decide: the new rule with --n-null-decide {args.decide}: on while z's interval holds 0, -2 or 2, up to "
+          f"{args.decide} nulls)")
 
     print(f"\nDecisions against the {args.ref_nulls:,}-null reference: differing / compared (of which the run's own "
           "95 % interval excluded the reference's side: wrong and sure)")
     kinds = ["sign", "|z|>2", "collapse zone", "lowest layer"]
     print(f"{'run':<22}" + "".join(f"{k:>16}" for k in kinds) + f"{'all':>16}{'sure':>8}{'backed by the run':>19}")
-    pairs = [(f"{rule} rule seed {seed}" + (" (*)" if rule == "old" else ""), decisions(rows), reference)
+    names = {"new": "new rule", "decide": "new + decide", "old": "old rule"}
+    pairs = [(f"{names[rule]} seed {seed}" + (" (*)" if rule == "old" else ""), decisions(rows), reference)
              for (rule, seed), rows in runs.items() if rule != "ref"]
     pairs.append(("new vs old, seed 0", decisions(runs[("new", 0)]), decisions(runs[("old", 0)])))
     for label, got, against in pairs:
@@ -337,6 +457,10 @@ def main() -> None:
     print("(*) where the old rule needs more than --old-cap draws, its decisions are those at --old-cap\n"
           "sure: differing where the run's own 95 % interval backs its side; backed by the run: the decisions whose side "
           "every z in the run's intervals gives (the rest it leaves open)")
+
+    print()
+    print_decision_cost(runs[("ref", 0)], np.array([p["new"] for p in per_layer], dtype=float),
+                        sum(p["old"] for p in per_layer), f"the {args.ref_nulls:,}-null reference's z", "the old rule's")
 
     # Coverage at 100 nulls: 3 layers (|z| smallest, nearest 10, largest over all models), against a high-null truth.
     by_z = sorted(per_layer, key=lambda p: abs(p["z_ref"]))

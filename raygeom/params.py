@@ -211,12 +211,15 @@ class PGAParams(Params):
     null_chunks: int = param(10, "Ray tasks the nulls of one layer are split into.", low=1)
     gpus_per_task: float = param(0.0, "GPUs each PGA task asks Ray for (0: CPU).", low=0.0)
     # --n-null auto: nulls are added in blocks of AUTO_NULL_BLOCK until the 95 % half-width of z is at most
-    # max(z_half_width, z_rel_width * |z|), or n_null_cap nulls; n_null is then the first block.
+    # max(z_half_width, z_rel_width * |z|), or n_null_cap nulls; n_null is then the first block;
     n_null_auto: bool = False
     z_half_width: float = param(0.25, "Target 95% half-width of z for --n-null auto.", low=0.0, low_open=True)
     z_rel_width: float = param(0.05, "--n-null auto also stops at this fraction of |z| (half-width <= max(z_half_width, "
                                      "z_rel_width * |z|)).", low=0.0, high=1.0, high_open=True)
     n_null_cap: int = param(1000, "Most nulls --n-null auto draws for one layer.", low=2)
+    # and, below n_null_decide nulls, while z's interval holds 0, -2 or 2 (a decision still open; 0: off).
+    n_null_decide: int = param(500, "--n-null auto keeps drawing while z's 95% interval holds 0, -2 or 2 (its sign or "
+                                    "|z| > 2 still open), up to this many nulls (0: off; --n-null-cap still caps).", low=0)
     # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
     text_halves: int = param(10, "Half-samples of the texts for the interval over texts (0: none, else >= 2).", low=0)
 

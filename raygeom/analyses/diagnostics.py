@@ -52,6 +52,7 @@ class DiagnosticsParams:
     z_half_width: float = 0.25
     z_rel_width: float = 0.05
     n_null_cap: int = 1000
+    n_null_decide: int = 500
 
     def __post_init__(self):
         if self.k <= 0:
@@ -66,7 +67,7 @@ class DiagnosticsParams:
     def pga(self, r: int) -> PGAParams:
         return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks,
                          n_null_auto=self.n_null_auto, z_half_width=self.z_half_width, z_rel_width=self.z_rel_width,
-                         n_null_cap=self.n_null_cap)
+                         n_null_cap=self.n_null_cap, n_null_decide=self.n_null_decide)
 
 
 def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None) -> list[dict]:

@@ -26,8 +26,9 @@ PGA_VERSION = 5
 
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
-    null = (("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap) if params.n_null_auto
-            else params.n_null)
+    decide = (params.n_null_decide,) if params.n_null_decide else ()  # 0 keeps the keys from before the setting
+    null = (("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap, *decide)
+            if params.n_null_auto else params.n_null)
     per_d = (("k_per_d", params.k_per_d),) if params.k_per_d else ()  # keys of fixed-k units stay as they were
     return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves,
                        *per_d)
@@ -101,7 +102,8 @@ def null_chunks(params: PGAParams, start: int = 0, stop: int | None = None) -> l
 
 def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[int]]:
     """``--n-null auto``: the next block of null indices while z's 95 % half-width is above
-    ``max(z_half_width, z_rel_width * |z|)`` (:func:`raygeom.numerics.uncertainty.null_target_reached`).
+    ``max(z_half_width, z_rel_width * |z|)``, or, below ``n_null_decide`` nulls, while its interval holds a
+    decision threshold (:func:`raygeom.numerics.uncertainty.null_target_reached`).
 
     Decided only at block boundaries from the nulls so far, so the final count and z do not depend on
     how the nulls were split into chunks or tasks."""
@@ -109,7 +111,8 @@ def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[in
 
     if not params.n_null_auto or null_target_reached(rho, nulls, params.z_half_width, params.n_null_cap,
                                                       seed=params.seed, min_null=params.n_null,
-                                                      relative_target=params.z_rel_width):
+                                                      relative_target=params.z_rel_width,
+                                                      decide_cap=params.n_null_decide):
         return []
     return null_chunks(params, len(nulls), min(len(nulls) + AUTO_NULL_BLOCK, params.n_null_cap))
 

@@ -404,7 +404,7 @@ def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget
 
     pga = plan.job.pga
     rule = {"target_half_width": pga.z_half_width, "relative_target": pga.z_rel_width or None, "cap": pga.n_null_cap,
-            "min_null": AUTO_FIRST_BLOCK, "block": AUTO_FIRST_BLOCK}
+            "min_null": AUTO_FIRST_BLOCK, "block": AUTO_FIRST_BLOCK, "decide_cap": pga.n_null_decide}
     per_unit_high = float(expected_auto_nulls(np.linspace(0.0, 200.0, 20_001), **rule).max())
     per_null = _seconds_per_null(plan, cost)
     pilot, pilot_rows = pilot_z(plan.store)
@@ -425,7 +425,8 @@ def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget
                    "high": cpu(lambda r, layer: per_unit_high),
                    "expected": cpu(lambda r, layer: expected.get((r.key, layer), 0.0)) if expected else None}
     words = (f"stop at max({pga.z_half_width:g}, {pga.z_rel_width:g} x |z|)" if pga.z_rel_width
-             else f"stop at {pga.z_half_width:g}") + f", cap {pga.n_null_cap:,}"
+             else f"stop at {pga.z_half_width:g}") + (f", on while 0 or ±2 is inside, up to {pga.n_null_decide:,}"
+                                                       if pga.n_null_decide else "") + f", cap {pga.n_null_cap:,}"
     return AutoBudget(words, len(missing), pga.n_null * len(missing), AUTO_FIRST_BLOCK * len(missing),
                       int(per_unit_high * len(missing)), sum(expected.values()) if expected else None, pilot_rows,
                       len(expected), cpu_seconds)

@@ -434,7 +434,8 @@ def register(app: typer.Typer) -> None:
         try:
             _diagnose(grid_job("diagnose", {**grid, "given": given}), max_words, g["k"], ccr_ranks, g["n_null"],
                       g["null_chunks"], sample_ccr, probe, probe_test_fraction, g["seed"], report, g["address"],
-                      g["num_cpus"], z_half_width=g["z_half_width"], z_rel_width=g["z_rel_width"], n_null_cap=g["n_null_cap"])
+                      g["num_cpus"], z_half_width=g["z_half_width"], z_rel_width=g["z_rel_width"], n_null_cap=g["n_null_cap"],
+                      n_null_decide=g["n_null_decide"])
         except RaygeomError as error:
             cli._fail(str(error))
 
@@ -492,7 +493,7 @@ def _check_labels(corpus_name: str) -> None:
 
 
 def _diagnose(job, max_words, k, ccr_ranks, n_null, null_chunks, sample_ccr, probe, probe_test_fraction, seed, report,
-              address, num_cpus, z_half_width=0.25, n_null_cap=1000, z_rel_width=0.05):
+              address, num_cpus, z_half_width=0.25, n_null_cap=1000, z_rel_width=0.05, n_null_decide=500):
     from raygeom.report.figures import write_rows
 
     cli = _cli()
@@ -500,7 +501,7 @@ def _diagnose(job, max_words, k, ccr_ranks, n_null, null_chunks, sample_ccr, pro
     from raygeom.params import n_null_settings
 
     params_kwargs = dict(k=k, ccr_ranks=_parse_ranks(ccr_ranks), **n_null_settings(n_null), null_chunks=null_chunks, seed=seed,
-                         z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap,
+                         z_half_width=z_half_width, z_rel_width=z_rel_width, n_null_cap=n_null_cap, n_null_decide=n_null_decide,
                          sample_ccr=sample_ccr, probe=probe, probe_test_fraction=probe_test_fraction)
     specs, out = unique_specs(job), Path(job.out)
     if probe:

@@ -227,10 +227,12 @@ PlotsOption = option(CommandFlags, "plots", path=True)
 KOption = option(PGAParams, "k")
 CcrOption = option(PGAParams, "r")
 NNullOption = option(PGAParams, "n_null", words=("auto",), help="Random subspaces in the null, or 'auto': blocks of 100 "
-                     "until z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|), at most --n-null-cap.")
+                     "until z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|) and, below --n-null-decide, "
+                     "its interval holds none of 0, -2, 2; at most --n-null-cap.")
 ZHalfWidthOption = option(PGAParams, "z_half_width")
 ZRelWidthOption = option(PGAParams, "z_rel_width")
 NNullCapOption = option(PGAParams, "n_null_cap")
+NNullDecideOption = option(PGAParams, "n_null_decide")
 NullChunksOption = option(PGAParams, "null_chunks")
 SeedOption = option(PGAParams, "seed")
 
@@ -254,7 +256,8 @@ GRID_OPTIONS = {
 # PGA's parameters, as pga, run and diagnose take them (PGAParams declares them).
 PGA_OPTIONS = {"k": (Optional[str], KOption), "ccr": (Optional[str], CcrOption), "n_null": (Optional[str], NNullOption),
                "z_half_width": (Optional[str], ZHalfWidthOption), "z_rel_width": (Optional[str], ZRelWidthOption),
-               "n_null_cap": (Optional[str], NNullCapOption), "null_chunks": (Optional[str], NullChunksOption),
+               "n_null_cap": (Optional[str], NNullCapOption), "n_null_decide": (Optional[str], NNullDecideOption),
+               "null_chunks": (Optional[str], NullChunksOption),
                "seed": (Optional[str], SeedOption)}
 SHARED_OPTIONS = {**GRID_OPTIONS, **PGA_OPTIONS}
 TEXT_GRID = tuple(GRID_OPTIONS)  # a command of one vector per text takes them all

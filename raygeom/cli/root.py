@@ -114,7 +114,7 @@ def _run(job, address, num_cpus):
 
 
 PGA_FLAGS = {"k": "k", "ccr": "r", "z_half_width": "z_half_width", "z_rel_width": "z_rel_width",
-             "n_null_cap": "n_null_cap", "null_chunks": "null_chunks", "seed": "seed"}
+             "n_null_cap": "n_null_cap", "n_null_decide": "n_null_decide", "null_chunks": "null_chunks", "seed": "seed"}
 
 
 def pga_overrides(values: dict, every: bool) -> dict:

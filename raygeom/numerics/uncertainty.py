@@ -34,6 +34,7 @@ NULL_BLOCK = 100  # as the CLI's --n-null auto (raygeom.params.AUTO_NULL_BLOCK)
 NULL_CAP = 1000
 NULL_MIN = 100
 TARGET_HALF_WIDTH = 0.25
+DECISION_THRESHOLDS = (-2.0, 0.0, 2.0)  # the decisions read off z: its sign, and |z| > 2
 TARGET_REL_WIDTH = 0.05  # --z-rel-width: a half-width of 5 % of |z| is enough far from the thresholds
 # Fewest null draws that carry an interval for z (METRICS.md, "No interval below 20 nulls").
 Z_MIN_NULL = 20
@@ -190,10 +191,13 @@ def null_blocks(cap: int = NULL_CAP, block: int = NULL_BLOCK, start: int = 0) ->
 
 def null_target_reached(rho: float, nulls: Sequence[float], target_half_width: float = TARGET_HALF_WIDTH,
                         cap: int = NULL_CAP, *, seed: int = 0, min_null: int = NULL_MIN,
-                        relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL) -> bool:
+                        relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL,
+                        decide_cap: int = 0) -> bool:
     """Whether ``--n-null auto`` may stop with these nulls: at least ``min_null`` (and ``Z_MIN_NULL``)
     of them and the 95 % half-width of z (:func:`z_uncertainty`) at most
-    :func:`stop_half_width` ``(z, target_half_width, relative_target)``, or ``cap`` reached.
+    :func:`stop_half_width` ``(z, target_half_width, relative_target)``, or ``cap`` reached. Below
+    ``decide_cap`` nulls, it also waits while z's interval holds a decision threshold
+    (:func:`holds_threshold`: the sign of z or |z| > 2 still open).
 
     A degenerate null (no spread, z undefined; or draws too degenerate for an interval) stops at
     once: more draws cannot help.
@@ -208,7 +212,15 @@ def null_target_reached(rho: float, nulls: Sequence[float], target_half_width: f
     result = z_uncertainty(rho, nulls, seed=seed, n_boot=n_boot, level=level)
     if not np.isfinite(result["z_half_width"]):
         return True
-    return bool(result["z_half_width"] <= stop_half_width(result["z"], target_half_width, relative_target))
+    if not result["z_half_width"] <= stop_half_width(result["z"], target_half_width, relative_target):
+        return False
+    return not (nulls.size < decide_cap and holds_threshold(result["z_lo"], result["z_hi"]))
+
+
+def holds_threshold(z_lo: float, z_hi: float, thresholds: Sequence[float] = DECISION_THRESHOLDS) -> bool:
+    """Whether z's interval ``[z_lo, z_hi]`` holds a decision threshold (by default 0 and -2, 2: the sign
+    of z and |z| > 2), so that the interval leaves that decision open."""
+    return any(z_lo <= t <= z_hi for t in thresholds)
 
 
 def stop_half_width(z: float, target_half_width: float = TARGET_HALF_WIDTH,
@@ -223,24 +235,32 @@ def stop_half_width(z: float, target_half_width: float = TARGET_HALF_WIDTH,
 
 def expected_auto_nulls(z, target_half_width: float = TARGET_HALF_WIDTH, relative_target: float | None = None,
                         cap: int = NULL_CAP, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
-                        level: float = LEVEL, inflation: float = 1.0):
+                        level: float = LEVEL, inflation: float = 1.0, decide_cap: int = 0):
     """Nulls ``--n-null auto`` is expected to draw for a layer whose z is ``z`` (array or scalar): the
     delta method's need ``(q / h)^2 (1 + z^2 / 2)`` at the stop half-width ``h`` of
     :func:`stop_half_width`, times ``inflation`` (the null's measured ``(z_se / delta se)^2``; 1 for
     Gaussian nulls), rounded up to a whole block, at least ``min_null``, at most ``cap``. At the
     defaults (0.25, no relative target) the need is ``61.5 (1 + z^2 / 2)``; with 5 % of |z| it levels
-    off at ``(q / 0.05)^2 / 2 = 768`` for large |z|."""
+    off at ``(q / 0.05)^2 / 2 = 768`` for large |z|. With ``decide_cap``, a layer whose interval at that
+    count still holds a decision threshold goes on to the count whose half-width is its distance to
+    the nearest one, up to ``decide_cap``."""
     z = np.abs(np.asarray(z, dtype=np.float64))
     h = np.full_like(z, float(target_half_width)) if relative_target is None else np.maximum(target_half_width,
                                                                                              relative_target * z)
-    need = (_quantile(level) / h) ** 2 * (1.0 + z * z / 2.0) * inflation
+    per_null = (_quantile(level) ** 2) * (1.0 + z * z / 2.0) * inflation
+    need = per_null / h**2
+    if decide_cap:
+        nearest = np.min(np.abs(z[..., None] - np.abs(np.asarray(DECISION_THRESHOLDS))), axis=-1)
+        with np.errstate(divide="ignore"):
+            need = np.maximum(need, np.minimum(per_null / nearest**2, decide_cap))
     blocks = np.ceil(np.maximum(need, min_null) / block) * block
     return np.minimum(blocks, cap)
 
 
 def auto_null_count(rho: float, nulls: Sequence[float], target_half_width: float = TARGET_HALF_WIDTH,
                     cap: int = NULL_CAP, *, seed: int = 0, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
-                    relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL) -> int | None:
+                    relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL,
+                    decide_cap: int = 0) -> int | None:
     """How many nulls ``--n-null auto`` keeps, given the first ``len(nulls)`` draws in index order.
 
     The rule is checked only at the ends of the fixed blocks (100, 200, ...; and ``cap``), each time
@@ -255,14 +275,15 @@ def auto_null_count(rho: float, nulls: Sequence[float], target_half_width: float
         if end > nulls.size:
             return None
         if null_target_reached(rho, nulls[:end], target_half_width, cap, seed=seed, min_null=min_null,
-                               relative_target=relative_target, n_boot=n_boot, level=level):
+                               relative_target=relative_target, n_boot=n_boot, level=level, decide_cap=decide_cap):
             return end
     return cap
 
 
 def auto_nulls(rho: float, draw: Callable[[range], Sequence[float]], target_half_width: float = TARGET_HALF_WIDTH,
                cap: int = NULL_CAP, *, seed: int = 0, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
-               relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL) -> np.ndarray:
+               relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL,
+               decide_cap: int = 0) -> np.ndarray:
     """Draw null blocks in order with ``draw(indices) -> rhos`` until :func:`auto_null_count` settles;
     returns the kept draws. A serial driver; a parallel one may draw blocks ahead and call
     :func:`auto_null_count` on what has arrived, in index order."""
@@ -270,7 +291,7 @@ def auto_nulls(rho: float, draw: Callable[[range], Sequence[float]], target_half
     for part in null_blocks(cap, block):
         nulls = np.concatenate([nulls, np.asarray(draw(part), dtype=np.float64)])
         count = auto_null_count(rho, nulls, target_half_width, cap, seed=seed, block=block, min_null=min_null,
-                                relative_target=relative_target, n_boot=n_boot, level=level)
+                                relative_target=relative_target, n_boot=n_boot, level=level, decide_cap=decide_cap)
         if count is not None:
             return nulls[:count]
     return nulls

@@ -14,6 +14,7 @@ from raygeom.numerics.uncertainty import (
     Z_MIN_NULL,
     auto_null_count,
     expected_auto_nulls,
+    holds_threshold,
     null_target_reached,
     stop_half_width,
     z_jackknife_bias,
@@ -196,14 +197,91 @@ def test_console_says_why_a_z_has_no_interval():
     assert f"+10.00 (no interval below {Z_MIN_NULL} nulls)" in text and "+10.00 ± 1.00" in text
 
 
-def test_the_rel_width_flag_reaches_the_job(monkeypatch):
+@pytest.mark.parametrize("flag, values, bad, field", [("--z-rel-width", ("0.1", "0.1"), "-1", "z_rel_width"),
+                                                       ("--n-null-decide", ("300", "0"), "x", "n_null_decide")])
+def test_the_rule_s_flags_reach_the_job(monkeypatch, flag, values, bad, field):
     from raygeom.cli import root
 
     jobs = []
     monkeypatch.setattr(root, "_run", lambda job, address, num_cpus: jobs.append(job))
-    for args in (["run", "jobs/laptop.toml", "--n-null", "auto", "--z-rel-width", "0.1"],
-                 ["pga", "--n-null", "auto", "--z-rel-width", "0.1"]):
-        assert CliRunner().invoke(root.app, args).exit_code == 0
-    assert [j.pga.z_rel_width for j in jobs] == [0.1, 0.1]
-    result = CliRunner().invoke(root.app, ["pga", "--n-null", "auto", "--z-rel-width", "-1"])
-    assert result.exit_code == 2 and "rel_width" in result.output.replace("-", "_")
+    for command, value in zip((["run", "jobs/laptop.toml"], ["pga"]), values):
+        assert CliRunner().invoke(root.app, [*command, "--n-null", "auto", flag, value]).exit_code == 0
+    assert [getattr(j.pga, field) for j in jobs] == [float(v) if "." in v else int(v) for v in values]
+    result = CliRunner().invoke(root.app, ["pga", "--n-null", "auto", flag, bad])
+    assert result.exit_code == 2 and flag.lstrip("-").replace("-", "_") in result.output.replace("-", "_")
+
+
+# ----------------------------------------------------------------------------- decisions still open: --n-null-decide
+
+
+@pytest.mark.parametrize("interval, open_", [((1.8, 2.2), True), ((-2.3, -1.9), True), ((-0.1, 0.4), True),
+                                             ((0.1, 1.9), False), ((2.01, 3.0), False), ((-5.0, -2.5), False),
+                                             ((2.0, 2.5), True)])
+def test_an_interval_holding_0_or_2_leaves_a_decision_open(interval, open_):
+    assert holds_threshold(*interval) is open_
+
+
+def test_auto_keeps_drawing_while_the_interval_holds_a_threshold_up_to_the_decide_cap():
+    """A layer planted at z = 2 (rho two null sds above the null mean): its interval holds 2 at the
+    half-width target, so the rule goes on to the decide cap; without it, it stops at the half-width."""
+    nulls = gaussian(21, 3000)
+    rho = MU + 2.0 * SIGMA
+    plain = auto_null_count(rho, nulls, 0.25, cap=3000, relative_target=0.05, n_boot=400)
+    u = z_uncertainty(rho, nulls[:plain], n_boot=400)
+    assert u["z_lo"] < 2 < u["z_hi"], "planted on the threshold: the half-width alone leaves |z| > 2 open"
+    decided = auto_null_count(rho, nulls, 0.25, cap=3000, relative_target=0.05, n_boot=400, decide_cap=800)
+    assert plain < decided == 800
+    assert auto_null_count(rho, nulls, 0.25, cap=600, relative_target=0.05, n_boot=400, decide_cap=800) == 600
+
+
+@pytest.mark.parametrize("z_planted", [-9.0, -3.2, 0.9, 3.5])
+def test_a_decided_layer_stops_where_it_did_without_the_decide_cap(z_planted):
+    nulls = gaussian(22, 2000)
+    rho = MU + z_planted * SIGMA
+    plain = auto_null_count(rho, nulls, 0.25, cap=2000, relative_target=0.05, n_boot=400)
+    u = z_uncertainty(rho, nulls[:plain], n_boot=400)
+    if holds_threshold(u["z_lo"], u["z_hi"]):
+        pytest.skip("this draw left a threshold inside the interval")
+    assert auto_null_count(rho, nulls, 0.25, cap=2000, relative_target=0.05, n_boot=400, decide_cap=1000) == plain
+
+
+def test_the_decide_clause_stops_at_the_first_block_whose_interval_leaves_the_thresholds():
+    """z planted at 2.3: the interval at the half-width target may still hold 2; the count with the clause is the
+    first block end (computed here by z_uncertainty itself, block by block) where the interval excludes 0 and 2."""
+    nulls = gaussian(23, 3000)
+    rho = MU + 2.3 * SIGMA
+    count = auto_null_count(rho, nulls, 0.25, cap=3000, relative_target=0.05, n_boot=400, decide_cap=3000)
+    for end in range(100, 3001, 100):
+        u = z_uncertainty(rho, nulls[:end], n_boot=400)
+        if u["z_half_width"] <= 0.25 and not (u["z_lo"] <= 2 <= u["z_hi"] or u["z_lo"] <= 0 <= u["z_hi"]):
+            break
+    assert count == end
+
+
+def test_expected_auto_nulls_with_the_decide_cap_goes_on_to_the_nearest_threshold():
+    z = np.array([0.0, 1.5, 1.9, 2.0, 2.6, 3.5, -10.0])
+    per_null = Q**2 * (1 + z**2 / 2)
+    h = np.maximum(0.25, 0.05 * np.abs(z))
+    nearest = np.minimum(np.abs(z), np.abs(np.abs(z) - 2))
+    with np.errstate(divide="ignore"):
+        need = np.maximum(per_null / h**2, np.minimum(per_null / nearest**2, 500))
+    want = np.minimum(np.maximum(100, np.ceil(need / 100) * 100), 1000)
+    got = expected_auto_nulls(z, 0.25, 0.05, cap=1000, decide_cap=500)
+    assert list(got) == list(want)
+    assert list(got) == [500, 200, 500, 500, 300, 500, 800]
+    assert list(expected_auto_nulls(z, 0.25, 0.05, cap=1000, decide_cap=0)) == list(expected_auto_nulls(z, 0.25, 0.05, cap=1000))
+
+
+def test_decide_is_checked_and_in_the_unit_key_of_auto_runs_only_and_0_keeps_the_old_key():
+    from raygeom.analyses.pga import PGA_VERSION
+    from raygeom.store.tree import content_key
+
+    with pytest.raises(RaygeomError, match="n.null.decide"):
+        PGAParams(n_null_decide=-1)
+    auto = {"n_null": 100, "n_null_auto": True}
+    keys = {pga_analysis.pga_unit_key("x", "block_01", PGAParams(**auto, n_null_decide=c)) for c in (0, 300, 500)}
+    assert len(keys) == 3
+    before = content_key("pga", PGA_VERSION, "x", "block_01", 100, 1, ("auto", 100, 0.25, 0.05, 1000), 0, 10)
+    assert pga_analysis.pga_unit_key("x", "block_01", PGAParams(**auto, n_null_decide=0)) == before
+    fixed = {pga_analysis.pga_unit_key("x", "block_01", PGAParams(n_null=100, n_null_decide=c)) for c in (0, 500)}
+    assert len(fixed) == 1

@@ -35,9 +35,13 @@ def small_plan(tmp_path, monkeypatch):
 
 
 def need(z: float, inflation: float = 1.0) -> float:
-    """The delta method's need at the default rule max(0.25, 0.05 |z|), in blocks of 100, capped at 1000."""
+    """The delta method's need at the default rule max(0.25, 0.05 |z|) and, up to 500 nulls (--n-null-decide), until
+    the half-width is below the distance to the nearest of 0, -2, 2; in blocks of 100, capped at 1000."""
     h = max(0.25, 0.05 * abs(z))
-    return min(1000.0, max(100.0, np.ceil((Q / h) ** 2 * (1 + z * z / 2) * inflation / 100) * 100))
+    per_null = Q**2 * (1 + z * z / 2) * inflation
+    nearest = min(abs(z), abs(abs(z) - 2))
+    count = max(per_null / h**2, min(500.0, per_null / nearest**2 if nearest else np.inf))
+    return min(1000.0, max(100.0, np.ceil(count / 100) * 100))
 
 
 def test_without_a_pilot_plan_gives_the_rule_s_bounds(tmp_path, monkeypatch):
@@ -77,6 +81,7 @@ def test_plan_prints_the_auto_budget(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["plan", str(small_job(tmp_path))], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "--n-null auto (stop at max(0.25, 0.05 x |z|), cap 1,000) for the 16 units to compute" in text
+    assert ("--n-null auto (stop at max(0.25, 0.05 x |z|), on while 0 or ±2 is inside, up to 500, cap 1,000) for the 16 "
+            "units to compute") in text
     assert "1,600 to 14,400 nulls (100 to 900 per unit for Gaussian nulls)" in text
     assert "no pilot in this store" in text
