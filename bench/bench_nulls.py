@@ -1,6 +1,6 @@
 """How many nulls `--n-null auto` spends, and what it decides, under the old rule and the new, side by side.
 
-    make models && python bench/bench_nulls.py      # SmolLM2-135M and Gemma-3-270M, 200 texts (the scale below)
+    make models && python bench/bench_nulls.py      # SmolLM2-135M and Gemma-3-270M, 400 texts (the issue's scale)
     python bench/bench_nulls.py --models smollm2 --n-texts 120 --ref-nulls 1000 --coverage-seeds 20   # smaller
 
 On real layers of the built-in models (extracted through raygeom's own API, `raygeom.load_builtin` and
@@ -10,10 +10,15 @@ On real layers of the built-in models (extracted through raygeom's own API, `ray
   <= max(0.25, 0.05 |z|) (the default), both checked at blocks of 100 nulls on the same seeded draws
   (`raygeom.numerics.uncertainty.auto_null_count`). Where the old rule needs more than `--old-cap`
   draws, its count is extrapolated from the half-width reached, n (h / 0.25)^2, and marked `~`;
+  the **new rule + decide** is the default of today's CLI: the new rule and, below `--decide` (500) nulls, on
+  while z's interval holds 0, -2 or 2 (`--n-null-decide`);
 - nulls and CPU time: each rule's count times the layer's measured CPU seconds per null;
 - decisions (sign of z, |z| > 2, collapse zone as `raygeom.analyses.sweep.collapse_zones` decides it on the
-  intervals, and each model's lowest layer) of `--replicates` independent runs of the new rule (and of the
-  old rule's run on seed 0), against a reference run of `--ref-nulls` nulls on a seed of its own;
+  intervals, and each model's lowest layer) of `--replicates` independent runs of the new rule with and without
+  the decision clause (and of the old rule's run on seed 0), against a reference run of `--ref-nulls` nulls on a
+  seed of its own; and what <= 1 % differing decisions would cost a rule that knew every z (`decision_floor`);
+- the stored N = 400 run of docs/results/pga: each rule's expected need from the stored z, and each rule
+  simulated 300 times around the stored z (normal model) for its nulls and differing decisions;
 - coverage: `--coverage-seeds` independent runs of 100 nulls on 3 layers (|z| smallest, nearest 10, largest)
   against a truth of `--truth-nulls` nulls: how often z_lo <= truth <= z_hi, for the interval with z's
   jackknife bias term (today's) and without it (the bootstrap SE alone, before).
@@ -362,7 +367,7 @@ def run_layer(model: str, layer: str, args: dict) -> tuple[dict, dict, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="smollm2,gemma3-270m")
-    parser.add_argument("--n-texts", type=int, default=200)
+    parser.add_argument("--n-texts", type=int, default=400, help="texts (400: the issue's stored run)")
     parser.add_argument("--max-words", type=int, default=64)
     parser.add_argument("--ref-nulls", type=int, default=20_000, help="nulls of the reference run")
     parser.add_argument("--replicates", type=int, default=2, help="independent runs of the new rule (seeds 0..)")
@@ -450,10 +455,15 @@ def main() -> None:
     pairs = [(f"{names[rule]} seed {seed}" + (" (*)" if rule == "old" else ""), decisions(rows), reference)
              for (rule, seed), rows in runs.items() if rule != "ref"]
     pairs.append(("new vs old, seed 0", decisions(runs[("new", 0)]), decisions(runs[("old", 0)])))
+    over_seeds: dict[str, list[int]] = {}
     for label, got, against in pairs:
         cells, differ, wrong, total, decided = compare(got, against, kinds)
         print(f"{label:<22}" + "".join(f"{c:>16}" for c in cells) + f"{differ:>6}/{total} {100 * differ / total:4.1f}%"
               f"{wrong:>8}{decided:>12}/{total} ({100 * wrong / max(decided, 1):.1f}% of them wrong)")
+        if " seed " in label and against is reference:
+            counts = over_seeds.setdefault(label.split(" seed ")[0], [0, 0])
+            counts[0], counts[1] = counts[0] + differ, counts[1] + total
+    print("over every seed: " + "; ".join(f"{rule} {d}/{t} ({100 * d / t:.1f} %)" for rule, (d, t) in over_seeds.items()))
     print("(*) where the old rule needs more than --old-cap draws, its decisions are those at --old-cap\n"
           "sure: differing where the run's own 95 % interval backs its side; backed by the run: the decisions whose side "
           "every z in the run's intervals gives (the rest it leaves open)")
