@@ -1,11 +1,14 @@
 """Sweep scaling and cost figures, on tiny offline Pythia models and this machine's CPUs.
 
     python bench/bench_sweep.py               # the same sweep with 1 and with 2 Ray workers, 3 runs each: speed-up
+    python bench/bench_sweep.py --revisions 8 # 8 revisions per model instead of 4: the replicas' starts weigh less
     python bench/bench_sweep.py --estimate    # measured PGA unit cost at N=2000 -> full-suite estimate
 
 Each run is a fresh subprocess with its own local Ray (loopback), with worker processes warmed up
 first (imports, one model build), so the time is the sweep itself. Runs alternate between 1 and 2
-workers and the medians are compared. Results of all runs must be identical. With
+workers and the medians are compared. Results of all runs must be identical. Every process of the sweep is
+accounted for (driver, PGA task workers, replica actors, Ray's own), and the bench prints where the time goes: how
+much more work 2 workers did, in which processes, and what one replica's start costs. With
 RAYGEOM_BENCH_TIMELINE=PREFIX each run also writes Ray's task timeline to PREFIX-<workers>.json; with
 RAYGEOM_BENCH_REPLICAS=N at most N replicas run at once (the sweep's max_in_flight; default: as many as fit).
 """
@@ -23,15 +26,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REVISIONS = {"step0": 0, "step1000": 1, "step2000": 2, "step4000": 3}
 
 
-def setup(directory: Path, n_texts: int) -> Path:
+def revisions(per_model: int) -> dict[str, int]:
+    """Real Pythia revision names (step0, step1000, step2000, ...), each its own weights."""
+    return {f"step{1000 * index}": index for index in range(per_model)}
+
+
+def setup(directory: Path, n_texts: int, per_model: int) -> Path:
     from raygeom.testing import TINY_TEXT, write_tiny_pythia
 
     cache = directory / "hub"
-    write_tiny_pythia(cache, "EleutherAI/pythia-14m", REVISIONS, hidden_size=128, layers=4)
-    write_tiny_pythia(cache, "EleutherAI/pythia-31m", REVISIONS, hidden_size=192, layers=4)
+    write_tiny_pythia(cache, "EleutherAI/pythia-14m", revisions(per_model), hidden_size=128, layers=4)
+    write_tiny_pythia(cache, "EleutherAI/pythia-31m", revisions(per_model), hidden_size=192, layers=4)
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     corpus = directory / "corpus.txt"
     corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]} {sentences[(7 * i + 2) % 5]}"
@@ -39,7 +46,7 @@ def setup(directory: Path, n_texts: int) -> Path:
     return corpus
 
 
-def child(workers: int, corpus: str, out: str, n: int) -> None:
+def child(workers: int, corpus: str, out: str, n: int, per_model: int) -> None:
     from raygeom.engine.ray_env import prepare_local_ray_environment
 
     prepare_local_ray_environment()
@@ -76,21 +83,23 @@ def child(workers: int, corpus: str, out: str, n: int) -> None:
     settings = ExtractionSettings(seq_len=64, batch_size=16)
     items = []
     for model in ("EleutherAI/pythia-14m", "EleutherAI/pythia-31m"):
-        for revision in REVISIONS:
+        for revision in revisions(per_model):
             request = ExtractionRequest(resolve_model(model, revision), texts, settings)
             items.append(orchestrate.SweepItem(request))
     params = PGAParams(k=16, n_null=48, null_chunks=2, seed=0)
-    before, machine_before = _cpu_seconds(), _machine_busy_seconds()
+    sampler = ProcessSampler()
+    machine_before = _machine_busy_seconds()
     start = time.perf_counter()
     store = Store(out)
     replicas = int(os.environ.get("RAYGEOM_BENCH_REPLICAS", "0")) or None
     rows = orchestrate.run_sweep(store, items, pga_units_for(store, params), max_in_flight=replicas)
     seconds = time.perf_counter() - start
-    after, machine = _cpu_seconds(), _machine_busy_seconds() - machine_before
+    cpu, replicas = sampler.stop()
+    machine = _machine_busy_seconds() - machine_before
     if os.environ.get("RAYGEOM_BENCH_TIMELINE"):
         ray.timeline(filename=f"{os.environ['RAYGEOM_BENCH_TIMELINE']}-{workers}.json")
-    cpu = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in after}
     print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows), "cpu": cpu, "machine": machine,
+                      "replicas": replicas,
                       "z": sorted((r["model"], r["revision"], r["layer"], r["z"]) for r in rows)}))
 
 
@@ -102,25 +111,104 @@ def _machine_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_seconds() -> dict[str, float]:
-    """CPU seconds of the live processes of the sweep: this driver, the Ray task workers (PGA units) and Ray's own
-    processes. A stopped replica actor is gone by the end, and Ray does not reap it where ``children_*`` times would
-    keep it, so the replicas are the machine's busy time (``_machine_busy_seconds``) less these."""
-    import psutil
+class ProcessSampler:
+    """CPU seconds of every process of the sweep, by kind: this driver, Ray's task workers (PGA units), the replica
+    actors and Ray's own processes. Replicas are stopped before the sweep ends and Ray does not reap them where
+    ``children_*`` times would keep them, so a thread reads every descendant's times every ``every`` seconds and keeps
+    each process's last reading: a replica's last ``every`` seconds before it stops are all that is missed."""
 
-    me = psutil.Process()
-    totals: dict[str, float] = {}
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            times, name = process.cpu_times(), process.name()
-        except psutil.Error:
-            continue
-        kind = "driver" if process.pid == me.pid else "workers" if name.startswith("ray::") else "ray system"
-        totals[kind] = totals.get(kind, 0.0) + times.user + times.system
-    return totals
+    def __init__(self, every: float = 0.2):
+        import threading
+
+        import psutil
+
+        self.me, self.every = psutil.Process(), every
+        self.first: dict[int, float] = {}  # pid -> CPU-s when first seen (0 for processes started during the sweep)
+        self.last: dict[int, float] = {}
+        self.kind: dict[int, str] = {}
+        self._read(started=False)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self, started: bool = True) -> None:
+        import psutil
+
+        for process in [self.me, *self.me.children(recursive=True)]:
+            try:
+                with process.oneshot():
+                    times, name = process.cpu_times(), process.name()
+            except psutil.Error:
+                continue
+            pid, used = process.pid, times.user + times.system
+            self.first.setdefault(pid, 0.0 if started else used)
+            self.last[pid] = used
+            kind = ("driver" if pid == self.me.pid else "replicas" if "Replica" in name
+                    else "workers" if name.startswith("ray::") else "ray system")
+            if self.kind.get(pid) != "replicas":  # an actor's process is named ray::IDLE until its class is set
+                self.kind[pid] = kind
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            self._read()
+
+    def stop(self) -> tuple[dict[str, float], list[float]]:
+        self._done.set()
+        self._thread.join()
+        self._read()
+        totals: dict[str, float] = {}
+        for pid, used in self.last.items():
+            totals[self.kind[pid]] = totals.get(self.kind[pid], 0.0) + used - self.first[pid]
+        replicas = [self.last[pid] - self.first[pid] for pid in self.last if self.kind[pid] == "replicas"]
+        return totals, replicas
 
 
-def speedup(n_texts: int, repeats: int) -> None:
+START = """
+import time
+import ray, torch, transformers
+from raygeom.sources.models import load_model, resolve_model
+model, tokenizer = load_model(resolve_model("EleutherAI/pythia-14m", "step0"), device="cpu")
+print(time.process_time())
+"""
+
+
+def replica_start_seconds(env: dict[str, str], times: int = 3) -> float:
+    """CPU-s of what every new replica process pays before its first batch, measured alone in a fresh process: Ray's
+    worker imports, torch, transformers and the first model build (its modeling modules import on first use).
+    Ray starts each actor in a process of its own, so a second replica pays it again."""
+    import statistics
+
+    costs = []
+    for _ in range(times):
+        done = subprocess.run([sys.executable, "-c", START], env=env, capture_output=True, text=True, check=True)
+        costs.append(float(done.stdout.strip().splitlines()[-1]))
+    return statistics.median(costs)
+
+
+def where_the_time_goes(seconds: dict[int, list[float]], busy: dict[int, list[dict[str, float]]], start_cost: float) -> None:
+    """Speed-up = (work with 1 worker / cores it kept busy) / (work with 2 / cores busy): print both factors, medians
+    over runs, and which processes did the extra work."""
+    import statistics
+
+    def median(workers: int, kind: str) -> float:
+        return statistics.median(run.get(kind, 0.0) for run in busy[workers])
+
+    cores = {w: statistics.median(run["machine"] / s for run, s in zip(busy[w], seconds[w])) for w in (1, 2)}
+    work = {w: median(w, "machine") for w in (1, 2)}
+    kinds = ("workers", "replicas", "driver", "ray system")
+    names = {"workers": "PGA task workers", "replicas": "replicas", "driver": "driver", "ray system": "Ray system"}
+    extra = ", ".join(f"{names[kind]} {median(2, kind) - median(1, kind):+.1f}" for kind in kinds)
+    replicas = {w: median(w, "count") for w in (1, 2)}
+    print(f"where the time goes (medians): busy CPU-s {work[1]:.1f} with 1 worker, {work[2]:.1f} with 2 ({extra}); "
+          f"cores kept busy {cores[1]:.2f} and {cores[2]:.2f} of 2")
+    print(f"  replicas: {replicas[1]:.0f} with 1 worker, {replicas[2]:.0f} with 2; each new replica process pays {start_cost:.1f} CPU-s "
+          f"before its first batch (Ray worker, torch and transformers imports, first model build; measured alone)")
+    print(f"  speed-up = ({work[1]:.1f} / {cores[1]:.2f}) / ({work[2]:.1f} / {cores[2]:.2f}); with 2 workers doing only the "
+          f"work of 1 it would be {work[1] / cores[1] / (work[1] / cores[2]):.2f}x: a longer sweep pays the extra starts once "
+          f"(--revisions)")
+
+
+def speedup(n_texts: int, repeats: int, per_model: int) -> None:
     """Runs alternate 1, 2, 1, 2, ... so that slow spells of a shared host hit both configurations alike."""
     import statistics
 
@@ -128,34 +216,40 @@ def speedup(n_texts: int, repeats: int) -> None:
         directory = Path(tmp)
         os.environ["HF_HUB_CACHE"] = str(directory / "hub")
         os.environ["HF_HUB_OFFLINE"] = "1"
-        corpus = setup(directory, n_texts)
+        corpus = setup(directory, n_texts, per_model)
         env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
         seconds: dict[int, list[float]] = {1: [], 2: []}
+        busy: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+        start_cost = replica_start_seconds(env)
         z: dict[int, list] = {}
         for repeat in range(repeats):
             for workers in (1, 2):
                 out = directory / f"out{workers}-{repeat}"
-                done = subprocess.run([sys.executable, __file__, "--child", str(workers), str(corpus), str(out), str(n_texts)],
+                done = subprocess.run([sys.executable, __file__, "--child", str(workers), str(corpus), str(out), str(n_texts),
+                                       str(per_model)],
                                       env=env, capture_output=True, text=True)
                 if done.returncode != 0:
                     sys.exit(f"benchmark run with {workers} workers failed:\n{done.stderr[-2000:]}")
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 seconds[workers].append(result["seconds"])
+                busy[workers].append({**result["cpu"], "machine": result["machine"], "count": len(result["replicas"])})
                 if z.setdefault(workers, result["z"]) != result["z"]:
                     sys.exit(f"results differ between two runs with {workers} workers")
                 cpu = result["cpu"]
-                live = sum(cpu.values())
-                print(f"run {repeat + 1}, {workers} Ray worker(s): {result['units']} units (8 revisions, N={n_texts}) in "
+                each = " + ".join(f"{value:.1f}" for value in result["replicas"])
+                print(f"run {repeat + 1}, {workers} Ray worker(s): {result['units']} units ({2 * per_model} revisions, N={n_texts}) in "
                       f"{result['seconds']:.1f} s; busy CPU-s of the machine {result['machine']:.1f} = PGA task workers "
-                      f"{cpu.get('workers', 0):.1f} + replicas (start, load, extraction; stopped by the end) "
-                      f"{max(0.0, result['machine'] - live):.1f} + driver {cpu.get('driver', 0):.1f} + Ray system "
-                      f"{cpu.get('ray system', 0):.1f}; cores obtained {result['machine'] / result['seconds']:.2f}")
+                      f"{cpu.get('workers', 0):.1f} + {len(result['replicas'])} replica(s) (start, load, extraction) "
+                      f"{cpu.get('replicas', 0):.1f} ({each}) + driver {cpu.get('driver', 0):.1f} + Ray system "
+                      f"{cpu.get('ray system', 0):.1f} + the rest {result['machine'] - sum(cpu.values()):.1f}; "
+                      f"cores obtained {result['machine'] / result['seconds']:.2f}")
                 shutil.rmtree(out)
         identical = z[1] == z[2]
         one, two = statistics.median(seconds[1]), statistics.median(seconds[2])
         print(f"median of {repeats}: 1 worker {one:.1f} s, 2 workers {two:.1f} s -> speed-up with 2 workers: {one / two:.2f}x "
               f"(expected >= 1.7x on 2 cores); best of {repeats}: {min(seconds[1]) / min(seconds[2]):.2f}x; "
               f"results identical: {identical}")
+        where_the_time_goes(seconds, busy, start_cost)
         print(f"load average at the end: {os.getloadavg()[0]:.1f} (other processes on this machine slow both runs)")
         if not identical:
             sys.exit("results differ between 1 and 2 workers")
@@ -206,18 +300,22 @@ def estimate() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--child", nargs=4, metavar=("WORKERS", "CORPUS", "OUT", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=5, metavar=("WORKERS", "CORPUS", "OUT", "N", "REVISIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--estimate", action="store_true", help="measure PGA at N=2000 and estimate the full Pythia suite")
     parser.add_argument("--n-texts", type=int, default=240)
+    parser.add_argument("--revisions", type=int, default=4, help="revisions per model (2 models); a replica's start is paid "
+                        "once per replica, so more revisions show how a long sweep scales")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each configuration; the median is reported")
     args = parser.parse_args()
     if args.child:
-        workers, corpus, out, n = args.child
-        child(int(workers), corpus, out, int(n))
+        workers, corpus, out, n, per_model = args.child
+        child(int(workers), corpus, out, int(n), int(per_model))
     elif args.estimate:
         estimate()
     else:
-        speedup(args.n_texts, args.repeats)
+        if args.revisions < 1:
+            sys.exit("--revisions must be at least 1")
+        speedup(args.n_texts, args.repeats, args.revisions)
 
 
 if __name__ == "__main__":
