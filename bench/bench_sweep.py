@@ -204,7 +204,7 @@ def where_the_time_goes(seconds: dict[int, list[float]], busy: dict[int, list[di
     print(f"  replicas: {replicas[1]:.0f} with 1 worker, {replicas[2]:.0f} with 2; each new replica process pays {start_cost:.1f} CPU-s "
           f"before its first batch (Ray worker, torch and transformers imports, first model build; measured alone)")
     print(f"  speed-up = ({work[1]:.1f} / {cores[1]:.2f}) / ({work[2]:.1f} / {cores[2]:.2f}); with 2 workers doing only the "
-          f"work of 1 it would be {work[1] / cores[1] / (work[1] / cores[2]):.2f}x: a longer sweep pays the extra starts once "
+          f"work of 1 it would be {cores[2] / cores[1]:.2f}x: a longer sweep pays the extra starts once "
           f"(--revisions)")
 
 
