@@ -261,7 +261,7 @@ def estimate() -> None:
     import torch
 
     from raygeom.sources import revisions as pythia
-    from raygeom.analyses import sweep
+    from raygeom.jobs import plan as sweep
     from raygeom.numerics import pga
 
     torch.set_num_threads(1)

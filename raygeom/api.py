@@ -21,36 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from raygeom.errors import InputError
+from raygeom.numerics.arrays import as_array  # noqa: F401 - raygeom.as_array
 from raygeom.numerics import pga
 from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
-
-
-def as_array(x, dtype=np.float64, name: str = "array") -> np.ndarray:
-    """``x`` (numpy array, torch tensor of any dtype on any device, with or without ``requires_grad``, or a nested
-    list) as a numpy array of ``dtype``. bf16 and fp16 tensors are widened on their device, then copied to the CPU."""
-    if type(x).__module__.startswith("torch"):
-        import torch
-
-        if isinstance(x, torch.Tensor):
-            if x.is_complex() or x.dtype == torch.bool:
-                raise InputError(f"{name} must hold real numbers, got {x.dtype}")
-            x = x.detach()
-            if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64):
-                x = x.float()
-            return x.cpu().numpy().astype(dtype, copy=False)
-    try:
-        array = np.asarray(x)
-        if array.dtype.kind in "bcUSmM":
-            raise InputError(f"{name} must hold real numbers, got {array.dtype}")
-        if array.dtype.kind not in "fiu":  # e.g. ml_dtypes' bfloat16 reads as kind 'V'
-            array = array.astype(np.float32)
-        return array.astype(dtype, copy=False)
-    except InputError:
-        raise
-    except (TypeError, ValueError) as error:
-        raise InputError(f"{name} must be a numeric array or tensor, got {type(x).__name__}: {error}") from None
 
 
 def load_model(name: str = "smollm2", revision: str | None = None, device: str = "cpu"):
@@ -104,7 +79,7 @@ def layer_activations(model, tokenizer, texts: list[str], settings: ExtractionSe
 
 
 def _chosen_layers(model, layers: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    from raygeom.analyses.sweep import select_layers
+    from raygeom.sources.layers import select_layers
 
     if layers is None:
         layers = "all"
@@ -127,7 +102,7 @@ def select_layers(all_layers: list[str], selection: str | list[str] = "all") -> 
     ``a:b`` block ranges (blocks a to b-1), and points inside a block (``block_05.mlp_out``, ``5.attn_out``,
     ``-1.resid_mid``). Integers count blocks only; ``embed`` and ``final_norm`` are named. An unknown part raises
     :class:`InputError`-style :class:`RaygeomError` with one line."""
-    from raygeom.analyses.sweep import select_layers as select
+    from raygeom.sources.layers import select_layers as select
 
     if not isinstance(selection, str):
         selection = ",".join(str(part) for part in selection)

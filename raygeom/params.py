@@ -123,14 +123,37 @@ def parse_text(cls: type, name: str, text: str, label: str | None = None) -> Any
         raise RaygeomError(f"{shown} must be {allowed(cls, name)}, got {text!r}") from None
 
 
+# One canonical form per setting, applied once where settings enter (Params) and where rows are tabled
+# (canonical_rows), before unit keys, labels and tables are made from them:
+# - a setting absent from a row, or None there, that has a value meaning "as before it existed": k_per_d absent is
+#   a fixed k, the same as k_per_d = 0 (unit keys leave a 0 out, so stores from before it keep their keys);
+ABSENT_MEANS = {"k_per_d": 0.0}
+# - a list of one value where one value belongs is that value (r = [1] in a job file is r = 1).
+
+
+def canonical_value(name: str, value: Any) -> Any:
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    return ABSENT_MEANS[name] if value is None and name in ABSENT_MEANS else value
+
+
+def canonical_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` (of one table) with every setting in its canonical form: a setting of :data:`ABSENT_MEANS` that some
+    row holds is filled in the rows without it, so rows from before it existed and rows after it are one series."""
+    present = {name for row in rows for name in ABSENT_MEANS if name in row}
+    return [{**row, **{name: canonical_value(name, row.get(name)) for name in present}} for row in rows]
+
+
 @dataclass(frozen=True)
 class Params:
-    """Base of every analysis's parameters: each field declared with :func:`param`, checked on creation."""
+    """Base of every analysis's parameters: each field declared with :func:`param`, put in its canonical form
+    (:func:`canonical_value`) and checked on creation."""
 
     def __post_init__(self):
         for spec in fields(self):
             if "help" in spec.metadata:
-                object.__setattr__(self, spec.name, check_value(type(self), spec.name, getattr(self, spec.name)))
+                value = canonical_value(spec.name, getattr(self, spec.name))
+                object.__setattr__(self, spec.name, check_value(type(self), spec.name, value))
 
     @classmethod
     def declared(cls) -> list:
@@ -143,6 +166,7 @@ class Params:
         unknown = sorted(set(values) - names)
         if unknown:
             raise RaygeomError(f"{where}unknown key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        values = {name: canonical_value(name, value) for name, value in values.items()}
         checked = {name: check_value(cls, name, value, where) for name, value in values.items()
                    if value is not None and "help" in next(f for f in fields(cls) if f.name == name).metadata}
         checked.update({name: value for name, value in values.items() if value is not None and name not in checked})
@@ -167,17 +191,6 @@ class Params:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-
-
-def check_types(settings) -> None:
-    """Job files are user input: a wrong type gets a one-line error naming the field."""
-    for spec in fields(settings):
-        value = getattr(settings, spec.name)
-        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(spec.type))
-        if expected is None:
-            continue
-        if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
-            raise RaygeomError(f"{spec.name} must be {spec.type}, got {value!r}")
 
 
 def k_per_d_param():

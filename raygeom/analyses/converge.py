@@ -41,10 +41,17 @@ from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, Step, Unit
 
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics import convergence_grid, layer_geometry
-from raygeom.numerics.pga import MIN_SAMPLES
+from raygeom.numerics.limits import MIN_SAMPLES
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, content_key
+
+
+def _grid():
+    """raygeom.numerics.convergence_grid (torch): imported by the units that compute, not when the registry's
+    discovery imports this module for the CLI, which must refuse bad input before torch loads."""
+    from raygeom.numerics import convergence_grid
+
+    return convergence_grid
 
 CONVERGE_VERSION = 3  # 2: z's Monte-Carlo interval and p-values; 3: intervals over texts
 
@@ -117,7 +124,7 @@ def _aligned_layer(root: str, model: str, revision: str, layer: str, sample_ids:
 
 def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int,
              key: str) -> np.ndarray:
-    return convergence_grid.prepare_layer(_aligned_layer(root, model, revision, layer, sample_ids, rows, key), r)
+    return _grid().prepare_layer(_aligned_layer(root, model, revision, layer, sample_ids, rows, key), r)
 
 
 def _texts(root: str, reads_a: list[tuple], reads_b: list[tuple], basis_a: np.ndarray, basis_b: np.ndarray,
@@ -127,21 +134,23 @@ def _texts(root: str, reads_a: list[tuple], reads_b: list[tuple], basis_a: np.nd
     raw_a = [_aligned_layer(root, *read) for read in reads_a]
     raw_b = [_aligned_layer(root, *read) for read in reads_b]
     try:
-        return convergence_grid.grid_text_spread(raw_a, raw_b, basis_a, basis_b, params.k, params.r, params.seed,
+        return _grid().grid_text_spread(raw_a, raw_b, basis_a, basis_b, params.k, params.r, params.seed,
                                                  params.text_halves)
     except InputError:  # too few texts to halve: the rows carry no interval over texts
         return {}
 
 
 def _observed(n_a: int, basis_a: np.ndarray, basis_b: np.ndarray, k: int, *layers) -> dict:
-    return convergence_grid.observed_grid(layers[:n_a], layers[n_a:], basis_a, basis_b, k)
+    return _grid().observed_grid(layers[:n_a], layers[n_a:], basis_a, basis_b, k)
 
 
 def _nulls(n_a: int, k: int, seed: int, indices: list[int], *layers) -> np.ndarray:
-    return convergence_grid.null_grids(layers[:n_a], layers[n_a:], k, seed, indices)
+    return _grid().null_grids(layers[:n_a], layers[n_a:], k, seed, indices)
 
 
 def align(a: ModelSide, b: ModelSide) -> tuple[np.ndarray, np.ndarray]:
+    from raygeom.numerics import layer_geometry  # torch (see _grid)
+
     rows_a, rows_b = layer_geometry.align_by_key(a.text_sha1, b.text_sha1)
     if len(rows_a) < MIN_SAMPLES:
         raise RaygeomError(f"{a.label} and {b.label} share only {len(rows_a)} texts (by SHA-1); need at least {MIN_SAMPLES}. "
@@ -241,10 +250,10 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
 
 def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray, params: ConvergeParams,
           spread: dict | None = None) -> list[dict]:
-    grid = convergence_grid.summarize_grid(observed["rho_full"], observed["rho_readout"], nulls)
+    grid = _grid().summarize_grid(observed["rho_full"], observed["rho_readout"], nulls)
     if not np.isfinite(grid["rho_full"]).all():
         raise RaygeomError(f"{a.label} vs {b.label}: some layer's distances are constant after CCR-{params.r}")
-    grid.update(convergence_grid.grid_uncertainty(observed["rho_readout"], nulls, params.seed))
+    grid.update(_grid().grid_uncertainty(observed["rho_readout"], nulls, params.seed))
     grid.update(_text_intervals(grid, spread or {}))
     rows = []
     shared = {name: value for name, value in extraction_columns(a.info).items() if name not in ("step", "n")}

@@ -61,7 +61,7 @@ class Convergence(Analysis):
     section = "raygeom.report.html:converge_section"
     columns = ("model_a", "revision_a", "model_b", "revision_b", "layer_a", "layer_b", "z", "z_lo", "z_hi", "k", "r",
                "n", "n_null")
-    series = ("k", "r", "n_null", "text_halves")
+    series = ("k", "r", "n_null")
 
     def run(self, store, job, specs, params: ConvergenceParams, progress):
         from raygeom.analyses import converge

@@ -29,7 +29,6 @@ from raygeom.analyses.pga import read_keyed_layer
 from raygeom.analyses.provenance import layer_row
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import RaygeomError
-from raygeom.numerics import layer_geometry
 from raygeom.params import PGAParams
 from raygeom.store.tree import Store, content_key
 
@@ -87,6 +86,8 @@ def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: i
     if not np.array_equal(sample_ids, ids):
         raise RaygeomError(f"samples table and layer {layer} hold different sample ids")
     nll = samples["nll"].to_numpy()[order]
+    from raygeom.numerics import layer_geometry  # torch: in the task, not when the registry imports this module
+
     share = layer_geometry.per_sample_readout_share(h, basis[:, :k], r)
     summary = layer_geometry.loss_geometry_correlation(nll, share)
     per_sample = {"sample_id": ids.astype(np.int32), "nll": nll, "readout_share": share}

@@ -24,26 +24,21 @@ import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics.dispersion import (
-    bits_per_byte,
-    dispersion,
-    dispersion_by_slice,
-    gap_interval,
-    gap_warning,
-    kmeans_slices,
-    perplexity_groups,
-    rank_agreement,
-    sample_dispersion_interval,
-    slice_agreement_interval,
-)
 from raygeom.numerics.distributions import pearson, spearman
 from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
-from raygeom.report.figures import drawn_once, format_interval, pyplot, save_figure
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
+
+
+def _numerics():
+    """raygeom.numerics.dispersion (torch): imported by the units that compute, not when the registry's discovery
+    imports this module for the CLI, which must refuse bad input before torch loads."""
+    from raygeom.numerics import dispersion
+
+    return dispersion
 
 DISPERSION_VERSION = 3  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one; 3: attn_last's depth inside the last block
 ANALYSIS_VERSION = 3  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions
@@ -245,13 +240,13 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     atomic_write_table(pooled_table, paths["pooled"])
     atomic_write_table(gap_table, paths["gap"])
     token_nll_mean = float(nll.mean())
-    bpb = bits_per_byte(nll, np.full(n, n_predicted), n_bytes)
+    bpb = _numerics().bits_per_byte(nll, np.full(n, n_predicted), n_bytes)
     summary = []
     for layer in layers:
         values = np.concatenate([r[0][layer] for r in results])
         summary.append({"model": spec.name, "revision": spec.revision, "layer": layer, "layer_index": layer_position.index(all_layers, layer),
                         "relative_depth": depth[layer], "token_dispersion": float(np.nanmean(values)),
-                        "sample_dispersion": dispersion(pooled[layer]), "perplexity": float(np.exp(token_nll_mean)),
+                        "sample_dispersion": _numerics().dispersion(pooled[layer]), "perplexity": float(np.exp(token_nll_mean)),
                         "bits_per_byte": bpb, "n_chunks": n, "n_bytes": int(n_bytes.sum()), "d": described["d"],
                         "vocab_size": described.get("vocab_size"), "fingerprint": described["fingerprint"], "key": key,
                         **extraction_provenance(spec, corpus, settings)})
@@ -265,10 +260,6 @@ def extraction_provenance(spec: ModelSpec, corpus: Corpus, settings: DispersionS
     return {"step": spec.step, "corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(),
             "chunk_len": settings.chunk_len, "chunks_per_domain": settings.chunks_per_domain, "layers_selected": settings.layers,
             "domain_tokens": settings.domain_tokens, "extraction_seed": settings.seed, "raygeom_version": __version__}
-
-
-def read_unit(store: Store, spec: ModelSpec, key: str) -> dict:
-    return read_unit_at(str(store.root), spec.slug, spec.revision, key)
 
 
 def read_unit_at(root: str, slug: str, revision: str, key: str) -> dict:
@@ -322,7 +313,7 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
     ppl, disp = part["perplexity"].to_numpy(), part["token_dispersion"].to_numpy()
     groups = []
     try:
-        result = perplexity_groups(ppl, disp, analysis.group_size, analysis.n_groups)
+        result = _numerics().perplexity_groups(ppl, disp, analysis.group_size, analysis.n_groups)
         keep = np.isfinite(result.mean_dispersion)
         row = {**row, **_correlations(result.mean_perplexity[keep], result.mean_dispersion[keep], "group", analysis.n_boot, seed),
                "n_groups": len(result.members)}
@@ -337,7 +328,7 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
     row.update(_correlations(ppl[finite], disp[finite], "chunk", analysis.n_boot, seed))
     slices = []
     for kind, labels in _slice_labels(part["domain"].to_numpy(), pooled, analysis.n_slices, seed):
-        names, sample_disp = dispersion_by_slice(pooled, labels)
+        names, sample_disp = _numerics().dispersion_by_slice(pooled, labels)
         slice_ppl = np.array([float(np.exp(np.mean(np.log(ppl[labels == s])))) for s in names])
         slice_token = np.array([float(np.nanmean(disp[labels == s])) for s in names])
         for s, sd, td, sp in zip(names, sample_disp, slice_token, slice_ppl):
@@ -345,10 +336,10 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
                            "slice": str(s), "n_chunks": int((labels == s).sum()), "sample_dispersion": float(sd),
                            "token_dispersion": float(td), "perplexity": float(sp)})
         keep = np.isfinite(sample_disp)
-        row[f"{kind}_agreement_sample"] = rank_agreement(sample_disp[keep], slice_ppl[keep]) if keep.sum() >= 3 else float("nan")
-        row[f"{kind}_agreement_token"] = rank_agreement(slice_token, slice_ppl) if len(names) >= 3 else float("nan")
+        row[f"{kind}_agreement_sample"] = _numerics().rank_agreement(sample_disp[keep], slice_ppl[keep]) if keep.sum() >= 3 else float("nan")
+        row[f"{kind}_agreement_token"] = _numerics().rank_agreement(slice_token, slice_ppl) if len(names) >= 3 else float("nan")
         try:
-            interval = slice_agreement_interval(labels, ppl, disp, pooled, seed, analysis.n_boot)
+            interval = _numerics().slice_agreement_interval(labels, ppl, disp, pooled, seed, analysis.n_boot)
         except InputError:
             interval = {"token_lo": float("nan"), "token_hi": float("nan"), "sample_lo": float("nan"), "sample_hi": float("nan")}
         for level in ("token", "sample"):
@@ -364,7 +355,7 @@ def _dispersion_intervals(chunk_dispersion: np.ndarray, pooled: np.ndarray) -> d
     nan = float("nan")
     token = mean_t_interval(chunk_dispersion) if chunk_dispersion.size else {"lo": nan, "hi": nan}
     try:
-        sample = sample_dispersion_interval(pooled)
+        sample = _numerics().sample_dispersion_interval(pooled)
     except InputError:
         sample = {"dispersion_lo": nan, "dispersion_hi": nan}
     return {"token_dispersion_lo": token["lo"], "token_dispersion_hi": token["hi"],
@@ -376,10 +367,10 @@ def _gap_columns(gap_parts, n_boot: int, seed: int) -> dict:
         return {"gap": float("nan"), "gap_se": float("nan"), "gap_lo": float("nan"), "gap_hi": float("nan"),
                 "gap_n_domain": 0, "gap_n_generic": 0, "gap_warning": "no domain token set"}
     sums, diagonal, counts = gap_parts
-    result = gap_interval(sums, diagonal, counts, seed, n_boot)
+    result = _numerics().gap_interval(sums, diagonal, counts, seed, n_boot)
     return {"gap": result["gap"], "gap_se": result["gap_se"], "gap_lo": result["gap_lo"], "gap_hi": result["gap_hi"],
             "gap_n_domain": result["n_domain"], "gap_n_generic": result["n_generic"],
-            "gap_warning": gap_warning(result["n_domain"])}
+            "gap_warning": _numerics().gap_warning(result["n_domain"])}
 
 
 def _slice_labels(domains: np.ndarray, pooled: np.ndarray, n_slices: int, seed: int):
@@ -387,7 +378,7 @@ def _slice_labels(domains: np.ndarray, pooled: np.ndarray, n_slices: int, seed: 
     if len(set(domains.tolist())) >= 3:
         out.append(("domain", domains))
     if n_slices >= 3 and pooled.shape[0] >= n_slices:
-        out.append(("kmeans", kmeans_slices(pooled, n_slices, seed)))
+        out.append(("kmeans", _numerics().kmeans_slices(pooled, n_slices, seed)))
     return out
 
 
@@ -416,7 +407,7 @@ def domains_step(root: str, slug: str, revision: str, key: str, layer: str) -> l
         rows.append({"model": summary["model"], "revision": summary["revision"], "domain": domain, "layer": layer,
                      "token_dispersion": float(group["token_dispersion"].mean()),
                      "perplexity": float(np.exp(group["nll"].mean())),
-                     "bits_per_byte": bits_per_byte(group["nll"], group["n_predicted"], group["n_bytes"]),
+                     "bits_per_byte": _numerics().bits_per_byte(group["nll"], group["n_predicted"], group["n_bytes"]),
                      "n_chunks": len(group)})
     return rows
 
@@ -506,10 +497,10 @@ def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: 
                            f"extracted: {', '.join(unit['layers']['layer'].to_pylist())}")
     sums, diagonal, counts = parts
     summary = next(r for r in unit["layers"].to_pylist() if r["layer"] == layer)
-    result = gap_interval(sums, diagonal, counts, seed, n_boot)
+    result = _numerics().gap_interval(sums, diagonal, counts, seed, n_boot)
     return {"model": summary["model"], "revision": revision, "layer": layer, **result,
             "perplexity": summary["perplexity"],
-            "bits_per_byte": summary.get("bits_per_byte"), "gap_warning": gap_warning(result["n_domain"]),
+            "bits_per_byte": summary.get("bits_per_byte"), "gap_warning": _numerics().gap_warning(result["n_domain"]),
             "step": step, **{k: summary.get(k) for k in ("corpus", "corpus_fingerprint", "chunk_len", "chunks_per_domain",
                                            "domain_tokens", "extraction_seed", "raygeom_version", "fingerprint")}}
 
@@ -550,89 +541,3 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
         ranks[group] = row["rank"] = ranks.get(group, 0) + 1
     atomic_write_table(pa.Table.from_pylist(rows), store.root / "results" / "dispersion_select.parquet")
     return rows
-
-
-# ---------------------------------------------------------------- plots
-
-@drawn_once
-def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers: list[str], path: Path) -> Path:
-    """The authors' figure: per selected layer, group mean dispersion against group mean perplexity."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.3), dpi=110, squeeze=False)
-    stats = {r["layer"]: r for r in layers_rows if r["model"] == model}
-    for ax, layer in zip(axes[0], layers):
-        pts = [g for g in groups if g["model"] == model and g["layer"] == layer]
-        ax.plot([g["mean_perplexity"] for g in pts], [g["mean_dispersion"] for g in pts], "o", ms=4)
-        s = stats.get(layer, {})
-        ax.set_title(f"{layer}\nSpearman {format_interval(s, 'group_spearman')}\nPearson {format_interval(s, 'group_pearson')}", fontsize=7)
-        ax.set_xlabel("group mean perplexity", fontsize=8)
-    axes[0][0].set_ylabel("group mean token dispersion", fontsize=8)
-    fig.suptitle(model, fontsize=9)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-@drawn_once
-def plot_layer_profile(rows: list[dict], path: Path) -> Path:
-    """Per model, by relative depth: token dispersion, sample dispersion and the group Spearman with its interval."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), dpi=110)
-    for model in dict.fromkeys(r["model"] for r in rows):
-        part = sorted((r for r in rows if r["model"] == model and r["layer"] != "attn_last"), key=lambda r: r["relative_depth"])
-        x = [r["relative_depth"] for r in part]
-        for ax, field_name in zip(axes, ("token_dispersion", "sample_dispersion", "group_spearman")):
-            line, = ax.plot(x, [r[field_name] for r in part], marker="o", ms=3, label=model)
-        lo = [r.get("group_spearman_lo", float("nan")) for r in part]
-        hi = [r.get("group_spearman_hi", float("nan")) for r in part]
-        axes[2].fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
-    for ax, title in zip(axes, ("token-level dispersion (mean over chunks)", "sample-level dispersion (pooled chunks)",
-                                "Spearman(group perplexity, group dispersion), 95 % band")):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("relative depth (embed = 0, final norm = 1)", fontsize=8)
-    axes[2].axhline(0, color="black", lw=0.7)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-@drawn_once
-def plot_models(points: list[dict], path: Path) -> Path:
-    """Per domain, dispersion against perplexity and against bits per byte (comparable across tokenizers)."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
-    for ax, x_name, label in ((axes[0], "perplexity", "perplexity (exp mean token NLL)"),
-                              (axes[1], "bits_per_byte", "bits per byte (tokenizer-free)")):
-        for model in dict.fromkeys(p["model"] for p in points):
-            part = [p for p in points if p["model"] == model]
-            sc = ax.scatter([p.get(x_name, float("nan")) for p in part], [p["token_dispersion"] for p in part], label=model, s=25)
-            for p in part:
-                ax.annotate(p["domain"], (p.get(x_name, float("nan")), p["token_dispersion"]), fontsize=6,
-                            color=sc.get_facecolor()[0])
-        ax.set_xlabel(label)
-        ax.set_ylabel(f"token dispersion at {points[0]['layer'] if points else ''}")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-@drawn_once
-def plot_select(rows: list[dict], path: Path) -> Path:
-    """G per candidate (model@revision, in rank order) with its 95 % bootstrap interval; thin ones hollow."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(rows) + 2), 3.8), dpi=110)
-    x = np.arange(len(rows))
-    gap = np.array([r["gap"] for r in rows])
-    err = np.array([[r["gap"] - r["gap_lo"], r["gap_hi"] - r["gap"]] for r in rows]).T
-    ax.errorbar(x, gap, yerr=np.nan_to_num(err), fmt="none", ecolor="grey", capsize=3)
-    thin = np.array([bool(r.get("gap_warning")) for r in rows])
-    if (~thin).any():
-        ax.plot(x[~thin], gap[~thin], "o", color="C0", label="G")
-    if thin.any():
-        ax.plot(x[thin], gap[thin], "o", mfc="none", color="C3", label="few domain positions")
-    ax.axhline(0, color="black", lw=0.7)
-    ax.set_xticks(x, [f"{r['model']}@{r['revision']}" for r in rows], rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel(f"dispersion gap G at {rows[0]['layer'] if rows else ''}")
-    ax.set_title("G with 95 % bootstrap interval over chunks", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure(fig, path)

@@ -31,7 +31,7 @@ class DispersionGap(Analysis):
     # results/dispersion_gap.parquet accumulates every stored unit; the ranking of one job's candidates is
     # results/dispersion_select.parquet (rank 1 = largest G), as `raygeom select` writes it.
     columns = ("layer", "gap", "gap_se", "gap_lo", "gap_hi", "domain_dispersion", "generic_dispersion", "n_domain",
-               "n_generic", "perplexity", "bits_per_byte", "gap_warning")
+               "n_generic", "perplexity", "bits_per_byte", "gap_warning", "chunk_len", "chunks_per_domain", "domain_tokens")
     series = ("chunk_len", "chunks_per_domain", "domain_tokens")
 
     def run(self, store, job, specs, params: GapParams, progress):

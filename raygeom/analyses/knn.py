@@ -43,9 +43,8 @@ from raygeom.sources.corpus import Corpus
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.distributions import spearman
 from raygeom.replica.settings import batches_at_once
-from raygeom.report.figure_keys import drawn_once
 from raygeom.sources.models import ModelSpec
-from raygeom.store.tree import Store, atomic_write_table, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
+from raygeom.store.tree import Store, atomic_write_table, write_rows, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
 
 FEATURES_VERSION = 2  # 2: chunks come from the one tokenize module (BOS as the model was trained)
 KNN_VERSION = 2  # 2: one engine unit per layer, bootstrap interval of the perplexity difference
@@ -155,10 +154,10 @@ def planned_units(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSe
         info = json.loads(marker.read_text())
         keys = [layer_key(info["key"], layer, settings) for layer in info["layers"]]
         return len(keys), sum(store.has_result("knn", k) for k in keys)
-    from raygeom.analyses.sweep import _cached_config
+    from raygeom.sources.models import cached_config
     from raygeom.sources.layers import layer_names, select_layers
 
-    config = _cached_config(spec) or {}
+    config = cached_config(spec) or {}
     if "num_hidden_layers" not in config:
         return 0, 0
     selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
@@ -385,7 +384,6 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     """
     from raygeom.analyses.dispersion import _get, start_worker
     from raygeom.engine.units import accumulated_rows, run_units
-    from raygeom.report.figures import write_rows
 
     train_text, test_text = (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
     key = features_key(spec, train_text, test_text, settings)
@@ -430,35 +428,3 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
             "max_dispersion_layer": most, "spearman": rank_correlation("knn_perplexity", -1.0),
             "spearman_retrieval": rank_correlation("target_in_neighbours"), "n_keys": rows[0]["n_keys"],
             "n_test": rows[0]["n_test"], "warnings": edge_warnings(rows, settings), "table": table}
-
-
-@drawn_once
-def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
-    """kNN-LM held-out perplexity per candidate layer with its 95 % bootstrap interval, beside the datastore dispersion."""
-    from raygeom.report.figures import pyplot, save_figure
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.8), dpi=110)
-    names = [r["layer"] for r in rows]
-    x = np.arange(len(rows))
-    ppl = np.array([r["knn_perplexity"] for r in rows])
-    base = np.array([r["base_perplexity"] for r in rows])
-    low = np.array([r.get("delta_lo", np.nan) for r in rows], dtype=float) + base
-    high = np.array([r.get("delta_hi", np.nan) for r in rows], dtype=float) + base
-    known = np.isfinite(low) & np.isfinite(high)
-    ax.plot(x, ppl, "o-", color="tab:blue", label="kNN-LM perplexity (held-out)")
-    if known.any():
-        ax.errorbar(x[known], ppl[known], yerr=[ppl[known] - low[known], high[known] - ppl[known]], fmt="none",
-                    ecolor="tab:blue", elinewidth=0.8, capsize=2, label="95 % bootstrap interval (base + difference)")
-    ax.axhline(rows[0]["base_perplexity"], color="tab:blue", ls="--", lw=0.8, label="base LM perplexity")
-    ax.set_ylabel("perplexity", color="tab:blue")
-    ax.set_xticks(x, names, rotation=60, fontsize=7)
-    other = ax.twinx()
-    other.plot(x, [r["dispersion"] for r in rows], "s-", color="tab:red", ms=3, label="datastore dispersion")
-    other.set_ylabel("dispersion of datastore keys", color="tab:red")
-    ax.set_title(title, fontsize=9)
-    lines = ax.get_legend_handles_labels()
-    more = other.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center")
-    fig.tight_layout()
-    return save_figure(fig, path)

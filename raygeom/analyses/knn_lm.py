@@ -55,7 +55,8 @@ class KnnLM(Analysis):
     results = "knn"
     section = "raygeom.report.html:knn_section"
     columns = ("layer", "dispersion", "knn_perplexity", "base_perplexity", "delta", "delta_se", "delta_lo", "delta_hi",
-               "temperature", "lam", "target_in_neighbours", "nearest_is_target", "n_keys", "n_test")
+               "temperature", "lam", "target_in_neighbours", "nearest_is_target", "n_keys", "n_test", "chunk_len", "train_chunks",
+               "test_chunks", "k")
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
 
     def run(self, store, job, specs, params: KnnParams, progress):

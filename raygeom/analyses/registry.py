@@ -11,10 +11,11 @@ Declarations import no torch, Ray or model code, so a bad value is refused in we
 
 from __future__ import annotations
 
+import abc
 import importlib
+import importlib.metadata
 import pkgutil
-from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Iterable
 
 from raygeom.errors import RaygeomError
@@ -40,8 +41,28 @@ class Metric:
     chance: str | None = None  # a column with the chance level to draw beside it
 
 
-class Analysis:
-    """One registered analysis. Subclasses set the class attributes and implement :meth:`units`."""
+# What each kind of extraction asks an analysis to implement (the abstract methods of its class).
+REQUIRED = {"pooled": ("units",)}
+OWN_EXTRACTION = ("run", "planned_units")
+KIND_METHODS = ("units", "run", "planned_units")
+
+
+class _AnalysisMeta(abc.ABCMeta):
+    """Makes abstract exactly the methods an analysis's extraction kind requires: ``units`` for one that reads the
+    pooled extraction, ``run`` and ``planned_units`` for one with an extraction of its own."""
+
+    def __new__(mcs, name, bases, namespace, **kwargs):
+        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        required = REQUIRED.get(cls.extraction, OWN_EXTRACTION)
+        unmet = {m for m in KIND_METHODS if m in required and getattr(getattr(cls, m), "__isabstractmethod__", False)}
+        cls.__abstractmethods__ = frozenset((set(cls.__abstractmethods__) - set(KIND_METHODS)) | unmet)
+        return cls
+
+
+class Analysis(metaclass=_AnalysisMeta):
+    """One registered analysis: an abstract base class. A subclass sets the class attributes and implements what its
+    extraction kind requires (``units`` for "pooled"; ``run`` and ``planned_units`` for an extraction of its own);
+    :func:`register` refuses one that does not, or whose declarations disagree."""
 
     name: ClassVar[str]
     version: ClassVar[int]
@@ -60,7 +81,7 @@ class Analysis:
     # "module:function" drawing its report section from a store root; None: the generic section (each metric by
     # depth, and a step x layer heatmap per setting). Analyses naming one function share that section.
     section: ClassVar[str | None] = None
-    command: ClassVar[str | None] = None  # the hand-written command that also runs it (raygeom <command>), if any
+    command: ClassVar[str | None] = None  # the name of its generated command (raygeom <command>), if not its name
 
     def for_width(self, params, d: int | None):
         """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""
@@ -69,18 +90,19 @@ class Analysis:
     def check(self, params, info: dict, model: str) -> None:
         """Refuse, before any work, parameters this extraction cannot serve (e.g. k >= d)."""
 
+    @abc.abstractmethod
     def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
-        raise NotImplementedError
+        """A pooled analysis's engine units on one landed extraction (see :func:`layer_units`)."""
 
+    @abc.abstractmethod
     def run(self, store, job, specs: list, params, progress) -> list[dict]:
         """An analysis with an extraction of its own: extract what it needs for ``specs`` (reusing what the store
         holds) and analyse it through the engine's units; returns this job's rows (each with its ``unit_key``).
         ``progress(label, total)`` gives a function that advances a progress bar by n."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def planned_units(self, store, job, specs: list, params) -> tuple[int, int]:
         """(units, done) ``run`` would have for ``specs``: what ``plan`` and ``status`` count for it."""
-        raise NotImplementedError
 
     @property
     def results_dir(self) -> str:
@@ -97,35 +119,78 @@ class Analysis:
 
         return content_key(self.name, self.version, extraction_key, layer, *key_settings(params))
 
+    def check_rows(self, rows: list[dict]) -> None:
+        """Rows as the declaration says: each (but a refused layer's, which carries a ``note``) holds every declared
+        column, so the series and metrics the report draws from them exist. A defect of the analysis (or rows
+        stored by an older row shape under the same version), not of the input."""
+        for row in rows:
+            missing = [c for c in self.columns if c not in row]
+            if missing and not row.get("note"):
+                raise RuntimeError(f"analysis {self.name!r} (version {self.version}) has a row without its declared "
+                                   f"column(s) {', '.join(missing)}; a changed row needs a version bump")
+
 
 _REGISTRY: dict[str, Analysis] = {}
-_DISCOVERED: list[bool] = []  # every registering module imported once
+_DISCOVERED: list[bool] = []  # every analysis module and entry point imported once
+ENTRY_POINTS = "raygeom.analyses"  # the entry-point group through which another package adds analyses
+
+
+def _check_declaration(cls: type) -> None:
+    """What the CLI, job files and report build from must agree: a name, a version, declared Params, metrics within
+    the columns, and every ``series`` name both a parameter and a column (else its rows would be series without a
+    label); the methods its extraction kind requires."""
+    where = f"analysis {getattr(cls, 'name', cls.__name__)!r}"
+    for attribute in ("name", "version", "Params", "title"):
+        if not hasattr(cls, attribute):
+            raise TypeError(f"{where} declares no {attribute}")
+    if not (isinstance(cls.Params, type) and issubclass(cls.Params, Params)):
+        raise TypeError(f"{where}: Params must be a raygeom.params.Params dataclass")
+    if cls.__abstractmethods__:
+        raise TypeError(f"{where} (extraction {cls.extraction!r}) does not implement "
+                        f"{', '.join(sorted(cls.__abstractmethods__))}")
+    parameters = {f.name for f in fields(cls.Params)}
+    columns = set(cls.columns)
+    for name in cls.series:
+        if name not in parameters or name not in columns:
+            raise TypeError(f"{where}: series name {name!r} must be a parameter and a declared column "
+                            f"({'not a parameter' if name not in parameters else 'not a column'})")
+    for metric in cls.metrics:
+        unknown = [c for c in (metric.column, metric.lo, metric.hi, metric.chance) if c is not None and c not in columns]
+        if unknown:
+            raise TypeError(f"{where}: metric {metric.column!r} names undeclared column(s) {', '.join(unknown)}")
 
 
 def register(cls: type) -> type:
-    """Class decorator: add an analysis to the registry under ``cls.name`` (once)."""
-    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
+    """Class decorator: check an analysis's declaration and add it to the registry under ``cls.name`` (once)."""
+    _check_declaration(cls)
+    if cls.name in _REGISTRY and (type(_REGISTRY[cls.name]).__module__, type(_REGISTRY[cls.name]).__qualname__) != (cls.__module__, cls.__qualname__):
         raise RuntimeError(f"analysis {cls.name!r} is registered twice")
     _REGISTRY[cls.name] = cls()
     return cls
 
 
 def _discover() -> None:
+    """Import every module of raygeom.analyses (its @register classes register themselves), then every module the
+    ``raygeom.analyses`` entry-point group names. These modules import no torch, Ray or model code at import, so
+    the CLI built from the registry refuses bad input before any of that loads."""
     import raygeom.analyses as package
 
-    # Only the files that register something are imported: the other analysis modules pull in torch, and the CLI
-    # (built from this registry) must refuse bad input before any of that loads.
     for module in pkgutil.iter_modules(package.__path__):
-        path = Path(package.__path__[0]) / f"{module.name}.py"
-        if module.name != "registry" and path.is_file() and "\n@register\n" in path.read_text():
-            importlib.import_module(f"raygeom.analyses.{module.name}")
+        if module.name != "registry":
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        try:
+            entry.load()
+        except Exception as error:  # noqa: BLE001 - another package's defect gets one line naming it
+            raise RaygeomError(f"the {ENTRY_POINTS} entry point {entry.name!r} ({entry.value}) failed to load: "
+                               f"{type(error).__name__}: {error}") from error
 
 
 def analyses() -> dict[str, Analysis]:
-    """Every registered analysis by name (every module of raygeom.analyses is imported once)."""
+    """Every registered analysis by name (discovered once: see :func:`_discover`)."""
     if not _DISCOVERED:
-        _discover()
         _DISCOVERED.append(True)
+        _discover()
     return dict(_REGISTRY)
 
 
@@ -195,6 +260,7 @@ def layer_units(analysis: Analysis, params, store, model: str, revision: str, la
 
         def done(values, layer=layer, key=key):
             rows = finish(layer, values[0])
+            analysis.check_rows(rows if isinstance(rows, list) else [rows])
             return [{**row, "unit_key": key} for row in rows] if isinstance(rows, list) else {**rows, "unit_key": key}
 
         def degenerate(reason: str, layer=layer, key=key) -> dict:

@@ -7,7 +7,7 @@ analysis per (model, revision). The per-slice rows are results/dispersion_slices
 from __future__ import annotations
 
 from raygeom.analyses.registry import Metric, register
-from raygeom.analyses.token_dispersion import ChunkAnalysis
+from raygeom.analyses.token_dispersion import SETTING_COLUMNS, ChunkAnalysis
 
 
 def _agreement(kind: str, level: str) -> Metric:
@@ -21,4 +21,4 @@ class DifficultySlices(ChunkAnalysis):
     version = 3
     title = "Difficulty slices"
     metrics = tuple(_agreement(kind, level) for kind in ("domain", "kmeans") for level in ("token", "sample"))
-    columns = tuple(c for m in metrics for c in (m.column, m.lo, m.hi))
+    columns = (*(c for m in metrics for c in (m.column, m.lo, m.hi)), *SETTING_COLUMNS)

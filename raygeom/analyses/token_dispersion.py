@@ -9,7 +9,7 @@ vector summaries); `slices` and `gap` read the same one, so a job listing all th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, Metric, Params, param, register
 
@@ -38,6 +38,9 @@ class ChunkParams(ChunkExtractionParams):
 
 
 SERIES = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_slices")
+# The settings every layer row carries (batch_size changes no number; n_groups is stored as the most groups asked for).
+SETTING_COLUMNS = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_groups_max", "n_slices", "gap_layer",
+                   "n_boot", "seed")
 
 
 def extraction_of(params: ChunkExtractionParams, layers: str):
@@ -114,7 +117,7 @@ class TokenDispersion(ChunkAnalysis):
     columns = ("token_dispersion", "token_dispersion_lo", "token_dispersion_hi", "sample_dispersion",
                "sample_dispersion_lo", "sample_dispersion_hi", "perplexity", "bits_per_byte", "n_chunks",
                "group_spearman", "group_spearman_lo", "group_spearman_hi", "chunk_spearman", "chunk_spearman_lo",
-               "chunk_spearman_hi", *(f.name for f in fields(ChunkParams)))
+               "chunk_spearman_hi", *SETTING_COLUMNS)
     metrics = (Metric("token_dispersion", "token dispersion", "token_dispersion_lo", "token_dispersion_hi"),
                Metric("sample_dispersion", "sample dispersion (chunks)", "sample_dispersion_lo", "sample_dispersion_hi"),
                Metric("group_spearman", "Spearman(dispersion, perplexity) over groups", "group_spearman_lo",

@@ -40,7 +40,7 @@ import numpy as np
 
 from raygeom.errors import RaygeomError
 from raygeom.params import Params, param
-from raygeom.store.tree import Store, content_key, read_table
+from raygeom.store.tree import Store, content_key, write_rows
 
 TRAIN_VERSION = 1
 DATA_SEED = 0
@@ -422,49 +422,12 @@ RUN_COLUMNS = ("lam", "seed", "steps", "workers", "push_layer", "over", "final_t
                "heldout_dispersion", "n_train_sequences", "n_heldout_sequences", "wall_s")
 
 
-def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: Path | None = None) -> dict:
-    """``results/train_runs.parquet`` (every run stored in this store), ``results/train_summary.parquet`` (this
-    job's lambdas over its seeds), and a plot of the per-step curves and of the paired differences with their
-    intervals."""
+def write_tables(store: Store, rows: list[dict], summary: list[dict]) -> dict:
+    """``results/train_runs.parquet`` (every run stored in this store) and ``results/train_summary.parquet`` (this
+    job's lambdas over its seeds); raygeom.report.dispersion_plots.plot_training draws them."""
     from raygeom.engine.units import accumulated_rows
-    from raygeom.report.figures import write_rows
 
     job_rows = [{k: v for k, v in r.items() if k != "cached"} for r in rows]
     runs = write_rows(accumulated_rows(store, "train_runs", job_rows), store.root / "results" / "train_runs.parquet")
     table = write_rows(summary, store.root / "results" / "train_summary.parquet")
-    from raygeom.report.figures import pyplot, save_figure
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), dpi=110)
-    lams = sorted({r["lam"] for r in rows})
-    colours = {lam: plt.cm.viridis(i / max(1, len(lams) - 1)) for i, lam in enumerate(lams)}
-    for r in rows:
-        history = read_table(Path(r["history"])).to_pylist()
-        steps = [h["step"] for h in history]
-        label = f"lambda={r['lam']:g}" if r["seed"] == min(x["seed"] for x in rows if x["lam"] == r["lam"]) else None
-        axes[0].plot(steps, [h["lm_loss"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8, label=label)
-        axes[1].plot(steps, [h["dispersion"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8)
-        evals = [h for h in history if h.get("heldout_perplexity") is not None]
-        axes[2].plot([h["step"] for h in evals], [h["heldout_perplexity"] for h in evals], "o-", ms=2, color=colours[r["lam"]], lw=0.8)
-    plain = {r["seed"]: r["heldout_perplexity"] for r in rows if r["lam"] == 0.0}
-    for i, line in enumerate(s for s in summary if s["lam"] != 0.0):
-        seeds = [r for r in rows if r["lam"] == line["lam"] and r["seed"] in plain]
-        axes[3].plot([i] * len(seeds), [r["heldout_perplexity"] - plain[r["seed"]] for r in seeds], "o", ms=3,
-                     color=colours[line["lam"]], alpha=0.6)
-        if np.isfinite(line["paired_delta_lo"]):
-            axes[3].errorbar([i + 0.15], [line["paired_delta_mean"]], yerr=[[line["paired_delta_mean"] - line["paired_delta_lo"]],
-                             [line["paired_delta_hi"] - line["paired_delta_mean"]]], fmt="s", color="black", ms=4, capsize=3)
-    differences = [s for s in summary if s["lam"] != 0.0]
-    axes[3].axhline(0, color="grey", lw=0.8)
-    axes[3].set_xticks(range(len(differences)), [f"lambda={s['lam']:g}\np={s['paired_p']:.2g}" for s in differences], fontsize=7)
-    axes[0].set_title("training LM loss (nats)", fontsize=9)
-    axes[1].set_title("D_batch (training batches)", fontsize=9)
-    axes[2].set_title("held-out perplexity", fontsize=9)
-    axes[3].set_title("held-out perplexity minus lambda=0, same seed\n(dots: seeds; square: mean, 95 % t-interval)", fontsize=8)
-    axes[2].set_yscale("log")
-    for ax in axes[:3]:
-        ax.set_xlabel("step", fontsize=8)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    plot = save_figure(fig, (plot_dir or store.root / "plots") / "push_away_training.png")
-    return {"table": table, "runs": runs, "plot": plot}
+    return {"table": table, "runs": runs}

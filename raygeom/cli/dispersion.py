@@ -19,6 +19,7 @@ from raygeom.cli.flags import (LAYERS_HELP, TOKEN_GRID, AddressOption, CommandFl
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
 from raygeom.params import PGAParams
+from raygeom.report import dispersion_plots
 from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
 
@@ -195,10 +196,10 @@ def dispersion(
             depth = sorted((r for r in result["layers"] if r["model"] == name), key=lambda r: r["relative_depth"])
             ordered = list(dict.fromkeys(r["layer"] for r in depth if r["layer"] != "attn_last"))
             picks = list(dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-2], ordered[-1], "attn_last"]))
-            written.append(dp.plot_groups(result["groups"], result["layers"], name, picks,
+            written.append(dispersion_plots.plot_groups(result["groups"], result["layers"], name, picks,
                                           plot_dir / f"groups_{name.replace('/', '--')}.png"))
-        written.append(dp.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png"))
-        written.append(dp.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png"))
+        written.append(dispersion_plots.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png"))
+        written.append(dispersion_plots.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png"))
         console.print(_table(result["domains"], ["model", "revision", "domain", "token_dispersion", "perplexity", "bits_per_byte",
                                                  "n_chunks"],
                              f"per domain at {model_layer} (bits per byte compare across tokenizers; perplexity does not)"))
@@ -249,7 +250,8 @@ def select(
         check_writable(store.root)
         text = load_corpus(spec_job.corpus)
         _start(address, num_cpus)
-        from raygeom.analyses.dispersion import plot_select, rank_by_gap
+        from raygeom.analyses.dispersion import rank_by_gap
+        from raygeom.report.dispersion_plots import plot_select
         rows = rank_by_gap(store, specs, text, settings, layer, n_boot)
         shown = [{**r, "G [95%]": format_interval(r, "gap", 3, ",")} for r in rows]
         console.print(_table(shown, ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion",
@@ -338,7 +340,7 @@ def knn(
                       f"dispersion vs target-among-neighbours {result['spearman_retrieval']:+.3f}", highlight=False)
         for line in result["warnings"]:
             errors.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
-        plot = knn_module.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
+        plot = dispersion_plots.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
         console.print(f"table: {result['table']}\nplot:  {plot}")
         if report is not None:
             _write_report({"knn": rows}, [plot], report)
@@ -425,7 +427,8 @@ def train(
         console.print(_table(shown, ["lam", "n_seeds", "held-out perplexity by seed", "mean ± std",
                                      "paired delta vs lambda=0 [95% CI]", "t", "p", "seeds lower/higher",
                                      "heldout_dispersion_mean"], "push-away vs plain (held-out; paired t-test over seeds)"))
-        paths = train_module.write_report(store, rows, summary, plots)
+        paths = train_module.write_tables(store, rows, summary)
+        paths["plot"] = dispersion_plots.plot_training(rows, summary, (plots or store.root / "plots") / "push_away_training.png")
         console.print(f"tables: {paths['runs']}, {paths['table']}\nplots:  {paths['plot']}")
         if report is not None:
             columns = list(train_module.RUN_COLUMNS) + [c for c in train_module.PROVENANCE + ("revision", "settings", "unit_key")

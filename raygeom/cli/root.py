@@ -78,12 +78,12 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 def _check_pga_sizes(job) -> None:
     """Every planned analysis's parameters (e.g. ccr and k) against N and each model's d, from its config where that is
     known without loading it."""
-    from raygeom.analyses.sweep import _cached_config
+    from raygeom.sources.models import cached_config
     from raygeom.jobs.pipeline import job_models
 
     for spec in job_models(job):
         try:
-            config = _cached_config(spec) or {}
+            config = cached_config(spec) or {}
         except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
             config = {}
         d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None

@@ -23,7 +23,7 @@ console = Console(width=output_width())
 
 
 def _load(job_file: Path, out: Optional[Path]):
-    from raygeom.analyses import sweep
+    from raygeom.jobs import plan as sweep
     from raygeom.jobspec import load_job
     from raygeom.store.tree import Store
 
@@ -41,7 +41,7 @@ def _show_training(job_file: Path, out: Optional[Path]) -> bool:
     """The runs [train] will make (a grid: one per variant), whether each is trained, and for those that are not
     the time it should take, measured from a few steps here. Returns True when there is nothing more to plan: a
     job whose [train] has not run has no checkpoints and no held-out texts yet, so what follows is only counted."""
-    from raygeom.analyses.sweep import format_seconds
+    from raygeom.jobs.plan import format_seconds
     from raygeom.analyses.train import estimate_training_seconds
     from raygeom.jobs.train import completed_trajectory
     from raygeom.jobspec import load_job
@@ -92,7 +92,7 @@ def print_per_analysis(plan) -> None:
 
 
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
-    from raygeom.analyses import sweep
+    from raygeom.jobs import plan as sweep
     from raygeom.sources.revisions import gpus_per_model
 
     if _show_training(job_file, out):
@@ -165,10 +165,10 @@ def _show_auto_budget(budget) -> None:
 
 
 def show_status(job_file: Path, out: Optional[Path]) -> None:
-    from raygeom.analyses import sweep
+    from raygeom.store.manifest import integrity
 
     job, plan = _load(job_file, out)
-    report = sweep.integrity(plan)
+    report = integrity(plan)
     table = Table(title=f"Status {job.name}  ({plan.store.root})", title_justify="left")
     for name in ("model", "revisions extracted", "revisions complete", "units done", "weights flagged"):
         table.add_column(name, justify="left" if name == "model" else "right")

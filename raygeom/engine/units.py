@@ -18,6 +18,7 @@ import numpy as np
 import ray
 
 from raygeom.errors import InputError, RaygeomError
+from raygeom.params import canonical_rows
 from raygeom.engine.contract import PREPARED, More, Step, Unit  # noqa: F401 - re-exported
 from raygeom.engine.threads import one_thread
 from raygeom.store.tree import Store
@@ -225,4 +226,4 @@ def accumulated_rows(store: Store, analysis: str, job_rows: Sequence[dict]) -> l
     stored (degenerate units); each row carries the settings that made it, so they can be told apart."""
     stored = store.read_results(analysis).to_pylist()
     keys = {row.get("unit_key") for row in stored}
-    return stored + [row for row in job_rows if row.get("unit_key") not in keys]
+    return canonical_rows(stored + [row for row in job_rows if row.get("unit_key") not in keys])

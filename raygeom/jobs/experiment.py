@@ -50,7 +50,7 @@ def run_own_extractions(store, job, console) -> dict[str, list[dict]]:
     """Every planned analysis with an extraction of its own (token-level chunks, kNN-LM features, aligned texts):
     each extracts what it needs (what the store holds is reused, so analyses naming one extraction share it) and
     runs its units; returns this job's rows by analysis name."""
-    from raygeom.analyses.sweep import job_specs
+    from raygeom.jobs.plan import job_specs
 
     own = [item for item in job.planned() if item.spec.extraction != "pooled"]
     if not own:
@@ -86,6 +86,8 @@ def write_outputs(store, job, units: JobUnits, rows: list[dict], console, skip: 
             continue
         analysis = registry.get(name)
         mine = (own or {}).get(name, []) if analysis.extraction != "pooled" else units.rows_of(name, rows)
+        if analysis.extraction != "pooled":  # a pooled analysis's rows are checked as its units finish
+            analysis.check_rows(mine)
         directory = analysis.results_dir
         every = accumulated_rows(store, directory, mine)
         if analysis.extraction != "pooled":  # stores from before the unit engine kept summaries there, with no key

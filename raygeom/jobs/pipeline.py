@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,7 +29,7 @@ class JobOutputs:
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
-    from raygeom.analyses.sweep import job_specs
+    from raygeom.jobs.plan import job_specs
 
     return job_specs(job)
 
@@ -38,12 +37,12 @@ def job_models(job: JobSpec) -> list[ModelSpec]:
 def check_layers(job: JobSpec, specs: list[ModelSpec]) -> None:
     """Refuse a layer selection a model lacks (``--layers 99``) from its config, before Ray starts and it loads.
     A model whose config is not known without loading it is checked once it loads."""
-    from raygeom.analyses.sweep import _cached_config
+    from raygeom.sources.models import cached_config
     from raygeom.sources.layers import layer_names, select_layers
 
     for spec in specs:
         try:
-            blocks = (_cached_config(spec) or {}).get("num_hidden_layers")
+            blocks = (cached_config(spec) or {}).get("num_hidden_layers")
         except Exception:  # noqa: BLE001 - an unreadable cache only means the layers are checked after loading
             blocks = None
         if isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 0:
@@ -74,15 +73,6 @@ def pga_units_for(store: Store, params: PGAParams):
         return pga.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
 
     return units_for
-
-
-def run_pga(store: Store, model: str, revision: str, layers: list[str], params: PGAParams,
-            progress: Callable[[int], None] | None = None, warn: Callable[[str], None] | None = None) -> list[dict]:
-    """PGA for every layer of one extraction, through the unit engine (finished layers are read back)."""
-    from raygeom.analyses import pga
-    from raygeom.engine.units import run_units
-
-    return run_units(store, pga.units(store, model, revision, layers, params), progress, warn)
 
 
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
@@ -172,7 +162,9 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     """Every (model, revision) of the job: extraction on GPU (or CPU) tasks, PGA per layer, then the tidy
     table, collapse zones, plots and the integrity report, all from the store. ``write_html``: write the HTML
     report too (a driver that adds to the store afterwards writes it once, at its end)."""
-    from raygeom.analyses import sweep
+    from raygeom.jobs import plan as sweep
+    from raygeom.jobs.tidy import write_outputs
+    from raygeom.store.manifest import write_manifest
 
     check_layers(job, job_models(job))
     store = Store(job.out)
@@ -180,7 +172,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
     report_distinct(job, corpus, console)
     plan = sweep.build_plan(job, store, corpus.fingerprint())
-    sweep.write_manifest(store, job, corpus)
+    write_manifest(store, job, corpus)
 
     from raygeom.engine import orchestrate
 
@@ -229,7 +221,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
             console.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
                           f"{escape(row['note'])} (not stored; a rerun tries it again)", highlight=False, soft_wrap=True)
     final = sweep.build_plan(job, store, corpus.fingerprint())
-    outputs = sweep.write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
+    outputs = write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]
     for model, revision, flag in report.flagged:
         console.print(f"[yellow]weights flag[/] {escape(f'{model}@{revision}: {flag}')}", highlight=False)

@@ -126,11 +126,11 @@ def organisation_summary(z_rows: list[dict], layers: dict[str, str], positive_z:
 def _log_step_axis(ax, steps: list[int]) -> None:
     from matplotlib.ticker import NullLocator
 
-    from raygeom.analyses.sweep import _step_label, _step_ticks
+    from raygeom.report.sweep_plots import step_label, step_ticks
 
     ax.set_xscale("log")
-    ticks = _step_ticks(sorted(set(steps)))
-    ax.set_xticks([t + 1 for t in ticks], [_step_label(t) for t in ticks])
+    ticks = step_ticks(sorted(set(steps)))
+    ax.set_xticks([t + 1 for t in ticks], [step_label(t) for t in ticks])
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("training step (log scale of step + 1)")
 
@@ -286,7 +286,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
 
     import pyarrow as pa
 
-    from raygeom.analyses import sweep
+    from raygeom.jobs import plan as sweep
     from raygeom.jobs.pipeline import progress_bar, run_sweep_job
     from raygeom.jobspec import SweepSettings
     from raygeom.report.html import announce_report

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from raygeom.analyses import sweep
-from raygeom.analyses.sweep import collapse_zones
+from raygeom.jobs import plan as sweep
+from raygeom.jobs.tidy import collapse_zones
 from raygeom.numerics.uncertainty import mean_t_interval, spearman_with_ci
 from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure, save_text
 

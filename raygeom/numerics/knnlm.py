@@ -17,14 +17,10 @@ interface can replace it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
-
 import numpy as np
 import torch
 
 from raygeom.errors import InputError
-from raygeom.numerics.dispersion import dispersion
 from raygeom.numerics.tensors import shared_tensor
 
 DEFAULT_KEY_CHUNK = 1 << 16
@@ -181,62 +177,3 @@ def interpolated_log_probs(lm_log_probs_of_targets, knn_log_probs_of_targets, la
 def interpolated_perplexity(lm_log_probs_of_targets, knn_log_probs_of_targets, lam: float) -> float:
     """``exp(-mean log(lam p_knn + (1 - lam) p_lm))`` (see :func:`interpolated_log_probs`)."""
     return float(np.exp(-interpolated_log_probs(lm_log_probs_of_targets, knn_log_probs_of_targets, lam).mean()))
-
-
-@dataclass(frozen=True)
-class KnnLayerSelection:
-    """Per candidate layer: kNN-LM perplexity (at its lam), that lam, and the datastore keys' dispersion."""
-
-    perplexity: dict
-    lam: dict
-    dispersion: dict
-    best_layer: str
-    max_dispersion_layer: str
-    base_perplexity: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def select_knn_layer(layer_keys: Mapping[str, object], layer_queries: Mapping[str, object], values, targets,
-                     lm_log_probs_of_targets, vocab_size: int, *, k: int = 1024,
-                     temperature: float | Mapping[str, float] = 1.0, lam: float | Sequence[float] = 0.25,
-                     chunk_size: int = 1024) -> KnnLayerSelection:
-    """kNN-LM perplexity for each candidate layer, and which layer is best (lowest; first on ties).
-
-    ``layer_keys[name]`` is that layer's datastore keys (or an index on them),
-    ``layer_queries[name]`` its held-out query representations; ``values`` and
-    ``targets`` are shared. Distance scales differ across layers, so
-    ``temperature`` may be given per layer. With several ``lam`` values each
-    layer reports its lowest perplexity over them; that tunes lam on the same
-    held-out data, so split off a tuning set first if that matters.
-    Also reports the dispersion of each layer's keys and the layer where it is
-    largest, the paper's label-free pick.
-    """
-    if set(layer_keys) != set(layer_queries) or not layer_keys:
-        raise InputError("layer_keys and layer_queries must name the same, non-empty set of layers")
-    lams = [float(lam)] if np.isscalar(lam) else [float(x) for x in lam]
-    if not lams:
-        raise InputError("lam must be a number or a non-empty sequence")
-    lm = _log_probs("lm_log_probs_of_targets", lm_log_probs_of_targets)
-    perplexity, chosen, disp = {}, {}, {}
-    for name in layer_keys:
-        temp = temperature[name] if isinstance(temperature, Mapping) else temperature
-        knn = knn_log_probs(layer_queries[name], layer_keys[name], values, vocab_size, k, temp, chunk_size, targets)
-        scores = [interpolated_perplexity(lm, knn, x) for x in lams]
-        best = int(np.argmin(scores))
-        perplexity[name], chosen[name] = scores[best], lams[best]
-        keys = layer_keys[name]
-        raw = getattr(keys, "keys", None) if hasattr(keys, "search") else keys
-        if raw is None or callable(raw):
-            raise InputError(f"layer {name!r}: pass raw keys or an index exposing its key matrix as .keys")
-        disp[name] = dispersion(raw)
-    names = list(layer_keys)
-    return KnnLayerSelection(
-        perplexity=perplexity,
-        lam=chosen,
-        dispersion=disp,
-        best_layer=min(names, key=lambda n: perplexity[n]),
-        max_dispersion_layer=max(names, key=lambda n: disp[n]),
-        base_perplexity=float(np.exp(-lm.mean())),
-    )

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raygeom.report.figure_keys import FIGURE_KEY, drawing_key, drawn_key, drawn_once, figure_key, figure_to_draw  # noqa: F401
-from raygeom.store.tree import atomic_write_table
+from raygeom.store.tree import atomic_write_table, write_rows  # noqa: F401 - where the report's callers find it
 
 
 def interval_bounds(row: dict, name: str = "z") -> tuple[float, float] | None:
@@ -155,15 +155,6 @@ def save_text(text: str, path: Path) -> Path:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(text)
     temporary.replace(path)
-    return path
-
-
-def write_rows(rows: list[dict], path: Path) -> Path:
-    import pyarrow as pa
-
-    # Rows read back from older units may lack newer columns; take the union, not the first row's keys.
-    columns = list(dict.fromkeys(name for row in rows for name in row))
-    atomic_write_table(pa.Table.from_pylist([{name: row.get(name) for name in columns} for row in rows]), path)
     return path
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from raygeom.errors import RaygeomError
+from raygeom.params import canonical_value
 
 # pyarrow, plotly and the store are imported where used: every CLI command imports this module.
 
@@ -168,7 +169,7 @@ def pga_rows(root: Path) -> list[dict]:
             if row.get("z") is None and row.get("rho_readout") is None:
                 continue
             rho = row.get("rho_readout")
-            key = (*(_setting_key(row.get(c)) for c in ("model", "revision", "layer", *VARIANT_COLUMNS)),
+            key = (*(_setting_key(canonical_value(c, row.get(c))) for c in ("model", "revision", "layer", *VARIANT_COLUMNS)),
                    round(rho, 9) if _finite(rho) else row.get("unit_key"))
             merged[key] = {**merged.get(key, {}), **{k: v for k, v in row.items() if v is not None}}
     return list(merged.values())

@@ -130,7 +130,7 @@ def last_attention(model: nn.Module) -> nn.Module:
 
 # ------------------------------------------------------------------------------------------ hook points inside blocks
 # Names as in ``--layers``: ``block_05.attn_out``, ``block_05.resid_mid``, ``block_05.mlp_out`` (see
-# raygeom.analyses.sweep.select_layers). TransformerLens calls them hook_attn_out, hook_resid_mid and hook_mlp_out.
+# raygeom.sources.layers.select_layers). TransformerLens calls them hook_attn_out, hook_resid_mid and hook_mlp_out.
 #   attn_out   what the attention sub-layer adds to the residual stream (after any post-attention norm and dropout)
 #   mlp_out    what the MLP adds to the residual stream (after any post-feedforward norm and dropout)
 #   resid_mid  the residual stream between the two adds: block input + attn_out. In a sequential block the MLP reads
@@ -190,9 +190,3 @@ def is_parallel_residual(model: nn.Module) -> bool:
 
 def sublayer_module(model: nn.Module, block_index: int, path: str) -> nn.Module:
     return _get(blocks(model)[block_index], path)
-
-
-def split_layer_name(name: str) -> tuple[str, str | None]:
-    """``block_05.mlp_out`` -> (``block_05``, ``mlp_out``); ``block_05`` -> (``block_05``, None)."""
-    block, dot, sub = name.partition(".")
-    return (block, sub) if dot else (name, None)

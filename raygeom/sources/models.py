@@ -413,3 +413,34 @@ def weight_fingerprint(model: "torch.nn.Module", samples_per_tensor: int = 4096)
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(flat[::stride].float().cpu().numpy().tobytes())
     return digest.hexdigest()[:32]
+
+
+def cached_config(spec: ModelSpec) -> dict | None:
+    """The model's config.json as the local files or the hub cache hold it (a built-in's known config); None where
+    it is not there without a download."""
+    if spec.kind in ("local", "checkpoint"):
+        path = spec.path / "config.json"
+    elif spec.kind == "hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(spec.source, "config.json", revision=spec.revision)
+        path = Path(found) if isinstance(found, str) else None
+    else:
+        return known_config(spec)
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def config_params(config: dict) -> int | None:
+    """Parameters of a decoder with this config (attention, MLP and embeddings), for the plan's cost."""
+    try:
+        d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    except KeyError:
+        return None
+    ffn = config.get("intermediate_size", 4 * d)
+    tied = config.get("tie_word_embeddings", False)
+    return int(layers * (4 * d * d + 2 * d * ffn) + vocab * d * (1 if tied else 2))

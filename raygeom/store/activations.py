@@ -26,12 +26,12 @@ from raygeom.errors import InputError, RaygeomError
 BYO_VERSION = 1
 SOURCE = "write_activations"
 PLACE = "write_activations"  # the extraction=<name> directory: one per (model, revision), its key changes with its bytes
-READOUT_COMPONENTS = 256  # as an extraction stores (raygeom.analyses.sweep.READOUT_COMPONENTS)
+READOUT_COMPONENTS = 256  # as an extraction stores (raygeom.replica.request.READOUT_COMPONENTS)
 
 
 def _all_layers(layer_names: list[str], n_blocks: int | None, previous: list[str] | None) -> list[str]:
     """The model's depth-ordered layer list: the standard one with ``n_blocks``, else the names written so far."""
-    from raygeom.analyses.sweep import layer_names as standard
+    from raygeom.sources.layers import layer_names as standard
 
     if n_blocks is not None:
         if not isinstance(n_blocks, int) or isinstance(n_blocks, bool) or n_blocks <= 0:
@@ -77,7 +77,7 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     Calling it again for the same (model, revision) adds or replaces layers; every layer must have the same N, and
     ``texts`` (when given) must be the same texts. A (model, revision) that raygeom extracted itself in this store is
     refused, so the two are never mixed."""
-    from raygeom.api import as_array
+    from raygeom.numerics.arrays import as_array
     from raygeom.numerics import pga
     from raygeom.sources.corpus import text_sha1
     from raygeom.store.tree import Store, check_writable, content_key, recorded_digest

@@ -803,3 +803,11 @@ class Store:
         else:
             tables = [self._read_result(p, metric, k) for k, p in ((k, self.result_path(metric, k)) for k in keys) if p.is_file()]
         return pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
+
+
+def write_rows(rows: list[dict], path: Path) -> Path:
+    """Rows as one Parquet table, written atomically; every column any row has."""
+    # Rows read back from older units may lack newer columns; take the union, not the first row's keys.
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    atomic_write_table(pa.Table.from_pylist([{name: row.get(name) for name in columns} for row in rows]), path)
+    return path

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from raygeom.analyses import dispersion as dp
+from raygeom.report import dispersion_plots
 from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import load_model, resolve_model
 from raygeom.numerics.dispersion import dispersion, dispersion_gap
@@ -62,7 +63,7 @@ def test_tables_cover_every_layer_and_the_attention_sub_layer(finished):
 def test_ray_results_equal_an_in_process_computation(finished, labelled_corpus):
     store, specs, result = finished
     spec = specs[0]
-    unit = dp.read_unit(store, spec, dp.unit_key(spec, labelled_corpus, SETTINGS))
+    unit = dp.read_unit_at(str(store.root), spec.slug, spec.revision, dp.unit_key(spec, labelled_corpus, SETTINGS))
     model, tokenizer = load_model(spec)
     chunks, domains = make_chunks(tokenizer, labelled_corpus.texts, labelled_corpus.labels, 32, 6, seed=3)
     features, next_tokens, logprob = token_features(model, torch.from_numpy(chunks), ["final_norm", "block_01"])
@@ -99,8 +100,8 @@ def test_rerun_reads_the_store_and_select_ranks_by_gap(finished, labelled_corpus
 def test_plots_are_written(finished, tmp_path):
     _, _, result = finished
     name = result["layers"][0]["model"]
-    paths = [dp.plot_groups(result["groups"], result["layers"], name, ["block_01", "final_norm", "attn_last"], tmp_path / "g.png"),
-             dp.plot_layer_profile(result["layers"], tmp_path / "p.png"), dp.plot_models(result["domains"], tmp_path / "m.png")]
+    paths = [dispersion_plots.plot_groups(result["groups"], result["layers"], name, ["block_01", "final_norm", "attn_last"], tmp_path / "g.png"),
+             dispersion_plots.plot_layer_profile(result["layers"], tmp_path / "p.png"), dispersion_plots.plot_models(result["domains"], tmp_path / "m.png")]
     assert all(p.stat().st_size > 5_000 for p in paths)
 
 
@@ -117,7 +118,7 @@ def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
 
 def test_intervals_bits_per_byte_and_provenance_in_every_row(finished, labelled_corpus):
     store, specs, result = finished
-    unit = dp.read_unit(store, specs[0], dp.unit_key(specs[0], labelled_corpus, SETTINGS))
+    unit = dp.read_unit_at(str(store.root), specs[0].slug, specs[0].revision, dp.unit_key(specs[0], labelled_corpus, SETTINGS))
     chunks = unit["chunks"].to_pandas()
     final = chunks[chunks["layer"] == "final_norm"]
     _, tokenizer = load_model(specs[0])
@@ -150,7 +151,7 @@ def test_analysis_units_resume_and_tables_accumulate_every_job(finished, labelle
     assert len(combined) == len(result["layers"]) + len(third["layers"])
     assert {r["group_size"] for r in combined} == {3, 2}
     # The same seed gives the same numbers in process (one layer at a time) as through the engine's units.
-    unit = dp.read_unit(store, specs[0], dp.unit_key(specs[0], labelled_corpus, SETTINGS))
+    unit = dp.read_unit_at(str(store.root), specs[0].slug, specs[0].revision, dp.unit_key(specs[0], labelled_corpus, SETTINGS))
     local = dp.analyse_unit(unit, ANALYSIS, SETTINGS.seed)["layers"]
     engine = [r for r in result["layers"] if r["revision"] == specs[0].revision]
     for mine, theirs in zip(local, engine):

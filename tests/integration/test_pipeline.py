@@ -18,9 +18,17 @@ from raygeom.replica.extract import ExtractionSettings
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.sources.models import resolve_model
 from raygeom.params import PGAParams
-from raygeom.jobs.pipeline import run_pga, run_pga_job
+from raygeom.jobs.pipeline import run_pga_job
 from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store
+
+
+def run_pga(store, model, revision, layers, params):
+    """PGA of every layer of one extraction through the unit engine (finished layers are read back)."""
+    from raygeom.analyses import pga
+    from raygeom.engine.units import run_units
+
+    return run_units(store, pga.units(store, model, revision, layers, params))
 
 # Its runs reload the same tiny models: they share loaded replicas (tests/conftest.py warm_replicas).
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_replicas")]

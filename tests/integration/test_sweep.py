@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from raygeom.analyses import sweep
+from raygeom.jobs import plan as sweep
 from raygeom.jobspec import load_job
 
 pytestmark = pytest.mark.integration
@@ -230,7 +230,7 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
     job = load_job(os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "pythia-sweep.toml"))
     assert [m.source for m in job.models] == [f"EleutherAI/pythia-{s}" for s in pythia.PYTHIA_SIZES]
     assert all(m.revisions == pythia.PYTHIA_REVISIONS for m in job.models)
-    monkeypatch.setattr(sweep, "_cached_config", lambda spec: None)  # layers from the sizes table, not the tiny cache
+    monkeypatch.setattr(sweep, "cached_config", lambda spec: None)  # layers from the sizes table, not the tiny cache
     plan = sweep.build_plan(job, fingerprint="not-run")
     assert len(plan.revisions) == 10 * 154
     assert plan.n_units == 154 * sum(s.n_blocks + 2 for s in pythia.PYTHIA_SIZES.values()) == 32_956

@@ -59,8 +59,11 @@ def test_ray_train_run_logs_every_step_and_is_cached(ray_local, data, tmp_path, 
     assert train_job.run_training(store, settings)["cached"]
     summary = train.summarise([row, {**row, "lam": 0.0, "heldout_perplexity": row["heldout_perplexity"] + 1.0}])
     assert summary[1]["paired_delta_mean"] == pytest.approx(-1.0)
-    paths = train.write_report(store, [row], summary)
-    assert paths["plot"].stat().st_size > 5_000
+    from raygeom.report.dispersion_plots import plot_training
+
+    paths = train.write_tables(store, [row], summary)
+    assert paths["runs"].is_file() and paths["table"].is_file()
+    assert plot_training([row], summary, tmp_path / "training.png").stat().st_size > 5_000
 
 
 def test_a_failure_on_the_worker_is_one_line_naming_the_run(ray_local, data, tmp_path, monkeypatch):

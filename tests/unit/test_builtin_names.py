@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raygeom.analyses.sweep import extraction_key
+from raygeom.jobs.plan import extraction_key
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.sources.models import BUILTIN_MODELS, ModelSpec, resolve_model

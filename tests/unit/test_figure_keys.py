@@ -77,7 +77,7 @@ def test_the_key_covers_the_raygeom_modules_a_plot_imports_from():
     from raygeom.report.figure_keys import _raygeom_sources
 
     sources = _raygeom_sources(width.plot_heatmaps)
-    for module in ("raygeom/jobs/width.py", "raygeom/report/figures.py", "raygeom/analyses/sweep.py",
+    for module in ("raygeom/jobs/width.py", "raygeom/report/figures.py", "raygeom/jobs/tidy.py",
                    "raygeom/numerics/uncertainty.py"):
         assert any(s.endswith(module) for s in sources), module
     assert not any("site-packages" in s for s in sources)
@@ -97,7 +97,7 @@ def sweep_table(z_shift: float = 0.0):
 def test_a_sweep_redraws_only_the_heatmaps_and_profiles_whose_rows_changed(tmp_path):
     import pyarrow.compute as pc
 
-    from raygeom.analyses.sweep import plot_depth_profiles, plot_heatmaps
+    from raygeom.report.sweep_plots import plot_depth_profiles, plot_heatmaps
 
     table = sweep_table()
     heatmaps, profiles = plot_heatmaps(table, tmp_path), plot_depth_profiles(table, tmp_path)

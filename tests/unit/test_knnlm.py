@@ -1,10 +1,9 @@
 import numpy as np
 import pytest
 import torch
-from scipy.spatial.distance import pdist
 
 from raygeom.errors import InputError
-from raygeom.numerics.knnlm import ExactIndex, interpolated_perplexity, knn_log_probs, select_knn_layer
+from raygeom.numerics.knnlm import ExactIndex, interpolated_perplexity, knn_log_probs
 
 # Brute-force oracles from the paper's definitions, plain numpy loops; nothing
 # here imports the code under test.
@@ -136,26 +135,6 @@ def test_datastore_with_the_test_contexts_lowers_perplexity(seed, k):
     base = np.exp(-lm.mean())
     assert interpolated_perplexity(lm, knn, 0.25) < 0.9 * base
     assert interpolated_perplexity(lm, knn, 0.0) == base
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_select_knn_layer_picks_the_layer_holding_the_contexts(seed):
-    contexts, targets, good_keys, bad_keys, values, lm, vocab = planted_layers(seed)
-    rng = np.random.default_rng(seed + 100)
-    keys = {"bad": bad_keys, "good": good_keys}
-    queries = {"bad": rng.standard_normal(contexts.shape), "good": contexts}
-    got = select_knn_layer(keys, queries, values, targets, lm, vocab, k=8, temperature={"bad": 1.0, "good": 2.0},
-                           lam=[0.25, 0.5])
-    assert got.best_layer == "good"
-    assert got.base_perplexity == pytest.approx(np.exp(-lm.mean()), rel=1e-12)
-    for name, temp in (("bad", 1.0), ("good", 2.0)):
-        probs = ref_knn_distribution(queries[name], keys[name], values, vocab, 8, temp)[np.arange(len(targets)), targets]
-        with np.errstate(divide="ignore"):
-            knn = np.log(probs)
-        best = min(ref_interpolated_perplexity(lm, knn, lam) for lam in (0.25, 0.5))
-        assert got.perplexity[name] == pytest.approx(best, rel=1e-10)
-        assert got.dispersion[name] == pytest.approx(pdist(keys[name], "cosine").mean(), abs=1e-12)
-    assert got.perplexity["good"] < got.base_perplexity
 
 
 def test_bad_input_is_rejected():

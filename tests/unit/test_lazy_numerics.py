@@ -23,7 +23,7 @@ def test_the_driver_and_the_unit_task_numerics_import_no_scipy_stats():
     """scipy.stats costs 0.8 s of import in the CLI and in every Ray worker of a job; its few functions come from
     scipy.special (raygeom.numerics.distributions). Only the probe (sklearn) and k-means slices still pull it in."""
     task_modules = ("raygeom.numerics.pga", "raygeom.numerics.dispersion", "raygeom.numerics.layer_geometry",
-                    "raygeom.numerics.spectral", "raygeom.numerics.twonn", "raygeom.numerics.rank_interval",
+                    "raygeom.numerics.spectral", "raygeom.numerics.twonn",
                     "raygeom.numerics.knnlm", "raygeom.analyses.dispersion", "raygeom.analyses.knn", "raygeom.analyses.train")
     code = (f"import importlib, sys\nfor m in {DRIVER_MODULES + task_modules!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m in ('scipy.stats', 'sklearn')))")

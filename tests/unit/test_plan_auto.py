@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
-from raygeom.analyses import sweep
+from raygeom.jobs import plan as sweep
 from raygeom.jobspec import load_job
 from raygeom.store.tree import Store
 
@@ -27,7 +27,7 @@ def small_job(tmp_path):
 
 
 def small_plan(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "_cached_config", lambda spec: None)  # layers from the sizes table
+    monkeypatch.setattr(sweep, "cached_config", lambda spec: None)  # layers from the sizes table
     job = load_job(small_job(tmp_path))
     plan = sweep.build_plan(job, Store(job.out), fingerprint="not-run")
     assert len(plan.revisions) == 2 and plan.n_units == 16
@@ -77,7 +77,7 @@ def test_a_stored_pilot_gives_the_expected_count_per_unit(tmp_path, monkeypatch)
 def test_plan_prints_the_auto_budget(tmp_path, monkeypatch):
     from raygeom.cli.root import app
 
-    monkeypatch.setattr(sweep, "_cached_config", lambda spec: None)  # layers from the sizes table, not a test cache
+    monkeypatch.setattr(sweep, "cached_config", lambda spec: None)  # layers from the sizes table, not a test cache
     result = CliRunner().invoke(app, ["plan", str(small_job(tmp_path))], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())

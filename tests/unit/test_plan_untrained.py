@@ -49,7 +49,7 @@ def test_plan_after_training_reads_the_held_out_corpus(tmp_path):
 
 def test_a_train_job_lists_the_checkpoints_it_will_write_before_its_run_directory_exists(tmp_path):
     # `raygeom run` checked the job's sizes by listing the run directory first: `run directory not found` before training.
-    from raygeom.analyses.sweep import job_specs
+    from raygeom.jobs.plan import job_specs
     from raygeom.cli.root import _check_pga_sizes
     from raygeom.jobspec import load_job
 

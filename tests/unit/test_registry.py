@@ -332,3 +332,77 @@ def test_a_refused_flag_imports_neither_torch_nor_transformers_nor_ray(tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
     assert len(done.stderr.strip().splitlines()) == len(argvs)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ the registry as an interface
+
+def _declare(base=registry.Analysis, **attributes):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class SomeParams(Params):
+        k: int = registry.param(3, "A k.", low=1)
+
+    namespace = {"name": "some", "version": 1, "Params": SomeParams, "title": "Some", "columns": ("k", "value"),
+                 "series": ("k",), **attributes}
+    return type("Some", (base,), namespace)
+
+
+def test_the_methods_an_analysis_must_implement_follow_its_extraction_kind():
+    pooled = _declare()
+    assert pooled.__abstractmethods__ == {"units"}
+    with pytest.raises(TypeError, match="units"):
+        pooled()
+    own = _declare(extraction="chunks")
+    assert own.__abstractmethods__ == {"run", "planned_units"}
+    with pytest.raises(TypeError, match="does not implement planned_units, run"):
+        registry._check_declaration(own)
+    done = _declare(extraction="chunks", run=lambda *a: [], planned_units=lambda *a: (0, 0))
+    registry._check_declaration(done)
+    assert done().planned_units() == (0, 0)
+
+
+@pytest.mark.parametrize("attributes, message", [
+    ({"series": ("value",)}, "series name 'value' must be a parameter and a declared column (not a parameter)"),
+    ({"columns": ("value",)}, "series name 'k' must be a parameter and a declared column (not a column)"),
+    ({"metrics": (registry.Metric("nope", "nope"),)}, "metric 'nope' names undeclared column"),
+])
+def test_registration_refuses_a_declaration_the_report_could_not_label(attributes, message):
+    cls = _declare(units=lambda *a: [], **attributes)
+    with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        registry.register(cls)
+    assert "some" not in registry.analyses()
+
+
+def test_rows_are_checked_against_the_declared_columns():
+    analysis = _declare(units=lambda *a: [])()
+    analysis.check_rows([{"model": "m", "k": 3, "value": 1.0}, {"model": "m", "note": "refused"}])
+    with pytest.raises(RuntimeError, match="without its declared column\\(s\\) value; a changed row needs a version bump"):
+        analysis.check_rows([{"model": "m", "k": 3}])
+
+
+def test_every_module_of_the_package_is_discovered_whatever_its_decorator_line_says(tmp_path):
+    """Discovery imports modules; it does not search their text for "@register"."""
+    import pkgutil
+
+    import raygeom.analyses as package
+
+    source = Path(registry.__file__).read_text()
+    assert "read_text" not in source and "entry_points(group=ENTRY_POINTS)" in source
+    names = {m.name for m in pkgutil.iter_modules(package.__path__)}
+    import sys
+
+    assert all(f"raygeom.analyses.{name}" in sys.modules for name in names - {"registry"})
+    assert {type(a).__module__ for a in ANALYSES.values()} <= {f"raygeom.analyses.{n}" for n in names}
+
+
+def test_discovering_every_analysis_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom raygeom.analyses import registry\nregistry.analyses()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'sklearn') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -6,7 +6,8 @@ import pytest
 
 from raygeom.sources import revisions as pythia
 from raygeom.errors import RaygeomError
-from raygeom.analyses.sweep import _step_edges, collapse_zones
+from raygeom.report.sweep_plots import step_edges as _step_edges
+from raygeom.jobs.tidy import collapse_zones
 from raygeom.sources.layers import layer_names, select_layers
 
 

@@ -57,7 +57,7 @@ def _write(tmp_path: Path, extra: str = "", **replace) -> Path:
 
 
 def test_the_grid_is_one_run_per_combination_each_in_its_own_directory(tmp_path):
-    from raygeom.analyses.sweep import job_specs
+    from raygeom.jobs.plan import job_specs
     from raygeom.analyses.train import checkpoint_steps
     from raygeom.jobspec import load_job
 
