@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raygeom.errors import RaygeomError
 from raygeom.replica.settings import ExtractionSettings
-from raygeom.params import Params, PGAParams, n_null_settings, param
+from raygeom.params import ChunkSettings, Params, PGAParams, check_value, default_of, n_null_settings, param
 from raygeom.sources.checkpoints import is_run_directory
 from raygeom.sources.layers import _INSIDE
 
@@ -61,13 +61,10 @@ class CorpusSection(Params):
 
 
 @dataclass(frozen=True)
-class TrajectorySettings(Params):
-    """[trajectory]: the dispersion side of a trajectory job, and where its report goes."""
+class TrajectorySettings(ChunkSettings):
+    """[trajectory]: the dispersion side of a trajectory job (its chunks declared once, as every chunk analysis's),
+    and where its report goes."""
 
-    chunk_len: int = param(128, "Tokens per chunk; at most the trained model's context.", low=2)
-    chunks_per_domain: int = param(40, "Chunks per domain.", low=1)
-    batch_size: int = param(8, "Chunks per forward batch.", low=1)
-    domain_tokens: str = param("digits", "Which tokens make the domain side of the gap G.", nonempty=True)
     gap_layer: str = param("final_norm", "Layer of the dispersion gap G.", nonempty=True)
     group_size: int = param(10, "Chunks per perplexity group.", low=1)
     n_groups: int = param(20, "Perplexity groups.", low=1)
@@ -95,7 +92,7 @@ class TrainJob:
     settings: object  # raygeom.analyses.train.TrainSettings
     run_dir: str
     save_every: int
-    log_until: int = 512
+    log_until: int  # as TrainRuns declares it (raygeom.analyses.train)
     variant: str = ""  # the name of this grid point of [train] (e.g. d64-seed1); "" when [train] is one run
 
     def plan(self):
@@ -394,7 +391,7 @@ def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
     """[train]: the TrainSettings fields, plus run_dir (where checkpoints go), save_every and log_until. A list value
     (``hidden_size = [64, 128]``, ``seed = [0, 1]``) makes a grid: one run per combination, each in its own
     ``run_dir/<variant>`` (e.g. ``d64-seed1``); ``head_dim`` sets n_heads = hidden_size / head_dim for each."""
-    from raygeom.analyses.train import TrainSettings
+    from raygeom.analyses.train import TrainRuns, TrainSettings
 
     _known(section, TRAIN_KEYS | {f.name for f in fields(TrainSettings)}, "train", path)
     if not isinstance(section.get("run_dir"), str) or not isinstance(section.get("save_every"), int):
@@ -423,7 +420,8 @@ def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
                 fields_["n_heads"] = width // head_dim
             settings = TrainSettings(**fields_)
             run_dir = str(Path(section["run_dir"]) / variant) if variant else section["run_dir"]
-            job = TrainJob(settings, run_dir, section["save_every"], int(section.get("log_until", 512)), variant)
+            log_until = check_value(TrainRuns, "log_until", section.get("log_until", default_of(TrainRuns, "log_until")))
+            job = TrainJob(settings, run_dir, section["save_every"], log_until, variant)
             job.plan()  # validates the schedule
         except RaygeomError as error:
             raise RaygeomError(f"{path}: [train]{' ' + variant if variant else ''} {error}") from None

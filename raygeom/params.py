@@ -260,6 +260,24 @@ class PGAParams(Params):
             raise RaygeomError(f"k={self.k} exceeds the {stored} readout components stored{of}; use --k {stored} or less")
 
 
+@dataclass(frozen=True)
+class ChunkShape(Params):
+    """Text read in chunks of tokens: declared once for every analysis that does (token_dispersion, slices, gap,
+    knn_lm) and for a trajectory job's dispersion side, so each setting has one help text and one default."""
+
+    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2)
+    batch_size: int = param(4, "Chunks per forward batch.", low=1)
+
+
+@dataclass(frozen=True)
+class ChunkSettings(ChunkShape):
+    """Chunks drawn per domain (label) of the corpus, and the token set of the dispersion gap's domain side."""
+
+    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1)
+    domain_tokens: str = param("digits", "Token set of the gap's domain side: digits, or comma-separated token texts.",
+                               nonempty=True)
+
+
 # The one rule of every --layers option (raygeom.sources.layers.select_layers implements it).
 LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
                "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "

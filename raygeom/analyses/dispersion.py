@@ -24,8 +24,7 @@ import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics.distributions import pearson, spearman
-from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
+from raygeom.params import ChunkSettings, default_of
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
@@ -47,11 +46,13 @@ TABLES = ("layers", "slices", "groups", "domains")
 
 @dataclass(frozen=True)
 class DispersionSettings:
-    chunk_len: int = 512
-    chunks_per_domain: int = 40
-    batch_size: int = 4
+    """The chunk extraction as a replica runs it; its defaults are the declaration's (raygeom.params.ChunkSettings)."""
+
+    chunk_len: int = default_of(ChunkSettings, "chunk_len")
+    chunks_per_domain: int = default_of(ChunkSettings, "chunks_per_domain")
+    batch_size: int = default_of(ChunkSettings, "batch_size")
     layers: str = "all"
-    domain_tokens: str = "digits"
+    domain_tokens: str = default_of(ChunkSettings, "domain_tokens")
     seed: int = 0
 
     def __post_init__(self):
@@ -294,6 +295,9 @@ def _nan_interval(prefix: str) -> dict:
 
 def _correlations(x: np.ndarray, y: np.ndarray, prefix: str, n_boot: int, seed: int) -> dict:
     """Spearman and Pearson of paired values with percentile-bootstrap intervals over the pairs (NaN below 4 pairs)."""
+    from raygeom.numerics.distributions import pearson, spearman  # scipy.special: in the units, not at discovery
+    from raygeom.numerics.uncertainty import bootstrap_ci, spearman_with_ci
+
     out = {f"{prefix}_spearman": spearman(x, y) if len(x) >= 3 else float("nan"),
            f"{prefix}_pearson": pearson(x, y) if len(x) >= 3 else float("nan")}
     try:
@@ -352,6 +356,8 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
 def _dispersion_intervals(chunk_dispersion: np.ndarray, pooled: np.ndarray) -> dict:
     """95 % intervals of the layer's two dispersions: the token-level mean over chunks (Student t over the chunks)
     and the sample level of the pooled chunk vectors (delete-one jackknife over the chunks)."""
+    from raygeom.numerics.uncertainty import mean_t_interval  # scipy.special: in the units, not at discovery
+
     nan = float("nan")
     token = mean_t_interval(chunk_dispersion) if chunk_dispersion.size else {"lo": nan, "hi": nan}
     try:

@@ -41,7 +41,7 @@ import pyarrow as pa
 from raygeom.engine.contract import Step, Unit
 from raygeom.sources.corpus import Corpus
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics.distributions import spearman
+from raygeom.params import ChunkShape, default_of
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, write_rows, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
@@ -53,7 +53,9 @@ MARKER = "_COMPLETE.json"
 
 @dataclass(frozen=True)
 class KnnSettings:
-    chunk_len: int = 512
+    """The kNN-LM run as the engine's units take it; the chunks' defaults are the declaration's (ChunkShape)."""
+
+    chunk_len: int = default_of(ChunkShape, "chunk_len")
     train_chunks: int = 40
     test_chunks: int = 8
     layers: str = "all"
@@ -61,7 +63,7 @@ class KnnSettings:
     temperature: str = "auto"
     temperature_scales: str = "0.1,0.3,1"
     lams: str = "0.01,0.02,0.05,0.1,0.2,0.3,0.5"
-    batch_size: int = 4
+    batch_size: int = default_of(ChunkShape, "batch_size")
     seed: int = 0
     heldout_fraction: float = 0.2
     gpus_per_task: float = 0.0
@@ -418,6 +420,8 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     most = max(rows, key=lambda r: (r["dispersion"], -order[r["layer"]]))["layer"]
 
     def rank_correlation(column: str, sign: float = 1.0) -> float:
+        from raygeom.numerics.distributions import spearman  # scipy.special: not when discovery imports this module
+
         if len(rows) < 3:
             return float("nan")
         return spearman([r["dispersion"] for r in rows], [sign * r[column] for r in rows])

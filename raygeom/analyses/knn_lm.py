@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.registry import Analysis, Params, param, register
-from raygeom.params import number_list
+from raygeom.analyses.registry import Analysis, param, register
+from raygeom.params import ChunkShape, number_list
 
 
 @dataclass(frozen=True)
-class KnnParams(Params):
-    chunk_len: int = param(512, "Tokens per chunk.", low=2)
+class KnnParams(ChunkShape):
     train_chunks: int = param(40, "Chunks of datastore text.", low=1)
     test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2)
     k: int = param(64, "Neighbours.", low=1)
@@ -24,7 +23,6 @@ class KnnParams(Params):
                                     rule=number_list(positive=True))
     lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
                       nonempty=True, flag="--lam", rule=number_list(low=0.0, high=1.0))
-    batch_size: int = param(4, "Chunks per forward pass.", low=1)
     heldout_fraction: float = param(0.2, "Share of the articles held out for tuning and evaluation.", low=0.0,
                                     high=1.0, low_open=True, high_open=True)
     bootstrap_block: int = param(64, "Held-out tokens per resampled block of the bootstrap interval (consecutive, "

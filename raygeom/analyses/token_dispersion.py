@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.registry import Analysis, Metric, Params, param, register
+from raygeom.analyses.registry import Analysis, Metric, param, register
+from raygeom.params import ChunkSettings
 
 
 @dataclass(frozen=True)
-class ChunkExtractionParams(Params):
+class ChunkExtractionParams(ChunkSettings):
     """The chunk extraction: what token_dispersion, slices and gap read (the same settings share one)."""
 
-    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2)
-    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1)
-    batch_size: int = param(4, "Chunks per forward batch.", low=1)
-    domain_tokens: str = param("digits", "Token set of the gap's domain side: digits, or comma-separated token texts.",
-                               nonempty=True)
     seed: int = param(0, "Seed of the chunk sample, the k-means slices and the bootstraps.", low=0)
 
 

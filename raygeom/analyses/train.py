@@ -35,11 +35,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from raygeom.errors import RaygeomError
-from raygeom.params import Params, param
+from raygeom.params import Params, number_list, param
 from raygeom.store.tree import Store, content_key, write_rows
 
 TRAIN_VERSION = 1
@@ -416,6 +417,21 @@ def _shared_settings(part: list[dict]) -> dict:
     for name in ("lam", "seed"):
         fields.pop(name, None)
     return {"settings": json.dumps(fields, sort_keys=True)}
+
+
+@dataclass(frozen=True)
+class TrainRuns(Params):
+    """What makes training runs of TrainSettings, declared once for `raygeom train` and [train]: the seed list and
+    the checkpoint schedule."""
+
+    seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True,
+                       rule=number_list(low=0, integers=True))
+    save_every: int = param(0, "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every "
+                               "N steps. 0: no checkpoints.", low=0)
+    log_until: int = param(512, "Last log-spaced checkpoint step.", low=0)
+    run_dir: Optional[str] = param(None, "Where checkpoints go (one run only); default "
+                                         "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ...",
+                                   nonempty=True)
 
 
 RUN_COLUMNS = ("lam", "seed", "steps", "workers", "push_layer", "over", "final_train_loss", "heldout_perplexity",

@@ -108,8 +108,8 @@ NBootOption = option(DispersionFlags, "n_boot")
 SeedOption = option(DispersionFlags, "seed")
 
 
-def _store(default: str):
-    return option(CommandFlags, "out", "-o", path=True, default=default, help="Store directory (with --job: the job's out).")
+# Every command's default store is the one store (raygeom.cli.flags.DEFAULT_STORE, CommandFlags.out).
+StoreOption = option(CommandFlags, "out", "-o", path=True, help="The store, shared by every command (with --job: the job's out).")
 
 
 def _grid(name: str, values: dict):
@@ -135,7 +135,7 @@ def dispersion(
                                         help="Layer of the cross-model and gap summaries."),
     n_boot: Optional[str] = NBootOption,
     seed: Optional[str] = SeedOption,
-    out: Optional[str] = _store("runs/dispersion"),
+    out: Optional[str] = StoreOption,
     plots: Optional[str] = PlotsOption,
     report: Optional[str] = ReportOption,
     given: frozenset = frozenset(),
@@ -224,7 +224,7 @@ def select(
     batch_size: Optional[str] = BatchSizeOption,
     n_boot: Optional[str] = NBootOption,
     seed: Optional[str] = SeedOption,
-    out: Optional[str] = _store("runs/select"),
+    out: Optional[str] = StoreOption,
     plots: Optional[str] = PlotsOption,
     report: Optional[str] = ReportOption,
     given: frozenset = frozenset(),
@@ -284,7 +284,7 @@ def knn(
     n_boot: Optional[str] = option(KnnFlags, "n_boot"),
     batch_size: Optional[str] = BatchSizeOption,
     seed: Optional[str] = SeedOption,
-    out: Optional[str] = _store("runs/knn"),
+    out: Optional[str] = StoreOption,
     plots: Optional[str] = PlotsOption,
     report: Optional[str] = ReportOption,
     gpus_per_task: Optional[str] = option(PGAParams, "gpus_per_task", help="GPUs each kNN-LM task asks Ray for (0: CPU)."),
@@ -384,7 +384,7 @@ def train(
     save_every: Optional[str] = option(TrainFlags, "save_every"),
     log_until: Optional[str] = option(TrainFlags, "log_until"),
     run_dir: Optional[str] = option(TrainFlags, "run_dir", path=True),
-    out: Optional[str] = _store("runs/train"),
+    out: Optional[str] = StoreOption,
     plots: Optional[str] = option(CommandFlags, "plots", path=True, help="Where the PNG goes (default: <out>/plots)."),
     report: Optional[str] = ReportOption,
     address: Optional[str] = AddressOption,

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from raygeom.analyses.knn_lm import KnnParams
+from raygeom.analyses.train import TrainRuns
 from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
@@ -83,18 +84,7 @@ DispersionFlags = ChunkParams
 KnnFlags = KnnParams  # knn's own flags: the knn_lm analysis's one declaration
 
 
-@dataclass(frozen=True)
-class TrainFlags(Params):
-    """train's flags that TrainSettings does not declare: the seed list and the checkpoint schedule."""
-
-    seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True,
-                       rule=number_list(low=0, integers=True))
-    save_every: int = param(0, "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every "
-                               "N steps. 0: no checkpoints.", low=0)
-    log_until: int = param(512, "Last log-spaced checkpoint step.", low=0)
-    run_dir: Optional[str] = param(None, "Where checkpoints go (one run only); default "
-                                         "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ...",
-                                   nonempty=True)
+TrainFlags = TrainRuns  # train's own flags: the training runs' one declaration (raygeom.analyses.train)
 
 
 @dataclass(frozen=True)
