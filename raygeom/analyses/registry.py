@@ -59,7 +59,7 @@ class _AnalysisMeta(abc.ABCMeta):
         return cls
 
 
-class Analysis(metaclass=_AnalysisMeta):
+class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     """One registered analysis: an abstract base class. A subclass sets the class attributes and implements what its
     extraction kind requires (``units`` for "pooled"; ``run`` and ``planned_units`` for an extraction of its own);
     :func:`register` refuses one that does not, or whose declarations disagree."""
