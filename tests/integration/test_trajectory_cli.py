@@ -26,8 +26,8 @@ def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
                     'eval_sequences = 128': 'eval_sequences = 4', 'cpus_per_worker = 2': 'cpus_per_worker = 1',
                     'pga_threads = 2': 'pga_threads = 1', 'n_samples = 400': 'n_samples = 16', 'batch_size = 32': 'batch_size = 16',
                     'k = 32 ': 'k = 8 ', 'n_null = 100': 'n_null = 6', 'null_chunks = 4': 'null_chunks = 1',
-                    'chunk_len = 128': 'chunk_len = 16', 'chunks_per_domain = 40': 'chunks_per_domain = 3',
-                    'late_from = 512': 'late_from = 1\nbootstrap = 100\nbatch_size = 3', 'pool = "last"': 'pool = "mean"',
+                    'chunk_len = 128\nbatch_size = 8': 'chunk_len = 16\nbatch_size = 3', 'chunks_per_domain = 40': 'chunks_per_domain = 3',
+                    'late_from = 512': 'late_from = 1\nbootstrap = 100', 'pool = "last"': 'pool = "mean"',
                     'r = [0, 1, 5, 10]': 'r = [0, 1]'}
     for old, new in replacements.items():
         assert old in text, old
