@@ -229,7 +229,7 @@ def _variants(rows: list[dict], extra: tuple[str, ...] = (), base: tuple[str, ..
             and len({_setting_key(r.get(c)) for r in rows}) > 1]
 
 
-def _setting_text(column: str, value) -> str:
+def setting_text(column: str, value) -> str:
     """How one setting reads in a legend or title: CCR-5, k=100, k/d=0.1, 100 nulls; a store by its short name."""
     if column == "r":
         return f"CCR-{value}"
@@ -243,7 +243,7 @@ def _setting_text(column: str, value) -> str:
 
 
 def _variant_label(row: dict, columns: list[str]) -> str:
-    return ", ".join(_setting_text(c, row.get(c)) for c in columns)
+    return ", ".join(setting_text(c, row.get(c)) for c in columns)
 
 
 def series(rows: list[dict], base: tuple[str, ...] = ("model", "revision"), extra: tuple[str, ...] = (),
@@ -408,7 +408,7 @@ def _short(label: str, most: int = LEGEND_LABEL_MAX) -> str:
 
 def _settings_text(row: dict) -> str:
     """Every setting of a row, for its hover (the legend names only what varies)."""
-    parts = [_setting_text(c, row[c]) for c in SETTING_COLUMNS if c not in NOT_IN_HOVER and row.get(c) is not None]
+    parts = [setting_text(c, row[c]) for c in SETTING_COLUMNS if c not in NOT_IN_HOVER and row.get(c) is not None]
     return "<br>".join(html.escape(", ".join(parts[i:i + 5])) for i in range(0, len(parts), 5))
 
 
@@ -438,7 +438,7 @@ def _styled_lines(rows: list[dict], colour_by: str, extra: tuple[str, ...]) -> l
             line = parts.get((key, combo))
             if not line:
                 continue
-            label = ", ".join([str(key), *(_setting_text(c, v) for c, v in zip(varying, combo))])
+            label = ", ".join([str(key), *(setting_text(c, v) for c, v in zip(varying, combo))])
             depths = [r.get("relative_depth") for r in line]
             if len(set(depths)) < len(depths):  # same settings, same depth: separate runs, kept apart
                 for unit in dict.fromkeys(r.get("unit_key") or id(r) for r in line):
