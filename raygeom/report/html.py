@@ -745,8 +745,6 @@ def converge_section(root: Path) -> Section | None:
 
 
 def dispersion_section(root: Path) -> Section | None:
-    from plotly.subplots import make_subplots
-
     results = root / "results"
     layers = _read(results / "dispersion_layers.parquet")
     groups = _read(results / "dispersion_groups.parquet")
@@ -755,23 +753,17 @@ def dispersion_section(root: Path) -> Section | None:
     if not (layers or groups or domains or select):
         return None
     files = [results / f"dispersion_{n}.parquet" for n in ("layers", "groups", "domains", "slices", "select")]
-    section = Section("dispersion", "Representation dispersion", files=[f for f in files if f.is_file()],
-                      intro="Mean pairwise cosine distance of hidden states against perplexity.")
+    section = Section("dispersion", "Dispersion gap G: by depth, perplexity groups, domains and the ranking",
+                      files=[f for f in files if f.is_file()],
+                      intro="Mean pairwise cosine distance of hidden states against perplexity; token and sample dispersion "
+                            "by depth are in the token-level dispersion section.")
     if layers:
-        fig = make_subplots(rows=1, cols=3, subplot_titles=["token dispersion", "sample dispersion", "dispersion gap"],
-                            horizontal_spacing=0.07)
-        lines = series([r for r in layers if r["layer"] != "attn_last"], extra=("chunk_len", "chunks_per_domain",
-                                                                                "domain_tokens"))
-        for i, (model, part) in enumerate(lines.items()):
-            for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
-                fig.add_trace(_scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
-                                         marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
-                                         showlegend=c == 1, text=[r["layer"] for r in part],
-                                         hovertemplate=_hover("%{text}: %{y:.4f}", model)), row=1, col=c)
-            fig.update_xaxes(title_text="relative depth")
-        fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400,
-                          margin={"l": 60, "r": 20, "t": 60, "b": 50})
-        section.figures.append(fig)
+        from raygeom.analyses.registry import Metric
+
+        deep = [r for r in layers if r["layer"] != "attn_last" and _finite(r.get("relative_depth"))]
+        if any(_finite(r.get("gap")) for r in deep):
+            section.figures += _profile_figures(deep, Metric("gap", "dispersion gap G (domain minus generic positions)"),
+                                                ("chunk_len", "chunks_per_domain", "domain_tokens"))
         columns = ["model", "revision", "step", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
                    "domain_agreement_sample", "domain_agreement_token", "kmeans_agreement_sample", "kmeans_agreement_token",
                    "gap"]
