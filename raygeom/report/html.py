@@ -664,7 +664,7 @@ def diagnostics_section(root: Path) -> Section | None:
             if interval is not None:
                 _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True, row=p, col=1)
             fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
-                                     marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
+                                     marker={"size": 4}, line={"color": _colour(i)}, name=_short(label), legendgroup=label,
                                      showlegend=p == 1, text=[r["layer"] for r in group],
                                      hovertemplate=_hover("%{text}: " + name + " = %{y:.4g}", label)),
                           row=p, col=1)
