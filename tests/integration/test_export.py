@@ -43,7 +43,7 @@ def test_every_per_layer_metric_reads_back_from_the_event_files(tmp_path):
     board = tmp_path / "board"
     done = run_cli("export", store, "--tensorboard", board, cwd=work)
     assert done.returncode == 0, done.stderr
-    assert "2 runs" in done.stdout and "tensorboard --logdir" in done.stdout and "from pga;" in done.stdout
+    assert "2 runs" in done.stdout and "tensorboard --logdir" in done.stdout and "scalars from pga)" in done.stdout
     # text_halves=0 leaves the interval over texts NaN: left out, said once, no TensorBoard warning per value
     assert "NaN or Inf" not in done.stderr and done.stdout.count("NaN or infinite values left out") == 1
     runs = sorted(p.parent for p in board.rglob("events.out.tfevents.*"))
