@@ -262,7 +262,8 @@ def store_pga(store, model: str, revision: str = "main", *, layers: str | list[s
     """Subspace PGA of the layers of one extraction in ``store`` (raygeom's own, or vectors written with
     :func:`write_activations`), in this process, without Ray: the same units ``raygeom pga`` runs, so the rows
     (one per layer, with z's interval, p-values and the interval over texts) are the CLI's, and they are stored
-    under ``results/pga/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
+    under ``results/pga/`` where ``raygeom report STORE`` shows them, with the CLI's table ``results/pga.parquet``
+    (every PGA row of the store) and plot ``plots/pga_z_vs_depth.png``. Finished layers are read back, not
     recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list); ``extraction``: as in
     :func:`store_analysis`."""
     return store_analysis(store, model, revision, "pga", layers=layers, k=k, r=r, n_null=n_null, seed=seed,
@@ -277,7 +278,8 @@ def store_analysis(store, model: str, revision: str, analysis: str, *, layers: s
     vectors written with :func:`write_activations`), in this process, without Ray. ``params`` are the analysis's
     parameters, as in a job file's ``[analyses.<name>]`` table (e.g. ``k=6``), checked the same way; the units are
     the ones a job runs, so the rows (a list of dicts, per layer) are the CLI's, stored under
-    ``results/<analysis>/`` where ``raygeom report STORE`` shows them. Finished layers are read back, not
+    ``results/<analysis>/`` where ``raygeom report STORE`` shows them, with the table and plots a job writes
+    (``results/<analysis>.parquet``: every row of it the store holds; ``plots/``). Finished layers are read back, not
     recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list). ``extraction``: the
     settings key of the extraction to analyse, where the store holds several of this (model, revision) (the report's
     settings table lists them); without it, the one there is."""
@@ -308,4 +310,24 @@ def store_analysis(store, model: str, revision: str, analysis: str, *, layers: s
     if missing:
         raise InputError(f"{model}@{revision} in {root} stores no layer {missing[0]} (stored: {', '.join(stored)})")
     lock_store(root)
-    return _run_units_here(tree, registry.units_for(tree, model, revision, chosen, info, [planned]))
+    rows = _run_units_here(tree, registry.units_for(tree, model, revision, chosen, info, [planned]))
+    _write_outputs(tree, spec, rows)
+    return rows
+
+
+def _write_outputs(store, spec, rows: list[dict]) -> None:
+    """What a job writes after an analysis, so a store filled from Python holds what one filled by the CLI holds:
+    ``results/<dir>.parquet`` with every row of the analysis the store holds (all calls, each with its settings) and
+    the plots of this call's rows under ``plots/``."""
+    from raygeom.engine.units import accumulated_rows
+    from raygeom.report.figures import plot_z_vs_depth, write_rows
+    from raygeom.report.tables import plot_analysis
+
+    every = accumulated_rows(store, spec.results_dir, rows)
+    if every:
+        write_rows(every, store.root / "results" / f"{spec.results_dir}.parquet")
+    layered = [row for row in rows if row.get("relative_depth") is not None and not row.get("note")]
+    if spec.name == "pga" and layered:
+        plot_z_vs_depth(layered, store.root / "plots" / "pga_z_vs_depth.png")
+    elif layered and spec.metrics:
+        plot_analysis(spec, layered, store.root / "plots")

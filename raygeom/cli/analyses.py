@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from raygeom.analyses import registry
-from raygeom.cli.flags import GRID_OPTIONS, checked, fail, grid_job
+from raygeom.cli.flags import GRID_OPTIONS, checked, fail, grid_job, metavar
 from raygeom.errors import RaygeomError
 from raygeom.params import allowed, declared_type, default_of, parse_text
 
@@ -31,7 +31,8 @@ def _param_options(params_cls) -> dict:
         names = (f"{flag}/--no-{flag[2:]}",) if kind is bool else (flag,)
         text = f"{spec.metadata['help']} Allowed: {allowed(params_cls, spec.name)}. (default: {default_of(params_cls, spec.name)})"
         # Values arrive as text and are parsed by the declaration, so every refusal is the same one line.
-        options[spec.name] = (Optional[bool] if kind is bool else Optional[str], typer.Option(None, *names, help=text))
+        options[spec.name] = (Optional[bool] if kind is bool else Optional[str],
+                              typer.Option(None, *names, help=text, metavar=metavar(params_cls, spec.name)))
     return options
 
 
@@ -71,7 +72,7 @@ def make_command(analysis_name: str):
         for name, (annotation, option) in options.items()])
     command.__annotations__ = {name: annotation for name, (annotation, _) in options.items()}
     command.__doc__ = (f"{analysis.title} of every chosen layer, per model and revision "
-                       f"({analysis.name}, version {analysis.version}). Rows go to <out>/results/{analysis.name}.parquet.")
+                       f"({analysis.name}, version {analysis.version}). Rows go to <out>/results/{analysis.results_dir}.parquet.")
     command = checked(command)
     command.analysis = analysis_name  # its own flags are its Params' (checked by parse_text above)
     return command

@@ -2,8 +2,8 @@
 (registered by raygeom.cli.root).
 
 Every unit row under ``results/<analysis>/`` that names a layer becomes scalars: one TensorBoard run per
-(model, revision, settings) -- ``DIR/<analysis>/<model>@<revision>[/<settings hash>]`` --, one tag per float
-column (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
+(model, revision, settings) -- ``DIR/<analysis>/<model>@<revision>[/<the settings that vary>]``, e.g.
+``pga/smollm2@main/CCR-5`` --, one tag per finite float column (NaN and inf are left out, and counted) (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
 ``block_00`` 1, ..., ``final_norm`` last). Points inside a block get their own tags (``pga/z/mlp_out``) at their
 block's step. Each run also gets its settings as text. Written with tensorboardX; read with TensorBoard, or into
 Weights & Biases with ``wandb sync --sync-tensorboard DIR``.
@@ -12,6 +12,7 @@ Weights & Biases with ``wandb sync --sync-tensorboard DIR``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -34,11 +35,14 @@ def _is_float(value) -> bool:
     return isinstance(value, float)
 
 
-def _run_name(analysis: str, model: str, revision: str, settings: dict, several: bool) -> str:
-    from raygeom.store.tree import content_key, encode_segment
+def _run_name(analysis: str, model: str, revision: str, settings: dict, varying: list[str]) -> str:
+    """``<analysis>/<model>@<revision>``, then the settings that tell this run from the others of that model and
+    revision, as the report's legends name them (``CCR-5``, ``k=6``)."""
+    from raygeom.report.html import setting_text
+    from raygeom.store.tree import encode_segment
 
-    name = f"{encode_segment(model)}@{encode_segment(revision)}"
-    return f"{encode_segment(analysis)}/{name}" + (f"/{content_key(settings)[:10]}" if several else "")
+    name = f"{encode_segment(analysis)}/{encode_segment(model)}@{encode_segment(revision)}"
+    return name + (f"/{encode_segment(','.join(setting_text(c, settings.get(c)) for c in varying))}" if varying else "")
 
 
 def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
@@ -55,7 +59,7 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
     analyses = sorted(p.name for p in results.iterdir() if p.is_dir()) if results.is_dir() else []
     store = Store(root)
     runs: dict[str, dict] = {}
-    skipped = 0
+    skipped = non_finite = 0
     for analysis in analyses:
         rows = store.read_results(analysis).to_pylist()
         groups: dict[tuple, list[dict]] = {}
@@ -66,16 +70,22 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
             settings = {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
             groups.setdefault((row.get("model") or "model", row.get("revision") or "main",
                                json.dumps(settings, sort_keys=True, default=str)), []).append(row)
-        per_revision: dict[tuple, int] = {}
-        for model, revision, _ in groups:
-            per_revision[(model, revision)] = per_revision.get((model, revision), 0) + 1
+        per_revision: dict[tuple, list[dict]] = {}
+        for model, revision, settings in groups:
+            per_revision.setdefault((model, revision), []).append(json.loads(settings))
         for (model, revision, settings), group in groups.items():
-            name = _run_name(analysis, model, revision, json.loads(settings), per_revision[(model, revision)] > 1)
+            others = per_revision[(model, revision)]
+            varying = sorted({c for run in others for c in run
+                              if len({json.dumps(o.get(c), sort_keys=True, default=str) for o in others}) > 1})
+            name = _run_name(analysis, model, revision, json.loads(settings), varying)
             run = runs.setdefault(name, {"settings": settings, "scalars": []})
             for row in group:
                 _, sub = layer_position.split(row["layer"])
                 for column, value in row.items():
                     if column in IDENTITY or not _is_float(value):
+                        continue
+                    if not math.isfinite(value):  # TensorBoard warns on each; a missing point says the same
+                        non_finite += 1
                         continue
                     tag = f"{analysis}/{column}" + (f"/{sub}" if sub else "")
                     run["scalars"].append((tag, value, int(row["layer_index"])))
@@ -92,7 +102,8 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
                 scalars += 1
         finally:
             writer.close()
-    return {"runs": len(runs), "scalars": scalars, "analyses": analyses, "skipped": skipped}
+    written = sorted({name.split("/", 1)[0] for name in runs})
+    return {"runs": len(runs), "scalars": scalars, "analyses": written, "skipped": skipped, "non_finite": non_finite}
 
 
 def register(app: typer.Typer) -> None:
@@ -115,3 +126,6 @@ def register(app: typer.Typer) -> None:
         console.print(f"tensorboard: {escape(str(tensorboard))} ({counts['runs']} runs, {counts['scalars']} scalars from "
                       f"{', '.join(counts['analyses'])}); view with: tensorboard --logdir {escape(str(tensorboard))}",
                       highlight=False, soft_wrap=True)
+        if counts["non_finite"]:
+            console.print(f"note: {counts['non_finite']} NaN or infinite values left out (e.g. an interval a setting "
+                          "does not compute)", highlight=False, soft_wrap=True)

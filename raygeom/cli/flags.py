@@ -139,9 +139,30 @@ def option(cls: type, name: str, *aliases: str, flag: str | None = None, names: 
     text = (help or spec.metadata["help"]) + (
         "" if declared_type(cls, name) is bool else f" Allowed: {declared.allowed()}.") + (
         f" (default: {shown})" if shown not in (None, "", []) else "")
-    info = typer.Option(None, names or flag, *aliases, help=text)
+    info = typer.Option(None, names or flag, *aliases, help=text, metavar=metavar(cls, name, words, path))
     info.declared = declared
     return info
+
+
+def metavar(cls: type, name: str, words: tuple[str, ...] = (), path: bool = False) -> str | None:
+    """The type column of --help from the declaration (the value arrives as text, which typer would show as <str>):
+    <int>, <float>, <last|mean>, <int|auto>, <path>; None for a true/false flag."""
+    import typing
+
+    kind = declared_type(cls, name)
+    if kind is bool:
+        return None
+    meta = next(f for f in fields(cls) if f.name == name).metadata
+    shown = ("path" if path else "|".join(map(str, meta["choices"])) if meta.get("choices")
+             else {int: "int", float: "float", str: "str"}.get(kind, getattr(kind, "__name__", "str")))
+    rule = meta["rule"][1] if meta.get("rule") else ""  # a text checked by a rule: what the rule says it takes
+    if "integer" in rule or "number" in rule:
+        shown = "int" if "integer" in rule else "float"
+    if "comma-separated" in rule or typing.get_origin(typing.get_type_hints(cls)[name]) is tuple:
+        shown += ",..."
+    if "auto" in rule and "auto" not in words:
+        words = (*words, "auto")
+    return "<" + "|".join([shown, *words]) + ">"
 
 
 JobOption = typer.Option(None, "--job", help="Take the models and revisions, corpus, sample, extraction settings, layers "

@@ -25,9 +25,10 @@ def register(app: typer.Typer) -> None:
                                                              "overlaid on the first, each store one more facet of every series."),
                out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: STORE/report.html "
                                                                            "of the first store).")):
-        """Write one self-contained, interactive HTML report of every result in STORE: PGA z by depth, sweep heatmaps,
-        diagnostics, convergence, dispersion, kNN-LM, training curves and the settings of every run. It opens offline.
-        `raygeom report A B` draws B's rows beside A's (every line labelled with its store)."""
+        """Write one self-contained, interactive HTML report of every result in STORE: a section per analysis that has
+        rows (each metric by depth, a panel per model, a revision x layer heatmap where there are several revisions),
+        training curves and the settings of every run. It opens offline. `raygeom report A B` draws B's rows beside
+        A's (each store by a short name in the legend)."""
         from raygeom.report.html import write_report
 
         store = stores[0]

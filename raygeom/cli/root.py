@@ -137,8 +137,8 @@ def run(
     given: frozenset = frozenset(),
     **grid,
 ):
-    """Run a job file: extract every model and revision, then Subspace PGA for every layer. Every flag of
-    `raygeom pga` overrides the job's setting of the same name."""
+    """Run a job file: extract every model and revision, then every analysis it names ([analyses.<name>]; Subspace
+    PGA of every layer where it names none). Every flag of `raygeom pga` overrides the job's setting of the same name."""
     values = {**grid, "job": job_file, "out": out, "model": model, "revision": revision, "given": given}
     try:
         job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values, every=False))

@@ -91,6 +91,35 @@ def print_per_analysis(plan) -> None:
     console.print(table)
 
 
+def _pga_grid(job) -> str:
+    """The job's PGA settings as it gives them: one value, or the grid's values (``r = 0, 1, 5``)."""
+    pgas = [item.params for item in job.planned() if item.analysis == "pga"]
+    if not pgas:
+        return ""
+
+    def said(name: str, values: list) -> str:
+        return f"{name}={values[0]}" if len(values) == 1 else f"{name} = {', '.join(map(str, values))}"
+
+    nulls = list(dict.fromkeys("auto" if p.n_null_auto else p.n_null for p in pgas))
+    words = [said(name, list(dict.fromkeys(getattr(p, name) for p in pgas))) for name in ("k", "r")]
+    return ", " + ", ".join([*words, said("n_null", nulls), said("seed", list(dict.fromkeys(p.seed for p in pgas)))])
+
+
+def _revision_units(revision) -> tuple[int, int]:
+    """(units, done) of one revision over every planned analysis (the [pga] section's alone without [analyses])."""
+    if revision.analysis_units:
+        return (sum(len(units) for units in revision.analysis_units.values()),
+                sum(len(revision.analysis_done.get(name, ())) for name in revision.analysis_units))
+    return len(revision.units), len(revision.done)
+
+
+def _gpus_in_view(job, gpu_memory_gib) -> bool:
+    """Whether GPUs concern this plan: a sweep job (it declares its GPUs), --gpu-memory-gib, or a GPU on this machine."""
+    import shutil
+
+    return job.sweep is not None or gpu_memory_gib is not None or shutil.which("nvidia-smi") is not None
+
+
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.jobs import plan as sweep
     from raygeom.sources.revisions import gpus_per_model
@@ -100,10 +129,10 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     job, plan = _load(job_file, out)
     settings = job.sweep or SweepSettings()
     memory = settings.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
-    pga = job.pga
-    table = Table(title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}, "
-                        f"k={pga.k}, CCR-{pga.r}, {pga.n_null} nulls, seed {pga.seed})", title_justify="left")
-    for name in ("model", "params", "layers", "revisions", "units", "done", f"GPUs/replica ({memory:g} GiB)"):
+    gpus_shown = _gpus_in_view(job, gpu_memory_gib)
+    table = Table(title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}"
+                        f"{_pga_grid(job)})", title_justify="left")
+    for name in ("model", "params", "layers", "revisions", "units", "done", *([f"GPUs/replica ({memory:g} GiB)"] if gpus_shown else [])):
         table.add_column(name, justify="left" if name in ("model", "revisions") else "right")
     for model, revisions in plan.by_model().items():
         layers = sorted({len(r.layers) for r in revisions})
@@ -112,16 +141,20 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
             gpus = f"{gpus_per_model(params, memory, settings.gpus_per_node):g}" if params else "1"
         except RaygeomError as error:
             gpus = str(error)
+        counts = [_revision_units(r) for r in revisions]
         table.add_row(model, f"{params / 1e6:,.1f}M" if params else "?", "/".join(map(str, layers)) + f" ({revisions[0].layers_from})",
-                      _revision_span(revisions), f"{sum(len(r.units) for r in revisions):,}",
-                      f"{sum(len(r.done) for r in revisions):,}", gpus)
+                      _revision_span(revisions), f"{sum(c[0] for c in counts):,}", f"{sum(c[1] for c in counts):,}",
+                      *([gpus] if gpus_shown else []))
     console.print(table)
     total, done = plan.all_units()
-    console.print(f"grid: {len(plan.by_model())} models x {len(plan.revisions)} (model, revision) pairs -> "
-                  f"{total:,} units; {done:,} done, {total - done:,} to compute")
+    from raygeom.report.figures import counted
+
+    console.print(f"grid: {counted(len(plan.by_model()), 'model')} x {counted(len(plan.revisions), '(model, revision) pair')}"
+                  f" -> {total:,} units; {done:,} done, {total - done:,} to compute")
     print_per_analysis(plan)
     cost = sweep.estimate(plan)
-    _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
+    if any(item.analysis == "pga" and item.params.n_null_auto for item in job.planned()):
+        _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
     if cost.measured_extractions == 0 and cost.measured_units == 0:
         reference = sweep.reference_estimate(plan)
         if reference is None:
@@ -142,7 +175,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
 
 
 def _show_auto_budget(budget) -> None:
-    """The nulls and CPU time `--n-null auto` would take for the units to compute (whatever the job's n_null)."""
+    """The nulls and CPU time `--n-null auto` takes for the units to compute (shown where the job's n_null is auto)."""
     def hours(key: str) -> str:
         value = budget.cpu_seconds[key]
         return "? CPU-h" if value is None else f"{value / 3600:,.0f} CPU-h"
@@ -176,7 +209,8 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
         flagged = sum(1 for r in revisions if report.flag(model, r.spec.revision))
         table.add_row(model, f"{sum(r.extracted for r in revisions)}/{len(revisions)}",
                       f"{sum(r.complete for r in revisions)}/{len(revisions)}",
-                      f"{sum(len(r.done) for r in revisions):,}/{sum(len(r.units) for r in revisions):,}", str(flagged))
+                      f"{sum(_revision_units(r)[1] for r in revisions):,}/{sum(_revision_units(r)[0] for r in revisions):,}",
+                      str(flagged))
     console.print(table)
     total, done = plan.all_units()
     percent = 100.0 * done / total if total else 0.0

@@ -214,7 +214,10 @@ class UnitRunner:
 
 def run_units(store: Store, units: Sequence[Unit], progress: Callable[[int], None] | None = None,
               warn: Callable[[str], None] | None = None, units_in_flight: int = UNITS_IN_FLIGHT) -> list[dict]:
-    """Every unit's rows, in the order of ``units``; finished units are read back, not recomputed."""
+    """Every unit's rows, in the order of ``units``; finished units are read back, not recomputed. ``progress`` is
+    advanced by steps; where it carries ``set_total`` (a bar made before the units were known), that is told how many."""
+    if progress is not None and hasattr(progress, "set_total"):
+        progress.set_total(sum(unit.cost for unit in units))
     runner = UnitRunner(store, progress, warn, units_in_flight)
     runner.add(units)
     runner.run()

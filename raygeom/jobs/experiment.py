@@ -4,17 +4,87 @@ analysis: every registered one is run, tabled, plotted and accumulated the same 
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from raygeom.analyses import registry
 
+PLAIN_PROGRESS_SECONDS = 30.0  # without a terminal: a progress line at most this often
 
-def progress_bar(console: Console) -> Progress:
+
+def progress_bar(console: Console):
+    """Bars on a terminal; written to a log or a pipe, plain lines (:class:`PlainProgress`)."""
+    if not console.is_terminal:
+        return PlainProgress(console)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=console, transient=False)
+
+
+@dataclass
+class PlainTask:
+    id: int
+    description: str
+    total: float | None
+    completed: float = 0.0
+    printed: tuple | None = None  # (completed, total) when last printed
+
+
+class PlainProgress:
+    """What a progress bar says, for a log: one plain line per stage that moved (``progress 0:01:30  extract 2
+    revisions: 96/160``: elapsed time, stage, units done, total), at once when the first stage starts, then at most
+    every ``interval`` seconds, and each stage's last count at the end. The part of rich's Progress the drivers use."""
+
+    def __init__(self, console: Console, interval: float = PLAIN_PROGRESS_SECONDS, clock=time.monotonic):
+        self.console, self.interval, self.clock = console, interval, clock
+        self.tasks: list[PlainTask] = []
+        self.started = clock()
+        self.last: float | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._print()
+
+    def add_task(self, description: str, total: float | None = None, **_) -> int:
+        from rich.text import Text
+
+        self.tasks.append(PlainTask(len(self.tasks), Text.from_markup(description).plain.strip(), total))
+        self._tick()
+        return self.tasks[-1].id
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        self.tasks[task_id].completed += advance
+        self._tick()
+
+    def update(self, task_id: int, total: float | None = None, completed: float | None = None,
+               advance: float | None = None, **_) -> None:
+        task = self.tasks[task_id]
+        task.total = task.total if total is None else total
+        task.completed = task.completed if completed is None else completed
+        task.completed += advance or 0
+        self._tick()
+
+    def _tick(self) -> None:
+        if self.last is None or self.clock() - self.last >= self.interval:
+            self._print()
+
+    def _print(self) -> None:
+        self.last = now = self.clock()
+        seconds = int(now - self.started)
+        elapsed = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        for task in self.tasks:
+            if (task.completed, task.total) == task.printed:
+                continue
+            task.printed = (task.completed, task.total)
+            total = "?" if task.total is None else f"{task.total:,.0f}"
+            self.console.print(f"progress {elapsed}  {task.description}: {task.completed:,.0f}/{total}", markup=False,
+                               highlight=False, soft_wrap=True)
 
 
 class JobUnits:
@@ -60,7 +130,12 @@ def run_own_extractions(store, job, console) -> dict[str, list[dict]]:
     with progress_bar(console) as progress:
         def factory(label: str, total: int | None):
             task = progress.add_task(label, total=total)
-            return lambda n: progress.advance(task, n)
+
+            def advance(n: int) -> None:
+                progress.advance(task, n)
+
+            advance.set_total = lambda steps: progress.update(task, total=steps)  # run_units counts steps, not units
+            return advance
 
         for item in own:
             rows.setdefault(item.analysis, []).extend(item.spec.run(store, job, specs, item.params, factory))

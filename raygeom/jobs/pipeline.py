@@ -113,8 +113,10 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
                 stored[0] += n
 
         every_row = orchestrate.run_sweep(store, items, units, progress=advance)
-    console.print(f"extracted: {len(items) - stored[0]} of {len(items)} (model, revision) at these settings; "
-                  f"{stored[0]} read back from the store, no forward pass", markup=False, highlight=False)
+    if items:
+        console.print(f"forward passes: {len(items) - stored[0]} of {len(items)} (model, revision) at these settings"
+                      + (f"; {stored[0]} read back from the store" if stored[0] else ""), markup=False, highlight=False,
+                      soft_wrap=True)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
                                     row.get("relative_depth") or 0.0))

@@ -115,8 +115,21 @@ def _read_dir_one(directory: Path) -> list[dict]:
     return pa.concat_tables(tables, promote_options="permissive").to_pylist()
 
 
-_read = _overlaid(_read_one)
-_read_dir = _overlaid(_read_dir_one)
+def _canonical(read):
+    """Rows as the report groups them: a k_per_d of None or 0 (a fixed k) is left out, so rows that spell it either
+    way or not at all (the sweep's tidy table has no k_per_d column) are one setting, never two lines."""
+    def rows(path: Path) -> list[dict]:
+        out = read(path)
+        for row in out:
+            if "k_per_d" in row and not (_finite(row["k_per_d"]) and row["k_per_d"]):
+                del row["k_per_d"]
+        return out
+
+    return rows
+
+
+_read = _canonical(_overlaid(_read_one))
+_read_dir = _canonical(_overlaid(_read_dir_one))
 
 
 def _step(revision: str) -> int | None:
@@ -217,9 +230,21 @@ def _variants(rows: list[dict], extra: tuple[str, ...] = (), base: tuple[str, ..
             and len({_setting_key(r.get(c)) for r in rows}) > 1]
 
 
+def setting_text(column: str, value) -> str:
+    """How one setting reads in a legend or title: CCR-5, k=100, k/d=0.1, 100 nulls; a store by its short name."""
+    if column == "r":
+        return f"CCR-{value}"
+    if column == "store":
+        return str(value)
+    if column == "n_null":
+        return f"{value} nulls"
+    if column == "k_per_d":
+        return f"k/d={value:g}" if isinstance(value, float) else f"k/d={value}"
+    return f"{column}={value}"
+
+
 def _variant_label(row: dict, columns: list[str]) -> str:
-    names = {"r": "CCR", "n_null": "nulls"}
-    return ", ".join(f"{names.get(c, c)}={row.get(c)}" for c in columns)
+    return ", ".join(setting_text(c, row.get(c)) for c in columns)
 
 
 def series(rows: list[dict], base: tuple[str, ...] = ("model", "revision"), extra: tuple[str, ...] = (),
@@ -253,7 +278,7 @@ def _visible_revisions(revisions: list[str], keep: int = VISIBLE_REVISIONS) -> s
     return {revisions[i] for i in picks}
 
 
-def _band(fig, x, lo, hi, colour: str, group: str, visible, **where) -> None:
+def _band(fig, x, lo, hi, colour: str, group: str, visible, opacity: float = 0.18, **where) -> None:
     """A filled interval behind a line, in the line's legend group so one click hides both (``where``: row/col)."""
 
     keep = np.isfinite(lo) & np.isfinite(hi)
@@ -261,7 +286,7 @@ def _band(fig, x, lo, hi, colour: str, group: str, visible, **where) -> None:
         return
     x, lo, hi = np.asarray(x)[keep], lo[keep], hi[keep]
     fig.add_trace(_scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]), fill="toself", mode="lines",
-                             line={"width": 0}, fillcolor=colour, opacity=0.18, hoverinfo="skip", showlegend=False,
+                             line={"width": 0}, fillcolor=colour, opacity=opacity, hoverinfo="skip", showlegend=False,
                              legendgroup=group, visible=visible), **where)
 
 
@@ -334,139 +359,6 @@ def _settings_block(rows: list[dict], by: tuple[str, ...] = ("model", "revision"
 
 # ----------------------------------------------------------------------------------- sections
 
-def pga_section(rows: list[dict], files: list[Path]) -> Section | None:
-
-    rows = [r for r in rows if r.get("relative_depth") is not None]
-    if not rows:
-        return None
-    has_band = any(_finite(r.get("z_lo")) and _finite(r.get("z_hi")) for r in rows)
-    section = Section("pga", "Subspace PGA: z against depth", files=files,
-                      intro="One panel per model, one line per revision (and per setting where the store holds several). "
-                            "Click a legend entry to show or hide it, double-click to isolate it. "
-                            + ("The band is the interval [z_lo, z_hi] of each layer. " if has_band else
-                               "These rows carry no interval for z (no z_lo/z_hi columns), so no band is drawn. ")
-                            + f"Models with more than {VISIBLE_REVISIONS} revisions start with {VISIBLE_REVISIONS} of them "
-                            "shown, evenly spaced over training.")
-    variants = _variants(rows)
-    models = sorted({r["model"] for r in rows}, key=lambda m: (min((r.get("params") or 0) for r in rows if r["model"] == m), m))
-    finals = []
-    for model in models:
-        group = [r for r in rows if r["model"] == model]
-        revisions = _revision_order(r["revision"] for r in group)
-        visible = _visible_revisions(revisions)
-        fig = _fig(f"{model}: Subspace PGA z by depth", xaxis_title="relative depth (embedding = 0, final norm = 1)",
-                   yaxis_title="z")
-        traces = {}
-        for row in group:
-            label = row["revision"] + (f" ({_variant_label(row, variants)})" if variants else "")
-            traces.setdefault(label, []).append(row)
-        colour_of = {rev: _colour(i) for i, rev in enumerate(revisions)}
-        if len(revisions) > len(PALETTE):
-            from plotly.colors import sample_colorscale
-
-            colour_of = dict(zip(revisions, sample_colorscale("Viridis", list(np.linspace(0, 1, len(revisions))))))
-        order = {rev: i for i, rev in enumerate(revisions)}
-        for label, line in sorted(traces.items(), key=lambda kv: (order[kv[1][0]["revision"]], kv[0])):
-            line = sorted(line, key=lambda r: r["relative_depth"])
-            shown = True if line[0]["revision"] in visible else "legendonly"
-            colour = colour_of[line[0]["revision"]]
-            x = _num(line, "relative_depth")
-            if has_band:
-                _band(fig, x, _num(line, "z_lo"), _num(line, "z_hi"), colour, label, shown)
-            extra = np.stack([_num(line, c) for c in ("rho_readout", "null_mean", "null_std", "z_lo", "z_hi", "n")], axis=1)
-            hover = ("<b>%{text}</b> " + html.escape(label) + "<br>z = %{y:.2f}"
-                     + (" [%{customdata[3]:.2f}, %{customdata[4]:.2f}]" if has_band else "")
-                     + "<br>rho_readout = %{customdata[0]:.4f}<br>null %{customdata[1]:.4f} ± %{customdata[2]:.4f}"
-                     "<br>N = %{customdata[5]}<extra></extra>")
-            fig.add_trace(_scatter(x=x, y=_num(line, "z"), mode="lines+markers", marker={"size": 4}, line={"color": colour},
-                                     name=label, legendgroup=label, visible=shown, text=[r["layer"] for r in line],
-                                     customdata=extra, hovertemplate=hover))
-        _zero_lines(fig)
-        section.figures.append(fig)
-        last = revisions[-1]
-        finals += [r for r in group if r["revision"] == last]
-    if len(models) > 1:
-        fig = _fig("Every model at its last revision", xaxis_title="relative depth", yaxis_title="z")
-        for i, (label, line) in enumerate(series(finals).items()):
-            if has_band:
-                _band(fig, _num(line, "relative_depth"), _num(line, "z_lo"), _num(line, "z_hi"), _colour(i), label, True)
-            fig.add_trace(_scatter(x=_num(line, "relative_depth"), y=_num(line, "z"), mode="lines+markers", name=label,
-                                     legendgroup=label, line={"color": _colour(i)}, marker={"size": 4},
-                                     text=[r["layer"] for r in line], hovertemplate=_hover("%{text}: z = %{y:.2f}", label)))
-        _zero_lines(fig)
-        section.figures.append(fig)
-    section.tables.append(_settings_block(rows))
-    return section
-
-
-def sweep_section(rows: list[dict], root: Path, files: list[Path]) -> Section | None:
-    """Heatmaps of z over (revision x layer), one per model and setting, for models with several revisions."""
-
-    variants = _variants(rows)
-    groups: dict = {}
-    for row in rows:
-        groups.setdefault((row["model"], _variant_label(row, variants)), []).append(row)
-    groups = {k: g for k, g in groups.items() if len({r["revision"] for r in g}) > 1}
-    if not groups:
-        return None
-    has_band = any(_finite(r.get("z_lo")) and _finite(r.get("z_hi")) for r in rows)
-    section = Section("sweep", "Sweep: z over training (revision x layer)", files=files,
-                      intro="One heatmap per model: revisions ordered by training step (columns), layers by depth (rows). "
-                            "Hover a cell for its values. "
-                            + ("Cells marked with a ring have an interval [z_lo, z_hi] that contains 0 (z not distinguishable "
-                               "from the null there); the marks toggle from the legend. " if has_band else
-                               "No interval columns (z_lo/z_hi) in these rows, so no cell is marked as crossing 0. ")
-                            + "A diamond above a column marks a revision whose weights duplicate another's.")
-    for (model, variant), group in sorted(groups.items(), key=lambda kv: (min((r.get("params") or 0) for r in kv[1]), kv[0])):
-        revisions = _revision_order(r["revision"] for r in group)
-        layers = _depth_order(group)
-        ci, li = {v: i for i, v in enumerate(revisions)}, {v: i for i, v in enumerate(layers)}
-        z = np.full((len(layers), len(revisions)), np.nan)
-        extra = np.full((len(layers), len(revisions), 3), np.nan)
-        for r in group:
-            i, j = li[r["layer"]], ci[r["revision"]]
-            z[i, j] = r["z"] if _finite(r.get("z")) else np.nan
-            extra[i, j] = [r.get(c) if _finite(r.get(c)) else np.nan for c in ("z_lo", "z_hi", "rho_readout")]
-        finite = z[np.isfinite(z)]
-        bound = float(np.abs(finite).max()) if finite.size else 1.0
-        steps = [_step(v) for v in revisions]
-        title = f"{model}: z over training" + (f" ({variant})" if variant else "")
-        fig = _fig(title, height=max(320, 14 * len(layers) + 140), xaxis_title="revision (ordered by training step)",
-                   yaxis_title="layer")
-        hover = ("%{y} @ %{x}<br>z = %{z:.2f}" + (" [%{customdata[0]:.2f}, %{customdata[1]:.2f}]" if has_band else "")
-                 + "<br>rho_readout = %{customdata[2]:.4f}<extra></extra>")
-        fig.add_trace(_heatmap(z=z, x=revisions, y=layers, customdata=extra, colorscale="RdBu", reversescale=True, zmid=0,
-                                 zmin=-bound, zmax=bound, colorbar={"title": {"text": "z"}}, hovertemplate=hover,
-                                 hoverongaps=False, name="z"))
-        if has_band:
-            crossing = np.isfinite(extra[..., 0]) & (extra[..., 0] <= 0) & (extra[..., 1] >= 0)
-            ii, jj = np.nonzero(crossing)
-            fig.add_trace(_scatter(x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
-                                     marker={"symbol": "circle-open", "size": 6, "color": "black", "line": {"width": 1}},
-                                     name="interval contains 0", hoverinfo="skip", showlegend=True))
-        flags = {r["revision"]: r.get("weights_flag") for r in group if r.get("weights_flag")}
-        if flags:
-            fig.add_trace(_scatter(x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
-                                     marker={"symbol": "diamond", "size": 9, "color": "gold",
-                                             "line": {"color": "black", "width": 1}},
-                                     text=list(flags.values()), hovertemplate="%{x}: %{text}<extra></extra>"))
-        fig.update_xaxes(type="category", tickangle=-60, tickfont={"size": 8},
-                         categoryorder="array", categoryarray=revisions,
-                         tickvals=[revisions[i] for i in _tick_positions(steps)])
-        fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": 8})
-        fig.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
-                          margin={"l": 60, "r": 20, "t": 70, "b": 50})
-        section.figures.append(fig)
-    collapse = _read(root / "results" / "collapse.parquet")
-    zones = [c for c in collapse if c.get("collapsed")]
-    if collapse:
-        section.files.append(root / "results" / "collapse.parquet")
-        section.tables.append(f"<h4>Collapse zones: {len(zones)} of {len(collapse)} (model, revision) profiles</h4>"
-                              + _table_html(zones, ["model", "revision", "step", "zone_layers", "zone_start_depth",
-                                                    "zone_end_depth", "zone_min_z", "early_max_z"]))
-    return section
-
-
 def _tick_positions(steps: list[int | None], most: int = 24) -> list[int]:
     """Column indices worth a tick label: at most ``most``, evenly spaced."""
     n = len(steps)
@@ -475,143 +367,155 @@ def _tick_positions(steps: list[int | None], most: int = 24) -> list[int]:
     return sorted(set(np.round(np.linspace(0, n - 1, most)).astype(int).tolist()))
 
 
-def diagnostics_section(root: Path) -> Section | None:
-    from plotly.subplots import make_subplots
+# ----------------------------------------------------------------------------------- one section per analysis
 
-    path = root / "results" / "diagnostics_layers.parquet"
-    rows = _read(path)
-    probe_path = root / "results" / "probe.parquet"
-    probes = _read(probe_path)
-    if not rows and not probes:
-        return None
-    section = Section("diagnostics", "Diagnostics: spectral metrics, PC1, probes, CCR restoration",
-                      files=[p for p in (path, probe_path) if p.is_file()],
-                      intro="z beside the spectral metrics of each layer; one colour per model and revision "
-                            "(a legend click hides it in every panel).")
-    if rows:
-        metrics = [("rankme", "RankMe"), ("alpha_req", "alpha-ReQ"), ("condition_number", "condition number"),
-                   ("isotropy", "isotropy"), ("pc1_readout_share", "PC1 readout share"),
-                   ("pc1_variance_fraction", "PC1 variance"), ("probe_accuracy", "probe accuracy"),
-                   ("loss_share_spearman", "loss ~ share rho")]
-        metrics = [m for m in metrics if any(_finite(r.get(m[0])) for r in rows)]
-        ranks = sorted({int(c[len("z_ccr"):]) for r in rows for c in r if c.startswith("z_ccr") and c[len("z_ccr"):].isdigit()})
-        z_rank = 1 if 1 in ranks else (ranks[0] if ranks else None)
-        panels = ([(f"z_ccr{z_rank}", f"z (CCR-{z_rank})")] if z_rank is not None else []) + metrics
-        fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.025,
-                            subplot_titles=[label for _, label in panels])
-        lines = sorted(series(rows).items())
-        for i, (label, group) in enumerate(lines):
-            for p, (column, name) in enumerate(panels, start=1):
-                interval = _interval(group, column)
-                if interval is not None:
-                    _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True, row=p, col=1)
-                fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
-                                         marker={"size": 4}, line={"color": _colour(i)}, name=label, legendgroup=label,
-                                         showlegend=p == 1, text=[r["layer"] for r in group],
-                                         hovertemplate=_hover("%{text}: " + name + " = %{y:.4g}", label)),
-                              row=p, col=1)
-                if column == "pc1_readout_share" and any(_finite(r.get("pc1_readout_chance")) for r in group):
-                    fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
-                                             line={"color": _colour(i), "dash": "dot", "width": 1}, legendgroup=label,
-                                             showlegend=False, name=f"{label} chance k/d", hoverinfo="skip"), row=p, col=1)
-        if any(m[0] == "condition_number" for m in panels):
-            fig.update_yaxes(type="log", row=1 + [m[0] for m in panels].index("condition_number"), col=1)
-        fig.update_xaxes(title_text="relative depth", row=len(panels), col=1)
-        fig.update_layout(title={"text": "Per-layer diagnostics", "x": 0.01}, height=190 * len(panels) + 120,
-                          legend={"font": {"size": 10}}, margin={"l": 60, "r": 20, "t": 60, "b": 50})
-        section.figures.append(fig)
-        if len(ranks) > 1:
-            fig = _fig("CCR restoration: z at CCR-r", xaxis_title="relative depth", yaxis_title="z")
-            for i, (label, group) in enumerate(lines):
-                for j, rank in enumerate(ranks):
-                    name = f"{label} CCR-{rank}"
-                    interval = _interval(group, f"z_ccr{rank}")
-                    if interval is not None:
-                        _band(fig, _num(group, "relative_depth"), *interval, _colour(i * len(ranks) + j), name, True)
-                    fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
-                                             marker={"size": 4, "symbol": j}, line={"color": _colour(i * len(ranks) + j)},
-                                             name=name, legendgroup=name, text=[r["layer"] for r in group],
-                                             hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(name) + "</extra>"))
-            _zero_lines(fig)
-            section.figures.append(fig)
-        section.tables.append(_settings_block(rows))
-    if probes:
-        fig = _fig("Linear probe accuracy by depth (dotted: majority class)", xaxis_title="relative depth",
-                   yaxis_title="test accuracy", yaxis_range=[0, 1.02])
-        for i, (label, group) in enumerate(sorted(series(probes, extra=("test_fraction", "c")).items())):
-            interval = _interval(group, "accuracy")
-            if interval is not None:
-                _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True)
-            fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "accuracy"), mode="lines+markers",
-                                     name=label, legendgroup=label, line={"color": _colour(i)}, text=[r["layer"] for r in group],
-                                     hovertemplate="%{text}: accuracy %{y:.3f}<extra>" + html.escape(label) + "</extra>"))
-            fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "chance"), mode="lines", legendgroup=label,
-                                     showlegend=False, line={"color": _colour(i), "dash": "dot", "width": 1}, hoverinfo="skip",
-                                     name=f"{label} chance"))
-        section.figures.append(fig)
-        section.tables.append(_settings_block(probes, title="Probe settings per run"))
-    return section
+DEPTH_AXIS = "relative depth (embedding = 0, final norm = 1)"
+# A line's style: its colour says which model (or which revision, in one model's panel), its dash and marker which
+# setting (CCR rank, k, pool...). 6 dashes and 7 markers: the first 42 settings of a panel each get their own pair.
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+MARKERS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star")
+LEGEND_LABEL_MAX = 40  # characters: the legend stays a column beside the plot; the full settings are in the hover
+HOVER_COLUMNS = {"z": (("rho_readout", "rho_readout", ".4f"), ("null_mean", "null mean", ".4f"),
+                       ("null_std", "null std", ".4f"), ("n", "N", "d"))}
+NOT_IN_HOVER = ("corpus_fingerprint", "settings_key", "extraction_key", "raygeom_version", "version")
 
 
-def analysis_sections(root: Path) -> list[Section]:
-    """A section per registered analysis the store holds rows of (raygeom.analyses.registry): each declared
-    metric against depth, one line per model, revision and setting, with its interval as a band and its chance
-    level dotted; and, for a model with several revisions, a (revision x layer) heatmap per setting."""
+def _is_z(metric) -> bool:
+    """A z-score against a null: 0 is the null, drawn with guides at 0 and ±2 and a diverging heatmap."""
+    return metric.column == "z" or metric.column.startswith("z_")
 
-    from raygeom.analyses import registry
 
-    sections = []
-    for name, analysis in sorted(registry.analyses().items()):
-        if name == "pga" or analysis.section:  # z has its own sections above; others name theirs (declared_sections)
-            continue
-        directory = root / "results" / analysis.results_dir
-        rows = [r for r in _read_dir(directory) if r.get("relative_depth") is not None]
-        if not rows:
-            continue
-        table = root / "results" / f"{analysis.results_dir}.parquet"
-        section = Section(f"analysis-{name}", analysis.title, files=[p for p in [table] if p.is_file()],
-                          intro=f"Registered analysis '{name}' (version {analysis.version}): "
-                                "one line per model, revision and setting; bands are 95 % intervals where the rows carry them.")
-        order = {rev: i for i, rev in enumerate(_revision_order(r["revision"] for r in rows))}
-        lines = dict(sorted(series(rows, extra=analysis.series).items(),
-                            key=lambda kv: (kv[1][0]["model"], order[kv[1][0]["revision"]], kv[0])))
-        revisions_of = {m: _revision_order(r["revision"] for r in rows if r["model"] == m) for m in {r["model"] for r in rows}}
-        visible = {m: _visible_revisions(v) for m, v in revisions_of.items()}
-        for metric in analysis.metrics:
-            if not any(_finite(r.get(metric.column)) for r in rows):
+def _order(value):
+    """A sort key for setting values of any type: numbers by value, then the rest by text, None last."""
+    if value is None:
+        return (2, 0.0, "")
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def _colours(keys: list) -> dict:
+    """One colour per key: the palette's ten, or evenly spaced on Viridis for more."""
+    if len(keys) <= len(PALETTE):
+        return {key: _colour(i) for i, key in enumerate(keys)}
+    from plotly.colors import sample_colorscale
+
+    return dict(zip(keys, sample_colorscale("Viridis", list(np.linspace(0, 1, len(keys))))))
+
+
+def _short(label: str, most: int = LEGEND_LABEL_MAX) -> str:
+    return label if len(label) <= most else label[:most - 1] + "…"
+
+
+def _settings_text(row: dict) -> str:
+    """Every setting of a row, for its hover (the legend names only what varies)."""
+    parts = [setting_text(c, row[c]) for c in SETTING_COLUMNS if c not in NOT_IN_HOVER and row.get(c) is not None]
+    return "<br>".join(html.escape(", ".join(parts[i:i + 5])) for i in range(0, len(parts), 5))
+
+
+def _model_order(rows: list[dict]) -> list[str]:
+    return sorted({r["model"] for r in rows}, key=lambda m: (min((r.get("params") or 0) for r in rows if r["model"] == m), m))
+
+
+def _styled_lines(rows: list[dict], colour_by: str, extra: tuple[str, ...]) -> list[tuple[str, str, dict, list[dict]]]:
+    """Rows split into lines that never join two settings, each ``(legend label, colour key, style, rows by depth)``:
+    the colour by ``colour_by`` (model or revision), dash and marker by the settings that vary within one colour
+    (the others are constant within it, and in the hover). A line still holding two rows at one depth (a setting no
+    column names) is split by unit key."""
+    keys = _revision_order(r["revision"] for r in rows) if colour_by == "revision" else _model_order(rows)
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(row[colour_by], []).append(row)
+    candidates = _variants(rows, extra, base=("model", "revision"))
+    varying = [c for c in candidates if any(len({_setting_key(r.get(c)) for r in g}) > 1 for g in groups.values())]
+    combos = sorted({tuple(r.get(c) for c in varying) for r in rows}, key=lambda combo: [_order(v) for v in combo])
+    style = {combo: {"dash": DASHES[i % len(DASHES)], "symbol": MARKERS[i % len(MARKERS)]} for i, combo in enumerate(combos)}
+    parts: dict = {}
+    for row in rows:
+        parts.setdefault((row[colour_by], tuple(row.get(c) for c in varying)), []).append(row)
+    lines = []
+    for key in keys:
+        for combo in combos:
+            line = parts.get((key, combo))
+            if not line:
                 continue
-            fig = _fig(f"{metric.title} by depth", xaxis_title="relative depth (embedding = 0, final norm = 1)",
-                       yaxis_title=metric.title)
-            for i, (label, line) in enumerate(lines.items()):
-                shown = True if line[0]["revision"] in visible[line[0]["model"]] else "legendonly"
-                x = _num(line, "relative_depth")
-                if metric.lo and metric.hi:
-                    _band(fig, x, _num(line, metric.lo), _num(line, metric.hi), _colour(i), label, shown)
-                fig.add_trace(_scatter(x=x, y=_num(line, metric.column), mode="lines+markers", marker={"size": 4},
-                                         line={"color": _colour(i)}, name=label, legendgroup=label, visible=shown,
-                                         text=[r["layer"] for r in line], meta={"series": label},
-                                         hovertemplate=_hover("%{text}: " + html.escape(metric.title) + " = %{y:.4g}", label)))
-                if metric.chance:
-                    fig.add_trace(_scatter(x=x, y=_num(line, metric.chance), mode="lines", legendgroup=label,
-                                             showlegend=False, visible=shown, name=f"{label} chance", hoverinfo="skip",
-                                             meta={"series": label, "role": "chance"},
-                                             line={"color": _colour(i), "dash": "dot", "width": 1}))
-            section.figures.append(fig)
-            section.figures += _step_layer_heatmaps(rows, metric, analysis.series)
-        section.tables.append(_settings_block(rows))
-        sections.append(section)
-    return sections
+            label = ", ".join([str(key), *(setting_text(c, v) for c, v in zip(varying, combo))])
+            depths = [r.get("relative_depth") for r in line]
+            if len(set(depths)) < len(depths):  # same settings, same depth: separate runs, kept apart
+                for unit in dict.fromkeys(r.get("unit_key") or id(r) for r in line):
+                    part = [r for r in line if (r.get("unit_key") or id(r)) == unit]
+                    lines.append((f"{label} [{str(unit)[:8]}]", key, style[combo], sorted(part, key=lambda r: r["relative_depth"])))
+            else:
+                lines.append((label, key, style[combo], sorted(line, key=lambda r: r["relative_depth"])))
+    return lines
+
+
+def _profile_figure(rows: list[dict], metric, extra: tuple[str, ...], colour_by: str, title: str):
+    """``metric`` against depth: a line per colour key (model or revision) and setting, its interval as a band, its
+    chance level dotted; a model's revisions beyond VISIBLE_REVISIONS start hidden."""
+    fig = _fig(title, xaxis_title=DEPTH_AXIS, yaxis_title=metric.title)
+    lines = _styled_lines(rows, colour_by, extra)
+    colour_of = _colours(list(dict.fromkeys(key for _, key, _, _ in lines)))
+    visible = _visible_revisions(_revision_order(r["revision"] for r in rows)) if colour_by == "revision" else None
+    hover_extra = [h for h in HOVER_COLUMNS.get(metric.column, ()) if any(h[0] in r for r in rows)]
+    has_interval = bool(metric.lo and metric.hi) and any(_finite(r.get(metric.lo)) for r in rows)
+    opacity = 0.18 if len(lines) <= 3 else 0.09  # overlapping bands of many lines would hide the lines
+    for label, key, style, line in lines:
+        colour, shown = colour_of[key], True if visible is None or key in visible else "legendonly"
+        legend = _short(label)
+        x = _num(line, "relative_depth")
+        if has_interval:
+            _band(fig, x, _num(line, metric.lo), _num(line, metric.hi), colour, legend, shown, opacity)
+        columns = [metric.lo, metric.hi] if has_interval else []
+        columns += [h[0] for h in hover_extra]
+        hover = "<b>%{text}</b><br>" + html.escape(metric.title) + " = %{y:.4g}"
+        if has_interval:
+            hover += " [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
+        offset = 2 if has_interval else 0
+        hover += "".join(f"<br>{name} = %{{customdata[{offset + i}]:{fmt}}}" for i, (_, name, fmt) in enumerate(hover_extra))
+        hover += f"<br>{html.escape(line[0]['model'])}@{html.escape(str(line[0]['revision']))}<br>{_settings_text(line[0])}"
+        fig.add_trace(_scatter(x=x, y=_num(line, metric.column), mode="lines+markers", name=legend, legendgroup=legend,
+                               visible=shown, line={"color": colour, "dash": style["dash"], "width": 1.6},
+                               marker={"size": 6, "symbol": style["symbol"], "color": colour},
+                               text=[r["layer"] for r in line], meta={"series": label},
+                               customdata=np.stack([_num(line, c) for c in columns], axis=1) if columns else None,
+                               hovertemplate=_hover(hover, label)))
+        if metric.chance and any(_finite(r.get(metric.chance)) for r in line):
+            fig.add_trace(_scatter(x=x, y=_num(line, metric.chance), mode="lines", legendgroup=legend, showlegend=False,
+                                   visible=shown, name=f"{legend} chance", hoverinfo="skip",
+                                   meta={"series": label, "role": "chance"}, line={"color": colour, "dash": "dot", "width": 1}))
+    if _is_z(metric):
+        _zero_lines(fig)
+    return fig
+
+
+def _profile_figures(rows: list[dict], metric, extra: tuple[str, ...]) -> list:
+    """One panel per model, colour by revision, where a model has several revisions (and every model at its last
+    revision, colour by model); else one panel with every model, colour by model."""
+    models = _model_order(rows)
+    revisions = {m: _revision_order(r["revision"] for r in rows if r["model"] == m) for m in models}
+    if all(len(v) == 1 for v in revisions.values()):
+        return [_profile_figure(rows, metric, extra, "model", f"{metric.title} by depth")]
+    figures = [_profile_figure([r for r in rows if r["model"] == m], metric, extra, "revision",
+                               f"{m}: {metric.title} by depth") for m in models]
+    if len(models) > 1:
+        last = [r for r in rows if r["revision"] == revisions[r["model"]][-1]]
+        figures.append(_profile_figure(last, metric, extra, "model", f"{metric.title} by depth: every model at its last revision"))
+    return figures
 
 
 def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> list:
-    """(revision x layer) heatmaps of one metric, one per model and setting that has several revisions."""
-
+    """(revision x layer) heatmaps of one metric, one per model and setting that has several revisions. A z-score
+    is drawn on a diverging scale centred on 0, with the cells whose interval contains 0 ringed, and a diamond over
+    a revision whose weights are flagged as another's."""
     figures = []
     groups: dict = {}
-    varying = _variants(rows, extra)
+    varying = _variants(rows, extra, base=("model", "revision"))
     for row in rows:
         groups.setdefault((row["model"], _variant_label(row, varying)), []).append(row)
-    for (model, variant), group in sorted(groups.items()):
+    z_score = _is_z(metric)
+    order = {m: i for i, m in enumerate(_model_order(rows))}
+    for (model, variant), group in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
         revisions = _revision_order(r["revision"] for r in group)
         if len(revisions) < 2:
             continue
@@ -624,20 +528,174 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
             if metric.lo and metric.hi:
                 bounds[li[r["layer"]], ci[r["revision"]]] = [r.get(c) if _finite(r.get(c)) else np.nan
                                                              for c in (metric.lo, metric.hi)]
+        has_interval = bool(np.isfinite(bounds).any())
         title = f"{model}: {metric.title} over training" + (f" ({variant})" if variant else "")
         fig = _fig(title, height=max(320, 14 * len(layers) + 140), xaxis_title="revision (ordered by training step)",
                    yaxis_title="layer")
         hover = "%{y} @ %{x}<br>" + html.escape(metric.title) + " = %{z:.4g}"
-        if metric.lo and metric.hi:
+        if has_interval:
             hover += " [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
-        fig.add_trace(_heatmap(z=values, x=revisions, y=layers, customdata=bounds, colorscale="Viridis",
-                                 colorbar={"title": {"text": metric.title}}, hovertemplate=hover + "<extra></extra>",
-                                 hoverongaps=False, name=metric.column))
+        colours = {"colorscale": "Viridis"}
+        if z_score:
+            finite = values[np.isfinite(values)]
+            bound = float(np.abs(finite).max()) if finite.size else 1.0
+            colours = {"colorscale": "RdBu", "reversescale": True, "zmid": 0, "zmin": -bound, "zmax": bound}
+        fig.add_trace(_heatmap(z=values, x=revisions, y=layers, customdata=bounds, **colours,
+                               colorbar={"title": {"text": metric.title if not z_score else "z"}},
+                               hovertemplate=hover + "<extra></extra>", hoverongaps=False, name=metric.column))
+        if z_score and has_interval:
+            crossing = np.isfinite(bounds[..., 0]) & (bounds[..., 0] <= 0) & (bounds[..., 1] >= 0)
+            ii, jj = np.nonzero(crossing)
+            fig.add_trace(_scatter(x=[revisions[j] for j in jj], y=[layers[i] for i in ii], mode="markers",
+                                   marker={"symbol": "circle-open", "size": 6, "color": "black", "line": {"width": 1}},
+                                   name="interval contains 0", hoverinfo="skip", showlegend=True))
+        flags = {r["revision"]: r.get("weights_flag") for r in group if r.get("weights_flag")}
+        if flags:
+            fig.add_trace(_scatter(x=list(flags), y=[layers[-1]] * len(flags), mode="markers", name="weights flagged",
+                                   marker={"symbol": "diamond", "size": 9, "color": "gold", "line": {"color": "black", "width": 1}},
+                                   text=list(flags.values()), hovertemplate="%{x}: %{text}<extra></extra>"))
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=revisions, tickangle=-60, tickfont={"size": 8},
                          tickvals=[revisions[i] for i in _tick_positions([_step(v) for v in revisions])])
         fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": 8})
+        fig.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+                          margin={"l": 60, "r": 20, "t": 70, "b": 50})
         figures.append(fig)
     return figures
+
+
+def analysis_section(analysis, rows: list[dict], files: list[Path], anchor: str | None = None) -> Section | None:
+    """The section of one registered analysis, from its declaration: each declared metric against depth (a panel per
+    model; colour by revision, dash and marker by setting), then a (revision x layer) heatmap per model and setting
+    where a model has several revisions; and a table of the settings of each run."""
+    rows = [r for r in rows if _finite(r.get("relative_depth"))]
+    metrics = [m for m in analysis.metrics if any(_finite(r.get(m.column)) for r in rows)]
+    if not metrics:
+        return None
+    banded = [m.title for m in metrics if m.lo and any(_finite(r.get(m.lo)) for r in rows)]
+    section = Section(anchor or analysis.name, analysis.title, files=[f for f in files if f.is_file()],
+                      intro=f"'{analysis.name}' (version {analysis.version}). One panel per model where a model has several "
+                            "revisions: colour by revision, dash and marker by the setting that varies; with one revision "
+                            "each, colour by model. The legend names what varies; hover a point for every setting. "
+                            + (f"Bands are 95 % intervals ({', '.join(banded)}). " if banded else
+                               "These rows carry no interval columns, so no band is drawn. ")
+                            + f"A model's revisions beyond {VISIBLE_REVISIONS} start hidden (one legend click shows one).")
+    for metric in metrics:
+        section.figures += _profile_figures(rows, metric, analysis.series)
+    for metric in metrics:
+        section.figures += _step_layer_heatmaps(rows, metric, analysis.series)
+    section.tables.append(_settings_block(rows))
+    return section
+
+
+def _analysis_rows(root: Path, analysis) -> tuple[list[dict], list[Path]]:
+    """An analysis's rows: its unit files (``results/<dir>/``), and the rows of its table (``results/<dir>.parquet``,
+    which hand-written commands write alone) that no unit file holds."""
+    table = root / "results" / f"{analysis.results_dir}.parquet"
+    units = _read_dir(root / "results" / analysis.results_dir)
+    keys = {r.get("unit_key") for r in units if r.get("unit_key")}
+    rows = units + [r for r in _read(table) if (r.get("unit_key") not in keys if r.get("unit_key") else not units)]
+    return rows, [table]
+
+
+def pga_section(root: Path) -> Section | None:
+    """Subspace PGA from every table that holds it (unit files, the job's table, the sweep's tidy table), as any
+    analysis's section, with the sweep's collapse zones."""
+    from raygeom.analyses import registry
+
+    results = root / "results"
+    section = analysis_section(registry.get("pga"), pga_rows(root),
+                               [results / "pga.parquet", results / "sweep_pga.parquet"], anchor="pga")
+    if section is None:
+        return None
+    if any(t.name == "interval contains 0" for f in section.figures for t in f.data):
+        section.intro += (" In the heatmaps, a ring marks a cell whose interval [z_lo, z_hi] contains 0 (z not "
+                          "distinguishable from the null there), and a diamond a revision whose weights duplicate another's.")
+    collapse = _read(results / "collapse.parquet")
+    if collapse:
+        zones = [c for c in collapse if c.get("collapsed")]
+        section.files.append(results / "collapse.parquet")
+        section.tables.insert(0, f"<h4>Collapse zones: {len(zones)} of {len(collapse)} (model, revision) profiles</h4>"
+                              + _table_html(zones, ["model", "revision", "step", "zone_layers", "zone_start_depth",
+                                                    "zone_end_depth", "zone_min_z", "early_max_z"]))
+    return section
+
+
+def analysis_sections(root: Path) -> list[Section]:
+    """A section per registered analysis the store holds rows of, drawn from its declaration (those that name a
+    section of their own are drawn by it, in declared_sections)."""
+    from raygeom.analyses import registry
+
+    sections = []
+    for name, analysis in sorted(registry.analyses().items()):
+        if name == "pga" or analysis.section:
+            continue
+        rows, files = _analysis_rows(root, analysis)
+        section = analysis_section(analysis, rows, files)
+        if section is not None:
+            sections.append(section)
+    return sections
+
+
+def diagnostics_section(root: Path) -> Section | None:
+    from plotly.subplots import make_subplots
+
+    path = root / "results" / "diagnostics_layers.parquet"
+    rows = _read(path)
+    if not rows:
+        return None
+    section = Section("diagnostics", "Diagnostics (raygeom diagnose): z beside spectral metrics, PC1 and probes",
+                      files=[path],
+                      intro="z beside the spectral metrics of each layer; one colour per model and revision "
+                            "(a legend click hides it in every panel). The linear probes of `raygeom probe` and of jobs "
+                            "are in their own section.")
+    metrics = [("rankme", "RankMe"), ("alpha_req", "alpha-ReQ"), ("condition_number", "condition number"),
+               ("isotropy", "isotropy"), ("pc1_readout_share", "PC1 readout share"),
+               ("pc1_variance_fraction", "PC1 variance"), ("probe_accuracy", "probe accuracy"),
+               ("loss_share_spearman", "loss ~ share rho")]
+    metrics = [m for m in metrics if any(_finite(r.get(m[0])) for r in rows)]
+    ranks = sorted({int(c[len("z_ccr"):]) for r in rows for c in r if c.startswith("z_ccr") and c[len("z_ccr"):].isdigit()})
+    z_rank = 1 if 1 in ranks else (ranks[0] if ranks else None)
+    panels = ([(f"z_ccr{z_rank}", f"z (CCR-{z_rank})")] if z_rank is not None else []) + metrics
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.025,
+                        subplot_titles=[label for _, label in panels])
+    lines = sorted(series(rows).items())
+    for i, (label, group) in enumerate(lines):
+        for p, (column, name) in enumerate(panels, start=1):
+            interval = _interval(group, column)
+            if interval is not None:
+                _band(fig, _num(group, "relative_depth"), *interval, _colour(i), label, True, row=p, col=1)
+            fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, column), mode="lines+markers",
+                                     marker={"size": 4}, line={"color": _colour(i)}, name=_short(label), legendgroup=label,
+                                     showlegend=p == 1, text=[r["layer"] for r in group],
+                                     hovertemplate=_hover("%{text}: " + name + " = %{y:.4g}", label)),
+                          row=p, col=1)
+            if column == "pc1_readout_share" and any(_finite(r.get("pc1_readout_chance")) for r in group):
+                fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, "pc1_readout_chance"), mode="lines",
+                                         line={"color": _colour(i), "dash": "dot", "width": 1}, legendgroup=label,
+                                         showlegend=False, name=f"{label} chance k/d", hoverinfo="skip"), row=p, col=1)
+    if any(m[0] == "condition_number" for m in panels):
+        fig.update_yaxes(type="log", row=1 + [m[0] for m in panels].index("condition_number"), col=1)
+    fig.update_xaxes(title_text="relative depth", row=len(panels), col=1)
+    fig.update_layout(title={"text": "Per-layer diagnostics", "x": 0.01}, height=190 * len(panels) + 120,
+                      legend={"font": {"size": 10}}, margin={"l": 60, "r": 20, "t": 60, "b": 50})
+    section.figures.append(fig)
+    if len(ranks) > 1:
+        fig = _fig("CCR restoration: z at CCR-r", xaxis_title="relative depth", yaxis_title="z")
+        for i, (label, group) in enumerate(lines):
+            for j, rank in enumerate(ranks):  # colour by model and revision, dash and marker by rank
+                name = f"{label}, CCR-{rank}"
+                interval = _interval(group, f"z_ccr{rank}")
+                if interval is not None:
+                    _band(fig, _num(group, "relative_depth"), *interval, _colour(i), _short(name), True)
+                fig.add_trace(_scatter(x=_num(group, "relative_depth"), y=_num(group, f"z_ccr{rank}"), mode="lines+markers",
+                                       marker={"size": 6, "symbol": MARKERS[j % len(MARKERS)], "color": _colour(i)},
+                                       line={"color": _colour(i), "dash": DASHES[j % len(DASHES)]},
+                                       name=_short(name), legendgroup=_short(name), text=[r["layer"] for r in group],
+                                       hovertemplate="%{text}: z = %{y:.2f}<extra>" + html.escape(name) + "</extra>"))
+        _zero_lines(fig)
+        section.figures.append(fig)
+    section.tables.append(_settings_block(rows))
+    return section
 
 
 def converge_section(root: Path) -> Section | None:
@@ -688,8 +746,6 @@ def converge_section(root: Path) -> Section | None:
 
 
 def dispersion_section(root: Path) -> Section | None:
-    from plotly.subplots import make_subplots
-
     results = root / "results"
     layers = _read(results / "dispersion_layers.parquet")
     groups = _read(results / "dispersion_groups.parquet")
@@ -698,23 +754,17 @@ def dispersion_section(root: Path) -> Section | None:
     if not (layers or groups or domains or select):
         return None
     files = [results / f"dispersion_{n}.parquet" for n in ("layers", "groups", "domains", "slices", "select")]
-    section = Section("dispersion", "Representation dispersion", files=[f for f in files if f.is_file()],
-                      intro="Mean pairwise cosine distance of hidden states against perplexity.")
+    section = Section("dispersion", "Dispersion gap G: by depth, perplexity groups, domains and the ranking",
+                      files=[f for f in files if f.is_file()],
+                      intro="Mean pairwise cosine distance of hidden states against perplexity; token and sample dispersion "
+                            "by depth are in the token-level dispersion section.")
     if layers:
-        fig = make_subplots(rows=1, cols=3, subplot_titles=["token dispersion", "sample dispersion", "dispersion gap"],
-                            horizontal_spacing=0.07)
-        lines = series([r for r in layers if r["layer"] != "attn_last"], extra=("chunk_len", "chunks_per_domain",
-                                                                                "domain_tokens"))
-        for i, (model, part) in enumerate(lines.items()):
-            for c, column in enumerate(("token_dispersion", "sample_dispersion", "gap"), start=1):
-                fig.add_trace(_scatter(x=_num(part, "relative_depth"), y=_num(part, column), mode="lines+markers",
-                                         marker={"size": 4}, line={"color": _colour(i)}, name=model, legendgroup=model,
-                                         showlegend=c == 1, text=[r["layer"] for r in part],
-                                         hovertemplate=_hover("%{text}: %{y:.4f}", model)), row=1, col=c)
-            fig.update_xaxes(title_text="relative depth")
-        fig.update_layout(title={"text": "Dispersion by depth", "x": 0.01}, height=400,
-                          margin={"l": 60, "r": 20, "t": 60, "b": 50})
-        section.figures.append(fig)
+        from raygeom.analyses.registry import Metric
+
+        deep = [r for r in layers if r["layer"] != "attn_last" and _finite(r.get("relative_depth"))]
+        if any(_finite(r.get("gap")) for r in deep):
+            section.figures += _profile_figures(deep, Metric("gap", "dispersion gap G (domain minus generic positions)"),
+                                                ("chunk_len", "chunks_per_domain", "domain_tokens"))
         columns = ["model", "revision", "step", "layer", "token_dispersion", "sample_dispersion", "perplexity", "group_spearman", "chunk_spearman",
                    "domain_agreement_sample", "domain_agreement_token", "kmeans_agreement_sample", "kmeans_agreement_token",
                    "gap"]
@@ -1053,10 +1103,7 @@ def build_sections(root: Path) -> list[Section]:
 
 def _build_sections(root: Path) -> list[Section]:
     _UNREADABLE.clear()
-    pga = pga_rows(root)
-    pga_files = [p for p in (root / "results" / "pga.parquet", root / "results" / "sweep_pga.parquet") if p.is_file()]
-    sections = [pga_section(pga, pga_files), sweep_section(pga, root, list(pga_files)), diagnostics_section(root),
-                *analysis_sections(root), *declared_sections(root), converge_section(root), knn_section(root),
+    sections = [pga_section(root), *analysis_sections(root), *declared_sections(root), diagnostics_section(root),
                 train_section(root), trajectory_section(root), width_section(root), extraction_section(root)]
     return [s for s in sections if s is not None]
 
@@ -1166,10 +1213,30 @@ def write_report(store_root: str | Path, out: str | Path | None = None, overlay:
     return out
 
 
+STORE_LABEL_MAX = 16  # characters: a store's name in a legend, beside the revision and setting
+
+
 def _store_labels(stores: list[Path]) -> list[str]:
-    """Short distinct names of the stores: their folder names, or their paths where two share a name."""
+    """Short distinct names of the stores, for legends: their folder names (with the parent's where two share one);
+    where one is long, less the words all of them share (``sweep-2024-01-run-a``, ``...-run-b``: ``a``, ``b``), cut to
+    STORE_LABEL_MAX characters; ``store 1``, ``store 2``... where that still leaves two alike."""
+    import re
+
+    stores = [Path(store).absolute() for store in stores]
     names = [store.name or str(store) for store in stores]
-    return names if len(set(names)) == len(names) else [str(store) for store in stores]
+    if len(set(names)) < len(names):
+        names = [f"{store.parent.name}/{store.name}" for store in stores]
+    if len(names) > 1 and max(map(len, names)) > STORE_LABEL_MAX:
+        words = [re.split(r"(?<=[-_./ ])", name) for name in names]  # words keep their separator
+        head = 0
+        while all(len(w) > head + 1 for w in words) and len({w[head] for w in words}) == 1:
+            head += 1
+        tail = 0
+        while all(len(w) > head + tail + 1 for w in words) and len({w[-1 - tail] for w in words}) == 1:
+            tail += 1
+        names = ["".join(w[head:len(w) - tail]).strip("-_./ ") or name for w, name in zip(words, names)]
+    names = [_short(name, STORE_LABEL_MAX) for name in names]
+    return names if len(set(names)) == len(names) else [f"store {i + 1}" for i in range(len(names))]
 
 
 def announce_report(store_root: str | Path, console) -> Path | None:

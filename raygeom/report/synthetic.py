@@ -55,3 +55,53 @@ def write_pythia_grid_store(root: str | Path, **kwargs) -> Path:
     atomic_write_text('{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, "fingerprint": "synthetic"}',
                       root / "sweep" / "manifest.json")
     return root
+
+
+def job_store_rows(models: tuple[str, ...] = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"),
+                   revisions: tuple[str, ...] = ("step1000", "step143000"), ranks: tuple[int, ...] = (0, 1, 5),
+                   seed: int = 0) -> dict[str, list[dict]]:
+    """Rows a job over ``models`` x ``revisions`` leaves (PGA at each CCR rank, spectral metrics, linear probes), by
+    analysis, each row with its ``unit_key``. The values are made up; only the shape is real."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[dict]] = {"pga": [], "spectral": [], "probe": []}
+    for m, model in enumerate(models):
+        names = ["embed", *[f"block_{i:02d}" for i in range(3 + m)], "final_norm"]
+        depth = np.linspace(0.0, 1.0, len(names))
+        for revision in revisions:
+            base = {"model": model, "revision": revision, "step": pythia.step_of(revision), "n": 40, "d": 64 + 32 * m,
+                    "corpus": "bbc", "pool": "last", "seq_len": 32}
+            for index, layer in enumerate(names):
+                where = {**base, "layer": layer, "layer_index": index, "relative_depth": float(depth[index])}
+                for r in ranks:
+                    z = float(rng.normal(2.0 - r * 0.5, 1.0))
+                    out["pga"].append({**where, "k": 8, "k_per_d": 0.0, "r": r, "n_null": 20, "seed": 0,
+                                       "rho_readout": 0.3 + 0.01 * z, "null_mean": 0.3, "null_std": 0.01, "z": z,
+                                       "z_lo": z - 0.5, "z_hi": z + 0.5, "unit_key": f"pga-{model}-{revision}-{layer}-r{r}"})
+                out["spectral"].append({**where, "k": 8, "k_per_d": 0.0, "rankme": float(20 + index + rng.random()),
+                                        "alpha_req": float(1 + rng.random()), "isotropy": float(rng.random()),
+                                        "condition_number": float(10 + 10 * rng.random()),
+                                        "unit_key": f"spectral-{model}-{revision}-{layer}"})
+                accuracy = float(rng.uniform(0.3, 0.9))
+                out["probe"].append({**where, "seed": 0, "test_fraction": 0.25, "c": 1.0, "accuracy": accuracy,
+                                     "accuracy_lo": accuracy - 0.1, "accuracy_hi": accuracy + 0.1, "chance": 0.3,
+                                     "n_test": 10, "unit_key": f"probe-{model}-{revision}-{layer}"})
+    return out
+
+
+def write_job_store(root: str | Path, **kwargs) -> Path:
+    """A store as a job and a later sweep leave it: PGA and spectral rows as unit files (``k_per_d = 0.0``) and
+    tables, the PGA rows again in the sweep's tidy table (no ``k_per_d`` column), and the probes only as
+    ``results/probe.parquet`` (as ``raygeom probe`` writes them)."""
+    from raygeom.store.tree import Store
+
+    root = Path(root)
+    store = Store(root)
+    rows = job_store_rows(**kwargs)
+    for name in ("pga", "spectral"):
+        for row in rows[name]:
+            store.write_result(name, row["unit_key"], row)
+        atomic_write_table(pa.Table.from_pylist(rows[name]), root / "results" / f"{name}.parquet")
+    sweep = [{k: v for k, v in row.items() if k != "k_per_d"} for row in rows["pga"]]
+    atomic_write_table(pa.Table.from_pylist(sweep), root / "results" / "sweep_pga.parquet")
+    atomic_write_table(pa.Table.from_pylist(rows["probe"]), root / "results" / "probe.parquet")
+    return root

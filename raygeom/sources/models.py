@@ -26,8 +26,10 @@ BUILTIN_MODELS = {
 }
 # Shapes of the built-ins, so `raygeom plan` can count their layers before anything is loaded.
 BUILTIN_SHAPES = {
-    "smollm2-135m-instruct-q4_1": {"hidden_size": 576, "num_hidden_layers": 30},
-    "gemma3-270m-q4_k_m": {"hidden_size": 640, "num_hidden_layers": 18},
+    "smollm2-135m-instruct-q4_1": {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
+                                   "tie_word_embeddings": True},
+    "gemma3-270m-q4_k_m": {"hidden_size": 640, "num_hidden_layers": 18, "vocab_size": 262144, "intermediate_size": 2048,
+                           "tie_word_embeddings": True},
 }
 # The short names users type. smollm2-135m and gemma3-270m were the built-ins' names in stores written before
 # 2026-12-01: they still load the same weights, under the new name (a new store partition and new keys, so rows

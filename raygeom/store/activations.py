@@ -55,7 +55,7 @@ def _all_layers(layer_names: list[str], n_blocks: int | None, previous: list[str
 def write_activations(store, *, model: str, revision: str = "main", layer: str | None = None, vectors=None,
                       texts: list[str] | None = None, labels: list[str] | None = None, readout=None,
                       n_blocks: int | None = None, source: str | None = None, corpus: str | None = None,
-                      settings: dict | None = None) -> dict:
+                      settings: dict | None = None, step: int | None = None) -> dict:
     """Write vectors you captured into the store at ``store`` as an extraction of ``model`` at ``revision``;
     returns its completion marker (a dict).
 
@@ -73,6 +73,9 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
         n_blocks: the model's number of blocks, so standard names get their depth (``relative_depth``).
         source: where the vectors came from (stored in the marker; default: "write_activations").
         corpus, settings: free-form provenance: the corpus name and e.g. ``{"pool": "last", "seq_len": 128}``.
+        step: the training step of these weights, kept in every row (``step`` column); without it, the step a
+            revision named ``step<N>`` spells, else the one an earlier write gave, else none (no step is invented:
+            "main" is a step only for Pythia, whose extractions raygeom makes itself).
 
     Calling it again for the same (model, revision) adds or replaces layers; every layer must have the same N, and
     ``texts`` (when given) must be the same texts. A (model, revision) that raygeom extracted itself in this store is
@@ -84,6 +87,8 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
 
     if not isinstance(model, str) or not model or not isinstance(revision, str) or not revision:
         raise InputError("model and revision must be non-empty strings")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0):
+        raise InputError(f"step must be a training step (an integer >= 0) or None, got {step!r}")
     if isinstance(vectors, dict):
         if layer is not None:
             raise InputError("give either layer= and one array, or vectors= as a dict of layer -> array")
@@ -165,7 +170,9 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     info = {**(previous or {}),
             "key": content_key("activations", BYO_VERSION, model, revision, digests),
             "source": source or (previous or {}).get("source") or SOURCE, "written_by": "raygeom.write_activations",
-            "model": model, "revision": revision, "step": _step(revision), "all_layers": all_layers, "layers": layers,
+            "model": model, "revision": revision, "step": _given_step(step, revision, previous),
+            "step_given": step is not None or bool((previous or {}).get("step_given")),
+            "all_layers": all_layers, "layers": layers,
             "n_samples": n, "d": d, "n_blocks": blocks or None, "nll": False, "fingerprint": content_key(digests),
             "corpus": corpus or (previous or {}).get("corpus") or SOURCE,
             "settings": settings if settings is not None else (previous or {}).get("settings", {}), **readout_info}
@@ -177,7 +184,13 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     return tree.completion(model, revision, info["key"])
 
 
-def _step(revision: str) -> int | None:
-    from raygeom.sources.revisions import step_of
+def _given_step(step: int | None, revision: str, previous: dict | None) -> int | None:
+    """The step the caller gave, or the one a revision named ``step<N>`` spells, or an earlier write's; else None."""
+    import re
 
-    return step_of(revision)
+    if step is not None:
+        return int(step)
+    spelled = re.fullmatch(r"step(\d+)", revision)
+    if spelled:
+        return int(spelled[1])
+    return (previous or {}).get("step") if (previous or {}).get("step_given") else None

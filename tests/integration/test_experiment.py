@@ -158,3 +158,20 @@ def test_the_report_never_joins_two_settings_in_one_line(experiment):
             seen.add(setting)
             checked += 1
     assert checked > 20
+
+
+def test_written_to_a_pipe_progress_is_plain_lines_that_end_at_their_totals(experiment):
+    import re
+
+    _, first, _, _ = experiment
+    assert not re.search(r"━+ +[\d,]+/[\d,]+", first.stdout) and "\x1b[" not in first.stdout  # no bars, no terminal codes
+    last: dict[str, tuple[int, str]] = {}
+    for line in first.stdout.splitlines():
+        if line.startswith("progress "):
+            found = re.fullmatch(r"progress \d+:\d\d:\d\d  (.+): ([\d,]+)/([\d,]+|\?)", line)
+            assert found, line
+            last[found[1]] = (int(found[2].replace(",", "")), found[3].replace(",", ""))
+    assert any(stage.startswith("extract") for stage in last) and any("dispersion units" in stage for stage in last), last
+    for stage, (done, total) in last.items():  # every stage ends at its total: no "56/2"
+        assert total != "?" and done == int(total), (stage, done, total)
+    assert "forward passes: 3 of 3 (model, revision) at these settings" in first.stdout

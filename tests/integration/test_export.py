@@ -43,9 +43,13 @@ def test_every_per_layer_metric_reads_back_from_the_event_files(tmp_path):
     board = tmp_path / "board"
     done = run_cli("export", store, "--tensorboard", board, cwd=work)
     assert done.returncode == 0, done.stderr
-    assert "2 runs" in done.stdout and "tensorboard --logdir" in done.stdout
+    assert "2 runs" in done.stdout and "tensorboard --logdir" in done.stdout and "scalars from pga)" in done.stdout
+    # text_halves=0 leaves the interval over texts NaN: left out, said once, no TensorBoard warning per value
+    assert "NaN or Inf" not in done.stderr and done.stdout.count("NaN or infinite values left out") == 1
     runs = sorted(p.parent for p in board.rglob("events.out.tfevents.*"))
-    assert len(runs) == 2 and all(run.relative_to(board).parts[:2] == ("pga", "org%2Ftiny@step5") for run in runs)
+    # a run is named by the settings that tell it from the others of its model and revision, not by a hash
+    assert sorted(run.relative_to(board).as_posix() for run in runs) == ["pga/org%2Ftiny@step5/k=4,text_halves=4",
+                                                                          "pga/org%2Ftiny@step5/k=6,text_halves=0"]
     seen = 0
     for run in runs:
         events = read_events(run)

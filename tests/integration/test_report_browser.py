@@ -108,7 +108,7 @@ def check_page(path: Path, name: str, expected_sections: set[str]) -> dict:
 
 def test_report_of_a_store_every_command_wrote_renders_in_chromium(browser, every_command_store):
     path = every_command_store / "report.html"  # the last command's report covers everything in the store
-    expected = {"pga", "sweep", "diagnostics", "converge", "dispersion", "knn", "train", "settings"}
+    expected = {"pga", "probe", "diagnostics", "converge", "dispersion", "knn", "train", "settings"}
     probe = check_page(path, "every-command", expected)
     assert probe["figures"] >= 12
 
@@ -124,4 +124,4 @@ def test_report_of_the_full_pythia_grid_is_bounded_and_renders(browser, tmp_path
     size = path.stat().st_size
     print(f"full Pythia grid (32,956 units): {size / 1e6:.1f} MB in {seconds:.0f} s")
     assert size < 30e6
-    check_page(path, "pythia-grid", {"pga", "sweep"})
+    check_page(path, "pythia-grid", {"pga"})  # the sweep heatmaps are in the PGA section

@@ -74,13 +74,19 @@ def test_a_stored_pilot_gives_the_expected_count_per_unit(tmp_path, monkeypatch)
     assert budget.cpu_seconds["expected"] == pytest.approx((expected + 16) * per_scoring)
 
 
-def test_plan_prints_the_auto_budget(tmp_path, monkeypatch):
+def test_plan_prints_the_auto_budget_where_n_null_is_auto(tmp_path, monkeypatch):
     from raygeom.cli.root import app
 
     monkeypatch.setattr(sweep, "cached_config", lambda spec: None)  # layers from the sizes table, not a test cache
-    result = CliRunner().invoke(app, ["plan", str(small_job(tmp_path))], env={"COLUMNS": "250"})
+    fixed = CliRunner().invoke(app, ["plan", str(small_job(tmp_path))], env={"COLUMNS": "250"})
+    assert fixed.exit_code == 0, fixed.output
+    assert "--n-null auto" not in fixed.output and "n_null=100" in " ".join(fixed.output.split())  # the job fixes 100
+    job = small_job(tmp_path)
+    job.write_text(job.read_text().replace("n_null = 100", 'n_null = "auto"'))
+    result = CliRunner().invoke(app, ["plan", str(job)], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
+    assert "n_null=auto" in text
     assert ("--n-null auto (stop at max(0.25, 0.05 x |z|), on while 0 or ±2 is inside, up to 500, cap 1,000) for the 16 "
             "units to compute") in text
     assert "1,600 to 14,400 nulls (100 to 900 per unit for Gaussian nulls)" in text

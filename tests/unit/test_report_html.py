@@ -26,6 +26,11 @@ def figures_of(root):
     return {s.anchor: s for s in report.build_sections(root)}
 
 
+def heatmaps(section):
+    """The (revision x layer) heatmaps of a section (after its depth profiles)."""
+    return [fig for fig in section.figures if fig.data and fig.data[0].type == "heatmap"]
+
+
 def test_one_file_with_plotly_inlined_once_and_no_outside_links(grid):
     import plotly.offline
 
@@ -48,9 +53,9 @@ def test_one_file_with_plotly_inlined_once_and_no_outside_links(grid):
 def test_heatmap_cells_and_interval_marks_are_the_rows_values(grid):
     root, _ = grid
     rows = pythia_grid_rows(sizes=SIZES, revisions=REVISIONS, seed=3)
-    sweep = figures_of(root)["sweep"]
-    assert len(sweep.figures) == len(SIZES)
-    for size, fig in zip(SIZES, sweep.figures):
+    sweep = heatmaps(figures_of(root)["pga"])
+    assert len(sweep) == len(SIZES)
+    for size, fig in zip(SIZES, sweep):
         heat = fig.data[0]
         expected = [r for r in rows if r["size"] == size]
         assert list(heat.x) == REVISIONS  # ordered by training step
@@ -80,9 +85,9 @@ def test_depth_profiles_have_a_band_per_line_when_intervals_exist(grid):
 def test_without_interval_columns_nothing_pretends_to_be_one(tmp_path):
     root = write_pythia_grid_store(tmp_path, sizes=["14m"], revisions=REVISIONS, intervals=False)
     sections = figures_of(root)
-    assert not [t for fig in sections["pga"].figures for t in fig.data if t.fill == "toself"]
-    assert not [t for fig in sections["sweep"].figures for t in fig.data if t.name == "interval contains 0"]
-    assert "no z_lo/z_hi columns" in sections["pga"].intro
+    assert not [t for fig in sections["pga"].figures for t in fig.data if getattr(t, "fill", None) == "toself"]
+    assert not [t for fig in heatmaps(sections["pga"]) for t in fig.data if t.name == "interval contains 0"]
+    assert "no interval columns" in sections["pga"].intro
     report.write_report(root)
 
 
@@ -110,7 +115,8 @@ def test_two_settings_of_one_model_are_separate_lines(tmp_path):
     both = rows + [{**r, "k": 50, "unit_key": r["unit_key"] + "-k50", "z": r["z"] - 1} for r in rows]
     atomic_write_table(pa.Table.from_pylist(both), tmp_path / "results" / "pga.parquet")
     lines = [t for t in figures_of(tmp_path)["pga"].figures[0].data if t.mode == "lines+markers"]
-    assert sorted(t.name for t in lines) == ["step1000 (k=100)", "step1000 (k=50)"]
+    assert sorted(t.name for t in lines) == ["EleutherAI--pythia-14m, k=100", "EleutherAI--pythia-14m, k=50"]
+    assert len({(t.line.dash, t.marker.symbol) for t in lines}) == 2  # one colour (one model): told apart by dash and marker
 
 
 def test_unit_rows_and_the_job_table_are_merged_per_unit(tmp_path):
@@ -209,11 +215,15 @@ def test_diagnostics_and_probes_draw_the_intervals_their_rows_carry(tmp_path):
                "accuracy_lo": 0.3, "accuracy_hi": 0.7, "chance": 0.2} for i in range(4)]
     atomic_write_table(pa.Table.from_pylist(rows), tmp_path / "results" / "diagnostics_layers.parquet")
     atomic_write_table(pa.Table.from_pylist(probes), tmp_path / "results" / "probe.parquet")
-    panels, restoration, probe = figures_of(tmp_path)["diagnostics"].figures
+    sections = figures_of(tmp_path)
+    panels, restoration = sections["diagnostics"].figures  # the probes are drawn once, in their own section
     bands = [t for t in panels.data if t.fill == "toself"]
     assert len(bands) == 2  # z at CCR-1 (z ± half-width) and probe accuracy (Wilson interval)
     assert list(bands[0].y) == pytest.approx([1.5, 2.5, 3.5, 4.5, 3.5, 2.5, 1.5, 0.5])
     assert len([t for t in restoration.data if t.fill == "toself"]) == 1  # CCR-0 has no half-width: no band
+    ranks = [t for t in restoration.data if t.fill != "toself"]
+    assert len({(t.line.color, t.line.dash, t.marker.symbol) for t in ranks}) == len(ranks) == 2
+    probe, = sections["probe"].figures  # from results/probe.parquet, as `raygeom probe` writes it
     assert list(next(t for t in probe.data if t.fill == "toself").y) == pytest.approx([0.7] * 4 + [0.3] * 4)
 
 
@@ -229,7 +239,7 @@ def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(
     expected = ["embed", "block_00", "block_01.attn_out", "block_01.resid_mid", "block_01.mlp_out", "block_01",
                 "block_02", "block_03", "block_04", "block_05", "final_norm"]
     atomic_write_table(pa.Table.from_pylist(rows + inside), tmp_path / "results" / "sweep_pga.parquet")
-    assert list(figures_of(tmp_path)["sweep"].figures[0].data[0].y) == expected
+    assert list(heatmaps(figures_of(tmp_path)["pga"])[0].data[0].y) == expected
     heatmap = report._step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
     assert list(heatmap.data[0].y) == expected
 

@@ -22,8 +22,11 @@ def test_two_stores_overlay_with_each_store_a_facet(tmp_path):
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = figures_of(out.read_text())
-    names = [trace.get("name") or "" for figure in figures for trace in figure["data"]]
-    assert any("store=run-a" in n for n in names) and any("store=run-b" in n for n in names)
+    names = [trace.get("name") or "" for figure in figures for trace in figure["data"] if trace.get("showlegend") is not False]
+    assert any(n.endswith(", run-a") for n in names) and any(n.endswith(", run-b") for n in names)  # a store by its name
+    assert max(map(len, names)) <= 40
+    for figure in figures:  # the legend stays a column beside the plot (plotly's default place), never over it
+        assert figure["layout"].get("legend", {}).get("x", 1.02) >= 1.0 or figure["layout"]["legend"].get("orientation") == "h"
     for figure in figures:
         lines = [t for t in figure["data"] if "lines" in str(t.get("mode", "")) and t.get("fill") != "toself"]
         seen = set()
@@ -52,3 +55,14 @@ def test_the_public_write_report_overlays_and_lists_every_stores_extractions(tmp
     text = out.read_text()
     for name in ("run-a", "run-b"):
         assert f"<td>{name}</td><td>model-{name}</td>" in text and f"hooks of {name}" in text
+
+
+def test_store_labels_are_short_and_distinct():
+    from raygeom.report.html import STORE_LABEL_MAX, _store_labels
+
+    assert _store_labels([Path("/x/run-a"), Path("/y/run-b")]) == ["run-a", "run-b"]
+    assert _store_labels([Path("/x/store"), Path("/y/store")]) == ["x/store", "y/store"]
+    long = [Path("/x/pythia-sweep-2026-bbc-final"), Path("/x/pythia-sweep-2026-lee-final")]
+    assert _store_labels(long) == ["bbc", "lee"]  # the words both share say nothing in a legend
+    labels = _store_labels([Path("/x/" + "a" * 30 + "1"), Path("/x/" + "a" * 30 + "2")])
+    assert len(set(labels)) == 2 and max(map(len, labels)) <= STORE_LABEL_MAX

@@ -1,0 +1,50 @@
+"""The library path writes what the CLI writes: vectors written from Python carry the step the caller gives (none is
+invented), and store_pga / store_analysis leave the CLI's tables (results/<analysis>.parquet, every row the store
+holds) and plots beside their unit files."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import raygeom
+from raygeom.errors import InputError
+
+
+def write(root, revision="main", **kwargs):
+    rng = np.random.default_rng(0)
+    return raygeom.write_activations(root, model="smollm2-hook", revision=revision, n_blocks=2,
+                                     vectors={"block_00": rng.normal(size=(16, 8)), "block_01": rng.normal(size=(16, 8))},
+                                     readout=rng.normal(size=(30, 8)), labels=["a", "b"] * 8, **kwargs)
+
+
+def test_imported_vectors_carry_the_step_the_caller_gives_else_none(tmp_path):
+    assert write(tmp_path / "main")["step"] is None  # not Pythia's 143000 for "main" of another model
+    rows = raygeom.store_pga(tmp_path / "main", "smollm2-hook", "main", k=3, n_null=10, text_halves=0)
+    assert [r["step"] for r in rows] == [None, None]
+    assert write(tmp_path / "given", step=5000)["step"] == 5000
+    again = raygeom.write_activations(tmp_path / "given", model="smollm2-hook", revision="main", layer="block_01",
+                                      vectors=np.ones((16, 8)) + np.eye(16, 8))
+    assert again["step"] == 5000  # a later write of more layers keeps it
+    spectral = raygeom.store_analysis(tmp_path / "given", "smollm2-hook", "main", "spectral", k=3)
+    assert {r["step"] for r in spectral} == {5000}
+    assert write(tmp_path / "spelled", revision="step300")["step"] == 300  # a revision that names its step
+    for bad in ("10", -1, True, 2.5):
+        with pytest.raises(InputError, match="step must be"):
+            write(tmp_path / "bad", step=bad)
+
+
+def test_store_pga_and_store_analysis_write_the_clis_tables_and_plots(tmp_path):
+    write(tmp_path)
+    first = raygeom.store_pga(tmp_path, "smollm2-hook", "main", k=3, r=1, n_null=10, text_halves=0)
+    second = raygeom.store_pga(tmp_path, "smollm2-hook", "main", k=3, r=0, n_null=10, text_halves=0)
+    table = pq.read_table(tmp_path / "results" / "pga.parquet").to_pylist()
+    assert sorted((r["r"], r["layer"]) for r in table) == [(0, "block_00"), (0, "block_01"), (1, "block_00"), (1, "block_01")]
+    assert {r["unit_key"] for r in table} == {r["unit_key"] for r in first + second}
+    assert (tmp_path / "plots" / "pga_z_vs_depth.png").stat().st_size > 1000
+    probes = raygeom.store_analysis(tmp_path, "smollm2-hook", "main", "probe")
+    assert pq.read_table(tmp_path / "results" / "probe.parquet").num_rows == len(probes) == 2
+    assert (tmp_path / "plots" / "probe_accuracy_vs_depth.png").is_file()
+    # read back, not recomputed: the same rows, the same table
+    back = raygeom.store_pga(tmp_path, "smollm2-hook", "main", k=3, r=0, n_null=10, text_halves=0)
+    assert [(r["unit_key"], r["z"]) for r in back] == [(r["unit_key"], r["z"]) for r in second]
+    assert pq.read_table(tmp_path / "results" / "pga.parquet").num_rows == 4

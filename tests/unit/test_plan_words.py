@@ -1,0 +1,52 @@
+"""`raygeom plan` says what the job says: the PGA grid as given (r = 0, 1, 5), the units of every planned analysis per
+model, GPUs only where the job or the machine has them, and the parameters of a model whose shape is known."""
+
+from typer.testing import CliRunner
+
+from raygeom.analyses import sweep
+
+JOB = """[job]
+name = "words"
+out = "{out}"
+[[models]]
+id = "smollm2"
+[[models]]
+id = "EleutherAI/pythia-14m"
+revisions = ["step1000", "step143000"]
+[corpus]
+name = "bbc"
+n_samples = 40
+[analyses.pga]
+k = 8
+r = [0, 1, 5]
+n_null = 20
+[analyses.spectral]
+k = 8
+"""
+
+
+def plan(tmp_path, monkeypatch, extra: str = "") -> str:
+    from raygeom.cli.root import app
+
+    cached = sweep._cached_config  # pythia's layers from Pythia's table, not whatever hub cache this machine has
+    monkeypatch.setattr(sweep, "_cached_config", lambda spec: None if "pythia" in spec.source else cached(spec))
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no GPU on this machine
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(out=tmp_path / "store") + extra)
+    result = CliRunner().invoke(app, ["plan", str(job)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+def test_plan_names_the_grid_as_given_and_counts_every_analysis(tmp_path, monkeypatch):
+    text = plan(tmp_path, monkeypatch)
+    assert "k=8, r = 0, 1, 5, n_null=20, seed=0" in text and "CCR-1" not in text
+    assert "--n-null auto" not in text and "GPUs" not in text  # n_null is fixed; no [sweep], no GPU here
+    # smollm2's shape is known without loading it: 30 blocks of d = 576, vocab 49,152, tied
+    assert "smollm2-135m-instruct-q4_1 | 121.2M | 32 (config) | main | 128 | 0" in text.replace("│", "|")
+    # pythia-14m (8 layers from Pythia's table) x 2 revisions x (3 PGA ranks + spectral)
+    assert "EleutherAI/pythia-14m | 1" in text.replace("│", "|") and "| 64 | 0" in text.replace("│", "|")
+
+
+def test_a_sweep_job_shows_gpus_per_replica(tmp_path, monkeypatch):
+    assert "GPUs/replica (80 GiB)" in plan(tmp_path, monkeypatch, "[sweep]\ngpu_memory_gib = 80\n")
