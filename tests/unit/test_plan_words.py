@@ -3,7 +3,7 @@ model, GPUs only where the job or the machine has them, and the parameters of a 
 
 from typer.testing import CliRunner
 
-from raygeom.analyses import sweep
+from raygeom.jobs import plan as sweep
 
 JOB = """[job]
 name = "words"
@@ -28,8 +28,8 @@ k = 8
 def plan(tmp_path, monkeypatch, extra: str = "") -> str:
     from raygeom.cli.root import app
 
-    cached = sweep._cached_config  # pythia's layers from Pythia's table, not whatever hub cache this machine has
-    monkeypatch.setattr(sweep, "_cached_config", lambda spec: None if "pythia" in spec.source else cached(spec))
+    cached = sweep.cached_config  # pythia's layers from Pythia's table, not whatever hub cache this machine has
+    monkeypatch.setattr(sweep, "cached_config", lambda spec: None if "pythia" in spec.source else cached(spec))
     monkeypatch.setattr("shutil.which", lambda name: None)  # no GPU on this machine
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(out=tmp_path / "store") + extra)
