@@ -120,6 +120,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     console.print(f"grid: {len(plan.by_model())} models x {len(plan.revisions)} (model, revision) pairs -> "
                   f"{total:,} units; {done:,} done, {total - done:,} to compute")
     print_per_analysis(plan)
+    _show_weights(plan, settings)
     cost = sweep.estimate(plan)
     _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
     if cost.measured_extractions == 0 and cost.measured_units == 0:
@@ -139,6 +140,19 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     console.print(f"estimate for what is missing: extraction {sweep.format_seconds(cost.remaining_extract_seconds)} "
                   f"of {cost.device} time, PGA {sweep.format_seconds(cost.remaining_pga_seconds)} of CPU time "
                   "(scaled from the measured units; see docs/sweeps.md)")
+
+
+def _show_weights(plan, settings) -> None:
+    """What the revisions still to extract download, and the [sweep] weights budget the downloads stay within."""
+    from raygeom.sources import download
+
+    volume, unknown = download.weights_volume([r.spec for r in plan.revisions if not r.extracted and not r.complete])
+    budget = (f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)" if settings.weights_budget_gib else
+              f"{download.default_budget_bytes() / 2**30:,.1f} GiB (4/5 of the free disk under {download.cache_root()})")
+    console.print(f"download: {volume / 2**40:,.2f} TiB of weights ({volume / 2**30:,.1f} GiB, fp16 from the Pythia table)"
+                  + (f" and {unknown} revisions of unknown size" if unknown else "") + f"; budget {budget}, "
+                  + ("every revision kept (keep_weights)" if settings.keep_weights
+                     else "each revision deleted once its extraction is stored"), highlight=False, markup=False)
 
 
 def _show_auto_budget(budget) -> None:
@@ -187,6 +201,7 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     if partial:
         console.print("partial extractions (running, or interrupted and to be redone): "
                       + ", ".join(f"{m}@{r}" for m, r in partial), highlight=False)
+    _show_failed_and_cache(plan)
     for model, revision, flag in report.flagged:
         note = report.notes.get((model, revision))
         console.print(f"[yellow]weights flag[/] {model}@{revision}: {flag}" + (f"  ({note})" if note else ""), highlight=False)
@@ -196,6 +211,20 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     notes = sorted({note for note in report.notes.values()})
     for note in notes:
         console.print(f"known hub issue in this grid: {note}", highlight=False)
+
+
+def _show_failed_and_cache(plan) -> None:
+    """Revisions the last run could not fetch or extract (a rerun tries them again), and the HF cache's size."""
+    from raygeom.sources import download
+    from raygeom.store import failures
+
+    pending = {(r.spec.slug, r.spec.revision) for r in plan.revisions if not r.extracted}
+    for entry in failures.read(plan.store.root).values():
+        if (entry.get("model"), entry.get("revision")) in pending:
+            console.print(f"[red]failed[/] {escape(entry['model'])}@{escape(entry['revision'])}: {escape(entry['reason'])} "
+                          "(a rerun tries it again)", highlight=False, soft_wrap=True)
+    console.print(f"HF cache: {download.cache_bytes() / 2**30:,.3f} GiB in use ({download.cache_root()})",
+                  highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -35,7 +35,7 @@ from raygeom.errors import RaygeomError
 # What a replica loads (the weights in safetensors, configs, tokenizer files).
 ALLOW_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model")
 # The client writes a transfer in chunks of this size; a cut transfer resumes from the last whole one.
-RESUME_CHUNK = 256 * 1024
+RESUME_CHUNK = 64 * 1024
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 1.0
 
@@ -265,6 +265,13 @@ def cached_revisions() -> set[tuple[str, str]]:
     return out
 
 
+def cached_commits() -> set[tuple[str, str]]:
+    """(repo, commit) of every model snapshot in the cache now."""
+    root = cache_root()
+    return {(folder.parent.parent.name[len("models--"):].replace("--", "/"), folder.name)
+            for folder in root.glob("models--*/snapshots/*")} if root.is_dir() else set()
+
+
 def cache_bytes() -> int:
     """Bytes the HF cache holds: every file's size, partial downloads included (links not followed)."""
     root = cache_root()
@@ -304,6 +311,23 @@ def default_budget_bytes() -> int:
     while not place.exists() and place != place.parent:
         place = place.parent
     return int(0.8 * shutil.disk_usage(place).free)
+
+
+def weights_volume(specs) -> tuple[int, int]:
+    """(bytes to download, revisions whose size is not known) for hub revisions not in the cache: a Pythia revision's
+    weights in fp16 from the Pythia table (raygeom.sources.revisions); other models are counted as unknown."""
+    from raygeom.sources.revisions import size_of
+
+    total = unknown = 0
+    for spec in specs:
+        if spec.kind != "hub" or local_snapshot(spec.source, spec.revision) is not None:
+            continue
+        size = size_of(spec.source)
+        if size is None:
+            unknown += 1
+        else:
+            total += size.weight_bytes(2)
+    return total, unknown
 
 
 def hub_revisions(repo: str, timeout_s: float = 10.0) -> list[str] | None:
