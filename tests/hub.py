@@ -11,7 +11,7 @@ run against the real hub:
   ``X-Linked-Etag`` (sha256) and ``X-Linked-Size``, ``Content-Length``, and ``Range`` requests (206).
 
 Faults on demand (``hub.fault(...)``): status 500 for a file n times, the connection cut after x bytes, a stall, 404 for
-a revision, corrupted bytes of the right size; ``hub.bandwidth`` limits every body to that many bytes per second.
+a revision, corrupted bytes of the right size; ``hub.bandwidth`` limits the link all bodies share to that many bytes per second.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ class LoopbackHub:
     def __init__(self):
         self.repos: dict[str, Repo] = {}
         self.faults: list[Fault] = []
-        self.bandwidth: float | None = None  # bytes per second of every body; None: unlimited
+        self.bandwidth: float | None = None  # bytes per second of the link all bodies share; None: unlimited
+        self.link_free = 0.0  # monotonic time at which the link has sent everything queued so far
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -238,7 +239,6 @@ def _handler(hub: LoopbackHub):
 
         def _send(self, body: bytes, cut_after: int | None, stall: Fault | None) -> None:
             sent, block = 0, 16384
-            began = time.monotonic()
             try:
                 while sent < len(body):
                     if cut_after is not None and sent >= cut_after:
@@ -251,12 +251,13 @@ def _handler(hub: LoopbackHub):
                     end = min(len(body), sent + block)
                     if cut_after is not None:
                         end = min(end, max(cut_after, sent + 1))
+                    if hub.bandwidth:  # this block's turn on the shared link
+                        with hub.lock:
+                            hub.link_free = max(hub.link_free, time.monotonic()) + (end - sent) / hub.bandwidth
+                            until = hub.link_free
+                        time.sleep(max(0.0, until - time.monotonic()))
                     self.wfile.write(body[sent:end])
                     sent = end
-                    if hub.bandwidth:
-                        ahead = sent / hub.bandwidth - (time.monotonic() - began)
-                        if ahead > 0:
-                            time.sleep(ahead)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
 

@@ -27,7 +27,9 @@ def _load(job_file: Path, out: Optional[Path]):
     from raygeom.jobspec import load_job
     from raygeom.store.tree import Store
 
-    job = load_job(job_file).with_overrides(out=str(out) if out else None)
+    from raygeom.jobs.pipeline import hub_revision_lists
+
+    job = hub_revision_lists(load_job(job_file).with_overrides(out=str(out) if out else None), console)
     store = Store(job.out)
     return job, sweep.build_plan(job, store)
 
@@ -219,10 +221,12 @@ def _show_failed_and_cache(plan) -> None:
     from raygeom.store import failures
 
     pending = {(r.spec.slug, r.spec.revision) for r in plan.revisions if not r.extracted}
+    names = {(r.spec.slug, r.spec.revision): f"{r.spec.name}@{r.spec.revision}" for r in plan.revisions}
     for entry in failures.read(plan.store.root).values():
-        if (entry.get("model"), entry.get("revision")) in pending:
-            console.print(f"[red]failed[/] {escape(entry['model'])}@{escape(entry['revision'])}: {escape(entry['reason'])} "
-                          "(a rerun tries it again)", highlight=False, soft_wrap=True)
+        where = (entry.get("model"), entry.get("revision"))
+        if where in pending:
+            reason = entry["reason"] if entry["reason"].startswith(names[where]) else f"{names[where]}: {entry['reason']}"
+            console.print(f"[red]failed[/] {escape(reason)} (a rerun tries it again)", highlight=False, soft_wrap=True)
     console.print(f"HF cache: {download.cache_bytes() / 2**30:,.3f} GiB in use ({download.cache_root()})",
                   highlight=False, markup=False)
 
