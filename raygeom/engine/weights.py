@@ -46,6 +46,7 @@ class Weights:
         self.reasons: dict[ModelSpec, str] = {}
         self.sizes: dict[ModelSpec, int] = {}
         self.commits: dict[ModelSpec, str] = {}
+        self.listings: dict[ModelSpec, download.Listing] = {}  # asked once: a revision waiting for room is not asked again
         self.waiting: dict[ray.ObjectRef, tuple[ModelSpec, float]] = {}
         self.held = 0
         self.peak = 0
@@ -74,10 +75,12 @@ class Weights:
             if not self._needs(spec) or spec in self.states:
                 continue
             try:
-                listed = download.listing(spec.source, spec.revision, self.settings.retries, self.settings.backoff_s)
+                listed = self.listings.get(spec) or download.listing(spec.source, spec.revision, self.settings.retries,
+                                                                     self.settings.backoff_s)
             except download.DownloadError as error:
                 self._failed(spec, str(error))
                 continue
+            self.listings[spec] = listed
             if listed.size > self.settings.budget_bytes:
                 self._failed(spec, f"{spec.name}@{spec.revision}: its files take {_gib(listed.size)}, more than the "
                                    f"weights budget of {_gib(self.settings.budget_bytes)} ([sweep] weights_budget_gib)")
