@@ -453,11 +453,11 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
     # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
     # days-long sweep: the rest finishes, then one error names every failed revision.
     hub = Weights([item.request.spec for item, _ in queue], weights or default_weights())
-    started: dict[ExtractionRequest, float] = {}
+    started: dict[int, float] = {}  # id of a request -> when its extraction started
 
     def finished(request: ExtractionRequest, failure: str | None) -> None:
         spec = request.spec
-        stages.setdefault("extract", []).append((started.pop(request, time.monotonic()), time.monotonic()))
+        stages.setdefault("extract", []).append((started.pop(id(request), time.monotonic()), time.monotonic()))
         hub.done_with(spec)
         if failure is None:
             failures.clear(store.root, spec.slug, spec.revision)
@@ -479,7 +479,7 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
                     continue
                 if state != "ready":
                     break
-                started[queue[0][0].request] = time.monotonic()
+                started[id(queue[0][0].request)] = time.monotonic()
                 extractions.start(*queue.pop(0))
             extractions.drop_idle()
             for ref in runner.step(extractions.refs() + hub.refs()):
