@@ -151,7 +151,8 @@ def _show_weights(plan, settings) -> None:
     volume, unknown = download.weights_volume([r.spec for r in plan.revisions if not r.extracted and not r.complete])
     budget = (f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)" if settings.weights_budget_gib else
               f"{download.default_budget_bytes() / 2**30:,.1f} GiB (4/5 of the free disk under {download.cache_root()})")
-    console.print(f"download: {volume / 2**40:,.2f} TiB of weights ({volume / 2**30:,.1f} GiB, fp16 from the Pythia table)"
+    amount = f"{volume / 2**40:,.2f} TiB" if volume >= 2**40 else f"{volume / 2**30:,.2f} GiB"
+    console.print(f"download: {amount} of weights (fp16, from the Pythia table)"
                   + (f" and {unknown} revisions of unknown size" if unknown else "") + f"; budget {budget}, "
                   + ("every revision kept (keep_weights)" if settings.keep_weights
                      else "each revision deleted once its extraction is stored"), highlight=False, markup=False)
