@@ -73,11 +73,12 @@ def job(directory: Path, name: str, corpus: Path, sweep: str) -> Path:
 
 
 def layer_files(store: Path, revision: str) -> dict[str, bytes]:
-    """Every stored activation file of one revision (layers, samples, readout), by path in the store."""
+    """Every stored Parquet file of one revision (layers, samples, readout), by path in the store (the markers and
+    their checksums hold timings)."""
     found = {}
     for path in sorted(store.rglob("*")):
         parts = path.relative_to(store).parts
-        if path.is_file() and f"revision={revision}" in parts and parts[0] in ("activations", "samples", "readout") and path.suffix != ".json":
+        if path.is_file() and f"revision={revision}" in parts and parts[0] in ("activations", "samples", "readout") and path.suffix == ".parquet":
             found[str(path.relative_to(store))] = path.read_bytes()
     return found
 
