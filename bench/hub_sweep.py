@@ -1,7 +1,7 @@
 """`bench_sweep.py --hub`: a sweep of tiny Pythia revisions downloaded through the loopback hub (tests/hub.py) at a set
 bandwidth, with downloads, extraction and PGA overlapping. It measures:
 
-- download alone: every revision fetched (raygeom.sources.download, 2 at once as the sweep does) into an empty cache;
+- download alone: every revision fetched (raygeom.sources.download, one at a time as the sweep does) into an empty cache;
 - compute alone: the same sweep with every revision already in the cache (extraction and PGA, nothing to fetch);
 - the sweep from an empty cache at that bandwidth: its wall time, and each stage's busy time in it (the union of the
   intervals in which some download, extraction or revision's PGA was under way);
@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,11 +105,11 @@ def run(n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> N
         compute = _run_child(env(warm), corpus, work / "store-compute", n_texts, count, budget)
         rate = total / compute["wall"] if bandwidth == "auto" else float(bandwidth)
         hub.bandwidth = rate
-        # download alone, 2 at once as the sweep fetches
+        # download alone, one at a time as the sweep fetches
         os.environ.update({k: v for k, v in env(work / "cold-download").items() if k.startswith("HF_")})
         start = time.monotonic()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda r: download.fetch(REPO, r), _revisions(count)))
+        for revision in _revisions(count):
+            download.fetch(REPO, revision)
         download_alone = time.monotonic() - start
         # the sweep from an empty cache at that bandwidth
         sweep = _run_child(env(work / "cold"), corpus, work / "store-sweep", n_texts, count, budget)

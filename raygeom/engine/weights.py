@@ -28,7 +28,9 @@ class WeightsSettings:
     keep: bool = False
     retries: int = download.DEFAULT_RETRIES
     backoff_s: float = download.DEFAULT_BACKOFF_S
-    downloads_at_once: int = 2
+    # One at a time, in sweep order: the revision extraction waits for next lands soonest when no other download
+    # shares the link (at a link's bandwidth, two at once made the pipeline's fill twice as long in bench_sweep --hub).
+    downloads_at_once: int = 1
 
 
 class Weights:
