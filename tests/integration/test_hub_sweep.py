@@ -69,7 +69,9 @@ def run_cli(hub: LoopbackHub, home: Path, *args, timeout: int = 300) -> subproce
 
 
 def job(directory: Path, name: str, corpus: Path, sweep: str) -> Path:
-    return write_tiny_job(directory / f"{name}.toml", name, directory / name, corpus, sweep=f'sizes = ["14m"]\n{sweep}')
+    # One replica: each run starts one worker that imports torch, and the budget's second revision is fetched ahead of it.
+    return write_tiny_job(directory / f"{name}.toml", name, directory / name, corpus,
+                          sweep=f'sizes = ["14m"]\nmax_in_flight = 1\n{sweep}')
 
 
 def layer_files(store: Path, revision: str) -> dict[str, bytes]:
