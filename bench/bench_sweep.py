@@ -3,6 +3,8 @@
     python bench/bench_sweep.py               # the same sweep with 1 and with 2 Ray workers, 3 runs each: speed-up
     python bench/bench_sweep.py --revisions 8 # 8 revisions per model instead of 4: the replicas' starts weigh less
     python bench/bench_sweep.py --estimate    # measured PGA unit cost at N=2000 -> full-suite estimate
+    python bench/bench_sweep.py --hub         # downloads through the loopback hub overlapping extraction and PGA
+                                              # (bench/hub_sweep.py): each stage alone, the sweep, wall / slowest stage
 
 Each run is a fresh subprocess with its own local Ray (loopback), with worker processes warmed up
 first (imports, one model build), so the time is the sweep itself. Runs alternate between 1 and 2
@@ -306,12 +308,20 @@ def main() -> None:
     parser.add_argument("--revisions", type=int, default=4, help="revisions per model (2 models); a replica's start is paid "
                         "once per replica, so more revisions show how a long sweep scales")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each configuration; the median is reported")
+    parser.add_argument("--hub", action="store_true", help="a sweep downloading its revisions through the loopback hub")
+    parser.add_argument("--bandwidth", default="auto", help="--hub: the link's bytes per second, or auto (download alone "
+                        "takes as long as compute alone)")
     args = parser.parse_args()
     if args.child:
         workers, corpus, out, n, per_model = args.child
         child(int(workers), corpus, out, int(n), int(per_model))
     elif args.estimate:
         estimate()
+    elif args.hub:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import hub_sweep
+
+        hub_sweep.run(args.n_texts, max(args.revisions, 8), args.bandwidth, hidden=128, layers=4)
     else:
         if args.revisions < 1:
             sys.exit("--revisions must be at least 1")

@@ -40,6 +40,11 @@ class SweepSettings(Params):
     collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.")
     positive_z: float = param(2.0, "z above which an earlier layer counts as organised.")
     plots: bool = param(True, "Write the sweep's PNG plots.")
+    weights_budget_gib: float = param(0.0, "HF cache space the sweep's downloads may hold at once (0: four fifths of the "
+                                      "free disk at the start); downloads run ahead within it.", low=0.0)
+    keep_weights: bool = param(False, "Keep every revision the sweep downloads; false deletes each once its extraction "
+                                      "is stored (revisions cached before the sweep always stay).")
+    download_retries: int = param(5, "Tries after the first of a file that fails with a 5xx, a reset or a stall.", low=0)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ def _load(job_file: Path, out: Optional[Path]):
     from raygeom.jobspec import load_job
     from raygeom.store.tree import Store
 
-    job = load_job(job_file).with_overrides(out=str(out) if out else None)
+    from raygeom.jobs.pipeline import hub_revision_lists
+
+    job = hub_revision_lists(load_job(job_file).with_overrides(out=str(out) if out else None), console)
     store = Store(job.out)
     return job, sweep.build_plan(job, store)
 
@@ -152,6 +154,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     console.print(f"grid: {counted(len(plan.by_model()), 'model')} x {counted(len(plan.revisions), '(model, revision) pair')}"
                   f" -> {total:,} units; {done:,} done, {total - done:,} to compute")
     print_per_analysis(plan)
+    _show_weights(plan, settings)
     cost = sweep.estimate(plan)
     if any(item.analysis == "pga" and item.params.n_null_auto for item in job.planned()):
         _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
@@ -172,6 +175,20 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     console.print(f"estimate for what is missing: extraction {sweep.format_seconds(cost.remaining_extract_seconds)} "
                   f"of {cost.device} time, PGA {sweep.format_seconds(cost.remaining_pga_seconds)} of CPU time "
                   "(scaled from the measured units; see docs/sweeps.md)")
+
+
+def _show_weights(plan, settings) -> None:
+    """What the revisions still to extract download, and the [sweep] weights budget the downloads stay within."""
+    from raygeom.sources import download
+
+    volume, unknown = download.weights_volume([r.spec for r in plan.revisions if not r.extracted and not r.complete])
+    budget = (f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)" if settings.weights_budget_gib else
+              f"{download.default_budget_bytes() / 2**30:,.1f} GiB (4/5 of the free disk under {download.cache_root()})")
+    amount = f"{volume / 2**40:,.2f} TiB" if volume >= 2**40 else f"{volume / 2**30:,.2f} GiB"
+    console.print(f"download: {amount} of weights (fp16, from the Pythia table)"
+                  + (f" and {unknown} revisions of unknown size" if unknown else "") + f"; budget {budget}, "
+                  + ("every revision kept (keep_weights)" if settings.keep_weights
+                     else "each revision deleted once its extraction is stored"), highlight=False, markup=False)
 
 
 def _show_auto_budget(budget) -> None:
@@ -221,6 +238,7 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     if partial:
         console.print("partial extractions (running, or interrupted and to be redone): "
                       + ", ".join(f"{m}@{r}" for m, r in partial), highlight=False)
+    _show_failed_and_cache(plan)
     for model, revision, flag in report.flagged:
         note = report.notes.get((model, revision))
         console.print(f"[yellow]weights flag[/] {model}@{revision}: {flag}" + (f"  ({note})" if note else ""), highlight=False)
@@ -230,6 +248,22 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     notes = sorted({note for note in report.notes.values()})
     for note in notes:
         console.print(f"known hub issue in this grid: {note}", highlight=False)
+
+
+def _show_failed_and_cache(plan) -> None:
+    """Revisions the last run could not fetch or extract (a rerun tries them again), and the HF cache's size."""
+    from raygeom.sources import download
+    from raygeom.store import failures
+
+    pending = {(r.spec.slug, r.spec.revision) for r in plan.revisions if not r.extracted}
+    names = {(r.spec.slug, r.spec.revision): f"{r.spec.name}@{r.spec.revision}" for r in plan.revisions}
+    for entry in failures.read(plan.store.root).values():
+        where = (entry.get("model"), entry.get("revision"))
+        if where in pending:
+            reason = entry["reason"] if entry["reason"].startswith(names[where]) else f"{names[where]}: {entry['reason']}"
+            console.print(f"[red]failed[/] {escape(reason)} (a rerun tries it again)", highlight=False, soft_wrap=True)
+    console.print(f"HF cache: {download.cache_bytes() / 2**30:,.3f} GiB in use ({download.cache_root()})",
+                  highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

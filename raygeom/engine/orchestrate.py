@@ -22,6 +22,9 @@ from raygeom.engine.contract import Unit
 from raygeom.errors import RaygeomError
 from raygeom.replica.settings import batches_at_once
 from raygeom.engine.units import UnitRunner, warn_damaged
+from raygeom.engine.weights import Weights, WeightsSettings
+from raygeom.sources import download
+from raygeom.store import failures
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.replica.request import ExtractionRequest
 from raygeom.sources.layers import select_layers
@@ -206,7 +209,6 @@ def cluster_gpus() -> float:
 class SweepItem:
     request: ExtractionRequest
     gpus: float = 0.0  # GPUs per replica: 0 = CPU, 0.5 = two revisions share a GPU, >1 = sharded (device_map)
-    prefetch: str | None = None  # the next revision of the same model, downloaded while this one runs
     cpus: int | None = None  # CPU replica threads; None: a node's CPUs for a lone revision, else 1
 
 
@@ -236,8 +238,10 @@ class Extractions:
     that fails with a RaygeomError (e.g. cannot be loaded) is recorded in ``failed`` and the rest go on."""
 
     def __init__(self, store: Store, progress: Callable[[str, int], None], cpus: int,
-                 replicas: replica_actor.Handover | None = None):
+                 replicas: replica_actor.Handover | None = None,
+                 finished: Callable[[ExtractionRequest, str | None], None] | None = None):
         self.store, self.progress, self.cpus = store, progress, cpus
+        self.finished = finished or (lambda request, failure: None)  # (request, None when it landed, else the reason)
         self.waiting: dict[ray.ObjectRef, tuple[str, int, int]] = {}  # ref -> (kind, number, texts)
         self.actors: dict[int, object] = {}
         # A replica whose revision landed is handed to the next queued one (``start``); ``drop_idle`` stops the rest.
@@ -261,8 +265,6 @@ class Extractions:
         actor = self.replicas.create(spec, item.gpus, item.cpus or self.cpus)
         self.actors[number] = actor
         self.waiting[actor.describe.remote(spec=spec)] = ("describe", number, 0)
-        if item.prefetch:
-            actor.prefetch.remote(item.prefetch)
 
     def drop_idle(self) -> None:
         """Stop the replicas no queued revision took: they hold CPUs or GPUs that analysis tasks may need."""
@@ -281,6 +283,7 @@ class Extractions:
         self.failed.append(message)
         self.progress("extract", 1)
         self._stop(number)
+        self.finished(self.items[number][0].request, message)
 
     def _submit(self, number: int, described: dict) -> None:
         item, need = self.items[number]
@@ -331,6 +334,7 @@ class Extractions:
             self.progress("texts", count)
         self.progress("extract", 1)
         self._stop(number, hand_on=True)
+        self.finished(self.items[number][0].request, None)
         return self.items[number][0], value
 
     def close(self) -> None:
@@ -366,9 +370,15 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
         extractions.close()
 
 
+def default_weights() -> WeightsSettings:
+    """Four fifths of the free disk under the HF cache; nothing kept."""
+    return WeightsSettings(download.default_budget_bytes())
+
+
 def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepItem, dict], list[Unit]],
               progress: Callable[[str, int], None] | None = None, max_in_flight: int | None = None, pga_threads: int = 4,
-              keep_activations: bool = True) -> list[dict]:
+              keep_activations: bool = True, weights: WeightsSettings | None = None,
+              stages: dict[str, list[tuple[float, float]]] | None = None) -> list[dict]:
     """Extract every item not already complete and run the units ``units_for(item, info)`` gives each
     landed extraction (``info``: its completion marker), e.g. PGA on every layer.
 
@@ -379,6 +389,11 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
     revision's engine progress total, when it lands), ``pga_more`` (steps a unit added: --n-null auto) or ``pga``;
     callers ignore the rest. An extraction of other
     settings of the same (model, revision) is left as it is: each has its own place in the store.
+
+    Hub revisions are downloaded ahead by ``engine.weights`` within ``weights.budget_bytes`` (online only; default: the
+    budget of :func:`default_weights`), each deleted again once its extraction is stored unless ``weights.keep``. A
+    revision that cannot be fetched or extracted is recorded with its reason (``store.failures``) and the others go
+    on. ``stages``, when given, gets the (start, end) monotonic times of every download, extraction and analysed revision.
     """
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
@@ -387,10 +402,14 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
                         grow=lambda n: progress("pga_more", n))
     extraction_units: dict[tuple[str, str, str], list[str]] = {}
 
+    stages = {} if stages is None else stages
+    analysed: dict[tuple[str, str, str], float] = {}
+
     def analyse(item: SweepItem, info: dict, units: list[Unit] | None = None) -> None:
         spec = item.request.spec
         units = units_for(item, info) if units is None else units
         extraction_units[(spec.slug, spec.revision, info["key"])] = [unit.key for unit in units]
+        analysed[(spec.slug, spec.revision, info["key"])] = time.monotonic()
         progress("pga_units", sum(unit.cost for unit in units))
         runner.add(units)
 
@@ -398,6 +417,7 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
         for (slug, revision, key), keys in list(extraction_units.items()):
             if all(unit in runner.rows for unit in keys):
                 del extraction_units[(slug, revision, key)]
+                stages.setdefault("pga", []).append((analysed.pop((slug, revision, key)), time.monotonic()))
                 if not keep_activations:
                     store.drop_activations(slug, revision, key)
 
@@ -432,19 +452,46 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
         max_in_flight = slots  # a replica whose revision lands is handed the next one
     # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
     # days-long sweep: the rest finishes, then one error names every failed revision.
-    extractions = Extractions(store, progress, cpus)
+    hub = Weights([item.request.spec for item, _ in queue], weights or default_weights())
+    started: dict[int, float] = {}  # id of a request -> when its extraction started
+
+    def finished(request: ExtractionRequest, failure: str | None) -> None:
+        spec = request.spec
+        stages.setdefault("extract", []).append((started.pop(id(request), time.monotonic()), time.monotonic()))
+        hub.done_with(spec)
+        if failure is None:
+            failures.clear(store.root, spec.slug, spec.revision)
+        else:
+            failures.record(store.root, spec.slug, spec.revision, failure)
+
+    extractions = Extractions(store, progress, cpus, finished=finished)
     try:
         while queue or extractions.running or runner.busy:
+            hub.pump()
             while queue and extractions.running < max_in_flight:
+                spec = queue[0][0].request.spec
+                state = hub.state(spec)
+                if state == "failed":  # not fetched: the others go on
+                    queue.pop(0)
+                    extractions.failed.append(hub.reason(spec))
+                    failures.record(store.root, spec.slug, spec.revision, hub.reason(spec))
+                    progress("extract", 1)
+                    continue
+                if state != "ready":
+                    break
+                started[id(queue[0][0].request)] = time.monotonic()
                 extractions.start(*queue.pop(0))
             extractions.drop_idle()
-            for ref in runner.step(extractions.refs()):
+            for ref in runner.step(extractions.refs() + hub.refs()):
+                if hub.handle(ref):
+                    continue
                 landed = extractions.handle(ref)
                 if landed:
                     analyse(*landed)
             drop_finished()
     finally:
         extractions.close()
+    stages["download"] = stages.get("download", []) + hub.intervals
     drop_finished()
     rows = [row for unit_rows in runner.rows.values() for row in unit_rows]
     failed = extractions.failed

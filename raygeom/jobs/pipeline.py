@@ -159,6 +159,43 @@ def replica_gpus(spec: ModelSpec, job: JobSpec, cluster_gpus: float, params: int
     return gpus_per_model(params, settings.gpu_memory_gib, min(settings.gpus_per_node, int(cluster_gpus)))
 
 
+def weights_settings(job: JobSpec):
+    """The sweep's weights budget: [sweep] weights_budget_gib (0: four fifths of the free disk), keep_weights (also
+    kept when a planned analysis extracts on its own after the sweep: it loads the weights again)."""
+    from raygeom.engine.weights import WeightsSettings
+    from raygeom.sources import download
+
+    settings = job.sweep
+    budget = int(settings.weights_budget_gib * 2**30) if settings.weights_budget_gib else download.default_budget_bytes()
+    own = any(item.spec.extraction != "pooled" for item in job.planned())
+    return WeightsSettings(budget, keep=settings.keep_weights or own, retries=settings.download_retries)
+
+
+def hub_revision_lists(job: JobSpec, console: Console) -> JobSpec:
+    """``revisions = "all"`` names the 154 Pythia checkpoints of raygeom.sources.revisions; when the hub answers, each
+    model's own list (its stepN branches) is used instead, and a difference is one warning line."""
+    from dataclasses import replace
+
+    from raygeom.sources import download
+    from raygeom.sources.revisions import PYTHIA_REVISIONS
+
+    if not download.online() or not job.sweep:
+        return job
+    entries = []
+    for entry in job.models:
+        listed = download.hub_revisions(entry.source) if tuple(entry.revisions) == PYTHIA_REVISIONS else None
+        if listed and tuple(listed) != PYTHIA_REVISIONS:
+            missing = [r for r in PYTHIA_REVISIONS if r not in listed]
+            extra = [r for r in listed if r not in PYTHIA_REVISIONS]
+            console.print(f"[yellow]warning[/] {escape(entry.source)}: the hub lists {len(listed)} revisions, "
+                          f"raygeom/sources/revisions.py {len(PYTHIA_REVISIONS)} ({len(missing)} not on the hub"
+                          + (f", e.g. {missing[0]}" if missing else "") + f"; {len(extra)} only on the hub"
+                          + (f", e.g. {extra[0]}" if extra else "") + "); using the hub's", highlight=False, soft_wrap=True)
+            entry = replace(entry, revisions=tuple(listed))
+        entries.append(entry)
+    return replace(job, models=tuple(entries))
+
+
 def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None,
                   write_html: bool = True) -> SweepOutputs:
     """Every (model, revision) of the job: extraction on GPU (or CPU) tasks, PGA per layer, then the tidy
@@ -168,6 +205,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     from raygeom.jobs.tidy import write_outputs
     from raygeom.store.manifest import write_manifest
 
+    job = hub_revision_lists(job, console)
     check_layers(job, job_models(job))
     store = Store(job.out)
     check_writable(store.root)
@@ -184,10 +222,9 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
     items = []
     by_model = plan.by_model()
     for revisions in by_model.values() if experiment.needs_pooled(job) else ():
-        for i, revision in enumerate(revisions):
-            following = revisions[i + 1].spec.revision if i + 1 < len(revisions) else None
+        for revision in revisions:
             request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
-            items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params), following))
+            items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params)))
     total, done = plan.all_units()
     console.print(f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, "
                   f"{total:,} units, "
@@ -216,7 +253,7 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         settings = job.sweep
         every_row = orchestrate.run_sweep(store, items, units, progress=advance,
                                           max_in_flight=settings.max_in_flight or None, pga_threads=settings.pga_threads,
-                                          keep_activations=settings.keep_activations)
+                                          keep_activations=settings.keep_activations, weights=weights_settings(job))
     experiment.write_outputs(store, job, units, every_row, console, own=experiment.run_own_extractions(store, job, console))
     for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
         if row.get("note"):

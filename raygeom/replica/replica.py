@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.replica import tokenize
 from raygeom.replica.settings import ExtractionSettings
+from raygeom.sources import download
 from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded, not by a driver that only names replicas
@@ -58,15 +58,6 @@ def tensor_digests(model, samples_per_tensor: int = 1024) -> dict[str, str]:
     return digests
 
 
-def _download(spec: ModelSpec, revision: str) -> None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        snapshot_download(spec.source, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
-    except Exception:  # noqa: BLE001 - a failed prefetch only means the next replica downloads itself
-        pass
-
-
 def serving(method):
     """A method that takes ``spec=``: the model the call is for. A replica handed on to the next (model, revision)
     loads it at its first call, and a call retried on an actor that Ray restarted (with its first spec) names
@@ -74,7 +65,6 @@ def serving(method):
 
     def call(self, *args, spec: ModelSpec | None = None, **kwargs):
         if spec is not None and spec != self.spec:
-            self.join_prefetch()
             self._load(spec)
         return method(self, *args, **kwargs)
 
@@ -99,7 +89,6 @@ class Replica:
             torch.set_num_threads(max(1, int(threads)))
         self.device, self.device_map = device, device_map
         self.threads = torch.get_num_threads()
-        self._fetcher: threading.Thread | None = None
         self._load(spec)
 
     def _load(self, spec: ModelSpec) -> None:
@@ -118,7 +107,9 @@ class Replica:
         self.error: RaygeomError | None = None
         start = time.perf_counter()
         try:
-            self.model, self.tokenizer = load_model(spec, device=self.device, device_map=self.device_map)
+            # Online, a hub revision loads from its whole, checked snapshot (a sweep's driver fetched it ahead; else here).
+            snapshot = download.fetch(spec.source, spec.revision).path if spec.kind == "hub" and download.online() else None
+            self.model, self.tokenizer = load_model(spec, device=self.device, device_map=self.device_map, snapshot=snapshot)
             tokenize.prepare(self.tokenizer)
         except RaygeomError as error:
             self.error = error
@@ -246,7 +237,6 @@ class Replica:
         store.mark_complete(slug, revision, info)
         self.held.clear()
         self._release_cache()
-        self.join_prefetch()
         return info
 
     @serving
@@ -327,21 +317,6 @@ class Replica:
         return one_thread_each(self.model, one, parts, self.threads)
 
     # ------------------------------------------------------------------ housekeeping
-    def prefetch(self, revision: str) -> None:
-        """Download another revision of this hub model in the background while this one computes."""
-        import os
-
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-        if self.spec.kind != "hub" or offline or self._fetcher is not None:
-            return
-        self._fetcher = threading.Thread(target=_download, args=(self.spec, revision), daemon=True)
-        self._fetcher.start()
-
-    def join_prefetch(self) -> None:
-        if self._fetcher is not None:
-            self._fetcher.join()
-            self._fetcher = None
-
     def _release_cache(self) -> None:
         import torch
 

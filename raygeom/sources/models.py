@@ -344,8 +344,11 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
-def _locations(spec: ModelSpec) -> tuple[str, str | None, str]:
-    """(model directory or hub id, hub revision or None, tokenizer directory) of a spec."""
+def _locations(spec: ModelSpec, snapshot: Path | None = None) -> tuple[str, str | None, str]:
+    """(model directory or hub id, hub revision or None, tokenizer directory) of a spec; ``snapshot``: a hub revision's
+    local snapshot (raygeom.sources.download), loaded from there."""
+    if snapshot is not None:
+        return str(snapshot), None, str(snapshot)
     if spec.kind in ("builtin", "gguf"):
         gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
         try:
@@ -372,25 +375,26 @@ def _cannot_load(spec: ModelSpec, error: Exception, what: str = "model") -> Rayg
     return RaygeomError(f"cannot load {what} {where}: {reason}")
 
 
-def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of"):
+def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of", snapshot: Path | None = None):
     """The model's tokenizer alone (no weights), from the same place :func:`load_model` takes it."""
     from transformers import AutoTokenizer
 
-    _, revision, tokenizer_directory = _locations(spec)
+    _, revision, tokenizer_directory = _locations(spec, snapshot)
     try:
         return AutoTokenizer.from_pretrained(tokenizer_directory, revision=revision)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise _cannot_load(spec, error, what) from None
 
 
-def load_model(spec: ModelSpec, device: str = "cpu", dtype: "torch.dtype | None" = None, device_map: str | None = None):
-    """Return ``(model, tokenizer)`` in eval mode (float32 unless ``dtype``)."""
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: "torch.dtype | None" = None, device_map: str | None = None,
+               snapshot: Path | None = None):
+    """Return ``(model, tokenizer)`` in eval mode (float32 unless ``dtype``); ``snapshot``: see :func:`_locations`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if dtype is None else dtype
-    directory, revision, _ = _locations(spec)
-    tokenizer = load_tokenizer(spec, what="model")
+    directory, revision, _ = _locations(spec, snapshot)
+    tokenizer = load_tokenizer(spec, what="model", snapshot=snapshot)
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, revision=revision, dtype=dtype, device_map=device_map)
     except (OSError, ValueError, KeyError, TypeError) as error:
