@@ -37,7 +37,7 @@ from raygeom.numerics.dispersion import (
     slice_agreement_interval,
 )
 from raygeom.numerics.distributions import pearson, spearman
-from raygeom.numerics.uncertainty import bootstrap_ci, mean_t_interval, spearman_with_ci
+from raygeom.numerics.uncertainty import bootstrap_ci, bounded_mean_interval, spearman_with_ci
 from raygeom.report.figures import drawn_once, format_interval, pyplot, save_figure
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources import layers as layer_position
@@ -46,7 +46,7 @@ from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
 DISPERSION_VERSION = 3  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one; 3: attn_last's depth inside the last block
-ANALYSIS_VERSION = 3  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions
+ANALYSIS_VERSION = 4  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions; 4: the token-level interval inside [0, 2]
 TABLES = ("layers", "slices", "groups", "domains")
 
 
@@ -359,10 +359,12 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
 
 
 def _dispersion_intervals(chunk_dispersion: np.ndarray, pooled: np.ndarray) -> dict:
-    """95 % intervals of the layer's two dispersions: the token-level mean over chunks (Student t over the chunks)
+    """95 % intervals of the layer's two dispersions: the token-level mean over chunks (Student t over the chunks, on
+    the logit scale of D / 2)
     and the sample level of the pooled chunk vectors (delete-one jackknife over the chunks)."""
     nan = float("nan")
-    token = mean_t_interval(chunk_dispersion) if chunk_dispersion.size else {"lo": nan, "hi": nan}
+    # a mean cosine distance lies in [0, 2]: the t interval on its logit scale stays inside
+    token = bounded_mean_interval(chunk_dispersion, bounds=(0.0, 2.0)) if chunk_dispersion.size else {"lo": nan, "hi": nan}
     try:
         sample = sample_dispersion_interval(pooled)
     except InputError:

@@ -19,7 +19,7 @@ result is reproducible bit for bit.
   and an estimate with a standard error.
 - :func:`permutation_spearman_p`: the exact permutation p-value of a rank correlation, what a
   correlation over fewer than ``RANK_INTERVAL_MIN_N`` points (or at |rho| = 1) reports instead of an interval.
-- :func:`seed_mean_interval`: the mean over training seeds of a quantity with bounds (a share, an accuracy,
+- :func:`bounded_mean_interval`: the mean over training seeds of a quantity with bounds (a share, an accuracy,
   a correlation) with an interval that stays inside them and never has zero width where each seed has an interval.
 - :func:`bounds_of`: the range a reported quantity can take, read from its column name.
 """
@@ -347,6 +347,23 @@ def normal_interval(value: float, se: float, level: float = LEVEL) -> tuple[floa
     return value - half, value + half
 
 
+def bounded_normal_interval(value: float, se: float, low: float, high: float,
+                            level: float = LEVEL) -> tuple[float, float]:
+    """A normal interval for an estimate that lives in ``[low, high]`` (a share, a mean cosine distance): ``value -+
+    q se`` taken on the logit scale of ``(value - low) / (high - low)`` with the delta-method standard error
+    ``se / ((value - low)(high - value) / (high - low))``, mapped back, so it stays strictly inside the bounds and
+    is asymmetric near them. NaN bounds (no interval) where the value sits on a bound or ``se`` is 0 or not finite:
+    a zero-width interval would claim a certainty the estimate does not have."""
+    span = high - low
+    if not (np.isfinite(value) and np.isfinite(se)) or se <= 0 or not low < value < high:
+        return float("nan"), float("nan")
+    unit = (value - low) / span
+    centre = np.log(unit / (1.0 - unit))
+    half = _quantile(level) * se / (span * unit * (1.0 - unit))
+    lo, hi = (low + span / (1.0 + np.exp(-(centre + sign * half))) for sign in (-1.0, 1.0))
+    return float(lo), float(hi)
+
+
 def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """Wilson score interval (low, high) of a proportion (Wilson 1927), e.g. probe accuracy on ``n``
     test texts.
@@ -505,9 +522,9 @@ def bounds_of(column: str) -> tuple[float, float] | None:
     return None
 
 
-def seed_mean_interval(values, within: Sequence[tuple[float, float]] = (), bounds: tuple[float, float] | None = None,
-                       level: float = LEVEL) -> dict[str, float]:
-    """The mean over training seeds with an interval that respects the quantity's ``bounds``.
+def bounded_mean_interval(values, within: Sequence[tuple[float, float]] = (), bounds: tuple[float, float] | None = None,
+                          level: float = LEVEL) -> dict[str, float]:
+    """The mean of replicates (training seeds, chunks) with an interval that respects the quantity's ``bounds``.
 
     The seed-to-seed Student-t interval (:func:`mean_t_interval`), taken on the logit scale of ``bounds`` when the
     quantity has them (so a share of two seeds, 0.2 and 0.6, is not [-0.9, +1.7]); then widened to hold the mean of
