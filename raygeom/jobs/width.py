@@ -476,6 +476,8 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
 
     data_dir.mkdir(parents=True, exist_ok=True)
     rows = job_rows(job, store)
+    if rows.get("pga"):  # the HTML report's width facet reads it; every row keeps the settings that made it
+        atomic_write_table(pa.Table.from_pylist(rows["pga"]), store.root / "results" / "width_pga.parquet")
     for name, columns in TABLES.items():
         kept = [{c: r.get(c) for c in columns} for r in rows.get(name, [])]
         if kept:
