@@ -129,3 +129,53 @@ def test_the_width_page_says_what_its_planted_rows_show(tmp_path):
         if "| 0.250 |" in line and "[" in line:
             assert "-0." not in line and "+1.0" not in line.replace("+1.000", ""), line
     assert not math.isnan(0.0)
+
+
+def _planted_trajectory_rows(tmp_path: Path) -> Path:
+    """One run, checkpoints 0, 1, 2, 4, ..., 64, 100, 150, ..., 400: the middle block reaches half its peak at step 150,
+    the checkpoint before is 100 (25%): still below half at the quarter, so 'set early' is decided (contradicted)."""
+    data = tmp_path / "trajectory"
+    data.mkdir()
+    steps = [0, 1, 2, 4, 8, 16, 32, 64, 100, 150, 200, 250, 300, 350, 400]
+    layers = ["embed", "block_00", "block_01", "block_02", "block_03", "final_norm"]
+    z, pga, checkpoints, dispersion = [], [], [], []
+    for step in steps:
+        for index, layer in enumerate(layers):
+            value = 10.0 * min(1.0, (step - 50) / 150) if step >= 100 else 0.5
+            row = {"model": "m", "revision": f"step{step}", "step": step, "layer": layer, "layer_index": index,
+                   "relative_depth": index / 5, "k": 8, "r": 1, "n_null": 50, "z": value, "z_lo": value - 0.3,
+                   "z_hi": value + 0.3, "weights_flag": None}
+            z.append(row)
+            pga += [{**row, "run": "run", "width": 32, "depth": 4, "run_seed": 0, "k_per_d": 0.0, "r": r} for r in (0, 1)]
+            dispersion.append({"revision": f"step{step}", "step": step, "layer": layer, "layer_index": index,
+                               "relative_depth": index / 5, "token_dispersion": 0.8, "sample_dispersion": 0.4,
+                               "perplexity": 100.0, "n_chunks": 5, "gap": 0.0})
+        checkpoints.append({"model": "m", "revision": f"step{step}", "step": step, "gap": -0.001 * step,
+                            "select_rank": 1, "heldout_perplexity": 4000.0 / (1 + step), "perplexity_source": "trainer",
+                            "perplexity_rank": len(steps) - steps.index(step), "weights_flag": None})
+    for name, rows in (("z", z), ("pga", pga), ("checkpoints", checkpoints), ("dispersion", dispersion)):
+        pd.DataFrame(rows).to_parquet(data / f"{name}.parquet")
+    meta = {"job": "trajectory", "store": "runs/trajectory", "log_until": 64, "save_every": 50, "n_samples": 40,
+            "train": {"hidden_size": 32, "n_layers": 4, "n_heads": 2, "vocab_size": 300, "seq_len": 32, "heldout_fraction": 0.2,
+                      "steps": 400, "batch_size": 4, "lr": 0.002, "seed": 0, "workers": 1},
+            "pga": {"k": 8, "r": 1, "n_null": 50, "seed": 0}, "sweep": {"collapse_threshold": 0.0, "positive_z": 2.0},
+            "trajectory": {"gap_layer": "final_norm", "domain_tokens": "digits", "chunks_per_domain": 3, "chunk_len": 16,
+                           "late_from": 250, "bootstrap": 200, "seed": 0}, "wall": None, "rerun_note": "planted."}
+    (data / "meta.json").write_text(json.dumps(meta))
+    page = tmp_path / "trajectory.md"
+    page.write_text("")
+    return page
+
+
+def test_the_trajectory_page_decides_set_early_only_where_the_checkpoints_bracket_the_quarter(tmp_path):
+    from raygeom.jobs.trajectory import render_page
+
+    text = render_page(_planted_trajectory_rows(tmp_path))
+    assert "python -m raygeom.jobs.results_pages docs/results/trajectory.md" in text.splitlines()[2]
+    assert "**Organisation is set early** (PGA paper): **contradicted**" in text
+    assert "the checkpoint before is step 100" in text
+    # G falls while perplexity falls: over all 15 checkpoints Spearman(G, -perplexity) = -1, at the bound: no interval
+    assert "contradicted: the sign is the opposite of the paper's" in text and "|rho| = 1: no interval" in text
+    assert "over the late ones (steps >= 250): **contradicted" in text.lower() or "too few points for an interval" in text
+    assert "outside the paper's stated range** (it claims restoration for d >= 768; this run has d = 32)" in text
+    assert "z at step 0 (initialisation)" in text
