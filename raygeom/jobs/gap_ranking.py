@@ -73,7 +73,7 @@ def claim_verdict(s: dict, claim_sign: int = 1, alpha: float = 0.05) -> str:
     p-value where there is no interval."""
     rho = s.get("spearman", float("nan"))
     if not math.isfinite(rho):
-        return f"undecided ({s.get('note') or 'no correlation'}: more checkpoints are needed)"
+        return f"undecided ({s.get('note') or 'no correlation'})"
     if s.get("note"):
         decided = s["p_perm"] < alpha
         reason = f"{s['p_method']} permutation p = {s['p_perm']:.3g}"

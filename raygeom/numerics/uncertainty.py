@@ -56,6 +56,7 @@ _PERM_TAG = 0x9E43  # permutation_spearman_p's Monte-Carlo permutations
 RANK_INTERVAL_MIN_N = 10
 TOO_FEW_POINTS = "too few points for an interval"
 AT_THE_BOUND = "|rho| = 1: no interval (every resample and Fisher's transform sit on the bound)"
+CONSTANT = "one variable is constant: no rank correlation"
 EXACT_PERMUTATIONS_UP_TO = 9  # 9! = 362,880 orderings enumerated; above, seeded Monte-Carlo permutations
 MONTE_CARLO_PERMUTATIONS = 20000
 
@@ -456,7 +457,7 @@ def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "f
     if n < RANK_INTERVAL_MIN_N or not np.isfinite(rho) or abs(rho) >= 1.0 - 1e-12:
         permutation = permutation_spearman_p(x, y, seed=seed)
         return {**base, "lo": float("nan"), "hi": float("nan"),
-                "note": TOO_FEW_POINTS if n < RANK_INTERVAL_MIN_N or not np.isfinite(rho) else AT_THE_BOUND,
+                "note": (CONSTANT if not np.isfinite(rho) else TOO_FEW_POINTS if n < RANK_INTERVAL_MIN_N else AT_THE_BOUND),
                 "p_perm": permutation["p"], "p_method": permutation["method"]}
     none = {"note": "", "p_perm": float("nan"), "p_method": ""}
     if method == "fisher":
@@ -497,7 +498,7 @@ def permutation_spearman_p(x, y, seed: int = 0) -> dict:
         values = np.abs(ry[orders] @ rx) / scale
         return {"p": float(np.mean(values >= observed - tolerance)), "method": "exact", "permutations": len(orders)}
     if observed >= 1 - tolerance and np.unique(x).size == n and np.unique(y).size == n:
-        return {"p": 2.0 / math.factorial(n), "method": "exact (|rho| = 1 without ties)", "permutations": math.factorial(n)}
+        return {"p": 2.0 / math.factorial(n), "method": "exact", "permutations": math.factorial(n)}
     rng = np.random.default_rng([int(seed), _PERM_TAG])
     orders = np.argsort(rng.random((MONTE_CARLO_PERMUTATIONS, n)), axis=1)
     hits = int(np.sum(np.abs(ry[orders] @ rx) / scale >= observed - tolerance))
