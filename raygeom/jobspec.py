@@ -386,7 +386,7 @@ def _same_path(a: str, b: str) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
-TRAIN_KEYS = {"run_dir", "save_every", "log_until", "head_dim"}
+TRAIN_KEYS = {"run_dir", "save_every", "log_until", "head_dim", "skip"}
 # Every run of a [train] grid is trained and evaluated on the same articles, split and tokenizer.
 SHARED_DATA = ("corpus", "seq_len", "vocab_size", "eval_sequences", "heldout_fraction", "max_texts")
 VARIANT_PREFIX = {"hidden_size": "d", "n_layers": "l", "seed": "seed", "lam": "lam"}
@@ -395,7 +395,8 @@ VARIANT_PREFIX = {"hidden_size": "d", "n_layers": "l", "seed": "seed", "lam": "l
 def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
     """[train]: the TrainSettings fields, plus run_dir (where checkpoints go), save_every and log_until. A list value
     (``hidden_size = [64, 128]``, ``seed = [0, 1]``) makes a grid: one run per combination, each in its own
-    ``run_dir/<variant>`` (e.g. ``d64-seed1``); ``head_dim`` sets n_heads = hidden_size / head_dim for each."""
+    ``run_dir/<variant>`` (e.g. ``d64-seed1``); ``head_dim`` sets n_heads = hidden_size / head_dim for each.
+    ``skip = [{hidden_size = 512, n_layers = 12}]`` leaves out every grid point that matches one of its tables."""
     from raygeom.analyses.train import TrainRuns, TrainSettings
 
     _known(section, TRAIN_KEYS | {f.name for f in fields(TrainSettings)}, "train", path)
@@ -412,9 +413,14 @@ def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
     head_dim = section.get("head_dim")
     if head_dim is not None and (not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1):
         raise RaygeomError(f"{path}: [train] head_dim must be a positive integer, got {head_dim!r}")
+    skip = section.get("skip", [])
+    if not isinstance(skip, list) or not all(isinstance(s, dict) and s and set(s) <= set(grid) for s in skip):
+        raise RaygeomError(f"{path}: [train] skip must list tables of grid keys ({', '.join(grid) or 'none'}), got {skip!r}")
     runs = []
     for values in itertools.product(*grid.values()):
         point = dict(zip(grid, values))
+        if any(all(point[k] == v for k, v in s.items()) for s in skip):
+            continue
         variant = "-".join(f"{VARIANT_PREFIX.get(k, k)}{v}" for k, v in point.items())
         fields_ = {k: v for k, v in {**section, **point}.items() if k not in TRAIN_KEYS}
         try:

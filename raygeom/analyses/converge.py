@@ -53,7 +53,7 @@ def _grid():
 
     return convergence_grid
 
-CONVERGE_VERSION = 3  # 2: z's Monte-Carlo interval and p-values; 3: intervals over texts
+CONVERGE_VERSION = 4  # 2: z's Monte-Carlo interval and p-values; 3: intervals over texts; 4: correlations' on Fisher's z
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,8 @@ def run_converge(store: Store, models: list[tuple[str, ...]], params: ConvergePa
 
 
 def _text_intervals(grid: dict, spread: dict) -> dict:
-    """Normal 95% intervals over texts from the half-sample standard errors, for each cell."""
+    """95% intervals over texts from the half-sample standard errors, for each cell: normal for the differences, on
+    Fisher's z scale (delta method) for the two correlations."""
     if not spread:
         return {}
     from raygeom.numerics.uncertainty import LEVEL, _quantile
@@ -244,7 +245,13 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
            "excess": spread["excess_texts_se"], "margin": spread["margin_texts_se"]}
     out = {}
     for name, centre in centres.items():
-        out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = centre - q * ses[name], centre + q * ses[name]
+        if name in ("rho_full", "rho"):  # correlations: Fisher's z, so the interval stays inside [-1, 1]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                half = q * ses[name] / (1.0 - np.square(centre))
+                z = np.arctanh(np.clip(centre, -1 + 1e-12, 1 - 1e-12))
+            out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = np.tanh(z - half), np.tanh(z + half)
+        else:
+            out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = centre - q * ses[name], centre + q * ses[name]
     return out
 
 

@@ -40,7 +40,7 @@ def _numerics():
     return dispersion
 
 DISPERSION_VERSION = 3  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one; 3: attn_last's depth inside the last block
-ANALYSIS_VERSION = 3  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions
+ANALYSIS_VERSION = 4  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions; 4: the token-level interval inside [0, 2]
 TABLES = ("layers", "slices", "groups", "domains")
 
 
@@ -354,12 +354,14 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
 
 
 def _dispersion_intervals(chunk_dispersion: np.ndarray, pooled: np.ndarray) -> dict:
-    """95 % intervals of the layer's two dispersions: the token-level mean over chunks (Student t over the chunks)
+    """95 % intervals of the layer's two dispersions: the token-level mean over chunks (Student t over the chunks, on
+    the logit scale of D / 2)
     and the sample level of the pooled chunk vectors (delete-one jackknife over the chunks)."""
-    from raygeom.numerics.uncertainty import mean_t_interval  # scipy.special: in the units, not at discovery
+    from raygeom.numerics.uncertainty import bounded_mean_interval  # scipy.special: in the units, not at discovery
 
     nan = float("nan")
-    token = mean_t_interval(chunk_dispersion) if chunk_dispersion.size else {"lo": nan, "hi": nan}
+    # a mean cosine distance lies in [0, 2]: the t interval on its logit scale stays inside
+    token = bounded_mean_interval(chunk_dispersion, bounds=(0.0, 2.0)) if chunk_dispersion.size else {"lo": nan, "hi": nan}
     try:
         sample = _numerics().sample_dispersion_interval(pooled)
     except InputError:

@@ -33,7 +33,7 @@ def pc1_task(root: str, model: str, revision: str, layer: str, k: int, seed: int
 @register
 class PC1Share(Analysis):
     name = "pc1"
-    version = 1
+    version = 2  # 2: the interval on the logit scale (inside [0, 1]), not clipped
     Params = PC1Params
     title = "PC1 readout share"
     needs = Needs(readout=True)

@@ -26,7 +26,7 @@ def sample_dispersion_task(root: str, model: str, revision: str, layer: str, lev
 @register
 class SampleDispersion(Analysis):
     name = "sample_dispersion"
-    version = 1
+    version = 2  # 2: the interval on the logit scale of D / 2 (inside [0, 2])
     Params = SampleDispersionParams
     title = "Sample-level dispersion"
     columns = ("level", "dispersion", "dispersion_se", "dispersion_lo", "dispersion_hi")

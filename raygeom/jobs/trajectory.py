@@ -3,10 +3,14 @@ and the dispersion gap's checkpoint ranking set against the ranking by held-out 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from raygeom.errors import RaygeomError
 from raygeom.report.figure_keys import drawn_once
-from raygeom.jobs.trajectory_report import rank_interval
+from raygeom.jobs.gap_ranking import agreement  # noqa: F401 - the trajectory's G ranking, re-exported
+from raygeom.jobs.trajectory_report import organisation_summary, page_text, pick_layers  # noqa: F401 - re-exported
 from raygeom.jobspec import TrajectorySettings
+from raygeom.report.figures import save_text
 
 
 # ------------------------------------------------------------------------------------------- tables
@@ -38,33 +42,6 @@ def checkpoint_table(ranking: list[dict], evaluations: list[dict], steps: dict[s
     return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["revision"]))
 
 
-def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[dict]:
-    """Spearman(G, -held-out perplexity) with Fisher-z and bootstrap intervals, over every checkpoint and over the
-    late ones; and whether select's top checkpoint is the lowest-perplexity one."""
-    import numpy as np
-
-    out = []
-    subsets = [("all checkpoints", rows), (f"steps >= {late_from}", [r for r in rows if (r["step"] or 0) >= late_from])]
-    for name, part in subsets:
-        row = {"subset": name, "n": len(part)}
-        if len(part) >= 4:
-            row.update(rank_interval([r["gap"] for r in part], [-r["heldout_perplexity"] for r in part], n_boot, seed))
-        else:
-            row.update(spearman=float("nan"), fisher_lo=float("nan"), fisher_hi=float("nan"), boot_lo=float("nan"),
-                       boot_hi=float("nan"), n_boot=0)
-        if part:
-            by_gap = max(part, key=lambda r: r["gap"])
-            by_ppl = min(part, key=lambda r: r["heldout_perplexity"])
-            top3 = {r["revision"] for r in sorted(part, key=lambda r: -r["gap"])[:3]}
-            row.update(select_pick=by_gap["revision"], select_pick_perplexity=by_gap["heldout_perplexity"],
-                       best_by_perplexity=by_ppl["revision"], best_perplexity=by_ppl["heldout_perplexity"],
-                       pick_is_best=by_gap["revision"] == by_ppl["revision"], best_in_select_top3=by_ppl["revision"] in top3,
-                       pick_perplexity_rank=int(np.searchsorted(sorted(r["heldout_perplexity"] for r in part),
-                                                                by_gap["heldout_perplexity"]) + 1))
-        out.append(row)
-    return out
-
-
 def gap_by_run(job, ranking: list[dict], extra: dict) -> list[dict]:
     """Per run of the ladder: G at each checkpoint against the trainer's held-out perplexity there, and
     Spearman(G, -perplexity) over its checkpoints with Fisher and bootstrap intervals (the trajectory job's reading,
@@ -79,10 +56,10 @@ def gap_by_run(job, ranking: list[dict], extra: dict) -> list[dict]:
         if not mine:
             continue
         steps = {r["revision"]: step_of(r["revision"]) for r in mine}
-        columns = {**extra, "run": run.name, "width": run.d, "run_seed": run.seed}
+        columns = {**extra, "run": run.name, "width": run.d, "depth": run.depth, "run_seed": run.seed}
         rows = checkpoint_table(mine, checkpoint_evaluations(run.run_dir), steps, {}, columns)
         summary = agreement(rows, settings.late_from, settings.bootstrap, settings.seed)
-        out.append({"run": run.name, "width": run.d, "seed": run.seed, "rows": rows,
+        out.append({"run": run.name, "width": run.d, "depth": run.depth, "seed": run.seed, "rows": rows,
                     "summary": [{**row, **columns} for row in summary]})
     return out
 
@@ -93,32 +70,6 @@ def dispersion_by_step(layer_rows: list[dict], steps: dict[str, int | None]) -> 
             "perplexity", "n_chunks", "gap")
     rows = [{**{k: r.get(k) for k in keep}, "step": steps.get(r["revision"])} for r in layer_rows]
     return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["layer_index"]))
-
-
-def pick_layers(layers: list[str]) -> dict[str, str]:
-    """Early, middle and late blocks, and the final norm, of a model's layer list (embed ... final_norm)."""
-    blocks = [name for name in layers if name.startswith("block_")]
-    if not blocks:
-        return {"final": layers[-1]}
-    return {"early": blocks[0], "middle": blocks[len(blocks) // 2], "late": blocks[-1], "final": layers[-1]}
-
-
-def organisation_summary(z_rows: list[dict], layers: dict[str, str], positive_z: float = 2.0) -> list[dict]:
-    """Per picked layer: z at the first and last checkpoint, its peak and where, the first step at which z
-    reached half of its peak and the first at which it exceeded ``positive_z`` (how early organisation is set)."""
-    out = []
-    for role, layer in layers.items():
-        series = sorted((r for r in z_rows if r["layer"] == layer and r["z"] == r["z"]), key=lambda r: r["step"])
-        if not series:
-            continue
-        peak = max(series, key=lambda r: r["z"])
-        half = next((r["step"] for r in series if peak["z"] > 0 and r["z"] >= peak["z"] / 2), None)
-        organised = next((r["step"] for r in series if r["z"] > positive_z), None)
-        out.append({"role": role, "layer": layer, "z_first": series[0]["z"], "z_last": series[-1]["z"], "z_peak": peak["z"],
-                    "peak_step": peak["step"], "half_peak_step": half, "first_organised_step": organised,
-                    "last_step": series[-1]["step"],
-                    "drop_from_peak": peak["z"] - series[-1]["z"]})
-    return out
 
 
 # -------------------------------------------------------------------------------------------- plots
@@ -356,33 +307,110 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     atomic_write_table(pa.Table.from_pylist(summary), results / "trajectory_agreement.parquet")
     atomic_write_table(pa.Table.from_pylist(by_step), results / "trajectory_dispersion.parquet")
 
-    model = specs[0].name if specs else job.name
-    layer_list = sorted({(r["layer_index"], r["layer"]) for r in table})
-    picked = pick_layers([name for _, name in layer_list])
-    plots = store.root / "plots"
-    figures = {
-        "heatmap": next((p for p in swept.plots if p.name.startswith("heatmap_")), None),
-        "z_vs_step": plot_z_vs_step(table, picked, plots / "trajectory_z_vs_step.png", f"Subspace PGA z over training: {model}"),
-        "dispersion_vs_step": plot_dispersion_vs_step(by_step, picked, plots / "trajectory_dispersion_vs_step.png",
-                                                      f"Dispersion over training: {model} (held-out chunks)"),
-        "gap_vs_perplexity": plot_gap_against_perplexity(rows, plots / "trajectory_gap_vs_perplexity.png",
-                                                         f"Dispersion gap G ({settings.domain_tokens}) and held-out perplexity: {model}"),
-    }
-    organisation = organisation_summary(table, picked, job.sweep.positive_z)
+    organisation = organisation_summary(table, pick_layers(_layer_names(table)), job.sweep.positive_z)
     _print(console, rows, summary, organisation)
     wall = time.perf_counter() - started
-    outputs.update(rows=rows, summary=summary, organisation=organisation, figures=figures, wall_s=wall,
+    outputs.update(rows=rows, summary=summary, organisation=organisation, wall_s=wall,
                    full_run=full_run_record(store, trained, wall, swept.computed_units, len(missing)))
     if settings.report:
-        from raygeom.jobs.trajectory_report import write_report
-
-        path = write_report(settings.report, job, outputs, by_step, table, picked)
-        console.print(f"report: {path}")
+        page = Path(settings.report)
+        export_rows(job, store, page.parent / page.stem, rows, by_step, table, outputs["full_run"])
+        save_text(render_page(page), page)
+        console.print(f"report: {page} (its rows in {page.parent / page.stem})")
     console.print(f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
                   f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
-                  f"trajectory_dispersion.parquet\nplots:  {plots}")
+                  f"trajectory_dispersion.parquet")
     announce_report(store.root, console)
     return outputs
+
+
+def _layer_names(rows: list[dict]) -> list[str]:
+    return [name for _, name in sorted({(r["layer_index"], r["layer"]) for r in rows})]
+
+
+# The rows the trajectory page cites, per table (raygeom.jobs.width.TABLES for the mechanism analyses).
+Z_COLUMNS = ("model", "revision", "step", "layer", "layer_index", "relative_depth", "k", "r", "n_null", "z", "z_lo", "z_hi",
+             "weights_flag")
+CHECKPOINT_COLUMNS = ("model", "revision", "step", "gap", "select_rank", "domain_dispersion", "generic_dispersion",
+                      "n_domain", "heldout_perplexity", "perplexity_source", "perplexity_rank", "weights_flag")
+DISPERSION_COLUMNS = ("revision", "step", "layer", "layer_index", "relative_depth", "token_dispersion",
+                      "sample_dispersion", "perplexity", "n_chunks", "gap")
+
+
+def export_rows(job, store, data_dir: Path, rows: list[dict], by_step: list[dict], z_rows: list[dict],
+                full_run: dict | None) -> Path:
+    """Write the tidy rows the trajectory page cites into ``data_dir`` and ``meta.json`` (what ran)."""
+    import json
+    from dataclasses import asdict
+
+    import pyarrow as pa
+
+    from raygeom.jobs.width import TABLES, job_rows
+    from raygeom.store.tree import atomic_write_table, atomic_write_text
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(name, table, columns):
+        atomic_write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in table]), data_dir / f"{name}.parquet")
+
+    write("z", z_rows, Z_COLUMNS)
+    write("checkpoints", rows, CHECKPOINT_COLUMNS)
+    write("dispersion", by_step, DISPERSION_COLUMNS)
+    if job.train is not None and job.planned():
+        for name, table in job_rows(job, store).items():
+            if name in ("pga", "spectral", "pc1", "probe") and table:
+                write(name, table, TABLES[name])
+    settings = job.trajectory
+    meta = {
+        "job": job.name, "store": f"runs/{Path(job.out).name}",
+        "train": asdict(job.train.settings) if job.train is not None else None,
+        "log_until": job.train.log_until if job.train is not None else None,
+        "save_every": job.train.save_every if job.train is not None else None,
+        "n_samples": job.n_samples,
+        "pga": {"k": job.pga.k, "r": job.pga.r, "n_null": job.pga.n_null, "seed": job.pga.seed},
+        "sweep": {"collapse_threshold": job.sweep.collapse_threshold, "positive_z": job.sweep.positive_z},
+        "trajectory": {k: getattr(settings, k) for k in ("gap_layer", "domain_tokens", "chunks_per_domain", "chunk_len",
+                                                          "late_from", "bootstrap", "seed")},
+        "wall": full_run, "rerun_note": RERUN_NOTE,
+    }
+    atomic_write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
+    return data_dir
+
+
+# Said on the page: the 800-step run the page once showed was not kept, so the rows are from a smaller rerun.
+RERUN_NOTE = ("a smaller rerun (5 Dec 2026) of the job the page once showed (800 steps of 16 x 128 tokens, N = 400): its "
+              "store was not kept, so the job was sized down to 400 steps of 8 x 128 tokens and N = 200 held-out articles, "
+              "with a checkpoint at 25% of training, to rerun in about 15 minutes of 2 shared cores.")
+
+
+def render_page(page: Path) -> str:
+    """The trajectory page's text, and its figures, from the rows in ``<page>/`` alone."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from raygeom.jobs.width import plot_heatmaps
+
+    page = Path(page)
+    data = page.parent / page.stem
+    meta = json.loads((data / "meta.json").read_text())
+    tables = {name: pq.read_table(data / f"{name}.parquet").to_pylist() if (data / f"{name}.parquet").is_file() else []
+              for name in ("z", "checkpoints", "dispersion", "pga", "spectral", "pc1", "probe")}
+    z_rows, rows, by_step = tables["z"], tables["checkpoints"], tables["dispersion"]
+    picked = pick_layers(_layer_names(z_rows))
+    settings = meta["trajectory"]
+    model = f"d = {meta['train']['hidden_size']}" if meta.get("train") else meta["job"]
+    shaped = [{**r, "run": "run", "width": 0, "depth": 0, "run_seed": 0} for r in z_rows]
+    figures = {
+        "heatmap": plot_heatmaps(shaped, {}, data / "heatmap.png", "Subspace PGA z over step x layer"),
+        "z_vs_step": plot_z_vs_step(z_rows, picked, data / "z_vs_step.png", f"Subspace PGA z over training: {model}"),
+        "dispersion_vs_step": plot_dispersion_vs_step(by_step, picked, data / "dispersion_vs_step.png",
+                                                      f"Dispersion over training: {model} (held-out chunks)"),
+        "gap_vs_perplexity": plot_gap_against_perplexity(rows, data / "gap_vs_perplexity.png",
+                                                         f"Dispersion gap G ({settings['domain_tokens']}) and held-out perplexity: {model}"),
+    }
+    links = {name: f"{data.name}/{Path(path).name}" for name, path in figures.items() if path is not None}
+    return page_text(meta, tables, links, page.name)
 
 
 FULL_RUN = "results/trajectory_full_run.json"

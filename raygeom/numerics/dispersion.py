@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from raygeom.errors import InputError
-from raygeom.numerics.distributions import normal_quantile, pearson, pearson_rows, rank_rows, spearman
+from raygeom.numerics.distributions import pearson, pearson_rows, rank_rows, spearman
 from raygeom.numerics.tensors import shared_tensor
-from raygeom.numerics.uncertainty import _percentile_interval
+from raygeom.numerics.uncertainty import _percentile_interval, bounded_normal_interval
 
 # Rows x dims converted to float64 at once; bounds the temporary copy.
 BLOCK_ELEMENTS = 1 << 24
@@ -460,6 +460,8 @@ def slice_agreement_interval(labels, perplexity, token_dispersion, pooled, seed:
         values = np.stack(values, axis=1)
         ok = np.isfinite(values).all(axis=1)
         boot = _percentile_interval(pearson_rows(_rank_rows(-values[ok]), ppl_ranks[ok]), level)
+        if not boot["lo"] < boot["hi"]:  # every draw ranks the slices alike: a zero-width interval would claim certainty
+            boot["lo"] = boot["hi"] = float("nan")
         out[f"{kind}_lo"], out[f"{kind}_hi"] = boot["lo"], boot["hi"]
     return out
 
@@ -478,7 +480,8 @@ def bits_per_byte(nll_nats, n_predicted, n_bytes) -> float:
 
 def sample_dispersion_interval(h, level: float = 0.95) -> dict[str, float]:
     """Sample-level dispersion ``D`` of the rows of ``h`` (N x d, raw, not centred) with its delete-one jackknife
-    interval over the samples: ``D ± z sqrt((N-1)/N sum_i (D_(-i) - mean D_(-))^2)``.
+    interval over the samples: standard error ``sqrt((N-1)/N sum_i (D_(-i) - mean D_(-))^2)``, the interval on the
+    logit scale of D / 2 (uncertainty.bounded_normal_interval), so it stays inside [0, 2].
 
     D is a U-statistic of the pairs, and every leave-one-out value comes from the row sums of the distance
     matrix, ``r_i = sum_{j != i} (1 - cos_ij) = N - u_i . s`` with ``s = sum_j u_j``, so no pair is formed:
@@ -501,5 +504,5 @@ def sample_dispersion_interval(h, level: float = 0.95) -> dict[str, float]:
     value = total / (n * (n - 1))
     leave_out = (total - 2 * row) / ((n - 1) * (n - 2))
     se = float(np.sqrt((n - 1) / n * np.sum((leave_out - leave_out.mean()) ** 2)))
-    half = normal_quantile(0.5 + level / 2) * se
-    return {"dispersion": value, "dispersion_se": se, "dispersion_lo": value - half, "dispersion_hi": value + half}
+    low, high = bounded_normal_interval(value, se, 0.0, 2.0, level)  # a mean cosine distance lies in [0, 2]
+    return {"dispersion": value, "dispersion_se": se, "dispersion_lo": low, "dispersion_hi": high}

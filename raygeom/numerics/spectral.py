@@ -204,8 +204,9 @@ def spectral_summary(h: np.ndarray, readout_basis: np.ndarray | None = None,
 def pc1_readout_share_interval(h: np.ndarray, readout_basis: np.ndarray, seed: int = 0, n_half: int = 10) -> dict[str, float]:
     """The PC1 readout share with its standard error over texts: the delete-half jackknife of
     :func:`pc1_readout_share` on ``n_half`` seeded half-samples of the rows (without replacement, as PGA's
-    interval over texts), and its 95 % normal interval clipped to [0, 1]."""
-    from raygeom.numerics.uncertainty import jackknife_se, normal_interval, text_subsamples
+    interval over texts), and its 95 % normal interval on the logit scale (inside [0, 1]; none where the share sits
+    on a bound or the half-samples do not move it)."""
+    from raygeom.numerics.uncertainty import bounded_normal_interval, jackknife_se, text_subsamples
 
     h = _checked(h)
     full = pc1_readout_share(h, readout_basis)
@@ -213,6 +214,6 @@ def pc1_readout_share_interval(h: np.ndarray, readout_basis: np.ndarray, seed: i
     shares = [pc1_readout_share(h[rows], readout_basis)["pc1_readout_share"]
               for rows in text_subsamples(n, size, seed, n_half)]
     se = jackknife_se(shares, n, size)
-    low, high = normal_interval(full["pc1_readout_share"], se)
-    return {**full, "pc1_readout_share_se": se, "pc1_readout_share_lo": max(0.0, low),
-            "pc1_readout_share_hi": min(1.0, high), "n_half_samples": n_half}
+    low, high = bounded_normal_interval(full["pc1_readout_share"], se, 0.0, 1.0)
+    return {**full, "pc1_readout_share_se": se, "pc1_readout_share_lo": low, "pc1_readout_share_hi": high,
+            "n_half_samples": n_half}

@@ -17,6 +17,11 @@ result is reproducible bit for bit.
   :func:`paired_t`, :func:`normal_interval`: intervals for probe accuracy,
   differences over test tokens, correlations, paired comparisons across seeds,
   and an estimate with a standard error.
+- :func:`permutation_spearman_p`: the exact permutation p-value of a rank correlation, what a
+  correlation over fewer than ``RANK_INTERVAL_MIN_N`` points (or at |rho| = 1) reports instead of an interval.
+- :func:`bounded_mean_interval`: the mean over training seeds of a quantity with bounds (a share, an accuracy,
+  a correlation) with an interval that stays inside them and never has zero width where each seed has an interval.
+- :func:`bounds_of`: the range a reported quantity can take, read from its column name.
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ NULL_SD_FLOOR = 1e-6
 BOOT_STREAM = 0xB007  # z's bootstrap over the null draws
 _TEXT_TAG = 0x7E47
 _BOOT_TAG = 0xB0C1  # bootstrap_ci and spearman_with_ci
+_PERM_TAG = 0x9E43  # permutation_spearman_p's Monte-Carlo permutations
+# Below this many points a rank correlation's interval (Fisher or bootstrap over pairs) means little: the bootstrap
+# over 5 checkpoints is [-1, 1] or collapses onto one value, and Fisher's variance assumes n of about 10 or more.
+RANK_INTERVAL_MIN_N = 10
+TOO_FEW_POINTS = "too few points for an interval"
+AT_THE_BOUND = "|rho| = 1: no interval (every resample and Fisher's transform sit on the bound)"
+CONSTANT = "one variable is constant: no rank correlation"
+EXACT_PERMUTATIONS_UP_TO = 9  # 9! = 362,880 orderings enumerated; above, seeded Monte-Carlo permutations
+MONTE_CARLO_PERMUTATIONS = 20000
 
 
 def _quantile(level: float) -> float:
@@ -334,6 +348,23 @@ def normal_interval(value: float, se: float, level: float = LEVEL) -> tuple[floa
     return value - half, value + half
 
 
+def bounded_normal_interval(value: float, se: float, low: float, high: float,
+                            level: float = LEVEL) -> tuple[float, float]:
+    """A normal interval for an estimate that lives in ``[low, high]`` (a share, a mean cosine distance): ``value -+
+    q se`` taken on the logit scale of ``(value - low) / (high - low)`` with the delta-method standard error
+    ``se / ((value - low)(high - value) / (high - low))``, mapped back, so it stays strictly inside the bounds and
+    is asymmetric near them. NaN bounds (no interval) where the value sits on a bound or ``se`` is 0 or not finite:
+    a zero-width interval would claim a certainty the estimate does not have."""
+    span = high - low
+    if not (np.isfinite(value) and np.isfinite(se)) or se <= 0 or not low < value < high:
+        return float("nan"), float("nan")
+    unit = (value - low) / span
+    centre = np.log(unit / (1.0 - unit))
+    half = _quantile(level) * se / (span * unit * (1.0 - unit))
+    lo, hi = (low + span / (1.0 + np.exp(-(centre + sign * half))) for sign in (-1.0, 1.0))
+    return float(lo), float(hi)
+
+
 def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """Wilson score interval (low, high) of a proportion (Wilson 1927), e.g. probe accuracy on ``n``
     test texts.
@@ -402,37 +433,135 @@ def _percentile_interval(values: np.ndarray, level: float) -> dict[str, float]:
 
 def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "fisher",
                      n_boot: int = N_BOOT) -> dict[str, float]:
-    """Spearman correlation with an interval.
+    """Spearman correlation with an interval, or with an exact permutation p-value where no interval is honest.
 
     ``method="fisher"`` (default): Fisher's z = atanh(rho) with the Bonett & Wright (2000) variance
     ``(1 + rho^2 / 2) / (n - 3)``, back-transformed; deterministic, good from n of about 10, and the
     usual choice for a few dozen points (models x layers). ``method="bootstrap"``: percentile
     bootstrap over (x, y) pairs (seeded; the same draws as :func:`bootstrap_ci` would make), with
     no distributional assumption; a resample whose x or y is constant has no rho and is dropped.
+
+    Over fewer than ``RANK_INTERVAL_MIN_N`` points, or at |rho| = 1, either interval would be degenerate (a
+    bootstrap over 5 checkpoints, or Fisher's transform at the bound, gives [-1, -1]): then ``lo`` and ``hi`` are
+    NaN, ``note`` says why, and ``p_perm`` is the two-sided permutation p-value (:func:`permutation_spearman_p`).
+    Elsewhere ``note`` is "" and ``p_perm`` NaN.
     """
     x, y = _finite_1d("x", x), _finite_1d("y", y)
     n = x.size
     if n != y.size or n < 4:
         raise InputError(f"need equal-length x and y with at least 4 points; got {x.size} and {y.size}")
+    if method not in ("fisher", "bootstrap"):
+        raise InputError(f"method must be 'fisher' or 'bootstrap'; got {method!r}")
     rho = spearman(x, y)
+    base = {"rho": rho, "n": n, "level": level, "method": method}
+    if n < RANK_INTERVAL_MIN_N or not np.isfinite(rho) or abs(rho) >= 1.0 - 1e-12:
+        permutation = permutation_spearman_p(x, y, seed=seed)
+        return {**base, "lo": float("nan"), "hi": float("nan"),
+                "note": (CONSTANT if not np.isfinite(rho) else TOO_FEW_POINTS if n < RANK_INTERVAL_MIN_N else AT_THE_BOUND),
+                "p_perm": permutation["p"], "p_method": permutation["method"]}
+    none = {"note": "", "p_perm": float("nan"), "p_method": ""}
     if method == "fisher":
-        q = _quantile(level)
-        if not np.isfinite(rho) or abs(rho) >= 1.0:
-            lo = hi = rho
+        half = _quantile(level) * np.sqrt((1.0 + rho * rho / 2.0) / (n - 3))
+        lo, hi = float(np.tanh(np.arctanh(rho) - half)), float(np.tanh(np.arctanh(rho) + half))
+        return {**base, "lo": lo, "hi": hi, **none}
+    rng = np.random.default_rng([int(seed), _BOOT_TAG])
+    index = np.stack([rng.integers(0, n, size=n) for _ in range(n_boot)])
+    ranks_x = rank_rows(x[index]) - (n + 1) / 2.0
+    ranks_y = rank_rows(y[index]) - (n + 1) / 2.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = (ranks_x * ranks_y).sum(axis=1) / np.sqrt((ranks_x**2).sum(axis=1) * (ranks_y**2).sum(axis=1))
+    boot = _percentile_interval(values, level)
+    return {**base, "lo": boot["lo"], "hi": boot["hi"], **none}
+
+
+def permutation_spearman_p(x, y, seed: int = 0) -> dict:
+    """Two-sided permutation p-value of Spearman's rho: the share of orderings of ``y`` against ``x`` whose |rho| is
+    at least the observed one (ties keep their average ranks). Exact (every one of the n! orderings) up to
+    ``EXACT_PERMUTATIONS_UP_TO`` points; above, ``2 / n!`` where |rho| = 1 without ties (only the order and its reverse
+    reach it), else ``(1 + hits) / (1 + B)`` over B = ``MONTE_CARLO_PERMUTATIONS`` seeded permutations."""
+    import itertools
+    import math
+
+    x, y = _finite_1d("x", x), _finite_1d("y", y)
+    n = x.size
+    if n != y.size or n < 2:
+        raise InputError(f"need equal-length x and y with at least 2 points; got {x.size} and {y.size}")
+    rx = rank_rows(x[None, :])[0] - (n + 1) / 2.0
+    ry = rank_rows(y[None, :])[0] - (n + 1) / 2.0
+    scale = np.sqrt((rx @ rx) * (ry @ ry))
+    if scale == 0:
+        return {"p": 1.0, "method": "exact (a constant variable)", "permutations": 1}
+    observed = abs(float(rx @ ry)) / scale
+    tolerance = 1e-9
+    if n <= EXACT_PERMUTATIONS_UP_TO:
+        orders = np.array(list(itertools.permutations(range(n))), dtype=np.int8)
+        values = np.abs(ry[orders] @ rx) / scale
+        return {"p": float(np.mean(values >= observed - tolerance)), "method": "exact", "permutations": len(orders)}
+    if observed >= 1 - tolerance and np.unique(x).size == n and np.unique(y).size == n:
+        return {"p": 2.0 / math.factorial(n), "method": "exact", "permutations": math.factorial(n)}
+    rng = np.random.default_rng([int(seed), _PERM_TAG])
+    orders = np.argsort(rng.random((MONTE_CARLO_PERMUTATIONS, n)), axis=1)
+    hits = int(np.sum(np.abs(ry[orders] @ rx) / scale >= observed - tolerance))
+    return {"p": (1 + hits) / (1 + MONTE_CARLO_PERMUTATIONS), "method": "Monte Carlo",
+            "permutations": MONTE_CARLO_PERMUTATIONS}
+
+
+def bounds_of(column: str) -> tuple[float, float] | None:
+    """The range a reported quantity can take, from its column name (an interval's ``<name>_lo`` / ``_hi`` share the
+    name): shares, accuracies and isotropy in [0, 1]; correlations in [-1, 1]; cosine dispersions in [0, 2]; the
+    difference of two correlations in [-2, 2]. None: no bound (z, perplexities, gaps, dimensions)."""
+    name = column.removesuffix("_texts")
+    if name in ("excess", "margin") or name.endswith("_excess"):
+        return (-2.0, 2.0)
+    if (name.startswith("rho") or name.endswith(("spearman", "pearson")) or "agreement" in name
+            or name in ("fisher", "boot")):
+        return (-1.0, 1.0)
+    if name.endswith(("share", "accuracy", "chance", "isotropy", "fraction")):
+        return (0.0, 1.0)
+    if name.endswith("dispersion"):
+        return (0.0, 2.0)
+    return None
+
+
+def bounded_mean_interval(values, within: Sequence[tuple[float, float]] = (), bounds: tuple[float, float] | None = None,
+                          level: float = LEVEL) -> dict[str, float]:
+    """The mean of replicates (training seeds, chunks) with an interval that respects the quantity's ``bounds``.
+
+    The seed-to-seed Student-t interval (:func:`mean_t_interval`), taken on the logit scale of ``bounds`` when the
+    quantity has them (so a share of two seeds, 0.2 and 0.6, is not [-0.9, +1.7]); then widened to hold the mean of
+    the seeds' own ``within`` intervals, since the mean of a few runs is no surer than one run's own measurement
+    (two seeds that agree give a zero-width t interval). ``how`` names what was done."""
+    x = _finite_1d("values", values)
+    if x.size == 0:
+        raise InputError("need at least one value")
+    mean = float(x.mean())
+    lo = hi = float("nan")
+    how = []
+    if x.size > 1 and x.std(ddof=1) > 0:
+        if bounds is None:
+            t = mean_t_interval(x, level)
+            lo, hi = float(t["lo"]), float(t["hi"])
+            how.append("t over seeds")
         else:
-            half = q * np.sqrt((1.0 + rho * rho / 2.0) / (n - 3))
-            lo, hi = float(np.tanh(np.arctanh(rho) - half)), float(np.tanh(np.arctanh(rho) + half))
-        return {"rho": rho, "lo": lo, "hi": hi, "n": n, "level": level, "method": "fisher"}
-    if method == "bootstrap":
-        rng = np.random.default_rng([int(seed), _BOOT_TAG])
-        index = np.stack([rng.integers(0, n, size=n) for _ in range(n_boot)])
-        ranks_x = rank_rows(x[index]) - (n + 1) / 2.0
-        ranks_y = rank_rows(y[index]) - (n + 1) / 2.0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values = (ranks_x * ranks_y).sum(axis=1) / np.sqrt((ranks_x**2).sum(axis=1) * (ranks_y**2).sum(axis=1))
-        boot = _percentile_interval(values, level)
-        return {"rho": rho, "lo": boot["lo"], "hi": boot["hi"], "n": n, "level": level, "method": "bootstrap"}
-    raise InputError(f"method must be 'fisher' or 'bootstrap'; got {method!r}")
+            low, high = bounds
+            eps = 1e-6 * (high - low)
+            unit = np.clip((x - low) / (high - low), eps / (high - low), 1 - eps / (high - low))
+            t = mean_t_interval(np.log(unit / (1 - unit)), level)
+            lo, hi = (low + (high - low) / (1 + np.exp(-v)) for v in (t["lo"], t["hi"]))
+            lo, hi = float(min(lo, mean)), float(max(hi, mean))
+            how.append("logit-scale t over seeds")
+    finite = [(a, b) for a, b in within if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
+    if finite:
+        w_lo, w_hi = float(np.mean([a for a, _ in finite])), float(np.mean([b for _, b in finite]))
+        lo = w_lo if not np.isfinite(lo) else min(lo, w_lo)
+        hi = w_hi if not np.isfinite(hi) else max(hi, w_hi)
+        how.append("at least the seeds' mean within-run interval")
+    if bounds is not None and np.isfinite(lo):
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    if np.isfinite(lo) and hi <= lo:
+        lo = hi = float("nan")
+    return {"mean": mean, "lo": lo, "hi": hi, "n": int(x.size), "how": ", ".join(how) if np.isfinite(lo) else
+            "no interval (seeds agree and carry none of their own)" if x.size > 1 else "one seed"}
 
 
 def mean_t_interval(values, level: float = LEVEL) -> dict[str, float]:

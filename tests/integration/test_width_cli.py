@@ -16,17 +16,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_width_job(path: Path, corpus: Path) -> Path:
-    """jobs/width.toml cut down: d = 32 and 48 (head_dim 16), one seed, 2 steps (checkpoints step0, step2), one block."""
+    """jobs/width.toml cut down: (d, blocks) = (32, 1), (32, 2), (48, 1) (head_dim 16; skip leaves out (48, 2)), one
+    seed, 2 steps (checkpoints step0, step2)."""
     text = (ROOT / "jobs" / "width.toml").read_text()
-    replacements = {"hidden_size = [32, 64, 128, 256]": "hidden_size = [32, 48]", "seed = [0, 1]": "seed = [0]",
-                    "n_layers = 4": "n_layers = 1", "save_every = 100": "save_every = 2", 'corpus = "bbc"': f'corpus = "{corpus}"',
-                    "steps = 800": "steps = 2", "batch_size = 16\nseq_len = 64": "batch_size = 4\nseq_len = 32",
-                    "warmup = 50": "warmup = 1", "vocab_size = 2048": "vocab_size = 300", "eval_every = 100": "eval_every = 2",
+    replacements = {"hidden_size = [128, 256, 512]": "hidden_size = [32, 48]", "n_layers = [4, 8, 12]": "n_layers = [1, 2]",
+                    "skip = [{hidden_size = 512, n_layers = 8}, {hidden_size = 512, n_layers = 12}]":
+                    "skip = [{hidden_size = 48, n_layers = 2}]", "seed = [0, 1]": "seed = [0]",
+                    "save_every = 32": "save_every = 2", 'corpus = "bbc"': f'corpus = "{corpus}"',
+                    "steps = 128": "steps = 2", "batch_size = 8\nseq_len = 32": "batch_size = 4\nseq_len = 32",
+                    "warmup = 16": "warmup = 1", "vocab_size = 2048": "vocab_size = 300", "eval_every = 16": "eval_every = 2",
                     "eval_sequences = 64": "eval_sequences = 4", "cpus_per_worker = 2": "cpus_per_worker = 1",
-                    "pga_threads = 2": "pga_threads = 1", "n_samples = 200": "n_samples = 40", "seq_len = 64\npool": "seq_len = 32\npool",
-                    "n_null = 100": "n_null = 20", "r = [0, 1, 5, 10]": "r = [0, 1]", "k = 8\n": "k = 4\n",
-                    "chunk_len = 64": "chunk_len = 16", "chunks_per_domain = 40": "chunks_per_domain = 3",
-                    "late_from = 400": "late_from = 2", "bootstrap = 2000": "bootstrap = 100"}
+                    "pga_threads = 2": "pga_threads = 1", "n_samples = 160": "n_samples = 40",
+                    "n_null = 50": "n_null = 20", "r = [0, 1, 5, 10]": "r = [0, 1]",
+                    "chunk_len = 32": "chunk_len = 16", "chunks_per_domain = 16": "chunks_per_domain = 3",
+                    "late_from = 64": "late_from = 2", "bootstrap = 2000": "bootstrap = 100"}
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -56,39 +59,45 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     elsewhere.mkdir()
     plan = run_cli("plan", job, cwd=elsewhere)
     assert plan.returncode == 0, plan.stdout + plan.stderr
-    assert "2 runs x 2 checkpoints x 3 layers x 7 planned analyses -> 84 units" in plan.stdout, plan.stdout
-    assert plan.stdout.count("to train") == 2 and "d48-seed0" in plan.stdout
+    assert plan.stdout.count("to train") == 3 and "d48-l1-seed0" in plan.stdout and "d48-l2" not in plan.stdout, plan.stdout
     assert not any(elsewhere.iterdir()) and [p.name for p in work.iterdir()] == ["jobs"]  # plan writes nothing
 
     first = run_cli("run", job, "--address", ray_address, cwd=elsewhere)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "Traceback" not in first.stdout + first.stderr
     store = work / "runs" / "width"  # out = "../runs/width", against the job file's folder
-    for run in ("d32-seed0", "d48-seed0"):
+    for run in ("d32-l1-seed0", "d32-l2-seed0", "d48-l1-seed0"):
         assert sorted(p.name for p in (store / "checkpoints" / run).glob("step*")) == ["step0", "step2"]
     pga = pq.read_table(store / "results" / "width_pga.parquet").to_pylist()
-    ladder = {(r["width"], r["k"]) for r in pga if r["k_per_d"] == 0.25}
-    assert ladder == {(32, 8), (48, 12)}  # k/d fixed across widths
-    assert {(r["width"], r["k"]) for r in pga if r["k_per_d"] == 0} == {(32, 4), (48, 4)}  # the fixed-k run beside it
+    ladder = {(r["width"], r["depth"], r["k"]) for r in pga if r["k_per_d"] == 0.25}
+    assert ladder == {(32, 1, 8), (32, 2, 8), (48, 1, 12)}  # k/d fixed across widths, depth from each run
     assert all(r["z_lo"] <= r["z"] <= r["z_hi"] for r in pga if r["n_null"] >= 20)
     ranked = pq.read_table(store / "results" / "dispersion_select.parquet").to_pylist()
-    for run in ("d32-seed0", "d48-seed0"):  # each run's checkpoints ranked among themselves, never across widths
+    for run in ("d32-l1-seed0", "d32-l2-seed0", "d48-l1-seed0"):  # each run's checkpoints ranked among themselves
         assert sorted(r["rank"] for r in ranked if r["model"] == run) == [1, 2], run
     assert html_count_of_report_writes(first.stdout) == 1, [l for l in first.stdout.splitlines() if "report" in l]
     gap = pq.read_table(store / "results" / "width_gap.parquet").to_pylist()
-    assert sorted({(r["width"], r["revision"]) for r in gap}) == [(32, "step0"), (32, "step2"), (48, "step0"), (48, "step2")]
-    page = (work / "docs" / "results" / "width.md").read_text()
-    for heading in ("## Loss curves", "### 1. A collapse zone", "### 2. Does CCR-5/10 restore z", "### 3. Does PC1 migrate",
-                    "### 4. Do spectral metrics stay flat", "### 6. Sample-level dispersion", "### 7. Does the dispersion gap G",
-                    "### 8. Does it hold across seeds?", "## What this scale can and cannot show"):
-        assert heading in page, heading
-    assert "| 48 | block_00 |" in page and "k = 8, 12" in page
+    assert sorted({(r["width"], r["depth"], r["revision"]) for r in gap}) == [
+        (32, 1, "step0"), (32, 1, "step2"), (32, 2, "step0"), (32, 2, "step2"), (48, 1, "step0"), (48, 1, "step2")]
+    page = work / "docs" / "results" / "width.md"
+    text = page.read_text()
+    for heading in ("## Held-out perplexity over training", "### 1. A collapse zone", "### 2. Does CCR-5/10 restore z",
+                    "### 3. Does PC1 migrate", "### 4. Do spectral metrics stay flat", "### 6. Sample-level dispersion",
+                    "### 7. Does the dispersion gap G", "### 8. Does it hold across seeds?", "## What this ladder can and cannot show"):
+        assert heading in text, heading
+    assert "| 48 | 1 | block_00 |" in text and "k = 8, 12" in text and "outside the paper's stated range" in text
+    # the page carries its rows, and one command rebuilds it from them alone, from an empty directory
+    rows = work / "docs" / "results" / "width"
+    assert {"pga.parquet", "evaluations.parquet", "gap.parquet", "meta.json"} <= {p.name for p in rows.iterdir()}
+    rebuilt = subprocess.run([sys.executable, "-m", "raygeom.jobs.results_pages", "--check", str(page)], cwd=elsewhere,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     html = (store / "report.html").read_text()
-    assert "Width ladder: Subspace PGA by width" in html and "d = 48, seed 0" in html
+    assert "Width ladder: Subspace PGA by width" in html
 
     units = {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")}
     second = run_cli("run", job, "--address", ray_address, cwd=elsewhere)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert second.stdout.count("not retrained") == 2
+    assert second.stdout.count("not retrained") == 3
     assert {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")} == units  # no unit computed again
     assert not any(elsewhere.iterdir())

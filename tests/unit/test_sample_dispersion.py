@@ -27,7 +27,11 @@ def test_equals_scipy_pairs_and_brute_force_jackknife(seed, shape):
     assert out["dispersion"] == pytest.approx(value, rel=1e-10)
     assert out["dispersion_se"] == pytest.approx(se, rel=1e-8)
     assert out["dispersion_lo"] < out["dispersion"] < out["dispersion_hi"]
-    assert out["dispersion_hi"] - out["dispersion"] == pytest.approx(1.959964 * se, rel=1e-5)
+    # the interval is the normal one on the logit scale of D / 2 (it stays inside [0, 2]), written out here
+    p = value / 2
+    centre, half = np.log(p / (1 - p)), 1.959964 * se / (2 * p * (1 - p))
+    expected = [2 / (1 + np.exp(-(centre + s * half))) for s in (-1, 1)]
+    assert [out["dispersion_lo"], out["dispersion_hi"]] == pytest.approx(expected, rel=1e-5)
 
 
 def test_planted_geometry():
