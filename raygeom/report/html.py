@@ -116,14 +116,12 @@ def _read_dir_one(directory: Path) -> list[dict]:
 
 
 def _canonical(read):
-    """Rows as the report groups them: a k_per_d of None or 0 (a fixed k) is left out, so rows that spell it either
-    way or not at all (the sweep's tidy table has no k_per_d column) are one setting, never two lines."""
+    """Rows as the report groups them, every setting in its one canonical form (params.canonical_value: a k_per_d
+    absent, None or 0 is 0.0 in a row with a k), so rows that spell a setting differently or not at all are one setting, never two lines."""
     def rows(path: Path) -> list[dict]:
-        out = read(path)
-        for row in out:
-            if "k_per_d" in row and not (_finite(row["k_per_d"]) and row["k_per_d"]):
-                del row["k_per_d"]
-        return out
+        # k_per_d qualifies k: only rows with a k carry it
+        return [{**row, "k_per_d": canonical_value("k_per_d", row.get("k_per_d"))} if "k" in row or "k_per_d" in row
+                else row for row in read(path)]
 
     return rows
 

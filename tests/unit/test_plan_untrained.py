@@ -1,5 +1,7 @@
 """`raygeom plan` on a job whose [train] has not run: what training will write, and the units after it."""
 
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -10,13 +12,14 @@ from raygeom.analyses.train import checkpoint_steps
 from raygeom.errors import RaygeomError
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "trajectory.toml"
+SAVES = (tomllib.loads(JOB.read_text())["train"]["save_every"], tomllib.loads(JOB.read_text())["train"]["log_until"])
 
 
 def _job_into(tmp_path: Path, steps: int, n_layers: int) -> Path:
     text = JOB.read_text()
     assert 'run_dir = "../runs/trajectory/checkpoints"' in text
     text = text.replace('run_dir = "../runs/trajectory/checkpoints"', f'run_dir = "{tmp_path / "ckpt"}"')
-    text = text.replace("steps = 800", f"steps = {steps}").replace("n_layers = 4", f"n_layers = {n_layers}")
+    text = re.sub(r"(?m)^steps = \d+", f"steps = {steps}", text).replace("n_layers = 4", f"n_layers = {n_layers}")
     path = tmp_path / "job.toml"
     path.write_text(text)
     return path
@@ -26,7 +29,7 @@ def test_plan_before_training_counts_checkpoints_and_units(tmp_path):
     job = _job_into(tmp_path, steps=300, n_layers=3)
     result = CliRunner().invoke(app, ["plan", str(job), "--out", str(tmp_path / "store")], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
-    n_checkpoints = len(checkpoint_steps(300, 100, 512))  # the job's save_every = 100, log_until = 512
+    n_checkpoints = len(checkpoint_steps(300, *SAVES))  # the job's save_every and log_until
     run = next(line for line in result.output.splitlines() if "to train" in line)
     assert [cell.strip() for cell in run.split("│")[1:8]] == [str(v) for v in ("ckpt", 128, 4, 3, 0, 300, n_checkpoints)], run
     assert run.rstrip("│ ").endswith(("s", "min"))  # the measured time of the run
@@ -56,7 +59,7 @@ def test_a_train_job_lists_the_checkpoints_it_will_write_before_its_run_director
     job = load_job(_job_into(tmp_path, steps=300, n_layers=3))
     assert not (tmp_path / "ckpt").exists()
     specs = job_specs(job)
-    assert [s.revision for s in specs] == [f"step{s}" for s in checkpoint_steps(300, 100, 512)]
+    assert [s.revision for s in specs] == [f"step{s}" for s in checkpoint_steps(300, *SAVES)]
     assert {(s.kind, s.source) for s in specs} == {("checkpoint", str((tmp_path / "ckpt").resolve()))}
     _check_pga_sizes(job)  # d comes from [train]'s hidden_size: k = 32 < d = 128
     assert not (tmp_path / "ckpt").exists()
