@@ -48,8 +48,7 @@ def test_every_per_layer_metric_reads_back_from_the_event_files(tmp_path):
     assert "NaN or Inf" not in done.stderr and done.stdout.count("NaN or infinite values left out") == 1
     runs = sorted(p.parent for p in board.rglob("events.out.tfevents.*"))
     # a run is named by the settings that tell it from the others of its model and revision, not by a hash
-    assert sorted(run.relative_to(board).as_posix() for run in runs) == ["pga/org%2Ftiny@step5/k=4,text_halves=4",
-                                                                          "pga/org%2Ftiny@step5/k=6,text_halves=0"]
+    assert sorted(run.relative_to(board).as_posix() for run in runs) == ["pga/org%2Ftiny@step5/k=4", "pga/org%2Ftiny@step5/k=6"]
     seen = 0
     for run in runs:
         events = read_events(run)
