@@ -35,14 +35,23 @@ def _is_float(value) -> bool:
     return isinstance(value, float)
 
 
-def _run_name(analysis: str, model: str, revision: str, settings: dict, varying: list[str]) -> str:
-    """``<analysis>/<model>@<revision>``, then the settings that tell this run from the others of that model and
-    revision, as the report's legends name them (``CCR-5``, ``k=6``)."""
+def _setting_words(settings: dict, varying: list[str]) -> str:
+    """The settings that tell a run apart, as the report's legends name them (``k=6,CCR-5``), fit for a folder name."""
     from raygeom.report.html import setting_text
-    from raygeom.store.tree import encode_segment
 
-    name = f"{encode_segment(analysis)}/{encode_segment(model)}@{encode_segment(revision)}"
-    return name + (f"/{encode_segment(','.join(setting_text(c, settings.get(c)) for c in varying))}" if varying else "")
+    words = ",".join(setting_text(c, settings.get(c)) for c in varying)
+    return words.replace("/", "%2F").replace(" ", "_")
+
+
+def _varying(runs: list[dict]) -> list[str]:
+    """The settings (the report's setting columns, else any column) that differ among the runs of one model and
+    revision: the fewest that still tell every run apart."""
+    from raygeom.report.html import SETTING_COLUMNS
+
+    differ = [c for c in dict.fromkeys(c for run in runs for c in run)
+              if len({json.dumps(run.get(c), sort_keys=True, default=str) for run in runs}) > 1]
+    named = [c for c in SETTING_COLUMNS if c in differ]
+    return named if len({_setting_words(run, named) for run in runs}) == len(runs) else differ
 
 
 def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
@@ -50,7 +59,7 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
     from tensorboardX import SummaryWriter
 
     from raygeom.sources import layers as layer_position
-    from raygeom.store.tree import Store
+    from raygeom.store.tree import Store, encode_segment
 
     root = Path(store_root)
     if not root.is_dir():
@@ -74,10 +83,9 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
         for model, revision, settings in groups:
             per_revision.setdefault((model, revision), []).append(json.loads(settings))
         for (model, revision, settings), group in groups.items():
-            others = per_revision[(model, revision)]
-            varying = sorted({c for run in others for c in run
-                              if len({json.dumps(o.get(c), sort_keys=True, default=str) for o in others}) > 1})
-            name = _run_name(analysis, model, revision, json.loads(settings), varying)
+            varying = _varying(per_revision[(model, revision)])
+            name = f"{encode_segment(analysis)}/{encode_segment(model)}@{encode_segment(revision)}" + (
+                f"/{_setting_words(json.loads(settings), varying)}" if varying else "")
             run = runs.setdefault(name, {"settings": settings, "scalars": []})
             for row in group:
                 _, sub = layer_position.split(row["layer"])

@@ -590,8 +590,9 @@ def _analysis_rows(root: Path, analysis) -> tuple[list[dict], list[Path]]:
     which hand-written commands write alone) that no unit file holds."""
     table = root / "results" / f"{analysis.results_dir}.parquet"
     units = _read_dir(root / "results" / analysis.results_dir)
-    keys = {r.get("unit_key") for r in units if r.get("unit_key")}
-    rows = units + [r for r in _read(table) if (r.get("unit_key") not in keys if r.get("unit_key") else not units)]
+    keys = {(r.get("store"), r.get("unit_key")) for r in units if r.get("unit_key")}  # (store: when overlaying)
+    rows = units + [r for r in _read(table) if ((r.get("store"), r.get("unit_key")) not in keys if r.get("unit_key")
+                                                else not units)]
     return rows, [table]
 
 

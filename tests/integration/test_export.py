@@ -48,13 +48,13 @@ def test_every_per_layer_metric_reads_back_from_the_event_files(tmp_path):
     assert "NaN or Inf" not in done.stderr and done.stdout.count("NaN or infinite values left out") == 1
     runs = sorted(p.parent for p in board.rglob("events.out.tfevents.*"))
     # a run is named by the settings that tell it from the others of its model and revision, not by a hash
-    assert sorted(run.relative_to(board).as_posix() for run in runs) == ["pga/org%2Ftiny@step5/k=4,text_halves=4",
-                                                                          "pga/org%2Ftiny@step5/k=6,text_halves=0"]
-    seen = 0
+    assert sorted(run.relative_to(board).as_posix() for run in runs) == ["pga/org%2Ftiny@step5/k=4", "pga/org%2Ftiny@step5/k=6"]
+    seen, every_tag = 0, set()
     for run in runs:
         events = read_events(run)
         tags = set(events.Tags()["scalars"])
-        assert {"pga/z", "pga/z_lo", "pga/z_hi", "pga/rho_readout", "pga/p_upper"} <= tags
+        every_tag |= tags
+        assert {"pga/z", "pga/rho_readout", "pga/p_upper"} <= tags
         for row in expected:
             sub = row["layer"].partition(".")[2]
             suffix = f"/{sub}" if sub else ""
@@ -66,6 +66,8 @@ def test_every_per_layer_metric_reads_back_from_the_event_files(tmp_path):
                 assert values[row["layer_index"]] == pytest.approx(row["z"], rel=1e-6)
                 seen += 1
     assert seen == len(expected)  # every stored row, at its layer's index, in its own run
+    # z's interval (NaN with 8 nulls) is a tag only where some row has a finite one
+    assert ("pga/z_lo" in every_tag) == any(np.isfinite(row["z_lo"]) for row in expected)
     events = read_events(next(run for run in runs if "pga/rho_texts_lo" in read_events(run).Tags()["scalars"]))
     assert sorted(e.step for e in events.Scalars("pga/z")) == [1, 2] and [e.step for e in events.Scalars("pga/z/mlp_out")] == [2]
 
