@@ -612,6 +612,8 @@ def _page(meta, page, paths, losses, collapse, restored, pc1_rows, flat, seeds, 
         f"{', '.join(str(max(1, round(ladder_config.get('k_per_d', 0) * w))) for w in widths)} at d = "
         f"{', '.join(map(str, widths))}).",
     ]
+    if meta.get("note"):
+        lines.append(f"- **This run**: {meta['note']}")
     wall = meta.get("wall")
     if wall:
         lines.append(f"- **Wall time**: the whole job, training included, took {wall['wall_s'] / 60:.1f} min (training "
