@@ -343,15 +343,12 @@ def export_rows(job, store, data_dir: Path, rows: list[dict], by_step: list[dict
     import json
     from dataclasses import asdict
 
-    import pyarrow as pa
-
-    from raygeom.jobs.width import TABLES, job_rows
-    from raygeom.store.tree import atomic_write_table, atomic_write_text
+    from raygeom.jobs.width import TABLES, job_rows, write_rows
 
     data_dir.mkdir(parents=True, exist_ok=True)
 
     def write(name, table, columns):
-        atomic_write_table(pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in table]), data_dir / f"{name}.parquet")
+        write_rows([{c: r.get(c) for c in columns} for r in table], data_dir / f"{name}.parquet")
 
     write("z", z_rows, Z_COLUMNS)
     write("checkpoints", rows, CHECKPOINT_COLUMNS)
@@ -373,7 +370,7 @@ def export_rows(job, store, data_dir: Path, rows: list[dict], by_step: list[dict
                                                           "late_from", "bootstrap", "seed")},
         "wall": full_run, "rerun_note": RERUN_NOTE,
     }
-    atomic_write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
+    save_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
     return data_dir
 
 

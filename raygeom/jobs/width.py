@@ -467,12 +467,24 @@ def pga_configs(pga: list[dict]) -> list[dict]:
     return [{"k_per_d": k_per_d, "r": r} if k_per_d else {"k_per_d": 0.0, "k": k, "r": r} for k_per_d, k, r in found]
 
 
+def write_rows(rows: list[dict], path: Path) -> Path:
+    """A shipped table: Parquet under a temporary name renamed into place, with no store checksum beside it (a page's
+    rows are for readers, as the page is)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    temporary = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), temporary)
+    temporary.replace(path)
+    return path
+
+
 def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list[dict] | None = None) -> Path:
     """Write the tidy rows the page cites into ``data_dir`` (one Parquet per analysis, the loss curves, G per
     checkpoint) and ``meta.json`` (what ran): everything :func:`render_page` reads."""
     import pyarrow as pa
 
-    from raygeom.store.tree import atomic_write_table, atomic_write_text
+    from raygeom.store.tree import atomic_write_table
 
     data_dir.mkdir(parents=True, exist_ok=True)
     rows = job_rows(job, store)
@@ -481,10 +493,10 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
     for name, columns in TABLES.items():
         kept = [{c: r.get(c) for c in columns} for r in rows.get(name, [])]
         if kept:
-            atomic_write_table(pa.Table.from_pylist(kept), data_dir / f"{name}.parquet")
-    atomic_write_table(pa.Table.from_pylist(loss_rows(job)), data_dir / "evaluations.parquet")
+            write_rows(kept, data_dir / f"{name}.parquet")
+    write_rows(loss_rows(job), data_dir / "evaluations.parquet")
     if gaps:
-        atomic_write_table(pa.Table.from_pylist(gap_rows(gaps)), data_dir / "gap.parquet")
+        write_rows(gap_rows(gaps), data_dir / "gap.parquet")
     first = job.trains[0]
     train = {k: v for k, v in asdict(first.settings).items() if k not in ("hidden_size", "n_layers", "seed", "n_heads")}
     meta = {
@@ -499,7 +511,7 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
                        if job.trajectory is not None and gaps else None),
         "wall": wall,
     }
-    atomic_write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
+    save_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
     return data_dir
 
 
@@ -612,6 +624,8 @@ def _page(meta, page, paths, losses, collapse, restored, pc1_rows, flat, seeds, 
         f"{', '.join(str(max(1, round(ladder_config.get('k_per_d', 0) * w))) for w in widths)} at d = "
         f"{', '.join(map(str, widths))}).",
     ]
+    if meta.get("note"):
+        lines.append(f"- **This run**: {meta['note']}")
     wall = meta.get("wall")
     if wall:
         lines.append(f"- **Wall time**: the whole job, training included, took {wall['wall_s'] / 60:.1f} min (training "
