@@ -12,29 +12,30 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from raygeom.analyses.registry import Analysis, Metric, Params, param, register
+from raygeom.params import MAX_BATCH, MAX_BOOT, MAX_COUNT, MAX_SEED, MAX_TOKENS
 
 
 @dataclass(frozen=True)
 class ChunkExtractionParams(Params):
     """The chunk extraction: what token_dispersion, slices and gap read (the same settings share one)."""
 
-    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2)
-    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1)
-    batch_size: int = param(4, "Chunks per forward batch.", low=1)
+    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2, high=MAX_TOKENS)
+    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1, high=MAX_COUNT)
+    batch_size: int = param(4, "Chunks per forward batch.", low=1, high=MAX_BATCH)
     domain_tokens: str = param("digits", "Token set of the gap's domain side: digits, or comma-separated token texts.",
                                nonempty=True)
-    seed: int = param(0, "Seed of the chunk sample, the k-means slices and the bootstraps.", low=0)
+    seed: int = param(0, "Seed of the chunk sample, the k-means slices and the bootstraps.", low=0, high=MAX_SEED)
 
 
 @dataclass(frozen=True)
 class ChunkParams(ChunkExtractionParams):
     """The chunk extraction and the analysis of its layers (shared by token_dispersion and slices)."""
 
-    group_size: int = param(20, "Chunks per perplexity group.", low=1)
-    n_groups: int = param(100, "Most perplexity groups (a correlation over groups needs 3).", low=3)
-    n_slices: int = param(8, "k-means difficulty slices (a rank agreement needs 3).", low=3)
+    group_size: int = param(20, "Chunks per perplexity group.", low=1, high=MAX_COUNT)
+    n_groups: int = param(100, "Most perplexity groups (a correlation over groups needs 3).", low=3, high=MAX_COUNT)
+    n_slices: int = param(8, "k-means difficulty slices (a rank agreement needs 3).", low=3, high=10_000)
     gap_layer: str = param("final_norm", "Layer whose dispersion gap G every row carries.", nonempty=True)
-    n_boot: int = param(1000, "Bootstrap draws of every interval.", low=10)
+    n_boot: int = param(1000, "Bootstrap draws of every interval.", low=10, high=MAX_BOOT)
 
 
 SERIES = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_slices")

@@ -28,7 +28,7 @@ from raygeom.analyses.knn_lm import KnnParams
 from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
-from raygeom.params import LAYERS_HELP, Params, PGAParams, allowed, check_value, declared_type, default_of, number_list, param
+from raygeom.params import LAYERS_HELP, MAX_COUNT, MAX_SEED, MAX_WIDTH, PGAParams, Params, allowed, check_value, declared_type, default_of, number_list, param
 from raygeom.replica.settings import ExtractionSettings
 
 errors = Console(stderr=True)
@@ -51,7 +51,7 @@ class CommandFlags(Params):
     revision: str = param("main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.",
                           nonempty=True)
     layers: str = param("all", LAYERS_HELP, nonempty=True)
-    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0)
+    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0, high=MAX_SEED)
     max_words: Optional[int] = param(None, "Cut every text to its first N words before tokenizing, so models with "
                                            "different tokenizers read the same text.", low=1)
     out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).",
@@ -69,7 +69,7 @@ class DiagnoseFlags(Params):
 
     ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis.", rule=number_list(low=0, integers=True),
                            nonempty=True)
-    sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0)
+    sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0, high=MAX_WIDTH)
     depths: Optional[int] = param(None, "Compare only the layers nearest this many evenly spaced relative depths.",
                                   low=2)
     probe: bool = param(True, "Linear probes on the corpus labels.")
@@ -90,8 +90,8 @@ class TrainFlags(Params):
     seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True,
                        rule=number_list(low=0, integers=True))
     save_every: int = param(0, "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every "
-                               "N steps. 0: no checkpoints.", low=0)
-    log_until: int = param(512, "Last log-spaced checkpoint step.", low=0)
+                               "N steps. 0: no checkpoints.", low=0, high=MAX_COUNT)
+    log_until: int = param(512, "Last log-spaced checkpoint step.", low=0, high=MAX_COUNT)
     run_dir: Optional[str] = param(None, "Where checkpoints go (one run only); default "
                                          "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ...",
                                    nonempty=True)
