@@ -19,9 +19,9 @@ class KnnParams(Params):
     test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2, high=MAX_COUNT)
     k: int = param(64, "Neighbours.", low=1, high=MAX_NEIGHBOURS)
     temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True,
-                             rule=number_list(positive=True, words=("auto",), one=True))
+                             rule=number_list(positive=True, high=1e12, words=("auto",), one=True))
     temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True,
-                                    rule=number_list(positive=True))
+                                    rule=number_list(positive=True, high=1e6))
     lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
                       nonempty=True, flag="--lam", rule=number_list(low=0.0, high=1.0))
     batch_size: int = param(4, "Chunks per forward pass.", low=1, high=MAX_BATCH)
