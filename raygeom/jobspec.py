@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
+from raygeom.names import check_path
 from raygeom.replica.settings import ExtractionSettings
 from raygeom.params import MAX_BATCH, MAX_BOOT, MAX_COUNT, MAX_SEED, MAX_TOKENS, MAX_WORKERS, MAX_Z, PGAParams, Params, n_null_settings, nearest, param
 from raygeom.sources.checkpoints import is_run_directory
@@ -220,8 +221,8 @@ def job_relative(path: Path):
     job file, wherever the shell is: ``out = "../runs/laptop"`` in jobs/laptop.toml is runs/laptop of the checkout."""
     base = path.parent
 
-    def resolve(value: str) -> str:
-        given = Path(value).expanduser()
+    def resolve(value: str, what: str = "path") -> str:
+        given = Path(check_path(value, f"{path}: {what}")).expanduser()
         return str(given) if given.is_absolute() else os.path.normpath(base / given)
 
     return resolve
@@ -231,7 +232,7 @@ def _local_model(entry: dict, resolve) -> str:
     """A [[models]] id that names a folder or file beside the job (a run directory, a model folder, a .gguf) is
     resolved; a hub id or built-in name is kept."""
     source = entry["id"]
-    local = resolve(source)
+    local = resolve(source, "[[models]] id")
     if entry.get("run_dir") is True or source.endswith(".gguf") or source.startswith((".", "~", "/")) or Path(local).exists():
         return local
     return source
@@ -240,7 +241,7 @@ def _local_model(entry: dict, resolve) -> str:
 def _local_corpus(name: str, resolve) -> str:
     if name.startswith("hf:") or name == "heldout":
         return name
-    local = resolve(name)
+    local = resolve(name, "[corpus] name")
     return local if name.endswith(CORPUS_FILES) or Path(local).exists() else name
 
 
@@ -336,7 +337,7 @@ def load_job(path: str | Path) -> JobSpec:
         out = job.get("out", f"runs/{path.stem}")
         if not isinstance(out, str) or not out.strip():
             raise RaygeomError(f"[job] out must be a directory path (a string), got {out!r}")
-        out = resolve(out)
+        out = resolve(out, "[job] out")
         spec = JobSpec(
             name=str(job.get("name", path.stem)),
             out=str(out),
