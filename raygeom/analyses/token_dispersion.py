@@ -74,7 +74,7 @@ def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[d
     extraction, analysis = settings_of(params, job.layers)
     corpus = full_corpus(job)
     per_model = chunks_per_model(params, corpus)
-    analysis.check_against(per_model)
+    analysis.check_against(per_model, corpus.texts)
     result = dp.run_dispersion(store, specs, corpus, extraction, analysis,
                                lambda label, _: progress(f"chunks {label}", per_model),
                                progress("dispersion units", len(specs)))
