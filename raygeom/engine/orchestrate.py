@@ -123,6 +123,9 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
                          configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
+        from raygeom.engine.watchdog import watch_driver
+
+        watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
         return
     _connect(address, connect_timeout(timeout_s))
 
