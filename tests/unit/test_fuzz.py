@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from raygeom.errors import RaygeomError
 
-COMMON = dict(deadline=None, derandomize=False, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                                     HealthCheck.function_scoped_fixture])
-settings.register_profile("short", max_examples=60, **COMMON)
-settings.register_profile("long", max_examples=1_500, **COMMON)  # about 10 minutes in all here
+COMMON = {"deadline": None, "derandomize": False, "database": None,
+          "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                                    HealthCheck.function_scoped_fixture]}
+settings.register_profile("short", max_examples=150, **COMMON)
+settings.register_profile("long", max_examples=8_000, **COMMON)  # about 10 minutes in all here
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "short")
                                if os.environ.get("HYPOTHESIS_PROFILE") in ("short", "long") else "short")
 # The cheap properties (pure parsing) take more examples than the ones that write a store or score subspaces.
@@ -65,8 +65,15 @@ def declared_keys() -> dict[str, list[str]]:
     """Every section a job file may hold and the keys declared for it, from the declarations themselves."""
     from raygeom.analyses import registry
     from raygeom.analyses.train import TrainSettings
-    from raygeom.jobspec import (CorpusSection, JobSection, SweepSettings, TrajectorySettings, WidthSettings,
-                                 SWEEP_KEYS, TRAIN_KEYS)
+    from raygeom.jobspec import (
+        SWEEP_KEYS,
+        TRAIN_KEYS,
+        CorpusSection,
+        JobSection,
+        SweepSettings,
+        TrajectorySettings,
+        WidthSettings,
+    )
     from raygeom.params import PGAParams
     from raygeom.replica.settings import ExtractionSettings
 

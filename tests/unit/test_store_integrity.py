@@ -492,7 +492,7 @@ def test_verify_finds_a_deleted_layer_file_and_an_edited_results_table(tmp_path)
     """Issue 41 item 4: a layer file the marker lists, deleted, was '0 damaged'; results/pga.parquet edited (z = 99)
     with its sidecar deleted passed. A freed extraction (every layer file gone, as raygeom gc leaves it) is not damage."""
     import pyarrow as pa
-    import pyarrow.parquet  # noqa: F401
+    import pyarrow.parquet
 
     from raygeom.report.figures import write_rows
 
