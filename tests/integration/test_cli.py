@@ -174,7 +174,9 @@ def test_a_group_sigterm_in_a_registered_analysis_and_a_sigkill_leave_no_ray_beh
     os.killpg(process.pid, signal.SIGTERM)  # as timeout does: the whole group
     began = time.time()
     stdout, stderr = process.communicate(timeout=60)
-    assert time.time() - began < 10 and process.returncode == 143, (process.returncode, stderr[-2000:])
+    # 0.6 s on a quiet machine (docs/reliability.md); 15 s was seen at a load average of 11 on 2 cores, where
+    # ray.shutdown's waits dominate: the bound is the loaded CI machine's, not the 10 s
+    assert time.time() - began < 30 and process.returncode == 143, (process.returncode, stderr[-2000:])
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines == ["interrupted; finished units are kept, rerun to resume"], stderr[-2000:]
     assert not psutil.wait_procs(children, timeout=30)[1]
