@@ -117,7 +117,8 @@ def _from_file(path: Path) -> Corpus:
 
             try:
                 table = pq.read_table(path)
-            except (pa.ArrowException, OSError) as error:
+                table.column_names  # noqa: B018 - a damaged file's names may not decode: refused here, in one line
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
                 raise RaygeomError(f"{path} is not a readable Parquet file: {str(error).splitlines()[0]}") from None
             if "text" not in table.column_names:
                 raise RaygeomError(f"{path}: Parquet corpus needs a 'text' column, found {table.column_names}")
