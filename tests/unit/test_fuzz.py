@@ -24,7 +24,7 @@ from raygeom.errors import RaygeomError
 COMMON = {"deadline": None, "derandomize": False, "database": None,
           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
                                     HealthCheck.function_scoped_fixture]}
-settings.register_profile("short", max_examples=150, **COMMON)
+settings.register_profile("short", max_examples=300, **COMMON)  # about 30 s in all here
 settings.register_profile("long", max_examples=8_000, **COMMON)  # about 10 minutes in all here
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "short")
                                if os.environ.get("HYPOTHESIS_PROFILE") in ("short", "long") else "short")
