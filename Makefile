@@ -13,7 +13,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test test-unit bench results install browser models
+.PHONY: demo test test-unit fuzz bench results install browser models
 
 $(STAMP):
 	python3 -m venv $(VENV)
@@ -52,6 +52,11 @@ test: $(STAMP) $(CHROMIUM)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
+
+# The property tests of tests/unit/test_fuzz.py with hypothesis's long profile (make test runs the short one, about a
+# minute): job files, corpus files, write_activations and subspace_pga, about 10 minutes on 2 cores.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -v tests/unit/test_fuzz.py
 
 bench: $(STAMP)
 	$(PY) bench/bench_pga.py

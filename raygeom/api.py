@@ -20,12 +20,49 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raygeom.errors import InputError
+from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.arrays import as_array  # noqa: F401 - raygeom.as_array
 from raygeom.numerics import pga
 from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
+
+
+def matrix(x, name: str, dtype=np.float64) -> np.ndarray:
+    """``x`` as a finite 2-D array (rows x d), or one line saying what it is instead."""
+    array = as_array(x, dtype, name)
+    if array.ndim != 2:
+        raise InputError(f"{name} must be a 2-D array (rows x d), got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise InputError(f"{name} holds NaN or Inf ({int((~np.isfinite(array)).sum())} of {array.size} values)")
+    return array
+
+
+def checked_params(**values) -> None:
+    """The API's analysis arguments checked by the same declarations as the CLI's flags and job keys."""
+    from raygeom.params import PGAParams
+
+    try:
+        PGAParams.from_mapping(values)
+    except RaygeomError as error:
+        raise InputError(str(error)) from None
+
+
+def checked_device(device: str | None) -> str | None:
+    """``device`` if torch can use it here (None: the default), else one line; not torch's AssertionError."""
+    if device is None:
+        return None
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise InputError(f"device must be cpu, cuda, cuda:N or mps, got {device!r} ({error})") from None
+    if where.type == "cuda" and (not torch.cuda.is_available() or (where.index or 0) >= torch.cuda.device_count()):
+        raise InputError(f"device {device!r} is not available: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if where.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise InputError(f"device {device!r} is not available on this machine")
+    return device
 
 
 def load_model(name: str = "smollm2", revision: str | None = None, device: str = "cpu"):
@@ -163,17 +200,31 @@ def subspace_pga(h, w_u=None, *, readout=None, k: int = 100, r: int = 1, n_null:
     from raygeom.analyses.pga import texts_columns
     from raygeom.numerics.pga_texts import half_sample_spread
 
-    if text_halves == 1 or text_halves < 0:
-        raise InputError(f"text_halves must be 0 (no interval over texts) or at least 2, got {text_halves}")
-    h = as_array(h, np.float32, "H")
+    from raygeom.numerics import rank
+
+    checked_params(k=k, r=r, n_null=n_null, seed=seed, text_halves=text_halves)
+    device = checked_device(device)
+    h = matrix(h, "H", np.float32)
     if readout is None:
         if w_u is None:
             raise InputError("give either W_U or a readout basis")
-        w_u = as_array(w_u, np.float64, "W_U")
-        if w_u.ndim != 2 or h.ndim != 2 or w_u.shape[1] != h.shape[1]:
+        w_u = matrix(w_u, "W_U", np.float64)
+        if w_u.shape[1] != h.shape[1]:
             raise InputError(f"W_U has shape {w_u.shape} but H has shape {h.shape}; both need the same d")
         readout, _ = pga.readout_basis(w_u, k)
-    readout = as_array(readout, np.float64, "readout")
+    readout = matrix(readout, "readout", np.float64)
+    # What the CLI would not score is not scored here either: one InputError with the store's "not scored" reason.
+    if h.shape[0] < 3:
+        raise InputError(f"not scored: pairwise geometry needs at least 3 rows of H, got {h.shape[0]}")
+    info = rank.layer_rank(h)
+    try:
+        if info.rank > 0:
+            rank.check_rank(info, r, k)
+        prepared = pga.prepare_layer(h, r)
+        n = prepared.n_samples
+        rank.check_distinct_distances(prepared.centred_full_ranks, n * (n - 1) // 2, info, r)
+    except InputError as error:
+        raise InputError(f"not scored: {error}") from None
     base = pga.subspace_pga(h, readout=readout, k=k, r=r, n_null=n_null, seed=seed, device=device)
     texts = {}
     if text_halves and np.isfinite(base.z):
@@ -191,7 +242,7 @@ def dispersion(h) -> float:
     (numpy or torch of any dtype and device)."""
     from raygeom.numerics.dispersion import dispersion as mean_cosine_distance
 
-    return mean_cosine_distance(as_array(h, np.float64, "H"))
+    return mean_cosine_distance(matrix(h, "H", np.float64))
 
 
 def pga_by_layer(model, tokenizer, texts: list[str], *, k: int = 100, r: int = 1, n_null: int = 100, seed: int = 0,

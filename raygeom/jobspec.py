@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
+from raygeom.names import check_path
 from raygeom.replica.settings import ExtractionSettings
-from raygeom.params import ChunkSettings, Params, PGAParams, check_value, default_of, n_null_settings, param
+from raygeom.params import (MAX_BOOT, MAX_COUNT, MAX_SEED, MAX_WORKERS, MAX_Z, ChunkSettings, Params,
+                            PGAParams, check_value, default_of, n_null_settings, nearest, param)
 from raygeom.sources.checkpoints import is_run_directory
 from raygeom.sources.layers import _INSIDE
 
@@ -32,19 +34,19 @@ class SweepSettings(Params):
     """How a sweep runs; its grid is JobSpec.models (the [sweep] sizes x revisions plus any [[models]])."""
 
     gpu_memory_gib: float = param(80.0, "Memory per GPU; decides how many GPUs one replica asks for.", low=0.0,
-                                  low_open=True)
-    gpus_per_node: int = param(8, "GPUs per node.", low=1)
-    max_in_flight: int = param(0, "Replicas extracting at once (0: as many as fit); each takes the next revision when its own lands.", low=0)
-    pga_threads: int = param(4, "Revisions analysed at once.", low=1)
+                                  low_open=True, high=100_000.0)
+    gpus_per_node: int = param(8, "GPUs per node.", low=1, high=MAX_WORKERS)
+    max_in_flight: int = param(0, "Replicas extracting at once (0: as many as fit); each takes the next revision when its own lands.", low=0, high=MAX_WORKERS)
+    pga_threads: int = param(4, "Revisions analysed at once.", low=1, high=MAX_WORKERS)
     keep_activations: bool = param(True, "Keep layer files after every unit of a revision is done.")
-    collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.")
-    positive_z: float = param(2.0, "z above which an earlier layer counts as organised.")
+    collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.", high=MAX_Z, low=-MAX_Z)
+    positive_z: float = param(2.0, "z above which an earlier layer counts as organised.", high=MAX_Z, low=-MAX_Z)
     plots: bool = param(True, "Write the sweep's PNG plots.")
     weights_budget_gib: float = param(0.0, "HF cache space the sweep's downloads may hold at once (0: four fifths of the "
-                                      "free disk at the start); downloads run ahead within it.", low=0.0)
+                                      "free disk at the start); downloads run ahead within it.", low=0.0, high=1e9)
     keep_weights: bool = param(False, "Keep every revision the sweep downloads; false deletes each once its extraction "
                                       "is stored (revisions cached before the sweep always stay).")
-    download_retries: int = param(5, "Tries after the first of a file that fails with a 5xx, a reset or a stall.", low=0)
+    download_retries: int = param(5, "Tries after the first of a file that fails with a 5xx, a reset or a stall.", low=0, high=100)
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,8 @@ class CorpusSection(Params):
     """[corpus]: the texts every model reads, sampled in a seeded order."""
 
     name: str = param("bbc", "Built-in name, .txt/.jsonl/.parquet file, hf:<dataset>[:<split>], or 'heldout'.", nonempty=True)
-    n_samples: int = param(500, "Texts.", low=3)
-    seed: int = param(0, "Seed of the sample.", low=0)
+    n_samples: int = param(500, "Texts.", low=3, high=MAX_COUNT)
+    seed: int = param(0, "Seed of the sample.", low=0, high=MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,11 @@ class TrajectorySettings(ChunkSettings):
     and where its report goes."""
 
     gap_layer: str = param("final_norm", "Layer of the dispersion gap G.", nonempty=True)
-    group_size: int = param(10, "Chunks per perplexity group.", low=1)
-    n_groups: int = param(20, "Perplexity groups.", low=1)
-    late_from: int = param(512, "Checkpoints from this step on are 'late' (ranked again among themselves).", low=0)
-    bootstrap: int = param(2000, "Bootstrap draws of the ranking intervals.", low=100)
-    seed: int = param(0, "Seed of the bootstrap.", low=0)
+    group_size: int = param(10, "Chunks per perplexity group.", low=1, high=MAX_COUNT)
+    n_groups: int = param(20, "Perplexity groups.", low=1, high=MAX_COUNT)
+    late_from: int = param(512, "Checkpoints from this step on are 'late' (ranked again among themselves).", low=0, high=MAX_COUNT)
+    bootstrap: int = param(2000, "Bootstrap draws of the ranking intervals.", low=100, high=MAX_BOOT)
+    seed: int = param(0, "Seed of the bootstrap.", low=0, high=MAX_SEED)
     report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/trajectory.md.")
 
 
@@ -84,9 +86,9 @@ class WidthSettings(Params):
     """[width]: the page a width ladder (a [train] grid over hidden_size) regenerates, and how it decides."""
 
     report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/width.md.")
-    positive_z: float = param(2.0, "z whose whole interval lies above this counts as organised.")
-    collapse_z: float = param(0.0, "z whose whole interval lies below this counts as collapsed.")
-    seed: int = param(0, "Seed of the bootstrap intervals.", low=0)
+    positive_z: float = param(2.0, "z whose whole interval lies above this counts as organised.", high=MAX_Z, low=-MAX_Z)
+    collapse_z: float = param(0.0, "z whose whole interval lies below this counts as collapsed.", high=MAX_Z, low=-MAX_Z)
+    seed: int = param(0, "Seed of the bootstrap intervals.", low=0, high=MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -195,12 +197,26 @@ def _section(data: dict, name: str, path: Path) -> dict:
 
 
 def _known(section: dict, allowed: set[str], where: str, path: Path) -> None:
-    unknown = set(section) - allowed
-    if unknown:
-        raise RaygeomError(f"{path}: unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
+    """Every word of a job file is one raygeom reads: an unknown one is refused with the nearest known one."""
+    unknown = sorted(set(section) - allowed, key=str)
+    if not unknown:
+        return
+    if where == "top level":
+        word = unknown[0]
+        tables = [f"[{name}]" for name in sorted(allowed)]
+        if isinstance(section[word], dict) and word in ("analysis", "analyse", "analyze", "analyzes"):
+            inner = next(iter(section[word]), None)
+            hint = f" (did you mean [analyses.{inner}]?)" if inner is not None else " (did you mean [analyses.<name>]?)"
+        else:
+            hint = nearest(f"[{word}]", tables)
+        kind = "section" if isinstance(section[word], dict) else "key"
+        raise RaygeomError(f"{path}: unknown top-level {kind} {'[' + word + ']' if kind == 'section' else word!r}{hint}; "
+                           f"known: {', '.join(tables)}")
+    raise RaygeomError(f"{path}: unknown key(s) in [{where}]: {', '.join(map(str, unknown))}" + nearest(unknown[0], allowed))
 
 
 CORPUS_FILES = (".txt", ".jsonl", ".parquet")
+JOB_SECTIONS = {"job", "models", "corpus", "extract", "pga", "sweep", "analyses", "train", "trajectory", "width"}
 
 
 def job_relative(path: Path):
@@ -208,8 +224,8 @@ def job_relative(path: Path):
     job file, wherever the shell is: ``out = "../runs/laptop"`` in jobs/laptop.toml is runs/laptop of the checkout."""
     base = path.parent
 
-    def resolve(value: str) -> str:
-        given = Path(value).expanduser()
+    def resolve(value: str, what: str = "path") -> str:
+        given = Path(check_path(value, f"{path}: {what}")).expanduser()
         return str(given) if given.is_absolute() else os.path.normpath(base / given)
 
     return resolve
@@ -219,7 +235,7 @@ def _local_model(entry: dict, resolve) -> str:
     """A [[models]] id that names a folder or file beside the job (a run directory, a model folder, a .gguf) is
     resolved; a hub id or built-in name is kept."""
     source = entry["id"]
-    local = resolve(source)
+    local = resolve(source, "[[models]] id")
     if entry.get("run_dir") is True or source.endswith(".gguf") or source.startswith((".", "~", "/")) or Path(local).exists():
         return local
     return source
@@ -228,7 +244,7 @@ def _local_model(entry: dict, resolve) -> str:
 def _local_corpus(name: str, resolve) -> str:
     if name.startswith("hf:") or name == "heldout":
         return name
-    local = resolve(name)
+    local = resolve(name, "[corpus] name")
     return local if name.endswith(CORPUS_FILES) or Path(local).exists() else name
 
 
@@ -248,8 +264,7 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"cannot read job file {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise RaygeomError(f"{path}: malformed TOML: {str(error).splitlines()[0]}") from None
-    _known(data, {"job", "models", "corpus", "extract", "pga", "sweep", "analysis", "analyses", "dispersion", "train",
-                  "trajectory", "width"},
+    _known(data, JOB_SECTIONS,
            "top level", path)
     job = _section(data, "job", path)
     corpus = _section(data, "corpus", path)
@@ -325,8 +340,8 @@ def load_job(path: str | Path) -> JobSpec:
         out = job.get("out", f"runs/{path.stem}")
         if not isinstance(out, str) or not out.strip():
             raise RaygeomError(f"[job] out must be a directory path (a string), got {out!r}")
-        out = resolve(out)
-        return JobSpec(
+        out = resolve(out, "[job] out")
+        spec = JobSpec(
             name=str(job.get("name", path.stem)),
             out=str(out),
             models=tuple(entries),
@@ -335,13 +350,18 @@ def load_job(path: str | Path) -> JobSpec:
             sample_seed=int(corpus.get("seed", 0)),
             layers=str(layers),
             extraction=ExtractionSettings.from_mapping(extract, f"{path}: [extract] "),
-            pga=PGAParams(**{**analysis, **n_null_settings(analysis.get("n_null"))}),
+            pga=PGAParams.from_mapping({**analysis, **n_null_settings(analysis.get("n_null"))}, f"{path}: [pga] "),
             sweep=sweep,
             trains=trains,
             trajectory=trajectory,
             width=width,
             analyses=analyses,
         )
+        for item in analyses:
+            item.spec.check_job(item.params, spec)
+        return spec
+    except RaygeomError as error:
+        raise RaygeomError(error.args[0] if str(error).startswith(str(path)) else f"{path}: {error}") from None
     except (TypeError, ValueError) as error:
         raise RaygeomError(f"{path}: {error}") from None
 

@@ -11,6 +11,19 @@ from raygeom.errors import RaygeomError
 
 _TYPES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
+# Upper bounds from what each quantity means, so a value a run cannot meet is refused before any work (k <= d and
+# r < rank are checked again against the model at plan time).
+MAX_SEED = 2**32 - 1  # numpy's legacy seeds and torch's manual_seed both take 32 bits
+MAX_NULLS = 1_000_000  # random subspaces per layer: z's Monte-Carlo error is far below its bias long before this
+MAX_BOOT = 100_000  # bootstrap resamples: the percentile interval is settled to the third digit well before
+MAX_WIDTH = 65_536  # hidden width d (and so k, r, heads) of any model raygeom can load
+MAX_NEIGHBOURS = 65_536  # kNN-LM neighbours of one query
+MAX_TOKENS = 1_048_576  # tokens of one sequence: beyond every model's context
+MAX_COUNT = 10_000_000  # texts, chunks, groups, training steps
+MAX_BATCH = 65_536  # sequences in one forward batch
+MAX_WORKERS = 100_000  # GPUs, replicas, threads, Ray tasks
+MAX_Z = 1_000.0  # a z threshold
+
 
 def param(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
           high_open: bool = False, choices: tuple | None = None, nonempty: bool = False, flag: str | None = None,
@@ -51,6 +64,19 @@ def number_list(low: float | None = None, high: float | None = None, positive: b
     return allowed, text + "".join(f", or {word}" for word in words)
 
 
+def bound_text(value: float) -> str:
+    """A bound as a refusal states it: whole numbers in full (4,294,967,295, not 4.29497e+09)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def nearest(word: str, known) -> str:
+    """' (did you mean X?)' for the known word closest to a misspelt one, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def declared_type(cls: type, name: str) -> type:
     hint = typing.get_type_hints(cls)[name]
     return hint if hint in _TYPES else typing.get_args(hint)[0] if typing.get_args(hint) else hint
@@ -66,9 +92,9 @@ def allowed(cls: type, name: str) -> str:
         return meta["rule"][1]
     parts = [_TYPES.get(kind, kind.__name__)]
     if meta.get("low") is not None:
-        parts.append(f"{'>' if meta['low_open'] else '>='} {meta['low']:g}")
+        parts.append(f"{'>' if meta['low_open'] else '>='} {bound_text(meta['low'])}")
     if meta.get("high") is not None:
-        parts.append(f"{'<' if meta['high_open'] else '<='} {meta['high']:g}")
+        parts.append(f"{'<' if meta['high_open'] else '<='} {bound_text(meta['high'])}")
     if meta.get("nonempty"):
         parts.append("not empty")
     return " ".join(parts[:1]) + (" " + " and ".join(parts[1:]) if len(parts) > 1 else "")
@@ -165,7 +191,11 @@ class Params:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
-            raise RaygeomError(f"{where}unknown key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+            hint = nearest(unknown[0], names)
+            raise RaygeomError(f"{where}unknown key(s): {', '.join(unknown)}" + (hint or f" (known: {', '.join(sorted(names))})"))
+        if values.get("k") is not None and values.get("k_per_d") and "k_per_d" in names:
+            raise RaygeomError(f"{where}k and k_per_d conflict: k_per_d > 0 sets k = round(k_per_d * d) for each model; "
+                               "give one of them")
         values = {name: canonical_value(name, value) for name, value in values.items()}
         checked = {name: check_value(cls, name, value, where) for name, value in values.items()
                    if value is not None and "help" in next(f for f in fields(cls) if f.name == name).metadata}
@@ -216,25 +246,25 @@ def key_settings(params) -> list:
 
 @dataclass(frozen=True)
 class PGAParams(Params):
-    k: int = param(100, "Readout subspace dimension (k < d).", low=1)
+    k: int = param(100, "Readout subspace dimension (k < d).", low=1, high=MAX_WIDTH)
     k_per_d: float = k_per_d_param()
-    r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr")
-    n_null: int = param(100, "Random subspaces in the null.", low=2)
-    seed: int = param(0, "Seed of the nulls (and of the text sample).", low=0)
-    null_chunks: int = param(10, "Ray tasks the nulls of one layer are split into.", low=1)
-    gpus_per_task: float = param(0.0, "GPUs each PGA task asks Ray for (0: CPU).", low=0.0)
+    r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr", high=MAX_WIDTH)
+    n_null: int = param(100, "Random subspaces in the null.", low=2, high=MAX_NULLS)
+    seed: int = param(0, "Seed of the nulls (and of the text sample).", low=0, high=MAX_SEED)
+    null_chunks: int = param(10, "Ray tasks the nulls of one layer are split into.", low=1, high=10_000)
+    gpus_per_task: float = param(0.0, "GPUs each PGA task asks Ray for (0: CPU).", low=0.0, high=64.0)
     # --n-null auto: nulls are added in blocks of AUTO_NULL_BLOCK until the 95 % half-width of z is at most
     # max(z_half_width, z_rel_width * |z|), or n_null_cap nulls; n_null is then the first block;
     n_null_auto: bool = False
-    z_half_width: float = param(0.25, "Target 95% half-width of z for --n-null auto.", low=0.0, low_open=True)
+    z_half_width: float = param(0.25, "Target 95% half-width of z for --n-null auto.", low=0.0, low_open=True, high=MAX_Z)
     z_rel_width: float = param(0.05, "--n-null auto also stops at this fraction of |z| (half-width <= max(z_half_width, "
                                      "z_rel_width * |z|)).", low=0.0, high=1.0, high_open=True)
-    n_null_cap: int = param(1000, "Most nulls --n-null auto draws for one layer.", low=2)
+    n_null_cap: int = param(1000, "Most nulls --n-null auto draws for one layer.", low=2, high=MAX_NULLS)
     # and, below n_null_decide nulls, while z's interval holds 0, -2 or 2 (a decision still open; 0: off).
     n_null_decide: int = param(500, "--n-null auto keeps drawing while z's 95% interval holds 0, -2 or 2 (its sign or "
-                                    "|z| > 2 still open), up to this many nulls (0: off; --n-null-cap still caps).", low=0)
+                                    "|z| > 2 still open), up to this many nulls (0: off; --n-null-cap still caps).", low=0, high=MAX_NULLS)
     # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
-    text_halves: int = param(10, "Half-samples of the texts for the interval over texts (0: none, else >= 2).", low=0)
+    text_halves: int = param(10, "Half-samples of the texts for the interval over texts (0: none, else >= 2).", low=0, high=1000)
 
     def __post_init__(self):
         super().__post_init__()
@@ -265,15 +295,15 @@ class ChunkShape(Params):
     """Text read in chunks of tokens: declared once for every analysis that does (token_dispersion, slices, gap,
     knn_lm) and for a trajectory job's dispersion side, so each setting has one help text and one default."""
 
-    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2)
-    batch_size: int = param(4, "Chunks per forward batch.", low=1)
+    chunk_len: int = param(512, "Tokens per chunk (at most the model's context).", low=2, high=MAX_TOKENS)
+    batch_size: int = param(4, "Chunks per forward batch.", low=1, high=MAX_BATCH)
 
 
 @dataclass(frozen=True)
 class ChunkSettings(ChunkShape):
     """Chunks drawn per domain (label) of the corpus, and the token set of the dispersion gap's domain side."""
 
-    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1)
+    chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1, high=MAX_COUNT)
     domain_tokens: str = param("digits", "Token set of the gap's domain side: digits, or comma-separated token texts.",
                                nonempty=True)
 

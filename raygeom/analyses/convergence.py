@@ -8,19 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from raygeom.analyses.registry import Analysis, Params, param, register
+from raygeom.params import MAX_NULLS, MAX_WIDTH
 
 
 @dataclass(frozen=True)
 class ConvergenceParams(Params):
-    k: int = param(100, "Readout subspace dimension (k < d of each model).", low=1)
-    r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr")
-    n_null: int = param(100, "Random subspaces in the null.", low=2)
+    k: int = param(100, "Readout subspace dimension (k < d of each model).", low=1, high=MAX_WIDTH)
+    r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr", high=MAX_WIDTH)
+    n_null: int = param(100, "Random subspaces in the null.", low=2, high=MAX_NULLS)
     seed: int = param(0, "Seed of the nulls.", low=0, high=2**32, high_open=True)
-    null_chunks: int = param(10, "Ray tasks the nulls of one pair are split into.", low=1)
+    null_chunks: int = param(10, "Ray tasks the nulls of one pair are split into.", low=1, high=10_000)
     depths: int = param(0, "Compare only the layers nearest this many (>= 2) evenly spaced relative depths; 0: every "
-                           "layer.", low=0)
+                           "layer.", low=0, high=10_000)
     text_halves: int = param(10, "Half-samples of the texts behind each cell's interval over texts (0: none, else >= 2).",
-                             low=0)
+                             low=0, high=1000)
 
 
     def __post_init__(self):
@@ -62,6 +63,14 @@ class Convergence(Analysis):
     columns = ("model_a", "revision_a", "model_b", "revision_b", "layer_a", "layer_b", "z", "z_lo", "z_hi", "k", "r",
                "n", "n_null")
     series = ("k", "r", "n_null")
+
+    def check_job(self, params, job) -> None:
+        # a run directory's revisions are its checkpoints: known only when the job runs, so run() checks again
+        if not any(entry.run_dir for entry in job.models) and sum(len(entry.revisions) for entry in job.models) < 2:
+            from raygeom.errors import RaygeomError
+
+            raise RaygeomError("[analyses.convergence] needs at least two models (or revisions) in the job; "
+                               "converge compares models")
 
     def run(self, store, job, specs, params: ConvergenceParams, progress):
         from raygeom.analyses import converge

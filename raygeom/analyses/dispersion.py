@@ -62,6 +62,8 @@ class DispersionSettings:
             raise RaygeomError("chunks-per-domain and batch-size must be positive")
 
 
+MIN_DISTINCT_TEXTS = 3  # below this, chunk and group correlations have nothing to rank
+
 @dataclass(frozen=True)
 class AnalysisSettings:
     group_size: int = 20  # the authors use 100 over far more chunks; 20 gives 10 groups over the CLI's default 200
@@ -80,8 +82,14 @@ class AnalysisSettings:
         if self.n_boot < 10:
             raise RaygeomError(f"--n-boot must be at least 10, got {self.n_boot}")
 
-    def check_against(self, n_chunks: int) -> None:
-        """Refuse, before any extraction, sizes that can only give NaN group correlations or no slices."""
+    def check_against(self, n_chunks: int, texts: list[str] | None = None) -> None:
+        """Refuse, before any extraction, sizes that can only give NaN group correlations or no slices, and a corpus
+        too repetitive to rank (``texts``): chunks of one text repeated have one perplexity and one geometry, so every
+        correlation would be NaN and every dispersion rounding noise (as PGA refuses too few distinct texts)."""
+        distinct = len(set(texts)) if texts is not None else None
+        if distinct is not None and distinct < MIN_DISTINCT_TEXTS:
+            raise RaygeomError(f"the corpus holds {distinct} distinct text(s) of {len(texts)}; dispersion against "
+                               f"perplexity needs at least {MIN_DISTINCT_TEXTS} distinct texts")
         full = n_chunks // self.group_size
         if full < 3:
             raise RaygeomError(f"--group-size {self.group_size} makes {full} full group(s) of the {n_chunks} chunks asked for; "

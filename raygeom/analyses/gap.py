@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, param, register
 from raygeom.analyses.token_dispersion import ChunkExtractionParams, chunks_per_model, extraction_of, full_corpus
+from raygeom.params import MAX_BOOT
 
 
 @dataclass(frozen=True)
 class GapParams(ChunkExtractionParams):
     layer: str = param("final_norm", "Layer whose gap is measured.", nonempty=True)
-    n_boot: int = param(1000, "Bootstrap draws of G's interval over chunks.", low=10)
+    n_boot: int = param(1000, "Bootstrap draws of G's interval over chunks.", low=10, high=MAX_BOOT)
 
 
 @register

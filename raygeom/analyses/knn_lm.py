@@ -9,27 +9,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, param, register
-from raygeom.params import ChunkShape, number_list
+from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_NEIGHBOURS, MAX_SEED, MAX_TOKENS, ChunkShape, number_list
 
 
 @dataclass(frozen=True)
 class KnnParams(ChunkShape):
-    train_chunks: int = param(40, "Chunks of datastore text.", low=1)
-    test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2)
-    k: int = param(64, "Neighbours.", low=1)
+    train_chunks: int = param(40, "Chunks of datastore text.", low=1, high=MAX_COUNT)
+    test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2, high=MAX_COUNT)
+    k: int = param(64, "Neighbours.", low=1, high=MAX_NEIGHBOURS)
     temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True,
-                             rule=number_list(positive=True, words=("auto",), one=True))
+                             rule=number_list(positive=True, high=1e12, words=("auto",), one=True))
     temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True,
-                                    rule=number_list(positive=True))
+                                    rule=number_list(positive=True, high=1e6))
     lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
                       nonempty=True, flag="--lam", rule=number_list(low=0.0, high=1.0))
     heldout_fraction: float = param(0.2, "Share of the articles held out for tuning and evaluation.", low=0.0,
                                     high=1.0, low_open=True, high_open=True)
     bootstrap_block: int = param(64, "Held-out tokens per resampled block of the bootstrap interval (consecutive, "
-                                     "within a chunk); 1 = single tokens, >= chunk-len = whole chunks.", low=1)
-    n_boot: int = param(2000, "Bootstrap resamples.", low=100)
-    seed: int = param(0, "Seed of the split, the chunks and the bootstrap.", low=0)
-    gpus_per_task: float = param(0.0, "GPUs each kNN-LM task asks Ray for (0: CPU).", low=0.0)
+                                     "within a chunk); 1 = single tokens, >= chunk-len = whole chunks.", low=1, high=MAX_TOKENS)
+    n_boot: int = param(2000, "Bootstrap resamples.", low=100, high=MAX_BOOT)
+    seed: int = param(0, "Seed of the split, the chunks and the bootstrap.", low=0, high=MAX_SEED)
+    gpus_per_task: float = param(0.0, "GPUs each kNN-LM task asks Ray for (0: CPU).", low=0.0, high=64.0)
 
 
 def settings_of(params: KnnParams, layers: str):

@@ -10,14 +10,15 @@ from raygeom.analyses.provenance import layer_row
 from raygeom.analyses.registry import (Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer,
                                       register)
 from raygeom.analyses.spectral import check_k
+from raygeom.params import MAX_SEED, MAX_WIDTH
 
 
 @dataclass(frozen=True)
 class PC1Params(Params):
-    k: int = param(100, "Readout subspace dimension (k < d).", low=1)
+    k: int = param(100, "Readout subspace dimension (k < d).", low=1, high=MAX_WIDTH)
     k_per_d: float = k_per_d_param()
-    seed: int = param(0, "Seed of the half-samples of the interval over texts.", low=0)
-    text_halves: int = param(10, "Half-samples of the texts for the interval.", low=2)
+    seed: int = param(0, "Seed of the half-samples of the interval over texts.", low=0, high=MAX_SEED)
+    text_halves: int = param(10, "Half-samples of the texts for the interval.", low=2, high=1000)
 
 
 def pc1_task(root: str, model: str, revision: str, layer: str, k: int, seed: int, halves: int, key: str) -> dict:

@@ -8,14 +8,15 @@ from dataclasses import dataclass
 from raygeom.analyses.provenance import layer_row
 from raygeom.analyses.registry import Analysis, Metric, Needs, Params, layer_units, param, read_layer, register
 from raygeom.errors import RaygeomError
+from raygeom.params import MAX_SEED
 
 
 @dataclass(frozen=True)
 class ProbeParams(Params):
-    seed: int = param(0, "Seed of the stratified train/test split.", low=0)
+    seed: int = param(0, "Seed of the stratified train/test split.", low=0, high=MAX_SEED)
     test_fraction: float = param(0.25, "Share of the texts held out for testing.", low=0.0, high=1.0, low_open=True,
                                  high_open=True)
-    c: float = param(1.0, "Inverse L2 regularisation strength of the logistic regression.", low=0.0, low_open=True)
+    c: float = param(1.0, "Inverse L2 regularisation strength of the logistic regression.", low=0.0, low_open=True, high=1e12)
 
 
 def probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float,

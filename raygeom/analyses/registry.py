@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Iterable
 
 from raygeom.errors import RaygeomError
-from raygeom.params import Params, for_width, k_per_d_param, key_settings, param  # noqa: F401 - an analysis file declares its Params with these
+from raygeom.params import Params, for_width, k_per_d_param, key_settings, nearest, param  # noqa: F401 - an analysis file declares its Params with these
 
 @dataclass(frozen=True)
 class Needs:
@@ -89,6 +89,10 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
 
     def check(self, params, info: dict, model: str) -> None:
         """Refuse, before any work, parameters this extraction cannot serve (e.g. k >= d)."""
+
+    def check_job(self, params, job) -> None:
+        """Refuse, when the job file is read, a job this analysis can never run on (e.g. one model for a comparison
+        of models), so a job-file analysis refuses what its command refuses."""
 
     @abc.abstractmethod
     def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
@@ -197,7 +201,7 @@ def analyses() -> dict[str, Analysis]:
 def get(name: str) -> Analysis:
     known = analyses()
     if name not in known:
-        raise RaygeomError(f"unknown analysis {name!r}; registered: {', '.join(sorted(known))}")
+        raise RaygeomError(f"unknown analysis {name!r}{nearest(name, known)}; registered: {', '.join(sorted(known))}")
     return known[name]
 
 
@@ -219,7 +223,10 @@ def parse_analyses(section: dict, where: str = "") -> tuple[Planned, ...]:
         raise RaygeomError(f"{where}[analyses] must be a table of [analyses.<name>] tables")
     planned = []
     for name, values in section.items():
-        analysis = get(name)
+        try:
+            analysis = get(name)
+        except RaygeomError as error:
+            raise RaygeomError(f"{where}[analyses.{name}]: {error}") from None
         # [[analyses.<name>]] (an array of tables): several grids of one analysis, e.g. a k/d ladder and one fixed k
         tables = values if isinstance(values, list) and values else [values]
         for index, table in enumerate(tables):

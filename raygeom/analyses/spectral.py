@@ -9,11 +9,12 @@ from raygeom.analyses.provenance import layer_row
 from raygeom.analyses.registry import (Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer,
                                       register)
 from raygeom.errors import RaygeomError
+from raygeom.params import MAX_WIDTH
 
 
 @dataclass(frozen=True)
 class SpectralParams(Params):
-    k: int = param(100, "Readout subspace dimension for the PC1 readout share (k < d).", low=1)
+    k: int = param(100, "Readout subspace dimension for the PC1 readout share (k < d).", low=1, high=MAX_WIDTH)
     k_per_d: float = k_per_d_param()
 
 

@@ -12,25 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, Metric, param, register
-from raygeom.params import ChunkSettings
+from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_SEED, ChunkSettings
 
 
 @dataclass(frozen=True)
 class ChunkExtractionParams(ChunkSettings):
     """The chunk extraction: what token_dispersion, slices and gap read (the same settings share one)."""
 
-    seed: int = param(0, "Seed of the chunk sample, the k-means slices and the bootstraps.", low=0)
+    seed: int = param(0, "Seed of the chunk sample, the k-means slices and the bootstraps.", low=0, high=MAX_SEED)
 
 
 @dataclass(frozen=True)
 class ChunkParams(ChunkExtractionParams):
     """The chunk extraction and the analysis of its layers (shared by token_dispersion and slices)."""
 
-    group_size: int = param(20, "Chunks per perplexity group.", low=1)
-    n_groups: int = param(100, "Most perplexity groups (a correlation over groups needs 3).", low=3)
-    n_slices: int = param(8, "k-means difficulty slices (a rank agreement needs 3).", low=3)
+    group_size: int = param(20, "Chunks per perplexity group.", low=1, high=MAX_COUNT)
+    n_groups: int = param(100, "Most perplexity groups (a correlation over groups needs 3).", low=3, high=MAX_COUNT)
+    n_slices: int = param(8, "k-means difficulty slices (a rank agreement needs 3).", low=3, high=10_000)
     gap_layer: str = param("final_norm", "Layer whose dispersion gap G every row carries.", nonempty=True)
-    n_boot: int = param(1000, "Bootstrap draws of every interval.", low=10)
+    n_boot: int = param(1000, "Bootstrap draws of every interval.", low=10, high=MAX_BOOT)
 
 
 SERIES = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_slices")
@@ -72,7 +72,7 @@ def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[d
     extraction, analysis = settings_of(params, job.layers)
     corpus = full_corpus(job)
     per_model = chunks_per_model(params, corpus)
-    analysis.check_against(per_model)
+    analysis.check_against(per_model, corpus.texts)
     result = dp.run_dispersion(store, specs, corpus, extraction, analysis,
                                lambda label, _: progress(f"chunks {label}", per_model),
                                progress("dispersion units", len(specs)))

@@ -40,7 +40,7 @@ from typing import Optional
 import numpy as np
 
 from raygeom.errors import RaygeomError
-from raygeom.params import Params, number_list, param
+from raygeom.params import MAX_BATCH, MAX_COUNT, MAX_SEED, MAX_TOKENS, MAX_WIDTH, MAX_WORKERS, Params, number_list, param
 from raygeom.store.tree import Store, content_key, write_rows
 
 TRAIN_VERSION = 1
@@ -50,29 +50,29 @@ DATA_SEED = 0
 @dataclass(frozen=True)
 class TrainSettings(Params):
     corpus: str = param("bbc", "Training corpus (as --corpus).", nonempty=True)
-    steps: int = param(600, "Optimiser steps.", low=1)
-    batch_size: int = param(16, "Sequences per step (a multiple of workers).", low=2)
-    seq_len: int = param(128, "Tokens per training sequence.", low=2)
-    lr: float = param(2e-3, "Peak learning rate.", low=0.0, low_open=True)
-    warmup: int = param(50, "Linear warm-up steps.", low=0)
-    weight_decay: float = param(0.01, "AdamW weight decay.", low=0.0)
-    hidden_size: int = param(128, "Model width d (a multiple of n_heads).", low=1)
-    n_layers: int = param(4, "Blocks.", low=1)
-    n_heads: int = param(4, "Attention heads.", low=1)
-    vocab_size: int = param(4096, "BPE vocabulary (at least the 260-symbol byte alphabet).", low=260)
+    steps: int = param(600, "Optimiser steps.", low=1, high=MAX_COUNT)
+    batch_size: int = param(16, "Sequences per step (a multiple of workers).", low=2, high=MAX_BATCH)
+    seq_len: int = param(128, "Tokens per training sequence.", low=2, high=MAX_TOKENS)
+    lr: float = param(2e-3, "Peak learning rate.", low=0.0, low_open=True, high=10.0)
+    warmup: int = param(50, "Linear warm-up steps.", low=0, high=MAX_COUNT)
+    weight_decay: float = param(0.01, "AdamW weight decay.", low=0.0, high=10.0)
+    hidden_size: int = param(128, "Model width d (a multiple of n_heads).", low=1, high=MAX_WIDTH)
+    n_layers: int = param(4, "Blocks.", low=1, high=10_000)
+    n_heads: int = param(4, "Attention heads.", low=1, high=MAX_WIDTH)
+    vocab_size: int = param(4096, "BPE vocabulary (at least the 260-symbol byte alphabet).", low=260, high=10_000_000)
     push_layer: str = param("final_norm", "Layer whose dispersion the push-away loss raises.", nonempty=True)
     over: str = param("tokens", "What D_batch spreads: tokens, or last/mean pooled sequences.",
                       choices=("tokens", "last", "mean"))
-    lam: float = param(0.0, "Push-away weight lambda (0: plain LM loss).", low=0.0)
-    seed: int = param(0, "Seed of the initialisation and batches.", low=0)
-    eval_every: int = param(100, "Steps between held-out evaluations.", low=1)
-    eval_sequences: int = param(128, "Held-out sequences per evaluation.", low=1)
+    lam: float = param(0.0, "Push-away weight lambda (0: plain LM loss).", low=0.0, high=1e6)
+    seed: int = param(0, "Seed of the initialisation and batches.", low=0, high=MAX_SEED)
+    eval_every: int = param(100, "Steps between held-out evaluations.", low=1, high=MAX_COUNT)
+    eval_sequences: int = param(128, "Held-out sequences per evaluation.", low=1, high=MAX_COUNT)
     heldout_fraction: float = param(0.1, "Share of the articles held out.", low=0.0, high=1.0, low_open=True,
                                     high_open=True)
-    max_texts: int = param(0, "Texts of the corpus used (0: all).", low=0)
-    workers: int = param(1, "Data-parallel workers (Ray Train); one runs as a single Ray task.", low=1)
+    max_texts: int = param(0, "Texts of the corpus used (0: all).", low=0, high=MAX_COUNT)
+    workers: int = param(1, "Data-parallel workers (Ray Train); one runs as a single Ray task.", low=1, high=MAX_WORKERS)
     use_gpu: bool = param(False, "One GPU per worker.")
-    cpus_per_worker: float = param(1.0, "CPUs each worker asks Ray for.", low=0.0, low_open=True)
+    cpus_per_worker: float = param(1.0, "CPUs each worker asks Ray for.", low=0.0, low_open=True, high=1024.0)
 
     def __post_init__(self):
         super().__post_init__()
@@ -425,10 +425,10 @@ class TrainRuns(Params):
     the checkpoint schedule."""
 
     seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True,
-                       rule=number_list(low=0, integers=True))
+                       rule=number_list(low=0, high=MAX_SEED, integers=True))
     save_every: int = param(0, "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every "
-                               "N steps. 0: no checkpoints.", low=0)
-    log_until: int = param(512, "Last log-spaced checkpoint step.", low=0)
+                               "N steps. 0: no checkpoints.", low=0, high=MAX_COUNT)
+    log_until: int = param(512, "Last log-spaced checkpoint step.", low=0, high=MAX_COUNT)
     run_dir: Optional[str] = param(None, "Where checkpoints go (one run only); default "
                                          "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ...",
                                    nonempty=True)

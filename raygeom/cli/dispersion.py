@@ -159,7 +159,7 @@ def dispersion(
         store = Store(out)
         check_writable(store.root)
         text = load_corpus(job.corpus)
-        analysis.check_against(len(set(text.labels or ["all"])) * chunks_per_domain)
+        analysis.check_against(len(set(text.labels or ["all"])) * chunks_per_domain, text.texts)
         _start(address, num_cpus)
         from raygeom.analyses import dispersion as dp
 

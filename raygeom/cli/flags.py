@@ -29,7 +29,7 @@ from raygeom.analyses.train import TrainRuns
 from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
-from raygeom.params import LAYERS_HELP, Params, PGAParams, allowed, check_value, declared_type, default_of, number_list, param
+from raygeom.params import LAYERS_HELP, MAX_COUNT, MAX_SEED, MAX_WIDTH, MAX_WORKERS, PGAParams, Params, allowed, check_value, declared_type, default_of, number_list, param
 from raygeom.replica.settings import ExtractionSettings
 
 errors = Console(stderr=True)
@@ -52,27 +52,27 @@ class CommandFlags(Params):
     revision: str = param("main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.",
                           nonempty=True)
     layers: str = param("all", LAYERS_HELP, nonempty=True)
-    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0)
+    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0, high=MAX_SEED)
     max_words: Optional[int] = param(None, "Cut every text to its first N words before tokenizing, so models with "
-                                           "different tokenizers read the same text.", low=1)
+                                           "different tokenizers read the same text.", low=1, high=MAX_COUNT)
     out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).",
                      nonempty=True)
     report: Optional[str] = param(None, "Also copy the tables and plots into this directory.", nonempty=True)
     plots: Optional[str] = param(None, "Where the PNGs go (default: <out>/plots).", nonempty=True)
     address: Optional[str] = param(None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of "
                                          "starting a local one.", nonempty=True)
-    num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1)
+    num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1, high=MAX_WORKERS)
 
 
 @dataclass(frozen=True)
 class DiagnoseFlags(Params):
     """diagnose's and converge's own flags."""
 
-    ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis.", rule=number_list(low=0, integers=True),
+    ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis.", rule=number_list(low=0, high=MAX_WIDTH, integers=True),
                            nonempty=True)
-    sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0)
+    sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0, high=MAX_WIDTH)
     depths: Optional[int] = param(None, "Compare only the layers nearest this many evenly spaced relative depths.",
-                                  low=2)
+                                  low=2, high=10_000)
     probe: bool = param(True, "Linear probes on the corpus labels.")
 
 

@@ -114,6 +114,20 @@ def _no_dashboard_process(start_api_server: Callable) -> Callable:
     return start
 
 
+def _own_session(popen: type) -> type:
+    """Ray's ``ConsolePopen`` starting each process of the local node (GCS, raylet, and so its agents and workers) in
+    a session of its own. A signal sent to the run's process group (``timeout``, a shell's ``kill -TERM -PGID``, a
+    job scheduler) then reaches the driver alone, which stops Ray itself: reaching them too, it killed the node
+    under the driver (no exit within 10 s) and made abseil dump stacks ("*** SIGTERM received") on stderr."""
+
+    class OwnSession(popen):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    return OwnSession
+
+
 def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
         from unittest import mock
@@ -121,11 +135,15 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
         params, node = ray._private.parameter.RayParams, ray._private.node.Node
         try:
             with mock.patch.object(params, "__init__", _lean_local_node(params.__init__)), \
-                    mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)):
+                    mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)), \
+                    mock.patch.object(ray._private.services, "ConsolePopen", _own_session(ray._private.services.ConsolePopen)):
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
+        from raygeom.engine.watchdog import watch_driver
+
+        watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
         return
     _connect(address, connect_timeout(timeout_s))
 

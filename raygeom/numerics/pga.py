@@ -26,7 +26,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, asdict
 from threading import Lock
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 import torch

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.params import Params, param
+from raygeom.params import MAX_BATCH, MAX_TOKENS, Params, param
 
 POOLS = ("last", "mean")
 
@@ -17,10 +17,10 @@ class ExtractionSettings(Params):
     orders of magnitude larger in many LMs), in forward batches of ``batch_size``. The CLI's ``--seq-len``,
     ``--pool``, ``--skip-first/--keep-first`` and ``--batch-size``."""
 
-    seq_len: int = param(128, "Tokens per text (longer texts are cut).", low=1, flag="--seq-len")
+    seq_len: int = param(128, "Tokens per text (longer texts are cut).", low=1, flag="--seq-len", high=MAX_TOKENS)
     pool: str = param("last", "last | mean: the last real token, or the mean over tokens.", choices=POOLS)
     skip_first: bool = param(True, "With pool mean, drop each text's first token.", flag="--skip-first")
-    batch_size: int = param(16, "Texts per forward batch.", low=1, flag="--batch-size")
+    batch_size: int = param(16, "Texts per forward batch.", low=1, flag="--batch-size", high=MAX_BATCH)
 
 
 def batches_at_once(described: dict) -> int:

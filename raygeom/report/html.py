@@ -1238,12 +1238,23 @@ def _store_labels(stores: list[Path]) -> list[str]:
     return names if len(set(names)) == len(names) else [f"store {i + 1}" for i in range(len(names))]
 
 
+def _os_text(error: OSError) -> str:
+    import errno
+
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk is full ({error.filename or ''})"
+    return f"{error.strerror or error} ({error.filename or ''})"
+
+
 def announce_report(store_root: str | Path, console) -> Path | None:
     """For the end of a run command: write the report and print its path. The run's results are already
     written by then, so a report that cannot be written is said, not raised."""
     try:
         path = write_report(store_root)
-    except Exception as error:  # noqa: BLE001 - any failure here must not turn a finished run into a failed one
+    except (OSError, RaygeomError) as error:  # a write that failed (a full disk): the run did not complete its outputs
+        raise RaygeomError(f"report not written: {error if isinstance(error, RaygeomError) else _os_text(error)}; the "
+                           f"results are stored, `raygeom report {store_root}` writes it") from None
+    except Exception as error:  # noqa: BLE001 - a report that cannot be drawn must not turn a finished run into a failed one
         console.print(f"[yellow]report: not written ({type(error).__name__}: {error})[/]", highlight=False)
         return None
     console.print(f"report:  {path}", highlight=False)

@@ -117,13 +117,17 @@ def _from_file(path: Path) -> Corpus:
 
             try:
                 table = pq.read_table(path)
-            except (pa.ArrowException, OSError) as error:
+                table.column_names  # noqa: B018 - a damaged file's names may not decode: refused here, in one line
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
                 raise RaygeomError(f"{path} is not a readable Parquet file: {str(error).splitlines()[0]}") from None
             if "text" not in table.column_names:
                 raise RaygeomError(f"{path}: Parquet corpus needs a 'text' column, found {table.column_names}")
-            texts = _strings(table["text"].to_pylist(), path, "text", "row")
-            if "label" in table.column_names:
-                labels = _strings(table["label"].to_pylist(), path, "label", "row")
+            try:
+                texts = _strings(table["text"].to_pylist(), path, "text", "row")
+                if "label" in table.column_names:
+                    labels = _strings(table["label"].to_pylist(), path, "label", "row")
+            except (UnicodeDecodeError, pa.ArrowException) as error:  # a damaged file's strings
+                raise RaygeomError(f"{path} holds a column that is not valid text: {str(error).splitlines()[0]}") from None
         else:
             raise RaygeomError(f"{path}: corpus files must be .txt (one text per line), .jsonl or .parquet")
     except OSError as error:

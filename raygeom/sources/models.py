@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
+from raygeom.names import check_path
 
 BUILTIN_MODELS = {
     # name: (python package that ships the GGUF, file inside it or None to assemble, what it is). The names say what
@@ -105,6 +106,7 @@ def resolve_models(source: str, revisions=("main",), run_dir: bool = False) -> l
     checkpoint (``revisions``: all, labels or stepN); anything else one spec per revision."""
     from raygeom.sources import checkpoints
 
+    check_path(source, "model")
     if run_dir or checkpoints.is_run_directory(source):
         run = checkpoints.discover(source)
         return [ModelSpec(str(run.root), "checkpoint", c.label) for c in run.select(revisions)]
@@ -118,6 +120,9 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
         raise RaygeomError("a model name must be a non-empty string")
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise RaygeomError(f"revision of model '{source}' must be a non-empty string, got {revision!r}")
+    check_path(source, "model")  # it names a folder, a file or a store segment
+    if revision is not None:
+        check_path(revision, "revision")
     name = ALIASES.get(source.lower(), source.lower())
     path = Path(source).expanduser()
     if name in BUILTIN_MODELS:

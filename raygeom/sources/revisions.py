@@ -86,6 +86,8 @@ def expand_revisions(selection: str | list[str]) -> list[str]:
         for item in selection:
             revisions += [r for r in expand_revisions(item) if r not in revisions]
         return revisions
+    if not isinstance(selection, str):
+        raise RaygeomError(f"revisions must be all, log, linear, every:N, stepA:stepB or a list of these, got {selection!r}")
     text = selection.strip()
     if text == "all":
         return list(PYTHIA_REVISIONS)

@@ -41,6 +41,9 @@ def audit(root: str | Path) -> Audit:
         files = info.get("files") if info else None
         for name, digest in (files if isinstance(files, dict) else {}).items():
             recorded[root / name] = (digest, info)
+    for path, problem in _missing_listed(recorded):
+        result.checked += 1
+        result.damaged.append((path, problem))
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
         if any(part.startswith(".") for part in relative.parts) or not path.is_file():
@@ -74,5 +77,77 @@ def audit(root: str | Path) -> Audit:
             problem = str(error)
         if problem:
             result.damaged.append((path, problem))
+    for table, units in sorted(_tables_of_units(root)):
+        result.checked += 1
+        problem = _table_problem(store, table, units)
+        if problem:
+            result.damaged.append((table, problem))
     return result
+
+
+def _missing_listed(recorded: dict[Path, tuple[str, dict]]) -> list[tuple[Path, str]]:
+    """Files a completion marker lists that are gone. An extraction whose layer files are all gone was freed (``raygeom
+    gc``, ``keep_activations = false``); one missing only some of them, or its readout or samples, lost them."""
+    by_extraction: dict[int, list[Path]] = {}
+    markers = {}
+    for path, (_, marker) in recorded.items():
+        by_extraction.setdefault(id(marker), []).append(path)
+        markers[id(marker)] = marker
+    missing = []
+    for key, paths in by_extraction.items():
+        layers = [p for p in paths if p.parent.name.startswith("layer=")]
+        freed = bool(layers) and not any(p.exists() for p in layers)
+        for path in sorted(paths):
+            if not path.exists() and not (freed and path in layers):
+                missing.append((path, f"{path} is listed by its extraction's {COMPLETE_MARKER} but missing (deleted?)"))
+    return missing
+
+
+def _tables_of_units(root: Path) -> list[tuple[Path, Path]]:
+    """(results/<name>.parquet, results/<name>/): each table that gathers the rows of a directory of unit files."""
+    results = root / "results"
+    return [(table, table.with_suffix("")) for table in results.glob("*.parquet") if table.with_suffix("").is_dir()]
+
+
+def _canonical(row: dict, columns) -> tuple:
+    import math
+
+    def value(v):
+        if isinstance(v, float) and math.isnan(v):
+            return "nan"
+        return repr(v)
+
+    return tuple(value(row.get(c)) for c in columns)
+
+
+def _table_problem(store: Store, table: Path, units: Path) -> str | None:
+    """A results table compared with the unit files it was gathered from (with or without its checksum sidecar):
+    every row of a stored unit must be that unit's row, value for value."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(table).to_pylist()
+    except Exception as error:  # noqa: BLE001 - any unreadable table is damage
+        return f"{table} cannot be read: {error}"
+    by_key: dict[str, list[dict]] = {}
+    for path in sorted(units.glob("*.parquet")):
+        try:
+            for row in store.read_unit_file(path).to_pylist():
+                by_key.setdefault(row.get("unit_key"), []).append(row)
+        except RaygeomError:
+            continue  # a damaged unit file is reported on its own
+    mine: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("unit_key") in by_key:
+            mine.setdefault(row["unit_key"], []).append(row)
+    for key, stored in by_key.items():
+        given = mine.get(key)
+        if given is None:
+            continue  # a unit stored after this table was written (another job's): not this table's
+        columns = sorted(set(given[0]) & set(stored[0]))
+        if sorted(_canonical(r, columns) for r in given) != sorted(_canonical(r, columns) for r in stored):
+            layer = given[0].get("layer", "?")
+            return (f"{table} does not match its unit files: the rows of unit {key} ({layer}) differ from "
+                    f"{units.name}/ (edited?); rerun the job to rewrite it")
+    return None
 

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raygeom.names import check_path, check_segment
 from raygeom.errors import RaygeomError
 
 COMPLETE_MARKER = "_COMPLETE.json"
@@ -99,7 +100,8 @@ def encode_segment(value: str) -> str:
         raise RaygeomError("an empty name cannot be stored")
     encoded = quote(value, safe="-_~+@,")
     stripped = encoded.lstrip(".")
-    return "%2E" * (len(encoded) - len(stripped)) + stripped
+    # every segment is stored behind a key= prefix (revision= is the longest)
+    return check_segment("%2E" * (len(encoded) - len(stripped)) + stripped, "name", "revision=")
 
 
 def decode_segment(segment: str) -> str:
@@ -237,7 +239,7 @@ def check_writable(root: Path) -> None:
     """Fail early, with one line, when the output directory cannot be written or another run writes it.
 
     The calling process becomes the store's one writer until it exits (see :func:`lock_store`)."""
-    root = Path(root)
+    root = Path(check_path(root, "output directory"))
     missing = [d for d in (root.absolute(), *root.absolute().parents) if not d.exists()]
     try:
         root.mkdir(parents=True, exist_ok=True)

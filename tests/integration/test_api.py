@@ -20,6 +20,9 @@ def test_pga_by_layer_matches_the_scipy_reference_on_the_same_activations(hub_ca
     assert nll.shape == (30,) and np.isfinite(nll).all()
     w_u = raygeom.unembedding_matrix(model)
     for row in rows:
+        if row.get("note"):  # the texts end in 6 distinct words: the embedding has rank 5, below k + 2, as the CLI says
+            assert row["layer"] == "embed" and "not scored: rank" in row["note"] and np.isnan(row["z"]), row
+            continue
         expected = reference.pga(activations[row["layer"]], w_u, k=6, r=1, n_null=15, seed=2)
         assert abs(row["z"] - expected["z"]) <= 0.05
         assert row["rho_readout"] == pytest.approx(expected["rho_readout"], abs=2e-4)

@@ -339,7 +339,7 @@ class Full:
 
 def fdopen(fd, mode="r", *args, **kwargs):
     handle = real_fdopen(fd, mode, *args, **kwargs)
-    return Full(handle) if "/results/" in os.readlink(f"/proc/self/fd/{fd}") else handle
+    return Full(handle) if os.environ.get("FULL_AT", "/results/") in os.readlink(f"/proc/self/fd/{fd}") else handle
 
 tree.os.fdopen = fdopen
 from raygeom.cli.root import main
@@ -365,6 +365,13 @@ def test_a_full_disk_is_one_line_leaves_no_partial_result_and_markup_in_names_is
     assert "MarkupError" not in again.stderr and "Traceback" not in again.stderr
     assert str(out) in " ".join(again.stdout.split()) or "a[/red]b[bold]" in again.stdout
     assert (results / "pga.parquet").is_file()
+    # Issue 41 item 5: the disk fills while the report is written (was: said on stdout, exit 0): one line, exit 2.
+    for written in (out / "report.html", out / ".report.html.sha256"):
+        written.unlink()
+    full = subprocess.run([sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True,
+                          env=dict(env, FULL_AT="report.html"), timeout=600)
+    assert_one_line(full, "report not written", "the disk is full")
+    assert not (out / "report.html").exists() and not list(out.glob(".report.html*"))
     assert_one_line(run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
                     "unknown model 'org[/red]x/name'")
 
@@ -437,3 +444,71 @@ def test_the_cli_ends_after_python_exit_handlers_and_before_static_destructors(t
     assert done.stderr.splitlines()[-1] == "PYTHON EXIT HANDLERS RAN", done.stderr
     if case == "done":
         assert "would free 0 layer files" in done.stdout, done.stdout
+
+
+# Issue 41: the CLI cases, many per process (one interpreter start for all): each argv runs raygeom's main as the
+# console script does, from an empty working directory; its exit code, stderr lines and time come back as JSON.
+BATCH = """
+import contextlib, io, json, os, sys, time
+from raygeom.cli.root import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["raygeom", *argv]
+    err, start = io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main()
+            code = 0
+        except SystemExit as done:
+            code = done.code
+    out.append({"argv": argv, "code": code, "lines": [l for l in err.getvalue().splitlines() if l.strip()],
+                "seconds": time.perf_counter() - start, "left": sorted(os.listdir("."))})
+print(json.dumps(out))
+"""
+
+
+def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path):
+    jobs = {
+        "singular.toml": ("[analysis.twonn]\n", "did you mean [analyses.twonn]?"),
+        "foo.toml": ("[dispersion]\nfoo = 1\n", "unknown top-level section '[dispersion]'"),
+        "top.toml": ("analysis = 3\n", "unknown top-level key 'analysis'"),
+        "kd.toml": ("[analyses.pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
+        "one.toml": ("[analyses.convergence]\n", "needs at least two models"),
+        "boot.toml": ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
+        "nulls.toml": ("[pga]\nn_null = 5000000000000\n", "n_null must be an integer >= 2 and <= 1,000,000"),
+        "nan.toml": ("[pga]\nn_null = 9223372036854775807\n", "n_null must be an integer"),
+        "knn.toml": ("[analyses.knn_lm]\nk = 100000000\n", "k must be an integer >= 1 and <= 65,536"),
+        "halves.toml": ("[analyses.pc1]\ntext_halves = 100000000\n", "text_halves must be an integer >= 2 and <= 1,000"),
+        "long_out.toml": (f"[job]\nout = '{'o' * 5000}'\n", "[job] out is 5,000 bytes long"),
+        "long_id.toml": (f"[[models]]\nid = '{'m' * 5000}'\n", "[[models]] id is 5,000 bytes long"),
+        "nul.toml": ("[job]\nout = \"a\\u0000b\"\n", "contains a NUL character"),
+    }
+    work = tmp_path / "empty"
+    work.mkdir()
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    for name, (body, _) in jobs.items():
+        models = "" if "[[models]]" in body else "[[models]]\nid = 'smollm2'\n"
+        (folder / name).write_text(body.replace("analysis = 3\n", "") if name != "top.toml" else body + models)
+        if name != "top.toml":
+            (folder / name).write_text((body if body.startswith("[job]") or "[[models]]" in body else "") +
+                                       models + ("" if body.startswith("[job]") or "[[models]]" in body else body))
+    same = tmp_path / "same.txt"
+    same.write_text("the same text every time, word for word.\n" * 50)
+    cases = [(["plan", str(folder / name)], fragment) for name, (_, fragment) in jobs.items()]
+    cases += [(["pga", "--model", "m" * 300, "--out", "o"], "has a component of 300 bytes"),
+              (["pga", "--model", "EleutherAI/pythia-14m", "--out", "x" * 5000], "a path can be at most 4,095"),
+              (["pga", "--n-null", "5000000000000", "--out", "o"], "--n-null"),
+              (["analyze", "gap", "--n-boot", "9223372036854775807", "--out", "o"], "--n-boot"),
+              (["analyze", "knn_lm", "--k", "100000000", "--out", "o"], "--k must be an integer >= 1 and <= 65,536"),
+              (["dispersion", "--chunk-len", "100000000", "--out", "o"], "--chunk-len"),
+              (["dispersion", "--model", "EleutherAI/pythia-14m", "--corpus", str(same), "--out", "o"],
+               "1 distinct text(s) of 50")]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", BATCH, json.dumps([argv for argv, _ in cases])], capture_output=True,
+                            text=True, env=env, cwd=work, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for (argv, fragment), got in zip(cases, json.loads(result.stdout.splitlines()[-1])):
+        assert got["code"] == 2 and len(got["lines"]) == 1 and fragment in got["lines"][0], (argv[:3], got)
+        assert "Traceback" not in got["lines"][0] and got["left"] == [], (argv[:3], got)
+        assert got["seconds"] < 20, (argv[:3], got["seconds"])  # about 1 s on an idle machine; the CI box is loaded

@@ -142,3 +142,54 @@ def test_sigterm_ends_a_run_like_ctrl_c_with_exit_143_and_stops_the_local_ray_it
     assert "SIGTERM received" not in stderr and "Traceback" not in stderr + stdout, stderr[-2000:]
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [cmdline(child)[:80] for child in alive]
+
+
+def test_a_group_sigterm_in_a_registered_analysis_and_a_sigkill_leave_no_ray_behind(hub_cache, tiny_corpus, tmp_path):
+    """Issue 41 item 7: `timeout` signals the run's whole process group. That reached the local Ray's processes too
+    (abseil's "*** SIGTERM received" dumps, no exit within 10 s); now they run in a session of their own and the
+    driver stops them. After a SIGKILL of the driver, the watchdog ends its Ray's processes (were: 20-85 s)."""
+    import signal
+    import time
+
+    import psutil
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    job = tmp_path / "job.toml"
+    job.write_text(f"[job]\nout = 'out'\n[corpus]\nname = '{tiny_corpus}'\nn_samples = 40\n[extract]\nseq_len = 16\n"
+                   "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step1000']\n[analyses.twonn]\n")
+
+    def start():
+        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--num-cpus", "1"], env=env,
+                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        deadline = time.time() + 180
+        while time.time() < deadline and process.poll() is None and not any(
+                "raylet" in " ".join(_cmdline(c)) for c in psutil.Process(process.pid).children(recursive=True)):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert process.poll() is None, process.communicate()
+        return process, psutil.Process(process.pid).children(recursive=True)
+
+    process, children = start()
+    os.killpg(process.pid, signal.SIGTERM)  # as timeout does: the whole group
+    began = time.time()
+    stdout, stderr = process.communicate(timeout=60)
+    # 0.6 s on a quiet machine (docs/reliability.md); 15 s was seen at a load average of 11 on 2 cores, where
+    # ray.shutdown's waits dominate: the bound is the loaded CI machine's, not the issue's 10 s
+    assert time.time() - began < 30 and process.returncode == 143, (process.returncode, stderr[-2000:])
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines == ["interrupted; finished units are kept, rerun to resume"], stderr[-2000:]
+    assert not psutil.wait_procs(children, timeout=30)[1]
+
+    process, children = start()
+    process.kill()
+    process.communicate(timeout=30)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [" ".join(_cmdline(c))[:80] for c in alive]
+
+
+def _cmdline(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - ended meanwhile
+        return []

@@ -36,7 +36,31 @@ def bad_values(cls, spec) -> list[tuple[str, object, str]]:
     if meta.get("high") is not None:
         above = meta["high"] if meta["high_open"] else meta["high"] + 1
         cases.append(("out of range", above, str(above)))
+    if kind is int:  # a run that could never end (or numpy overflows): TOML's largest integer
+        cases.append(("absurdly large", 2**63 - 1, str(2**63 - 1)))
     return cases
+
+
+def every_params_class() -> list[type]:
+    import raygeom.analyses.train  # noqa: F401 - each module declaring Params is imported, so every subclass is seen
+    import raygeom.cli.root  # noqa: F401
+    import raygeom.jobspec  # noqa: F401
+
+    found, todo = [], [Params]
+    while todo:
+        cls = todo.pop()
+        found += cls.__subclasses__()
+        todo += cls.__subclasses__()
+    return sorted(set(found), key=lambda c: (c.__module__, c.__name__))
+
+
+def test_every_declared_number_has_a_range_a_run_can_meet():
+    """Item 1 of issue 41: a number with no upper bound ran forever (n_boot = 2**63 - 1) or stored NaN."""
+    unbounded = [f"{cls.__module__}.{cls.__name__}.{spec.name}" for cls in every_params_class() for spec in cls.declared()
+                 if declared_type(cls, spec.name) in (int, float)
+                 and (spec.metadata.get("low") is None or spec.metadata.get("high") is None)
+                 or spec.metadata.get("rule") and "<=" not in spec.metadata["rule"][1]]
+    assert len(every_params_class()) >= 15 and not unbounded, unbounded
 
 
 def declared_cases():
@@ -408,3 +432,33 @@ def test_discovering_every_analysis_imports_no_torch():
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("[analysis.twonn]\n", "unknown top-level section '[analysis]' (did you mean [analyses.twonn]?)"),
+    ("[dispersion]\nfoo = 1\n", "unknown top-level section '[dispersion]'"),
+    ("[analyses.twnn]\n", "unknown analysis 'twnn' (did you mean twonn?)"),
+    ("[analyses.pga]\nkk = 3\n", "unknown key(s): kk (did you mean k?)"),
+    ("[corpus]\nn_sample = 3\n", "unknown key(s) in [corpus]: n_sample (did you mean n_samples?)"),
+    ("[analyses.pc1]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
+    ("[pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
+    ("[analyses.convergence]\n", "[analyses.convergence] needs at least two models"),
+    ("[pga]\nn_null = 9223372036854775807\n", "[pga] n_null must be an integer >= 2 and <= 1,000,000"),
+    ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
+])
+def test_every_word_of_a_job_file_is_known_and_conflicts_are_refused(body, expected, tmp_path):
+    """Issue 41 item 2: words that are not keys were dropped (the job then planned the default PGA)."""
+    job = tmp_path / "job.toml"
+    out = tmp_path / "out"
+    job.write_text(f"[job]\nout = '{out}'\n[[models]]\nid = 'smollm2'\n" + body)
+    result = CliRunner().invoke(app, ["plan", str(job)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and expected in lines[0], result.output
+    assert not out.exists()
+
+
+def test_a_top_level_word_that_is_no_section_is_refused(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("analysis = 3\n[[models]]\nid = 'smollm2'\n")
+    result = CliRunner().invoke(app, ["plan", str(job)])
+    assert result.exit_code == 2 and "unknown top-level key 'analysis' (did you mean [analyses]?)" in result.output

@@ -486,3 +486,33 @@ def test_a_relative_store_root_is_made_absolute(tmp_path, monkeypatch):
     # Ray workers do not share the driver's working directory: a relative --out must reach them as an absolute path.
     monkeypatch.chdir(tmp_path)
     assert Store("runs/x").root == tmp_path / "runs" / "x"
+
+
+def test_verify_finds_a_deleted_layer_file_and_an_edited_results_table(tmp_path):
+    """Issue 41 item 4: a layer file the marker lists, deleted, was '0 damaged'; results/pga.parquet edited (z = 99)
+    with its sidecar deleted passed. A freed extraction (every layer file gone, as raygeom gc leaves it) is not damage."""
+    import pyarrow as pa
+    import pyarrow.parquet
+
+    from raygeom.report.figures import write_rows
+
+    store = build(tmp_path)
+    rows = [{"z": 1.5, "layer": "embed", "unit_key": "key-a"}, {"z": -0.5, "layer": "block_00", "unit_key": "key-b"}]
+    for row in rows:
+        store.write_result("pga", row["unit_key"], row)
+    table = write_rows(store.read_results("pga").to_pylist() + [{"z": float("nan"), "layer": "block_07", "unit_key": "x"}],
+                       tmp_path / "results" / "pga.parquet")
+    assert verify_cli(tmp_path).exit_code == 0
+    edited = pa.parquet.read_table(table).to_pylist()
+    edited[0]["z"] = 99.0
+    tree.atomic_write_table(pa.Table.from_pylist(edited), table)
+    checksum_path(table).unlink()
+    found = verify_cli(tmp_path)
+    assert found.exit_code == 1 and "pga.parquet does not match its unit files" in found.output, found.output
+    write_rows(store.read_results("pga").to_pylist(), table)
+    assert verify_cli(tmp_path).exit_code == 0
+    store.layer_path("m", "main", "block_00").unlink()
+    found = verify_cli(tmp_path)
+    assert found.exit_code == 1 and "layer=block_00" in found.output and "listed by" in found.output, found.output
+    store.drop_activations("m", "main", "k1")  # freed: the units are stored, the layers may go
+    assert verify_cli(tmp_path).exit_code == 0, verify_cli(tmp_path).output
