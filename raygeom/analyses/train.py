@@ -265,7 +265,7 @@ def estimate_training_seconds(settings: TrainSettings, checkpoints: int, probe_s
     (with the run's threads): its steps, plus one held-out evaluation per checkpoint and per ``eval_every`` steps,
     each costing about a third of a training step (forward only) per batch of held-out sequences."""
     data = prepare_data(settings.data_fields())
-    quick = replace(settings, warmup=0, eval_every=10**9)
+    quick = replace(settings, warmup=0, eval_every=MAX_COUNT)  # no evaluation inside the pilot
     heldout = replace(data, heldout=data.heldout[:1])
 
     def seconds(steps: int) -> float:

@@ -56,14 +56,19 @@ def test_dispersion_intervals_are_the_t_and_jackknife_intervals(seed, chunks, d)
     per_chunk = rng.uniform(0.2, 0.9, chunks)
     pooled = rng.normal(size=(chunks, d)) + rng.normal(size=d)
     got = _dispersion_intervals(per_chunk, pooled)
-    half = stats.t.ppf(0.975, chunks - 1) * per_chunk.std(ddof=1) / np.sqrt(chunks)
-    assert got["token_dispersion_lo"] == pytest.approx(per_chunk.mean() - half, rel=1e-12)
-    assert got["token_dispersion_hi"] == pytest.approx(per_chunk.mean() + half, rel=1e-12)
+    # both dispersions lie in [0, 2]: each interval is taken on the logit scale of D / 2 and mapped back
+    logit = np.log(per_chunk / 2 / (1 - per_chunk / 2))
+    half = stats.t.ppf(0.975, chunks - 1) * logit.std(ddof=1) / np.sqrt(chunks)
+    back = lambda v: 2 / (1 + np.exp(-v))  # noqa: E731
+    assert got["token_dispersion_lo"] == pytest.approx(min(back(logit.mean() - half), per_chunk.mean()), rel=1e-9)
+    assert got["token_dispersion_hi"] == pytest.approx(max(back(logit.mean() + half), per_chunk.mean()), rel=1e-9)
     full = pdist(pooled, "cosine").mean()
     leave_out = np.array([pdist(np.delete(pooled, i, axis=0), "cosine").mean() for i in range(chunks)])
     se = np.sqrt((chunks - 1) / chunks * np.sum((leave_out - leave_out.mean()) ** 2))
-    assert got["sample_dispersion_lo"] == pytest.approx(full - stats.norm.ppf(0.975) * se, rel=1e-9)
-    assert got["sample_dispersion_hi"] == pytest.approx(full + stats.norm.ppf(0.975) * se, rel=1e-9)
+    centre, spread = np.log(full / 2 / (1 - full / 2)), stats.norm.ppf(0.975) * se / (2 * (full / 2) * (1 - full / 2))
+    assert got["sample_dispersion_lo"] == pytest.approx(back(centre - spread), rel=1e-9)
+    assert got["sample_dispersion_hi"] == pytest.approx(back(centre + spread), rel=1e-9)
+    assert 0 < got["token_dispersion_lo"] < got["token_dispersion_hi"] < 2
 
 
 def test_too_few_chunks_give_no_interval_not_a_false_one():

@@ -131,10 +131,10 @@ def test_extractions_of_other_settings_live_side_by_side(tmp_path):
 
 
 def committed_fixture(tmp_path: Path) -> Path:
-    """A copy of the store committed at the repository root: written before extractions were keyed."""
+    """A copy of tests/fixtures/store-before-keys: a store written before extractions were keyed."""
     import shutil
 
-    shutil.copytree(ROOT / "store", tmp_path / "old")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "store-before-keys", tmp_path / "old")
     return tmp_path / "old"
 
 
