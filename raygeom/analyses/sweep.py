@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from raygeom.extras import has, note_missing
 from raygeom.report.figures import figure_to_draw, pyplot, save_figure
 from raygeom.sources import revisions as pythia
 from raygeom.sources.corpus import Corpus
@@ -549,7 +550,11 @@ def _step_label(step: int) -> str:
 
 def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched.
-    A model with revisions that have no training step gets one column per revision, labelled by name."""
+    A model with revisions that have no training step gets one column per revision, labelled by name. Without
+    matplotlib (the [report] extra), none."""
+    if not has("matplotlib"):
+        note_missing("matplotlib", "no plots drawn")
+        return []
     plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.ticker import NullLocator
