@@ -1137,7 +1137,11 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
 
 def write_report(store_root: str | Path, out: str | Path | None = None, overlay: list[str | Path] = ()) -> Path:
     """Write the report of everything under ``store_root`` (default ``<store>/report.html``); return its path. With
-    ``overlay`` stores, their rows are drawn beside the first store's, each store one more setting of the series."""
+    ``overlay`` stores, their rows are drawn beside the first store's, each store one more setting of the series.
+    Without plotly (the [report] extra), :class:`raygeom.extras.MissingExtra`."""
+    from raygeom.extras import need
+
+    need("plotly")
     root = Path(store_root)
     for store in (root, *map(Path, overlay)):
         if not store.is_dir():
@@ -1174,8 +1178,13 @@ def _store_labels(stores: list[Path]) -> list[str]:
 def announce_report(store_root: str | Path, console) -> Path | None:
     """For the end of a run command: write the report and print its path. The run's results are already
     written by then, so a report that cannot be written is said, not raised."""
+    from raygeom.extras import MissingExtra
+
     try:
         path = write_report(store_root)
+    except MissingExtra as error:
+        console.print(f"report:  not written: {error}", markup=False, highlight=False)
+        return None
     except Exception as error:  # noqa: BLE001 - any failure here must not turn a finished run into a failed one
         console.print(f"[yellow]report: not written ({type(error).__name__}: {error})[/]", highlight=False)
         return None
