@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from markdown_section import section_if_asked  # --markdown
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -252,4 +254,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with section_if_asked(__file__):
+        main()
