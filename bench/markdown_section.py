@@ -22,9 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def machine() -> str:
     """CPU model, cores, memory, Python and torch (when installed), e.g. for a bench's header line."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine()) \
-        if Path("/proc/cpuinfo").exists() else platform.processor() or platform.machine()
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor() or platform.machine(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor() or platform.machine()
+    )
     memory = ""
     if Path("/proc/meminfo").exists():
         kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
@@ -39,8 +48,9 @@ def machine() -> str:
 
 def commit() -> str:
     result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     return (result.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
@@ -77,6 +87,8 @@ def section_if_asked(script: str):
         sys.stdout = real
         took = time.monotonic() - started
         when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        print(f"## {name}\n\n`{command}`\n\n- machine: {machine()}\n- date: {when}, commit {commit()}\n"
-              f"- wall time: {took:.0f} s; 1-minute load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n\n"
-              f"```text\n{buffer.getvalue().rstrip()}\n```\n")
+        print(
+            f"## {name}\n\n`{command}`\n\n- machine: {machine()}\n- date: {when}, commit {commit()}\n"
+            f"- wall time: {took:.0f} s; 1-minute load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n\n"
+            f"```text\n{buffer.getvalue().rstrip()}\n```\n"
+        )

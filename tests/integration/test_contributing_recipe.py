@@ -26,8 +26,12 @@ def recipe_files(text: str) -> dict[str, str]:
 
 def test_the_recipe_has_its_four_files():
     files = recipe_files((ROOT / "CONTRIBUTING.md").read_text())
-    assert sorted(files) == ["mean-norm.toml", "raygeom/analyses/mean_norm.py", "raygeom/numerics/mean_norm.py",
-                             "tests/unit/test_mean_norm.py"]
+    assert sorted(files) == [
+        "mean-norm.toml",
+        "raygeom/analyses/mean_norm.py",
+        "raygeom/numerics/mean_norm.py",
+        "tests/unit/test_mean_norm.py",
+    ]
     assert "\n@register\n" in files["raygeom/analyses/mean_norm.py"]
 
 
@@ -43,8 +47,14 @@ def test_the_recipe_runs_its_test_and_its_job_through_the_cli(tmp_path, hub_cach
         target.write_text(body)
     env = {**os.environ, "PYTHONPATH": str(package), "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
 
-    test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "tests/unit/test_mean_norm.py"], capture_output=True, text=True, env=env, cwd=package, timeout=300)
+    test = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests/unit/test_mean_norm.py"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=package,
+        timeout=300,
+    )
     assert test.returncode == 0 and "3 passed" in test.stdout, test.stdout[-2000:] + test.stderr[-2000:]
 
     job = work / "mean-norm.toml"
@@ -53,8 +63,9 @@ def test_the_recipe_runs_its_test_and_its_job_through_the_cli(tmp_path, hub_cach
     job.write_text(text.replace('id = "smollm2"', 'id = "EleutherAI/pythia-14m"\nrevisions = ["step1000"]'))
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "raygeom.cli", *args], capture_output=True, text=True, env=env,
-                              cwd=work, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "raygeom.cli", *args], capture_output=True, text=True, env=env, cwd=work, timeout=600
+        )
 
     refused = cli("mean_norm", "--job", "mean-norm.toml", "--level", "1.5")
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stdout + refused.stderr

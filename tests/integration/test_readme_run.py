@@ -38,8 +38,14 @@ def test_the_quick_start_and_the_api_run_on_a_tiny_model(tmp_path, hub_cache, ra
     assert [words[1] for words in commands] == ["plan", "run", "report"]
     for words in commands:
         extra = ["--address", ray_address] if words[1] == "run" else []
-        result = subprocess.run([sys.executable, "-m", "raygeom.cli", *words[1:], *extra], capture_output=True,
-                                text=True, env=env, cwd=tmp_path, timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "raygeom.cli", *words[1:], *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
         assert result.returncode == 0, f"{' '.join(words)}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     store = tmp_path / "runs" / "first"
     assert (store / "report.html").is_file()
@@ -47,15 +53,22 @@ def test_the_quick_start_and_the_api_run_on_a_tiny_model(tmp_path, hub_cache, ra
         assert pq.read_table(store / "results" / f"{name}.parquet").num_rows == 5, name  # embed, 3 blocks, final norm
 
     pandas_block = _one(blocks("python"), "read_parquet")
-    read = subprocess.run([sys.executable, "-c", pandas_block], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300)
+    read = subprocess.run(
+        [sys.executable, "-c", pandas_block], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert read.returncode == 0, read.stderr[-3000:]
     assert "z_lo" in read.stdout and "block_02" in read.stdout and "twonn_mle" in read.stdout
 
     api = _one(blocks("python"), "import raygeom\n")
     assert 'raygeom.load_builtin("smollm2")' in api
-    run_api = subprocess.run([sys.executable, "-c", api.replace('raygeom.load_builtin("smollm2")', TINY_LOAD)],
-                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    run_api = subprocess.run(
+        [sys.executable, "-c", api.replace('raygeom.load_builtin("smollm2")', TINY_LOAD)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert run_api.returncode == 0, run_api.stdout[-3000:] + run_api.stderr[-3000:]
     assert "z = " in run_api.stdout and "95 % interval" in run_api.stdout
     mine = tmp_path / "runs" / "mine"
@@ -75,6 +88,6 @@ def test_the_ray_lines_use_commands_and_flags_that_exist():
         while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
             command, rest = command.get_command(None, rest[0]), rest[1:]
             assert command is not None, " ".join(words)
-        rest = rest[:rest.index("--")] if "--" in rest else rest
+        rest = rest[: rest.index("--")] if "--" in rest else rest
         known = {name for parameter in command.params for name in (*parameter.opts, *parameter.secondary_opts)}
         assert not [w for w in rest if w.startswith("-") and w.split("=")[0] not in known], " ".join(words)

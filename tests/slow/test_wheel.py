@@ -58,13 +58,20 @@ def link_distributions(names: set[str], folder: Path) -> None:
 
 def test_the_wheel_installs_and_runs_pga_without_the_extras(tmp_path, hub_cache):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next(wheels.glob("raygeom-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        requires = [line.split(":", 1)[1].strip() for line in archive.read(metadata).decode().splitlines()
-                    if line.startswith("Requires-Dist:")]
+        requires = [
+            line.split(":", 1)[1].strip()
+            for line in archive.read(metadata).decode().splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
     core = [line for line in requires if "extra ==" not in line]
     needed = required_distributions(core)
     assert not needed & EXTRAS_ONLY, f"a core dependency pulls {needed & EXTRAS_ONLY}"
@@ -72,10 +79,20 @@ def test_the_wheel_installs_and_runs_pga_without_the_extras(tmp_path, hub_cache)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True, timeout=300)
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     link_distributions(needed, tmp_path / "core-site")
     (site / "core-dependencies.pth").write_text(f"{tmp_path / 'core-site'}\n")
     assert Path(sysconfig.get_paths()["purelib"]) != site
@@ -86,9 +103,19 @@ def test_the_wheel_installs_and_runs_pga_without_the_extras(tmp_path, hub_cache)
     env.update(HF_HUB_OFFLINE="1", COLUMNS="200", PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
     raygeom = str(venv / "bin" / "raygeom")
 
-    absent = subprocess.run([str(python), "-c", "import importlib.util as u, raygeom; print(raygeom.__file__, "
-                             "[m for m in ('plotly', 'matplotlib', 'tensorboardX') if u.find_spec(m)])"],
-                            capture_output=True, text=True, env=env, cwd=empty, timeout=120)
+    absent = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u, raygeom; print(raygeom.__file__, "
+            "[m for m in ('plotly', 'matplotlib', 'tensorboardX') if u.find_spec(m)])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=empty,
+        timeout=120,
+    )
     assert absent.returncode == 0, absent.stderr
     assert absent.stdout.startswith(str(site)) and absent.stdout.rstrip().endswith("[]"), absent.stdout
 
@@ -99,10 +126,35 @@ def test_the_wheel_installs_and_runs_pga_without_the_extras(tmp_path, hub_cache)
     from raygeom.testing import varied_text
 
     corpus.write_text("".join(f"item {i} {varied_text(i)}\n" for i in range(24)))
-    result = subprocess.run([raygeom, "pga", "--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--corpus",
-                             "texts.txt", "--n-samples", "24", "--seq-len", "16", "--layers", "embed,-1", "--k", "4",
-                             "--n-null", "4", "--out", "out"],
-                            capture_output=True, text=True, env=env, cwd=empty, timeout=600)
+    result = subprocess.run(
+        [
+            raygeom,
+            "pga",
+            "--model",
+            "EleutherAI/pythia-14m",
+            "--revision",
+            "step1000",
+            "--corpus",
+            "texts.txt",
+            "--n-samples",
+            "24",
+            "--seq-len",
+            "16",
+            "--layers",
+            "embed,-1",
+            "--k",
+            "4",
+            "--n-null",
+            "4",
+            "--out",
+            "out",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=empty,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Subspace PGA" in result.stdout and "block_02" in result.stdout
     assert (empty / "out" / "results" / "pga.parquet").is_file()

@@ -18,8 +18,9 @@ HIDDEN = ("plotly", "matplotlib", "tensorboardX")
 @pytest.fixture
 def core_install(monkeypatch):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, **k: None if name.split(".")[0] in HIDDEN else find_spec(name, *a, **k))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name.split(".")[0] in HIDDEN else find_spec(name, *a, **k)
+    )
     monkeypatch.setattr(extras, "_NOTED", set())
     extras.has.cache_clear()
     yield

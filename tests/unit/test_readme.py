@@ -23,9 +23,9 @@ def raygeom_arguments(words: list[str]) -> list[str] | None:
     """The arguments after `raygeom` (or `python -m raygeom.cli`, `.venv/bin/raygeom`), wherever it starts."""
     for i, word in enumerate(words):
         if word == "raygeom" or word.endswith("/raygeom"):
-            return words[i + 1:]
+            return words[i + 1 :]
         if word == "-m" and i + 1 < len(words) and words[i + 1] == "raygeom.cli":
-            return words[i + 2:]
+            return words[i + 2 :]
     return None
 
 
@@ -52,8 +52,11 @@ def check_line(arguments: list[str]) -> list[str]:
         if command is None:
             return [f"raygeom {arguments[0]} {arguments[1]}: no such command"]
     known = options_of(command) | {"--help"}
-    return [f"raygeom {arguments[0]}: no flag {word.split('=')[0]}" for word in rest
-            if word.startswith("--") and word.split("=")[0] not in known]
+    return [
+        f"raygeom {arguments[0]}: no flag {word.split('=')[0]}"
+        for word in rest
+        if word.startswith("--") and word.split("=")[0] not in known
+    ]
 
 
 def test_the_readme_is_under_15_kb():
@@ -68,8 +71,7 @@ def test_the_checker_finds_an_unknown_command_and_flag():
 
 
 def test_every_raygeom_line_names_commands_and_flags_that_exist():
-    lines = [args for text in blocks("bash") for words in shell_commands(text)
-             if (args := raygeom_arguments(words)) is not None]
+    lines = [args for text in blocks("bash") for words in shell_commands(text) if (args := raygeom_arguments(words)) is not None]
     assert len(lines) >= 4
     wrong = [problem for args in lines for problem in check_line(args)]
     assert not wrong, wrong
@@ -90,7 +92,9 @@ def test_the_cli_table_names_commands_and_flags_that_exist():
         commands = [c.split()[1] for c in re.findall(r"`(raygeom [\w-]+)", first) if c.split()[1] != "NAME"]
         for command in commands:
             wrong += check_line([command])
-        known = set().union(*(options_of(click_tree().get_command(None, c)) for c in commands if click_tree().get_command(None, c)))
+        known = set().union(
+            *(options_of(click_tree().get_command(None, c)) for c in commands if click_tree().get_command(None, c))
+        )
         wrong += [f"{first}: no flag {flag}" for flag in re.findall(r"`(--[\w-]+)`", flags) if flag not in known]
     assert not wrong, wrong
 
@@ -109,6 +113,8 @@ def test_the_job_files_load_and_the_python_blocks_compile(tmp_path, monkeypatch)
         compile(text, str(README), "exec")
 
 
-@pytest.mark.parametrize("text, expected", [("raygeom run a.toml \\\n  --out b  # c\n", [["raygeom", "run", "a.toml", "--out", "b"]])])
+@pytest.mark.parametrize(
+    "text, expected", [("raygeom run a.toml \\\n  --out b  # c\n", [["raygeom", "run", "a.toml", "--out", "b"]])]
+)
 def test_shell_commands_join_continuations_and_drop_comments(text, expected):
     assert shell_commands(text) == expected
