@@ -616,7 +616,11 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
 
 
 def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
-    """Per revision: z against relative depth, one line per model, coloured by size (the paper's figure)."""
+    """Per revision: z against relative depth, one line per model, coloured by size (the paper's figure). Without
+    matplotlib (the [report] extra), none."""
+    if not has("matplotlib"):
+        note_missing("matplotlib", "no plots drawn")
+        return []
     plt = pyplot()
     rows = table.to_pylist()
     params = sorted({r["params"] or 0 for r in rows})

@@ -432,8 +432,12 @@ def write_report(store: Store, rows: list[dict], summary: list[dict], plot_dir: 
     job_rows = [{k: v for k, v in r.items() if k != "cached"} for r in rows]
     runs = write_rows(accumulated_rows(store, "train_runs", job_rows), store.root / "results" / "train_runs.parquet")
     table = write_rows(summary, store.root / "results" / "train_summary.parquet")
+    from raygeom.extras import has, note_missing
     from raygeom.report.figures import pyplot, save_figure
 
+    if not has("matplotlib"):
+        note_missing("matplotlib", "no plots drawn")
+        return {"table": table, "runs": runs, "plot": None}
     plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), dpi=110)
     lams = sorted({r["lam"] for r in rows})
