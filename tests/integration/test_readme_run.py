@@ -73,8 +73,8 @@ def test_the_quick_start_and_the_api_run_on_a_tiny_model(tmp_path, hub_cache, ra
     assert "z = " in run_api.stdout and "95 % interval" in run_api.stdout
     mine = tmp_path / "runs" / "mine"
     assert (mine / "report.html").is_file()
-    assert pq.read_table(mine / "results" / "twonn.parquet").num_rows == 3
-    assert pq.read_table(mine / "results" / "pga.parquet").num_rows == 3
+    for name in ("twonn", "pga"):  # one unit file per layer: embed, block_01, block_02
+        assert len(list((mine / "results" / name).glob("*.parquet"))) == 3, name
 
 
 def test_the_ray_lines_use_commands_and_flags_that_exist():
