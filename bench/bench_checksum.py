@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raygeom.store.tree import Store, file_digest
+from markdown_section import section_if_asked  # --markdown
 
 
 def median_ms(action, repeats: int = 9) -> float:
@@ -40,4 +41,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with section_if_asked(__file__):
+        main()

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from markdown_section import section_if_asked  # --markdown
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -508,4 +509,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with section_if_asked(__file__):
+        main()

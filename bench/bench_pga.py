@@ -28,6 +28,7 @@ from scipy.stats import spearmanr
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raygeom.numerics import pga  # noqa: E402
+from markdown_section import section_if_asked  # --markdown
 
 
 def synthetic_layer(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -145,4 +146,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with section_if_asked(__file__):
+        main()

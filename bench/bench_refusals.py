@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from markdown_section import section_if_asked  # --markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 # Runs the CLI as `raygeom` does, then reports which heavy modules the process had imported when it exited.
@@ -93,4 +94,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with section_if_asked(__file__):
+        code = main()
+    sys.exit(code)

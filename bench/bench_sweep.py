@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from markdown_section import section_if_asked  # --markdown
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -329,4 +331,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with section_if_asked(__file__):
+        main()

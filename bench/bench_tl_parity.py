@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from markdown_section import section_if_asked  # --markdown
 
 
 def default_model_dir() -> str:
@@ -115,4 +116,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with section_if_asked(__file__):
+        main()

@@ -434,7 +434,7 @@ def train(
             columns = list(train_module.RUN_COLUMNS) + [c for c in train_module.PROVENANCE + ("revision", "settings", "unit_key")
                                                         if any(c in r for r in rows)]
             _write_report({"train_runs": [{c: r.get(c) for c in columns} for r in rows], "train_summary": summary},
-                          [paths["plot"]], report)
+                          [p for p in [paths["plot"]] if p], report)
             console.print(f"report: {report}")
         announce_report(store.root, console)
     except RaygeomError as error:

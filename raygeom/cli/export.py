@@ -56,8 +56,9 @@ def _varying(runs: list[dict]) -> list[str]:
 
 def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
     """Write the event files; returns counts (runs, scalars, analyses, rows without a layer that were left out)."""
-    from tensorboardX import SummaryWriter
+    from raygeom.extras import need
 
+    SummaryWriter = need("tensorboardX").SummaryWriter
     from raygeom.sources import layers as layer_position
     from raygeom.store.tree import Store, encode_segment
 

@@ -129,7 +129,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
         table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
         plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
         report.print_pga(console, rows)
-        console.print(f"results: {table}\nplot:    {plot}", markup=False)
+        console.print(f"results: {table}" + (f"\nplot:    {plot}" if plot else ""), markup=False)
     for name, path in others.items():
         console.print(f"{name + ':':<10}{path}", markup=False, highlight=False)
     console.print(f"store:   {store.root}", markup=False)

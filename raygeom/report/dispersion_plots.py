@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from raygeom.extras import has, note_missing
 from raygeom.report.figures import drawn_once, format_interval, pyplot, save_figure
 from raygeom.store.tree import read_table
 
@@ -126,9 +127,12 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
 
 
 @drawn_once
-def plot_training(rows: list[dict], summary: list[dict], path: Path) -> Path:
+def plot_training(rows: list[dict], summary: list[dict], path: Path) -> Path | None:
     """Push-away training: the per-step curves of every run, and each lambda's held-out perplexity minus lambda=0's
     on the same seed, with the paired interval."""
+    if not has("matplotlib"):  # the [report] extra
+        note_missing("matplotlib", "no plots drawn")
+        return None
     plt = pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), dpi=110)
     lams = sorted({r["lam"] for r in rows})

@@ -10,6 +10,8 @@ import inspect
 import pickle
 from pathlib import Path
 
+from raygeom.extras import has, note_missing
+
 FIGURE_KEY = "raygeom-inputs"
 _drawing_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("raygeom_figure_key", default=None)
 
@@ -78,11 +80,15 @@ def drawing_key() -> str | None:
 def drawn_once(function):
     """A plot function ``f(..., path, ...) -> path`` that draws nothing when ``path`` holds the PNG it drew from the
     same arguments with the same code, so a rerun that computes nothing redraws nothing (a plot is 0.3-0.5 s here).
-    The key (:func:`figure_key`) is kept in the PNG's text."""
+    The key (:func:`figure_key`) is kept in the PNG's text. Without matplotlib (the [report] extra) it draws
+    nothing, returns None and says so once."""
     signature = inspect.signature(function)
 
     @functools.wraps(function)
     def plot(*args, **kwargs):
+        if not has("matplotlib"):
+            note_missing("matplotlib", "no plots drawn")
+            return None
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         path = Path(bound.arguments["path"])

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raygeom.report.figure_keys import FIGURE_KEY, drawing_key, drawn_key, drawn_once, figure_key, figure_to_draw  # noqa: F401
+from raygeom.extras import need
 from raygeom.store.tree import atomic_write_table, write_rows  # noqa: F401 - where the report's callers find it
 
 
@@ -31,9 +32,9 @@ def format_interval(row: dict, name: str, digits: int = 2, separator: str = ", "
 
 
 def pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, never a window): the one way raygeom gets it."""
-    import matplotlib
-
+    """matplotlib.pyplot on the Agg backend (files only, never a window): the one way raygeom gets it. Without the
+    [report] extra, :class:`raygeom.extras.MissingExtra`."""
+    matplotlib = need("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -136,7 +137,7 @@ def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by 
 def save_figure(fig, path: Path, key: str | None = None) -> Path:
     """Write a PNG under a temporary name and rename it, so a plot is never half-written; close the figure. ``key``
     (or that of the :func:`drawn_once` call drawing it): what it was drawn from, kept in the PNG's text."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp.png")

@@ -1184,7 +1184,11 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
 
 def write_report(store_root: str | Path, out: str | Path | None = None, overlay: list[str | Path] = ()) -> Path:
     """Write the report of everything under ``store_root`` (default ``<store>/report.html``); return its path. With
-    ``overlay`` stores, their rows are drawn beside the first store's, each store one more setting of the series."""
+    ``overlay`` stores, their rows are drawn beside the first store's, each store one more setting of the series.
+    Without plotly (the [report] extra), :class:`raygeom.extras.MissingExtra`."""
+    from raygeom.extras import need
+
+    need("plotly")
     root = Path(store_root)
     for store in (root, *map(Path, overlay)):
         if not store.is_dir():
@@ -1249,8 +1253,13 @@ def _os_text(error: OSError) -> str:
 def announce_report(store_root: str | Path, console) -> Path | None:
     """For the end of a run command: write the report and print its path. The run's results are already
     written by then, so a report that cannot be written is said, not raised."""
+    from raygeom.extras import MissingExtra
+
     try:
         path = write_report(store_root)
+    except MissingExtra as error:
+        console.print(f"report:  not written: {error}", markup=False, highlight=False)
+        return None
     except (OSError, RaygeomError) as error:  # a write that failed (a full disk): the run did not complete its outputs
         raise RaygeomError(f"report not written: {error if isinstance(error, RaygeomError) else _os_text(error)}; the "
                            f"results are stored, `raygeom report {store_root}` writes it") from None

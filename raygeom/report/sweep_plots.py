@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from raygeom.extras import has, note_missing
 from raygeom.report.figures import figure_to_draw, pyplot, save_figure
 from raygeom.store.tree import encode_segment
 
@@ -36,6 +37,9 @@ def step_label(step: int) -> str:
 def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
     """Per model: z over (training step x layer); x is log(step + 1), revisions with flagged weights hatched.
     A model with revisions that have no training step gets one column per revision, labelled by name."""
+    if not has("matplotlib"):  # the [report] extra
+        note_missing("matplotlib", "no plots drawn")
+        return []
     plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.ticker import NullLocator
@@ -98,6 +102,9 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
 
 def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
     """Per revision: z against relative depth, one line per model, coloured by size (the paper's figure)."""
+    if not has("matplotlib"):  # the [report] extra
+        note_missing("matplotlib", "no plots drawn")
+        return []
     plt = pyplot()
     rows = table.to_pylist()
     params = sorted({r["params"] or 0 for r in rows})

@@ -74,12 +74,13 @@ def print_ranked(console: Console, analysis, rows: list[dict], most: int = 30) -
 def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     """One PNG per declared metric: the metric against relative depth, a line (and band) per model, revision and
     setting."""
-    from raygeom.report.figures import figure_to_draw, save_figure
+    from raygeom.extras import has, note_missing
+    from raygeom.report.figures import figure_to_draw, pyplot, save_figure
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if not has("matplotlib"):
+        note_missing("matplotlib", "no plots drawn")
+        return []
+    plt = pyplot()
 
     paths = []
     groups = [(name, sorted(group, key=lambda r: r["relative_depth"]))

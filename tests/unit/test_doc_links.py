@@ -33,9 +33,10 @@ def test_the_link_finder_sees_links_and_skips_code_and_urls():
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(path):
     dead = []
+    base = ROOT if path.name == "README-draft.md" else path.parent  # the README's draft links as README.md will
     for target in relative_links(path.read_text()):
         file_part = target.split("#", 1)[0].split("?", 1)[0]
-        if file_part and not (path.parent / file_part).exists():
+        if file_part and not (base / file_part).exists():
             dead.append(target)
     assert dead == [], f"dead links in {path.relative_to(ROOT)}: {dead}"
 

@@ -20,7 +20,7 @@ ALLOWED_CYCLES: list[set[str]] = []  # none
 
 # Bottom up; a module may import its own layer and the layers before it.
 LAYERS: list[tuple[str, ...]] = [
-    ("raygeom.errors", "raygeom.params", "raygeom.names"),
+    ("raygeom.errors", "raygeom.params", "raygeom.names", "raygeom.extras"),
     ("raygeom.numerics", "raygeom.sources"),
     ("raygeom.store",),
     ("raygeom.replica",),
