@@ -7,6 +7,7 @@ still read it whole within seq_len, so each model pools the last token of exactl
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from raygeom.analyses.registry import Analysis, Params, param, register
 
 
@@ -21,6 +22,8 @@ class ConvergenceParams(Params):
                            "layer.", low=0)
     text_halves: int = param(10, "Half-samples of the texts behind each cell's interval over texts (0: none, else >= 2).",
                              low=0)
+    max_words: int = param(0, "Cut every text to its first N words before tokenizing, so models with different "
+                              "tokenizers read the same text; 0: no cut.", low=0)
 
 
     def __post_init__(self):
@@ -42,11 +45,12 @@ def _converge_params(params: ConvergenceParams):
                           depths=params.depths or None, text_halves=params.text_halves)
 
 
-def _aligned(job, specs):
+def _aligned(job, specs, params: ConvergenceParams):
     from raygeom.analyses.extraction import aligned_corpus
-    from raygeom.sources.corpus import load_corpus
+    from raygeom.sources.corpus import load_corpus, truncate_words
 
-    return aligned_corpus(specs, load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction.seq_len)[0]
+    corpus = truncate_words(load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), params.max_words or None)
+    return aligned_corpus(specs, corpus, job.extraction.seq_len)[0]
 
 
 @register
@@ -62,17 +66,29 @@ class Convergence(Analysis):
     columns = ("model_a", "revision_a", "model_b", "revision_b", "layer_a", "layer_b", "z", "z_lo", "z_hi", "k", "r",
                "n", "n_null")
     series = ("k", "r", "n_null")
+    figures = "raygeom.report.converge_plots:figures"
+
+    def check_models(self, specs):
+        if len(specs) < 2:
+            from raygeom.errors import RaygeomError
+
+            raise RaygeomError(f"convergence needs at least two models (or revisions) in the job; got {len(specs)}")
+
+    def console(self, rows, store=None):
+        from raygeom.analyses.converge import convergence_markdown, pairs
+
+        return [convergence_markdown(group) for group in pairs(rows).values()]
+
+    def documents(self, rows):
+        return {"converge.md": "\n".join(self.console(rows))} if rows else {}
 
     def run(self, store, job, specs, params: ConvergenceParams, progress):
         from raygeom.analyses import converge
         from raygeom.analyses.extraction import extract_models
 
         converge_params = _converge_params(params)
-        if len(specs) < 2:
-            from raygeom.errors import RaygeomError
-
-            raise RaygeomError("convergence needs at least two models (or revisions) in the job")
-        corpus = _aligned(job, specs)
+        self.check_models(specs)
+        corpus = _aligned(job, specs, params)
         infos = extract_models(store, specs, corpus, job.extraction, job.layers, progress=progress)
         models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
         sides = converge.model_sides(store, models, converge_params)
@@ -83,7 +99,7 @@ class Convergence(Analysis):
         from raygeom.analyses import converge
         from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
 
-        corpus = _aligned(job, specs)
+        corpus = _aligned(job, specs, params)
         models = [(s.slug, s.revision, extraction_key(s, corpus.fingerprint(), job.extraction, job.layers, READOUT_COMPONENTS))
                   for s in specs]
         return converge.planned_pairs(store, models, _converge_params(params))

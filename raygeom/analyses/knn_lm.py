@@ -56,6 +56,12 @@ class KnnLM(Analysis):
                "temperature", "lam", "target_in_neighbours", "nearest_is_target", "n_keys", "n_test", "chunk_len", "train_chunks",
                "test_chunks", "k")
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
+    figures = "raygeom.report.dispersion_plots:knn_figures"
+
+    def console(self, rows, store=None):
+        from raygeom.analyses.knn import summary_lines
+
+        return summary_lines(store, rows) if rows else []
 
     def run(self, store, job, specs, params: KnnParams, progress):
         from raygeom.analyses import knn
