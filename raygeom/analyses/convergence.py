@@ -55,6 +55,8 @@ def _aligned(job, specs, params: ConvergenceParams):
 
 @register
 class Convergence(Analysis):
+    """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
+
     name = "convergence"
     version = 1
     Params = ConvergenceParams

@@ -44,6 +44,8 @@ def settings_of(params: KnnParams, layers: str):
 
 @register
 class KnnLM(Analysis):
+    """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
+
     name = "knn_lm"
     version = 2
     Params = KnnParams

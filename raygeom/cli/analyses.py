@@ -64,12 +64,12 @@ def check_report(report: Path | None) -> None:
 
 def copy_report(analysis, outputs, report: Path) -> None:
     """What the run of ``analysis`` wrote (its table, plots and documents) copied into ``report``, each atomically,
-    and a CSV of this run's rows named as its table (<results>.csv)."""
+    and a CSV of this run's rows named as its command (<command>.csv, as docs/results cite them)."""
     from raygeom.report.figures import write_csv
 
     rows = getattr(outputs, "analysis_rows", {}).get(analysis.name)
     if rows:
-        write_csv(rows, report / f"{analysis.results_dir}.csv")
+        write_csv(rows, report / f"{analysis.command or analysis.name}.csv")
     for path in getattr(outputs, "files", {}).get(analysis.name, []):
         if path is not None and path.is_file() and path.parent.resolve() != report.resolve():
             temporary = report / f".{path.name}.tmp"
@@ -116,8 +116,9 @@ def make_command(analysis_name: str):
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
         for name, (annotation, option) in options.items()])
     command.__annotations__ = {name: annotation for name, (annotation, _) in options.items()}
-    command.__doc__ = (f"{analysis.title} of every chosen layer, per model and revision "
-                       f"({analysis.name}, version {analysis.version}). Rows go to <out>/results/{analysis.results_dir}.parquet.")
+    what = (type(analysis).__doc__ or "").strip() or f"{analysis.title} of every chosen layer, per model and revision."
+    command.__doc__ = (f"{what} ({analysis.name}, version {analysis.version}). Rows go to "
+                       f"<out>/results/{analysis.results_dir}.parquet.")
     command = checked(command)
     command.analysis = analysis_name  # its own flags are its Params' (checked by parse_text above)
     return command

@@ -1,10 +1,9 @@
-"""CLI commands for the dispersion analyses (registered by raygeom.cli.root): dispersion, select, train (knn is the
-knn_lm analysis's generated command)."""
+"""CLI commands for the dispersion analyses (registered by raygeom.cli.root): dispersion and train (select and knn
+are the gap and knn_lm analyses' generated commands)."""
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raygeom.analyses.train import TrainSettings
+from raygeom.cli.analyses import check_report
 from raygeom.cli.consoles import output_width
 from raygeom.cli.flags import (LAYERS_HELP, TOKEN_GRID, AddressOption, CommandFlags, DispersionFlags, NumCpusOption, PlotsOption, TrainFlags, checked, fail, grid_job, option,
                                 unique_specs)
@@ -86,16 +86,7 @@ ReportOption = option(CommandFlags, "report", path=True, help="Also write the CS
                       "this directory (e.g. docs/results/dispersion).")
 
 
-def _check_report(report: Optional[Path]) -> None:
-    """A --report directory that cannot be made fails before any work, with one line."""
-    if report is None:
-        return
-    try:
-        report.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise RaygeomError(f"report directory {report} cannot be created: {error.strerror or error}") from None
-    if not os.access(report, os.W_OK):
-        raise RaygeomError(f"report directory {report} is not writable")
+_check_report = check_report  # a --report directory that cannot be made fails before any work
 
 
 # The token-level commands' flags, declared once (raygeom.cli.flags.DispersionFlags).
@@ -204,65 +195,6 @@ def dispersion(
                              f"per domain at {model_layer} (bits per byte compare across tokenizers; perplexity does not)"))
         _write_report({name: result[name] for name in ("layers", "slices", "groups", "domains")}, written, report)
         console.print(f"tables: {store.root / 'results'} (dispersion_layers/slices/groups/domains.parquet)\nplots:  {plot_dir}"
-                      + (f"\nreport: {report}" if report else ""))
-        announce_report(store.root, console)
-    except RaygeomError as error:
-        _fail(str(error))
-
-
-@checked(grid=TOKEN_GRID)
-def select(
-    job: Optional[Path] = typer.Option(None, "--job", help="A job file: its models, revisions, corpus and store are ranked "
-                                                          "(the flags given override it)."),
-    model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None,
-                                        help="Model(s) to rank when no job file is given. Repeatable."),
-    domain_tokens: Optional[str] = DomainTokensOption,
-    layer: Optional[str] = option(DispersionFlags, "gap_layer", flag="--layer", help="Layer whose gap ranks the candidates."),
-    chunk_len: Optional[str] = ChunkLenOption,
-    chunks_per_domain: Optional[str] = option(DispersionFlags, "chunks_per_domain", default=10),
-    batch_size: Optional[str] = BatchSizeOption,
-    n_boot: Optional[str] = NBootOption,
-    seed: Optional[str] = SeedOption,
-    out: Optional[str] = StoreOption,
-    plots: Optional[str] = PlotsOption,
-    report: Optional[str] = ReportOption,
-    given: frozenset = frozenset(),
-    **grid,
-):
-    """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free;
-    G with its 95 % bootstrap interval over chunks and the positions behind it."""
-    values = dict(locals(), **grid)
-    address, num_cpus = grid["address"], grid["num_cpus"]
-    from raygeom.sources.corpus import load_corpus
-    from raygeom.store.tree import Store, check_writable
-
-    try:
-        if job is None and not model:
-            raise RaygeomError("give --job or at least one --model")
-        spec_job, specs, root = _grid("select", values)
-        _prepare(address)
-        from raygeom.analyses.dispersion import DispersionSettings
-
-        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, "all", domain_tokens, seed)
-        _check_report(report)
-        store = Store(root)
-        check_writable(store.root)
-        text = load_corpus(spec_job.corpus)
-        _start(address, num_cpus)
-        from raygeom.analyses.dispersion import rank_by_gap
-        from raygeom.report.dispersion_plots import plot_select
-        rows = rank_by_gap(store, specs, text, settings, layer, n_boot)
-        shown = [{**r, "G [95%]": format_interval(r, "gap", 3, ",")} for r in rows]
-        console.print(_table(shown, ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion",
-                                     "n_domain", "n_generic", "perplexity", "bits_per_byte"],
-                             f"dispersion gap at {layer}, domain tokens: {domain_tokens} (interval: bootstrap over chunks, "
-                             f"{n_boot} draws; bits per byte compare across tokenizers)"))
-        for row in rows:
-            if row.get("gap_warning"):
-                console.print(f"[yellow]warning:[/] {row['model']}@{row['revision']}: {row['gap_warning']}", highlight=False)
-        plot = plot_select(rows, (plots or store.root / "plots") / "select_gap.png")
-        _write_report({"select": rows}, [plot], report)
-        console.print(f"table: {store.root / 'results' / 'dispersion_select.parquet'}\nplot:  {plot}"
                       + (f"\nreport: {report}" if report else ""))
         announce_report(store.root, console)
     except RaygeomError as error:
@@ -409,5 +341,4 @@ def _job_runs(job_file: Path, values: dict) -> tuple[list, Path]:
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
     app.command("dispersion")(dispersion)
-    app.command("select")(select)
     app.command("train")(train)

@@ -125,6 +125,11 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     return save_figure(fig, path)
 
 
+def gap_figures(rows: list[dict], directory: Path) -> list[Path]:
+    """The gap analysis's plot: G of every candidate of this run, in rank order (raygeom.analyses.gap)."""
+    return [plot_select(sorted(rows, key=lambda r: r.get("rank", 0)), directory / "select_gap.png")] if rows else []
+
+
 def knn_figures(rows: list[dict], directory: Path) -> list[Path]:
     """The kNN-LM analysis's plots: one per (model, revision) of this run's rows (raygeom.analyses.knn_lm)."""
     groups: dict[tuple, list[dict]] = {}

@@ -136,6 +136,8 @@ def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -
     from raygeom.store.tree import Store
 
     lines = analysis.console(rows, Store(root))
+    if lines:  # its title heads what it declares, as it heads the generic table
+        lines = [analysis.title, *lines]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not lines and layered and analysis.metrics:

@@ -69,10 +69,10 @@ def ran(monkeypatch) -> list:
     return jobs
 
 
-ANALYSIS_OF = {"converge": "convergence", "knn": "knn_lm"}  # a generated command named otherwise than its analysis
+ANALYSIS_OF = {"converge": "convergence", "knn": "knn_lm", "select": "gap"}  # a generated command named otherwise than its analysis
 
 
-@pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"]])
+@pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"]])
 def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, tmp_path, corpus):
     job = write_job(tmp_path, corpus, extra="[pga]\nk = 7\nn_null = 20\n")
     assert invoke(*command, "--job", job).exit_code == 0
@@ -168,8 +168,7 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(dispersion, "_start", lambda address, num_cpus: None)
 
 
-@pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion"),
-                                                    ("select", "raygeom.analyses.dispersion", "rank_by_gap")])
+@pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion")])
 def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target, name, no_ray, monkeypatch, tmp_path,
                                                                  corpus):
     import importlib
@@ -180,7 +179,7 @@ def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target
     stopped(invoke(command, "--job", job))
     (store, specs, text, settings, *_), _ = calls[-1]
     assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")] and store.root == tmp_path / "job-store"
-    assert len(text.texts) == 60 and settings.layers == ("all" if command == "select" else "embed,1")
+    assert len(text.texts) == 60 and settings.layers == "embed,1"
     stopped(invoke(command, "--job", job, "-m", "EleutherAI/pythia-70m@step3", "--out", tmp_path / "mine"))
     (store, specs, *_), _ = calls[-1]
     assert models_of(specs) == [("EleutherAI/pythia-70m", "step3")] and store.root == tmp_path / "mine"

@@ -415,8 +415,7 @@ def test_discovering_every_analysis_imports_no_torch():
 # Analyses whose `raygeom <command>` is still written by hand (raygeom/cli/dispersion.py, cli/diagnostics.py, pga in
 # cli/root.py); their `analyze <name>` is generated like every other's. An entry here is work left (issue 37 item 1),
 # not a permitted exception.
-HAND_WRITTEN = {"token_dispersion": "dispersion", "slices": "dispersion", "gap": "select", "probe": "probe",
-                "pga": "pga"}
+HAND_WRITTEN = {"token_dispersion": "dispersion", "slices": "dispersion", "probe": "probe", "pga": "pga"}
 
 
 def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tmp_path):
