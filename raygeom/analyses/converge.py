@@ -279,3 +279,64 @@ def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray,
                 "d_a": a.info["d"], "d_b": b.info["d"],
             })
     return rows
+
+
+# ---------------------------------------------------------------- what a run prints and writes (its declaration's
+# console and documents)
+
+def depth_matched(rows: list[dict]) -> list[dict]:
+    """For each layer of the model with fewer layers, the cell whose other layer is nearest in relative depth."""
+    by_a: dict[str, list[dict]] = {}
+    by_b: dict[str, list[dict]] = {}
+    for r in rows:
+        by_a.setdefault(r["layer_a"], []).append(r)
+        by_b.setdefault(r["layer_b"], []).append(r)
+    if len(by_a) <= len(by_b):
+        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_b"])) for cells in by_a.values()]
+    else:
+        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_a"])) for cells in by_b.values()]
+    return sorted(picks, key=lambda r: (r["relative_depth_a"], r["relative_depth_b"]))
+
+
+def _excess_text(row: dict) -> str:
+    excess = row["rho_readout"] - row["rho_full"]
+    lo, hi = row.get("excess_texts_lo"), row.get("excess_texts_hi")
+    return f"{excess:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None and lo == lo else "")
+
+
+def convergence_markdown(rows: list[dict]) -> str:
+    first = rows[0]
+    full = np.array([r["rho_full"] for r in rows])
+    readout = np.array([r["rho_readout"] for r in rows])
+    z = np.array([r["z"] for r in rows])
+    z_lo = np.array([r.get("z_lo", np.nan) for r in rows])
+    z_hi = np.array([r.get("z_hi", np.nan) for r in rows])
+    nulls = np.array([r["null_mean"] for r in rows])
+    lines = [f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
+             f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})", "",
+             f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}"
+             + (f" ({np.mean(np.array([r.get('excess_texts_lo', np.nan) for r in rows]) > 0):.0%} with the whole 95% interval "
+                f"over texts above 0, {np.mean(np.array([r.get('excess_texts_hi', np.nan) for r in rows]) < 0):.0%} below)"
+                if rows[0].get("excess_texts_lo") is not None else "") + ", "
+             f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%} ({np.mean(z_lo > 2):.0%} with the whole "
+             f"95% interval above 2), z < -2 in {np.mean(z < -2):.0%} ({np.mean(z_hi < -2):.0%}); "
+             f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.", "",
+             "Layers matched by relative depth:", "",
+             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper "
+             "| readout − full [95% over texts] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in depth_matched(rows):
+        half, p_upper = r.get("z_half_width"), r.get("p_upper")
+        z_text = f"{r['z']:+.1f}" + (f" ± {half:.1f}" if half is not None and half == half else "")
+        p_text = f"{p_upper:.2g}" if p_upper is not None and p_upper == p_upper else ""
+        lines.append(f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
+                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} | {_excess_text(r)} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def pairs(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model_a"], row["revision_a"], row["model_b"], row["revision_b"]), []).append(row)
+    return groups

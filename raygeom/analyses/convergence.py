@@ -7,8 +7,9 @@ still read it whole within seq_len, so each model pools the last token of exactl
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from raygeom.analyses.registry import Analysis, Params, param, register
-from raygeom.params import MAX_NULLS, MAX_WIDTH
+from raygeom.params import MAX_COUNT, MAX_NULLS, MAX_WIDTH
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class ConvergenceParams(Params):
                            "layer.", low=0, high=10_000)
     text_halves: int = param(10, "Half-samples of the texts behind each cell's interval over texts (0: none, else >= 2).",
                              low=0, high=1000)
+    max_words: int = param(0, "Cut every text to its first N words before tokenizing, so models with different "
+                              "tokenizers read the same text; 0: no cut.", low=0, high=MAX_COUNT)
 
 
     def __post_init__(self):
@@ -43,15 +46,18 @@ def _converge_params(params: ConvergenceParams):
                           depths=params.depths or None, text_halves=params.text_halves)
 
 
-def _aligned(job, specs):
+def _aligned(job, specs, params: ConvergenceParams):
     from raygeom.analyses.extraction import aligned_corpus
-    from raygeom.sources.corpus import load_corpus
+    from raygeom.sources.corpus import load_corpus, truncate_words
 
-    return aligned_corpus(specs, load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction.seq_len)[0]
+    corpus = truncate_words(load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), params.max_words or None)
+    return aligned_corpus(specs, corpus, job.extraction.seq_len)[0]
 
 
 @register
 class Convergence(Analysis):
+    """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
+
     name = "convergence"
     version = 1
     Params = ConvergenceParams
@@ -63,6 +69,21 @@ class Convergence(Analysis):
     columns = ("model_a", "revision_a", "model_b", "revision_b", "layer_a", "layer_b", "z", "z_lo", "z_hi", "k", "r",
                "n", "n_null")
     series = ("k", "r", "n_null")
+    figures = "raygeom.report.converge_plots:figures"
+
+    def check_models(self, specs):
+        if len(specs) < 2:
+            from raygeom.errors import RaygeomError
+
+            raise RaygeomError(f"convergence needs at least two models (or revisions) in the job; got {len(specs)}")
+
+    def console(self, rows, store=None):
+        from raygeom.analyses.converge import convergence_markdown, pairs
+
+        return [convergence_markdown(group) for group in pairs(rows).values()]
+
+    def documents(self, rows):
+        return {"converge.md": "\n".join(self.console(rows))} if rows else {}
 
     def check_job(self, params, job) -> None:
         # a run directory's revisions are its checkpoints: known only when the job runs, so run() checks again
@@ -77,11 +98,8 @@ class Convergence(Analysis):
         from raygeom.analyses.extraction import extract_models
 
         converge_params = _converge_params(params)
-        if len(specs) < 2:
-            from raygeom.errors import RaygeomError
-
-            raise RaygeomError("convergence needs at least two models (or revisions) in the job")
-        corpus = _aligned(job, specs)
+        self.check_models(specs)
+        corpus = _aligned(job, specs, params)
         infos = extract_models(store, specs, corpus, job.extraction, job.layers, progress=progress)
         models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
         sides = converge.model_sides(store, models, converge_params)
@@ -92,7 +110,7 @@ class Convergence(Analysis):
         from raygeom.analyses import converge
         from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
 
-        corpus = _aligned(job, specs)
+        corpus = _aligned(job, specs, params)
         models = [(s.slug, s.revision, extraction_key(s, corpus.fingerprint(), job.extraction, job.layers, READOUT_COMPONENTS))
                   for s in specs]
         return converge.planned_pairs(store, models, _converge_params(params))

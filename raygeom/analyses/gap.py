@@ -21,6 +21,8 @@ class GapParams(ChunkExtractionParams):
 
 @register
 class DispersionGap(Analysis):
+    """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free; G with its 95 % bootstrap interval over chunks."""
+
     name = "gap"
     version = 2
     Params = GapParams
@@ -34,6 +36,30 @@ class DispersionGap(Analysis):
     columns = ("layer", "gap", "gap_se", "gap_lo", "gap_hi", "domain_dispersion", "generic_dispersion", "n_domain",
                "n_generic", "perplexity", "bits_per_byte", "gap_warning", "chunk_len", "chunks_per_domain", "domain_tokens")
     series = ("chunk_len", "chunks_per_domain", "domain_tokens")
+    figures = "raygeom.report.dispersion_plots:gap_figures"
+
+    def console(self, rows, store=None):
+        """The ranking: G with its interval, the sides and perplexity per candidate; a warning per thin domain side."""
+        if not rows:
+            return []
+
+        def cell(value):
+            return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+        first = rows[0]
+        columns = ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion", "n_domain",
+                   "n_generic", "perplexity", "bits_per_byte"]
+        lines = [f"dispersion gap at {first['layer']}, domain tokens: {first.get('domain_tokens')} (interval: bootstrap "
+                 f"over chunks; bits per byte compare across tokenizers)", "",
+                 "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for row in rows:
+            known = all(isinstance(row.get(c), float) and row[c] == row[c] for c in ("gap", "gap_lo", "gap_hi"))
+            shown = {**row, "G [95%]": f"{row['gap']:+.3f} [{row['gap_lo']:+.3f}, {row['gap_hi']:+.3f}]" if known
+                     else cell(row.get("gap"))}
+            lines.append("| " + " | ".join(cell(shown.get(c, "")) for c in columns) + " |")
+        lines.append("")
+        return lines + [f"warning: {row['model']}@{row['revision']}: {row['gap_warning']}" for row in rows
+                        if row.get("gap_warning")]
 
     def run(self, store, job, specs, params: GapParams, progress):
         from raygeom.analyses import dispersion as dp

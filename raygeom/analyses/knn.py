@@ -416,8 +416,15 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         atomic_write_text(json.dumps(info, indent=2), marker)
     provenance = _settings_columns(spec, corpus if test_corpus is None else train_text, train_text, test_text, settings)
     rows = run_units(store, units(store, directory, info, settings, provenance), progress)
-    order = {name: i for i, name in enumerate(info["all_layers"])}
-    most = max(rows, key=lambda r: (r["dispersion"], -order[r["layer"]]))["layer"]
+    table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")
+    return {**summarise(store, rows, settings), "table": table}
+
+
+def summarise(store: Store, rows: list[dict], settings: KnnSettings) -> dict:
+    """The layer rows of one (model, revision) and what they decide: the best layer against the runner-up, the
+    max-dispersion layer, the rank correlations over layers of dispersion with -perplexity and with retrieval, and
+    a warning per grid whose chosen value sits at its edge."""
+    most = max(rows, key=lambda r: (r["dispersion"], -r["layer_index"]))["layer"]
 
     def rank_correlation(column: str, sign: float = 1.0) -> float:
         from raygeom.numerics.distributions import spearman  # scipy.special: not when discovery imports this module
@@ -427,8 +434,55 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
         return spearman([r["dispersion"] for r in rows], [sign * r[column] for r in rows])
 
     comparison = best_against_runner_up(store, rows, settings)
-    table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")
     return {"layers": rows, "best_layer": comparison["best_layer"], "best_vs_runner_up": comparison,
             "max_dispersion_layer": most, "spearman": rank_correlation("knn_perplexity", -1.0),
             "spearman_retrieval": rank_correlation("target_in_neighbours"), "n_keys": rows[0]["n_keys"],
-            "n_test": rows[0]["n_test"], "warnings": edge_warnings(rows, settings), "table": table}
+            "n_test": rows[0]["n_test"], "warnings": edge_warnings(rows, settings)}
+
+
+def _interval(value, lo, hi) -> str:
+    if not isinstance(value, float) or not np.isfinite(value):
+        return "nan"
+    known = all(isinstance(b, float) and np.isfinite(b) for b in (lo, hi))
+    return f"{value:+.2f}" + (f" [{lo:+.2f}, {hi:+.2f}]" if known else "")
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def summary_lines(store: Store, rows: list[dict]) -> list[str]:
+    """What a kNN-LM run prints, per (model, revision): its layers with the perplexity difference and its interval,
+    the best layer against the runner-up, the max-dispersion layer with the rank correlations, the grid warnings."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["revision"]), []).append(row)
+    lines = []
+    for (model, revision), group in groups.items():
+        group = sorted(group, key=lambda r: r["layer_index"])
+        settings = KnnSettings(**json.loads(group[0]["settings"]))
+        result = summarise(store, group, settings)
+        first = group[0]
+        columns = ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "ppl difference [95% CI]",
+                   "target_in_neighbours", "nearest_is_target"]
+        lines += [f"kNN-LM  {model}@{revision}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, "
+                  f"k={settings.k}, base perplexity {first['base_perplexity']:.2f}; interval: bootstrap over blocks of "
+                  f"{settings.bootstrap_block} held-out tokens, {first.get('bootstrap_units')} blocks)", "",
+                  "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for row in group:
+            cells = {**row, "ppl difference [95% CI]": _interval(row["delta"], row.get("delta_lo"), row.get("delta_hi"))}
+            lines.append("| " + " | ".join(_cell(cells.get(c, "")) for c in columns) + " |")
+        lines.append("")
+        versus = result["best_vs_runner_up"]
+        if versus["runner_up"] is not None:
+            verdict = {True: "separated", False: "NOT separated (the interval contains 0)",
+                       None: "not compared"}[versus["separated"]]
+            lines.append(f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity "
+                         f"difference {_interval(versus['difference'], versus['lo'], versus['hi'])} (paired bootstrap): "
+                         f"{verdict}")
+        lines.append(f"max-dispersion layer: {result['max_dispersion_layer']}   agrees with the best layer: "
+                     f"{result['best_layer'] == result['max_dispersion_layer']}   Spearman over layers: dispersion vs "
+                     f"-perplexity {result['spearman']:+.3f}, dispersion vs target-among-neighbours "
+                     f"{result['spearman_retrieval']:+.3f}")
+        lines += [f"warning: {line}" for line in result["warnings"]]
+    return lines

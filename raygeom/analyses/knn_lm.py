@@ -44,6 +44,8 @@ def settings_of(params: KnnParams, layers: str):
 
 @register
 class KnnLM(Analysis):
+    """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
+
     name = "knn_lm"
     version = 2
     Params = KnnParams
@@ -56,6 +58,12 @@ class KnnLM(Analysis):
                "temperature", "lam", "target_in_neighbours", "nearest_is_target", "n_keys", "n_test", "chunk_len", "train_chunks",
                "test_chunks", "k")
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
+    figures = "raygeom.report.dispersion_plots:knn_figures"
+
+    def console(self, rows, store=None):
+        from raygeom.analyses.knn import summary_lines
+
+        return summary_lines(store, rows) if rows else []
 
     def run(self, store, job, specs, params: KnnParams, progress):
         from raygeom.analyses import knn

@@ -82,6 +82,9 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     # depth, and a step x layer heatmap per setting). Analyses naming one function share that section.
     section: ClassVar[str | None] = None
     command: ClassVar[str | None] = None  # the name of its generated command (raygeom <command>), if not its name
+    # "module:function" of the report layer drawing this run's plots: function(rows, plots directory) -> [paths]; None:
+    # the generic plots (each metric by depth)
+    figures: ClassVar[str | None] = None
 
     def for_width(self, params, d: int | None):
         """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""
@@ -93,6 +96,18 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     def check_job(self, params, job) -> None:
         """Refuse, when the job file is read, a job this analysis can never run on (e.g. one model for a comparison
         of models), so a job-file analysis refuses what its command refuses."""
+
+    def check_models(self, specs: list) -> None:
+        """Refuse, before any work, a job whose (model, revision)s this analysis cannot serve (e.g. too few)."""
+
+    def console(self, rows: list[dict], store=None) -> list[str]:
+        """The lines a run prints of this job's rows (plain text; ``store``: where they are, for what they decide);
+        empty: the generic table of its metrics or columns."""
+        return []
+
+    def documents(self, rows: list[dict]) -> dict[str, str]:
+        """Text files (name -> text) a run writes beside its table under results/, e.g. a Markdown summary."""
+        return {}
 
     @abc.abstractmethod
     def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:

@@ -1,4 +1,4 @@
-"""CLI commands for the diagnostics analyses (registered by raygeom.cli.root): ``diagnose``, ``converge``, ``probe``.
+"""CLI commands for the diagnostics analyses (registered by raygeom.cli.root): ``diagnose`` and ``probe`` (``converge`` is the convergence analysis's generated command).
 
 Each command extracts the models it names (or reuses a complete extraction with
 the same settings in ``--out``), runs its analysis on Ray, then writes Parquet
@@ -22,7 +22,6 @@ from raygeom.cli.flags import (PGA_OPTIONS, TEXT_GRID, CommandFlags, DiagnoseFla
                                 unique_specs)
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
-from raygeom.params import PGAParams
 
 Z_METRICS = (  # (column, label, log scale)
     ("rankme", "RankMe", False),
@@ -50,23 +49,6 @@ def _parse_ranks(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(ranks)))
 
 
-def truncate_words(corpus, max_words: Optional[int]):
-    """Keep each text's first ``max_words`` whitespace-separated words.
-
-    Models with different tokenizers cut a long text at different places when
-    they truncate to ``seq_len`` tokens, so their last tokens would be different
-    words; cutting the text itself first makes every model read, and pool the
-    last token of, exactly the same text.
-    """
-    from raygeom.sources.corpus import Corpus
-
-    if max_words is None:
-        return corpus
-    if max_words < 1:
-        raise RaygeomError(f"--max-words must be positive, got {max_words}")
-    return Corpus(f"{corpus.name}[:{max_words}w]", [" ".join(t.split()[:max_words]) for t in corpus.texts], corpus.labels)
-
-
 def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str, settings, out: Path, console,
                  max_words: Optional[int] = None, align: bool = False, nll: bool = False):
     """Extract each model into the store (a complete matching extraction is reused). Returns (store, infos).
@@ -75,7 +57,7 @@ def _extract_all(specs, corpus_name: str, n_samples: int, seed: int, layers: str
     With ``align``, every text is first cut where all the models' tokenizers still read it whole, so each
     model pools the last token of exactly the same text."""
     from raygeom.analyses.extraction import aligned_corpus, extract_models
-    from raygeom.sources.corpus import load_corpus
+    from raygeom.sources.corpus import load_corpus, truncate_words
     from raygeom.jobs.pipeline import progress_bar
     from raygeom.store.tree import Store
 
@@ -280,107 +262,6 @@ def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
         console.print(table)
 
 
-# ---------------------------------------------------------------- converge: plots and tables
-
-@drawn_once
-def plot_convergence(rows: list[dict], path: Path) -> Path:
-    plt = pyplot()
-    a_layers = sorted({(r["layer_index_a"], r["layer_a"]) for r in rows})
-    b_layers = sorted({(r["layer_index_b"], r["layer_b"]) for r in rows})
-    ia = {name: i for i, (_, name) in enumerate(a_layers)}
-    ib = {name: j for j, (_, name) in enumerate(b_layers)}
-    panels = {name: np.full((len(a_layers), len(b_layers)), np.nan) for name in ("rho_full", "rho_readout", "null_mean", "z")}
-    for r in rows:
-        for name in panels:
-            panels[name][ia[r["layer_a"]], ib[r["layer_b"]]] = r[name]
-    first = rows[0]
-    titles = {"rho_full": "(a) full space", "rho_readout": "(b) each in its readout subspace",
-              "null_mean": f"(c) random {first['k']}-dim subspaces (mean)", "z": "(b - c mean) / c std; dot: 95% interval crosses 0"}
-    low = np.nanmin([panels[n] for n in ("rho_full", "rho_readout", "null_mean")])
-    high = np.nanmax([panels[n] for n in ("rho_full", "rho_readout", "null_mean")])
-    fig, axes = plt.subplots(2, 2, figsize=(11, 9.5), dpi=110)
-    for ax, name in zip(axes.flat, panels):
-        if name == "z":
-            bound = np.nanmax(np.abs(panels[name]))
-            image = ax.imshow(panels[name], cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto", origin="lower")
-            unsure = [(ib[r["layer_b"]], ia[r["layer_a"]]) for r in rows
-                      if r.get("z_lo") is not None and r["z_lo"] <= 0 <= r["z_hi"]]
-            if unsure:  # cells whose 95% interval of z crosses 0
-                ax.scatter(*zip(*unsure), s=4, c="black", marker=".", linewidths=0)
-        else:
-            image = ax.imshow(panels[name], cmap="viridis", vmin=low, vmax=high, aspect="auto", origin="lower")
-        fig.colorbar(image, ax=ax, shrink=0.85)
-        ax.set_title(titles[name], fontsize=9)
-        step_a, step_b = max(1, len(a_layers) // 10), max(1, len(b_layers) // 10)
-        ax.set_yticks(range(0, len(a_layers), step_a), [a_layers[i][1] for i in range(0, len(a_layers), step_a)], fontsize=6)
-        ax.set_xticks(range(0, len(b_layers), step_b), [b_layers[j][1] for j in range(0, len(b_layers), step_b)], fontsize=6, rotation=60)
-        ax.set_ylabel(f"{first['model_a']} layer", fontsize=8)
-        ax.set_xlabel(f"{first['model_b']} layer", fontsize=8)
-    fig.suptitle(f"Convergence (Spearman of pairwise cosine distances, CCR-{first['r']}, N={first['n']}, "
-                 f"k={first['k']}, {first['n_null']} nulls)\n{first['model_a']}@{first['revision_a']} vs "
-                 f"{first['model_b']}@{first['revision_b']}", fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def depth_matched(rows: list[dict]) -> list[dict]:
-    """For each layer of the model with fewer layers, the cell whose other layer is nearest in relative depth."""
-    by_a: dict[str, list[dict]] = {}
-    by_b: dict[str, list[dict]] = {}
-    for r in rows:
-        by_a.setdefault(r["layer_a"], []).append(r)
-        by_b.setdefault(r["layer_b"], []).append(r)
-    if len(by_a) <= len(by_b):
-        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_b"])) for cells in by_a.values()]
-    else:
-        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_a"])) for cells in by_b.values()]
-    return sorted(picks, key=lambda r: (r["relative_depth_a"], r["relative_depth_b"]))
-
-
-def _excess_text(row: dict) -> str:
-    excess = row["rho_readout"] - row["rho_full"]
-    lo, hi = row.get("excess_texts_lo"), row.get("excess_texts_hi")
-    return f"{excess:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None and lo == lo else "")
-
-
-def convergence_markdown(rows: list[dict]) -> str:
-    first = rows[0]
-    full = np.array([r["rho_full"] for r in rows])
-    readout = np.array([r["rho_readout"] for r in rows])
-    z = np.array([r["z"] for r in rows])
-    z_lo = np.array([r.get("z_lo", np.nan) for r in rows])
-    z_hi = np.array([r.get("z_hi", np.nan) for r in rows])
-    nulls = np.array([r["null_mean"] for r in rows])
-    lines = [f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
-             f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})", "",
-             f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}"
-             + (f" ({np.mean(np.array([r.get('excess_texts_lo', np.nan) for r in rows]) > 0):.0%} with the whole 95% interval "
-                f"over texts above 0, {np.mean(np.array([r.get('excess_texts_hi', np.nan) for r in rows]) < 0):.0%} below)"
-                if rows[0].get("excess_texts_lo") is not None else "") + ", "
-             f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%} ({np.mean(z_lo > 2):.0%} with the whole "
-             f"95% interval above 2), z < -2 in {np.mean(z < -2):.0%} ({np.mean(z_hi < -2):.0%}); "
-             f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.", "",
-             "Layers matched by relative depth:", "",
-             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper "
-             "| readout − full [95% over texts] |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in depth_matched(rows):
-        half, p_upper = r.get("z_half_width"), r.get("p_upper")
-        z_text = f"{r['z']:+.1f}" + (f" ± {half:.1f}" if half is not None and half == half else "")
-        p_text = f"{p_upper:.2g}" if p_upper is not None and p_upper == p_upper else ""
-        lines.append(f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
-                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} | {_excess_text(r)} |")
-    lines.append("")
-    return "\n".join(lines)
-
-
-def _pairs(rows: list[dict]) -> dict[tuple, list[dict]]:
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["model_a"], row["revision_a"], row["model_b"], row["revision_b"]), []).append(row)
-    return groups
-
-
 # ---------------------------------------------------------------- probe: plot
 
 @drawn_once
@@ -436,30 +317,6 @@ def register(app: typer.Typer) -> None:
                       g["null_chunks"], sample_ccr, probe, probe_test_fraction, g["seed"], report, g["address"],
                       g["num_cpus"], z_half_width=g["z_half_width"], z_rel_width=g["z_rel_width"], n_null_cap=g["n_null_cap"],
                       n_null_decide=g["n_null_decide"])
-        except RaygeomError as error:
-            cli._fail(str(error))
-
-    @app.command()
-    @checked(grid=(*TEXT_GRID, "k", "ccr", "null_chunks", "seed"))
-    def converge(
-        model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None, help="Two or more "
-                                            "models (name or name@revision), all run on the same texts. Repeatable."),
-        max_words: Optional[str] = MaxWordsOption,
-        depths: Optional[str] = option(DiagnoseFlags, "depths"),
-        n_null: Optional[str] = option(PGAParams, "n_null"),
-        text_halves: Optional[str] = option(PGAParams, "text_halves", help="Half-samples of the texts behind each layer "
-                                            "pair's intervals over texts (0: none, else >= 2)."),
-        report: Optional[str] = ReportOption,
-        given: frozenset = frozenset(),
-        **grid,
-    ):
-        """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
-        g = grid
-        try:
-            if g["job"] is None and "model" not in given:
-                raise RaygeomError("converge needs at least two models (--model A --model B, or --job FILE)")
-            _converge(grid_job("converge", {**grid, "model": model, "given": given}), max_words, depths, g["k"], g["ccr"],
-                      n_null, g["null_chunks"], g["seed"], report, g["address"], g["num_cpus"], text_halves)
         except RaygeomError as error:
             cli._fail(str(error))
 
@@ -541,40 +398,6 @@ def _diagnose(job, max_words, k, ccr_ranks, n_null, null_chunks, sample_ccr, pro
     written.append(_write_text(diagnostics_markdown(merged, params.ccr_ranks, params), results / "diagnostics.md"))
     _print_layers(console, merged, params.ccr_ranks)
     _copy_reports([p for p in written if p.suffix in (".png", ".md", ".parquet")], report)
-    console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
-    announce_report(store.root, console)
-
-
-def _converge(job, max_words, depths, k, ccr, n_null, null_chunks, seed, report, address, num_cpus, text_halves=10):
-    from raygeom.report.figures import write_rows
-
-    cli = _cli()
-    console = cli.console
-    specs, out = unique_specs(job), Path(job.out)
-    if len(specs) < 2:
-        raise RaygeomError("converge needs at least two models (--model A --model B)")
-    params_kwargs = dict(k=k, r=ccr, n_null=n_null, null_chunks=null_chunks, seed=seed, depths=depths, text_halves=text_halves)
-    _prepare(out, address, num_cpus, console)
-    from raygeom.analyses import converge as converge_module
-    from raygeom.jobs.pipeline import progress_bar
-
-    params = converge_module.ConvergeParams(**params_kwargs)
-    store, _, infos = _extract_all(specs, job.corpus, job.n_samples, job.sample_seed, job.layers, job.extraction, out, console,
-                                   max_words, align=True)
-    models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
-    sides = converge_module.model_sides(store, models, params)
-    with progress_bar(console) as progress:
-        task = progress.add_task("converge", total=converge_module.units([len(s.layers) for s in sides], params))
-        rows = converge_module.run_converge(store, models, params, progress=lambda n: progress.advance(task, n))
-    results, plots = store.root / "results", store.root / "plots"
-    written = [write_rows(rows, results / "converge.parquet")]
-    text = []
-    for (model_a, rev_a, model_b, rev_b), group in _pairs(rows).items():
-        written.append(plot_convergence(group, plots / f"converge_{model_a}@{rev_a}_vs_{model_b}@{rev_b}.png"))
-        text.append(convergence_markdown(group))
-    written.append(_write_text("\n".join(text), results / "converge.md"))
-    console.print("\n".join(text), markup=False, highlight=False)
-    _copy_reports(written, report)
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
     announce_report(store.root, console)
 

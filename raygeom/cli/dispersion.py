@@ -1,9 +1,9 @@
-"""CLI commands for the dispersion analyses (registered by raygeom.cli.root): dispersion, select, knn, train."""
+"""CLI commands for the dispersion analyses (registered by raygeom.cli.root): dispersion and train (select and knn
+are the gap and knn_lm analyses' generated commands)."""
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -12,13 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from raygeom.analyses.train import TrainSettings
+from raygeom.cli.analyses import check_report
 from raygeom.cli.consoles import output_width
-from raygeom.cli.flags import (LAYERS_HELP, TOKEN_GRID, AddressOption, CommandFlags, DispersionFlags, KnnFlags,
-                                NumCpusOption, PlotsOption, TrainFlags, checked, fail, grid_job, option,
+from raygeom.cli.flags import (LAYERS_HELP, TOKEN_GRID, AddressOption, CommandFlags, DispersionFlags, NumCpusOption, PlotsOption, TrainFlags, checked, fail, grid_job, option,
                                 unique_specs)
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
-from raygeom.params import PGAParams
 from raygeom.report import dispersion_plots
 from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
@@ -87,16 +86,7 @@ ReportOption = option(CommandFlags, "report", path=True, help="Also write the CS
                       "this directory (e.g. docs/results/dispersion).")
 
 
-def _check_report(report: Optional[Path]) -> None:
-    """A --report directory that cannot be made fails before any work, with one line."""
-    if report is None:
-        return
-    try:
-        report.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise RaygeomError(f"report directory {report} cannot be created: {error.strerror or error}") from None
-    if not os.access(report, os.W_OK):
-        raise RaygeomError(f"report directory {report} is not writable")
+_check_report = check_report  # a --report directory that cannot be made fails before any work
 
 
 # The token-level commands' flags, declared once (raygeom.cli.flags.DispersionFlags).
@@ -206,145 +196,6 @@ def dispersion(
         _write_report({name: result[name] for name in ("layers", "slices", "groups", "domains")}, written, report)
         console.print(f"tables: {store.root / 'results'} (dispersion_layers/slices/groups/domains.parquet)\nplots:  {plot_dir}"
                       + (f"\nreport: {report}" if report else ""))
-        announce_report(store.root, console)
-    except RaygeomError as error:
-        _fail(str(error))
-
-
-@checked(grid=TOKEN_GRID)
-def select(
-    job: Optional[Path] = typer.Option(None, "--job", help="A job file: its models, revisions, corpus and store are ranked "
-                                                          "(the flags given override it)."),
-    model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None,
-                                        help="Model(s) to rank when no job file is given. Repeatable."),
-    domain_tokens: Optional[str] = DomainTokensOption,
-    layer: Optional[str] = option(DispersionFlags, "gap_layer", flag="--layer", help="Layer whose gap ranks the candidates."),
-    chunk_len: Optional[str] = ChunkLenOption,
-    chunks_per_domain: Optional[str] = option(DispersionFlags, "chunks_per_domain", default=10),
-    batch_size: Optional[str] = BatchSizeOption,
-    n_boot: Optional[str] = NBootOption,
-    seed: Optional[str] = SeedOption,
-    out: Optional[str] = StoreOption,
-    plots: Optional[str] = PlotsOption,
-    report: Optional[str] = ReportOption,
-    given: frozenset = frozenset(),
-    **grid,
-):
-    """Rank checkpoints or models by the dispersion gap G (domain-token minus generic positions), label-free;
-    G with its 95 % bootstrap interval over chunks and the positions behind it."""
-    values = dict(locals(), **grid)
-    address, num_cpus = grid["address"], grid["num_cpus"]
-    from raygeom.sources.corpus import load_corpus
-    from raygeom.store.tree import Store, check_writable
-
-    try:
-        if job is None and not model:
-            raise RaygeomError("give --job or at least one --model")
-        spec_job, specs, root = _grid("select", values)
-        _prepare(address)
-        from raygeom.analyses.dispersion import DispersionSettings
-
-        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, "all", domain_tokens, seed)
-        _check_report(report)
-        store = Store(root)
-        check_writable(store.root)
-        text = load_corpus(spec_job.corpus)
-        _start(address, num_cpus)
-        from raygeom.analyses.dispersion import rank_by_gap
-        from raygeom.report.dispersion_plots import plot_select
-        rows = rank_by_gap(store, specs, text, settings, layer, n_boot)
-        shown = [{**r, "G [95%]": format_interval(r, "gap", 3, ",")} for r in rows]
-        console.print(_table(shown, ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion",
-                                     "n_domain", "n_generic", "perplexity", "bits_per_byte"],
-                             f"dispersion gap at {layer}, domain tokens: {domain_tokens} (interval: bootstrap over chunks, "
-                             f"{n_boot} draws; bits per byte compare across tokenizers)"))
-        for row in rows:
-            if row.get("gap_warning"):
-                console.print(f"[yellow]warning:[/] {row['model']}@{row['revision']}: {row['gap_warning']}", highlight=False)
-        plot = plot_select(rows, (plots or store.root / "plots") / "select_gap.png")
-        _write_report({"select": rows}, [plot], report)
-        console.print(f"table: {store.root / 'results' / 'dispersion_select.parquet'}\nplot:  {plot}"
-                      + (f"\nreport: {report}" if report else ""))
-        announce_report(store.root, console)
-    except RaygeomError as error:
-        _fail(str(error))
-
-
-@checked(grid=TOKEN_GRID)
-def knn(
-    layers: Optional[str] = TokenLayersOption,
-    chunk_len: Optional[str] = ChunkLenOption,
-    train_chunks: Optional[str] = option(KnnFlags, "train_chunks"),
-    test_chunks: Optional[str] = option(KnnFlags, "test_chunks"),
-    k: Optional[str] = option(KnnFlags, "k"),
-    temperature: Optional[str] = option(KnnFlags, "temperature"),
-    temperature_scales: Optional[str] = option(KnnFlags, "temperature_scales"),
-    lam: Optional[str] = option(KnnFlags, "lams"),
-    bootstrap_block: Optional[str] = option(KnnFlags, "bootstrap_block"),
-    n_boot: Optional[str] = option(KnnFlags, "n_boot"),
-    batch_size: Optional[str] = BatchSizeOption,
-    seed: Optional[str] = SeedOption,
-    out: Optional[str] = StoreOption,
-    plots: Optional[str] = PlotsOption,
-    report: Optional[str] = ReportOption,
-    gpus_per_task: Optional[str] = option(PGAParams, "gpus_per_task", help="GPUs each kNN-LM task asks Ray for (0: CPU)."),
-    given: frozenset = frozenset(),
-    **grid,
-):
-    """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
-    values = dict(locals(), **grid)
-    address, num_cpus = grid["address"], grid["num_cpus"]
-    from raygeom.sources.corpus import load_corpus
-    from raygeom.store.tree import Store, check_writable
-
-    try:
-        job, specs, out = _grid("knn", values)
-        if len(specs) != 1:
-            raise RaygeomError(f"knn runs one model at one revision; got {len(specs)}: "
-                               + ", ".join(f"{s.name}@{s.revision}" for s in specs))
-        spec = specs[0]
-        _prepare(address)
-        from raygeom.analyses.knn import KnnSettings
-
-        settings = KnnSettings(chunk_len=chunk_len, train_chunks=train_chunks, test_chunks=test_chunks, layers=job.layers, k=k,
-                               temperature=temperature, temperature_scales=temperature_scales, lams=lam, batch_size=batch_size,
-                               seed=seed, gpus_per_task=gpus_per_task, bootstrap_block=bootstrap_block, n_boot=n_boot)
-        _check_report(report)
-        store = Store(out)
-        check_writable(store.root)
-        text = load_corpus(job.corpus)
-        _start(address, num_cpus)
-        from raygeom.analyses import knn as knn_module
-
-        with _progress() as bar:
-            task = bar.add_task(f"kNN-LM {spec.name}", total=None)
-            result = knn_module.run_knn(store, spec, text, settings, progress=lambda n: bar.advance(task, n))
-        rows = result["layers"]
-        shown = [{**r, "ppl difference [95% CI]": format_interval(r, "delta", separator=",")} for r in rows]
-        console.print(_table(shown, ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "ppl difference [95% CI]",
-                                     "target_in_neighbours", "nearest_is_target"],
-                             f"kNN-LM  {spec.name}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, k={k}, "
-                             f"base perplexity {rows[0]['base_perplexity']:.2f}; interval: bootstrap over blocks of "
-                             f"{bootstrap_block} held-out tokens, {rows[0]['bootstrap_units']} blocks)"))
-        versus = result["best_vs_runner_up"]
-        if versus["runner_up"] is not None:
-            verdict = {True: "separated", False: "NOT separated (the interval contains 0)",
-                       None: "not compared"}[versus["separated"]]
-            console.print(f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity difference "
-                          f"{format_interval({'d': versus['difference'], 'd_lo': versus['lo'], 'd_hi': versus['hi']}, 'd', separator=',')} "
-                          f"(paired bootstrap): {verdict}",
-                          highlight=False)
-        console.print(f"max-dispersion layer: {result['max_dispersion_layer']}   "
-                      f"agrees with the best layer: {result['best_layer'] == result['max_dispersion_layer']}   "
-                      f"Spearman over layers: dispersion vs -perplexity {result['spearman']:+.3f}, "
-                      f"dispersion vs target-among-neighbours {result['spearman_retrieval']:+.3f}", highlight=False)
-        for line in result["warnings"]:
-            errors.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
-        plot = dispersion_plots.plot_layers(rows, (plots or store.root / "plots") / f"knn_{spec.slug}.png", spec.name)
-        console.print(f"table: {result['table']}\nplot:  {plot}")
-        if report is not None:
-            _write_report({"knn": rows}, [plot], report)
-            console.print(f"report: {report / 'knn.csv'}")
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
@@ -490,6 +341,4 @@ def _job_runs(job_file: Path, values: dict) -> tuple[list, Path]:
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
     app.command("dispersion")(dispersion)
-    app.command("select")(select)
-    app.command("knn")(knn)
     app.command("train")(train)

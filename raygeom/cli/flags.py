@@ -24,7 +24,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from raygeom.analyses.knn_lm import KnnParams
 from raygeom.analyses.train import TrainRuns
 from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
@@ -66,22 +65,17 @@ class CommandFlags(Params):
 
 @dataclass(frozen=True)
 class DiagnoseFlags(Params):
-    """diagnose's and converge's own flags."""
+    """diagnose's own flags."""
 
     ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis.", rule=number_list(low=0, high=MAX_WIDTH, integers=True),
                            nonempty=True)
     sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0, high=MAX_WIDTH)
-    depths: Optional[int] = param(None, "Compare only the layers nearest this many evenly spaced relative depths.",
-                                  low=2, high=10_000)
     probe: bool = param(True, "Linear probes on the corpus labels.")
 
 
 # The token-level commands' flags (dispersion, select, knn): the chunk analyses' one declaration (token_dispersion,
 # slices), chunks of text instead of one vector per text.
 DispersionFlags = ChunkParams
-
-
-KnnFlags = KnnParams  # knn's own flags: the knn_lm analysis's one declaration
 
 
 TrainFlags = TrainRuns  # train's own flags: the training runs' one declaration (raygeom.analyses.train)

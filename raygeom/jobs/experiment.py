@@ -147,13 +147,15 @@ def analyses_of(job) -> list[str]:
 
 
 def write_outputs(store, job, units: JobUnits, rows: list[dict], console, skip: tuple[str, ...] = ("pga",),
-                  own: dict[str, list[dict]] | None = None) -> dict[str, Path]:
+                  own: dict[str, list[dict]] | None = None, files: dict[str, list[Path]] | None = None,
+                  shown: dict[str, list[dict]] | None = None) -> dict[str, Path]:
     """For every planned analysis but ``skip`` (whose driver writes its own): ``results/<dir>.parquet`` with every
-    row of it the store holds (all jobs, each row with its settings), its console table of this job's rows and its
-    plots under ``plots/``. ``own``: the rows of the analyses with an extraction of their own, by name."""
+    row of it the store holds (all jobs, each row with its settings), then what its declaration shows and writes of
+    this job's rows (raygeom.report.tables.analysis_outputs). ``own``: the rows of the analyses with an extraction of
+    their own, by name. ``files``: filled with every file written, ``shown`` with this job's rows, by analysis name."""
     from raygeom.engine.units import accumulated_rows
     from raygeom.report.figures import write_rows
-    from raygeom.report.tables import plot_analysis, print_analysis, print_ranked
+    from raygeom.report.tables import analysis_outputs
 
     written = {}
     for name in analyses_of(job):
@@ -168,10 +170,9 @@ def write_outputs(store, job, units: JobUnits, rows: list[dict], console, skip: 
         if analysis.extraction != "pooled":  # stores from before the unit engine kept summaries there, with no key
             every = [row for row in every if row.get("unit_key")]
         written[name] = write_rows(every, store.root / "results" / f"{directory}.parquet")
-        layered = [row for row in mine if row.get("relative_depth") is not None]
-        if layered and analysis.metrics:
-            print_analysis(console, analysis, layered)
-            plot_analysis(analysis, layered, store.root / "plots")
-        elif mine:
-            print_ranked(console, analysis, mine)
+        extra = analysis_outputs(console, analysis, mine, store.root)
+        if files is not None:
+            files[name] = [written[name], *extra]
+        if shown is not None:
+            shown[name] = mine
     return written

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -26,6 +26,8 @@ class JobOutputs:
     rows: list[dict]
     table: Path
     plot: Path
+    files: dict[str, list[Path]] = field(default_factory=dict)  # what each analysis wrote, by name
+    analysis_rows: dict[str, list[dict]] = field(default_factory=dict)  # this job's rows of each analysis but PGA
 
 
 def job_models(job: JobSpec) -> list[ModelSpec]:
@@ -81,8 +83,10 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     check_layers(job, specs)
     store = Store(job.out)
     check_writable(store.root)
-    corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
-    report_distinct(job, corpus, console)
+    corpus = load_corpus(job.corpus)
+    if experiment.needs_pooled(job):  # the sample of the pooled extraction; the others read the corpus their own way
+        corpus = corpus.sample(job.n_samples, job.sample_seed)
+        report_distinct(job, corpus, console)
 
     from raygeom.engine import orchestrate
 
@@ -120,8 +124,10 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
                                     row.get("relative_depth") or 0.0))
+    files: dict[str, list[Path]] = {}
+    shown: dict[str, list[dict]] = {}
     others = experiment.write_outputs(store, job, units, every_row, console,
-                                      own=experiment.run_own_extractions(store, job, console))
+                                      own=experiment.run_own_extractions(store, job, console), files=files, shown=shown)
     rows, table, plot = units.rows_of("pga", every_row), None, None
     if "pga" in names:
         from raygeom.engine.units import accumulated_rows
@@ -134,7 +140,9 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
         console.print(f"{name + ':':<10}{path}", markup=False, highlight=False)
     console.print(f"store:   {store.root}", markup=False)
     announce_report(store.root, console)
-    return JobOutputs(rows, table, plot)
+    if table is not None:
+        files["pga"] = [table, plot]
+    return JobOutputs(rows, table, plot, files, shown)
 
 
 @dataclass

@@ -126,6 +126,21 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     return save_figure(fig, path)
 
 
+def gap_figures(rows: list[dict], directory: Path) -> list[Path]:
+    """The gap analysis's plot: G of every candidate of this run, in rank order (raygeom.analyses.gap)."""
+    return [plot_select(sorted(rows, key=lambda r: r.get("rank", 0)), directory / "select_gap.png")] if rows else []
+
+
+def knn_figures(rows: list[dict], directory: Path) -> list[Path]:
+    """The kNN-LM analysis's plots: one per (model, revision) of this run's rows (raygeom.analyses.knn_lm)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["revision"]), []).append(row)
+    return [plot_layers(sorted(group, key=lambda r: r["layer_index"]),
+                        directory / f"knn_{model.replace('/', '--')}@{revision}.png", f"{model}@{revision}")
+            for (model, revision), group in groups.items()]
+
+
 @drawn_once
 def plot_training(rows: list[dict], summary: list[dict], path: Path) -> Path | None:
     """Push-away training: the per-step curves of every run, and each lambda's held-out perplexity minus lambda=0's

@@ -115,3 +115,43 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
 
 def _finite(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else math.nan
+
+
+def declared_function(name: str):
+    """The report-layer function a declaration names as ``"module:function"``."""
+    import importlib
+
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -> list[Path]:
+    """What a run of ``analysis`` shows and leaves beside its table, from its declaration: its console lines (else
+    the generic table of its metrics or columns), its figures (else each metric by depth) under plots/, its
+    documents under results/. Returns the files written."""
+    from raygeom.store.tree import atomic_write_text
+
+    if not rows:
+        return []
+    layered = [row for row in rows if row.get("relative_depth") is not None]
+    from raygeom.store.tree import Store
+
+    lines = analysis.console(rows, Store(root))
+    if lines:  # its title heads what it declares, as it heads the generic table
+        lines = [analysis.title, *lines]
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if not lines and layered and analysis.metrics:
+        print_analysis(console, analysis, layered)
+    elif not lines:
+        print_ranked(console, analysis, rows)
+    written = []
+    if analysis.figures:
+        written += declared_function(analysis.figures)(rows, Path(root) / "plots")
+    elif layered and analysis.metrics:
+        written += plot_analysis(analysis, layered, Path(root) / "plots")
+    for name, text in analysis.documents(rows).items():
+        path = Path(root) / "results" / name
+        atomic_write_text(text, path)
+        written.append(path)
+    return written

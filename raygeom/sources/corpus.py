@@ -167,3 +167,18 @@ def load_corpus(source: str) -> Corpus:
     if not corpus.texts:
         raise RaygeomError(f"corpus '{source}' is empty")
     return corpus
+
+
+def truncate_words(corpus, max_words: int | None):
+    """Keep each text's first ``max_words`` whitespace-separated words.
+
+    Models with different tokenizers cut a long text at different places when
+    they truncate to ``seq_len`` tokens, so their last tokens would be different
+    words; cutting the text itself first makes every model read, and pool the
+    last token of, exactly the same text.
+    """
+    if max_words is None:
+        return corpus
+    if max_words < 1:
+        raise RaygeomError(f"max_words must be positive, got {max_words}")
+    return Corpus(f"{corpus.name}[:{max_words}w]", [" ".join(t.split()[:max_words]) for t in corpus.texts], corpus.labels)

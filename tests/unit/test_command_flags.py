@@ -69,7 +69,10 @@ def ran(monkeypatch) -> list:
     return jobs
 
 
-@pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"]])
+ANALYSIS_OF = {"converge": "convergence", "knn": "knn_lm", "select": "gap"}  # a generated command named otherwise than its analysis
+
+
+@pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"]])
 def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, tmp_path, corpus):
     job = write_job(tmp_path, corpus, extra="[pga]\nk = 7\nn_null = 20\n")
     assert invoke(*command, "--job", job).exit_code == 0
@@ -79,7 +82,7 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
     assert (taken.corpus, taken.n_samples, taken.sample_seed, taken.layers) == (str(corpus), 33, 4, "embed,1")
     assert (taken.extraction.seq_len, taken.extraction.pool, taken.extraction.skip_first, taken.extraction.batch_size) == (
         24, "mean", False, 3)
-    assert [p.analysis for p in taken.planned()] == [command[-1]]
+    assert [p.analysis for p in taken.planned()] == [ANALYSIS_OF.get(command[-1], command[-1])]
     if command == ["pga"]:  # the job's [pga] section, too
         assert (taken.pga.k, taken.pga.n_null) == (7, 20)
     # A flag given on the command line overrides the job's value; the others stay the job's.
@@ -120,7 +123,7 @@ def extracted(monkeypatch):
     return stop_at(monkeypatch, diagnostics, "_extract_all")
 
 
-@pytest.mark.parametrize("command", ["diagnose", "converge", "probe"])
+@pytest.mark.parametrize("command", ["diagnose", "probe"])
 def test_diagnostics_commands_take_the_job_and_the_flags_given_over_it(command, extracted, tmp_path, corpus):
     job = write_job(tmp_path, corpus)
     stopped(invoke(command, "--job", job))
@@ -165,9 +168,7 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(dispersion, "_start", lambda address, num_cpus: None)
 
 
-@pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion"),
-                                                    ("select", "raygeom.analyses.dispersion", "rank_by_gap"),
-                                                    ("knn", "raygeom.analyses.knn", "run_knn")])
+@pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion")])
 def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target, name, no_ray, monkeypatch, tmp_path,
                                                                  corpus):
     import importlib
@@ -177,18 +178,11 @@ def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target
     job = write_job(tmp_path, corpus, models=models)
     stopped(invoke(command, "--job", job))
     (store, specs, text, settings, *_), _ = calls[-1]
-    specs = [specs] if command == "knn" else specs
     assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")] and store.root == tmp_path / "job-store"
-    assert len(text.texts) == 60 and settings.layers == ("all" if command == "select" else "embed,1")
+    assert len(text.texts) == 60 and settings.layers == "embed,1"
     stopped(invoke(command, "--job", job, "-m", "EleutherAI/pythia-70m@step3", "--out", tmp_path / "mine"))
     (store, specs, *_), _ = calls[-1]
-    specs = [specs] if command == "knn" else specs
     assert models_of(specs) == [("EleutherAI/pythia-70m", "step3")] and store.root == tmp_path / "mine"
-
-
-def test_knn_refuses_more_than_one_model_in_one_line(no_ray, tmp_path, corpus):
-    result = invoke("knn", "--job", write_job(tmp_path, corpus))
-    assert result.exit_code == 2 and "knn runs one model at one revision; got 2" in result.output, result.output
 
 
 def test_train_takes_the_job_train_section_and_the_flags_given_over_it(no_ray, monkeypatch, tmp_path, corpus):

@@ -2,7 +2,9 @@ import numpy as np
 import pytest
 
 from raygeom.sources.corpus import Corpus
-from raygeom.cli.diagnostics import depth_matched, diagnostics_markdown, truncate_words
+from raygeom.analyses.converge import depth_matched
+from raygeom.cli.diagnostics import diagnostics_markdown
+from raygeom.sources.corpus import truncate_words
 from raygeom.analyses.diagnostics import DiagnosticsParams
 from raygeom.errors import RaygeomError
 
