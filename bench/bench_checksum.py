@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from markdown_section import section_if_asked  # --markdown
 
 from raygeom.store.tree import Store, file_digest
-from markdown_section import section_if_asked  # --markdown
 
 
 def median_ms(action, repeats: int = 9) -> float:

@@ -85,7 +85,7 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
     directory = model_directory(name)
     spec = resolve_model(name)
     settings = ExtractionSettings(seq_len=seq_len, batch_size=batch)
-    batches = [texts[s:s + batch] for s in range(0, len(texts), batch)]
+    batches = [texts[s : s + batch] for s in range(0, len(texts), batch)]
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     if tokenizer.pad_token is None:
@@ -96,7 +96,7 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
         with torch.inference_mode():
             for part in batches:
                 encoded = tokenizer(part, return_tensors="pt", padding=True, truncation=True, max_length=seq_len)
-                bare_model(**encoded, output_hidden_states=True)
+                bare_model(**encoded, output_hidden_states=True)  # noqa: F821 - ruff reads the later `del` as unbinding it
 
     replica = Replica(spec, threads=threads)
     described = replica.describe()
@@ -106,7 +106,8 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
     def pooled(nll: bool):
         def run() -> None:  # as the engine drives it: `threads` batches at once, one torch thread each
             for first in range(0, len(batches), threads):
-                replica.pooled_batches(batches[first:first + threads], settings, layers, nll=nll)
+                replica.pooled_batches(batches[first : first + threads], settings, layers, nll=nll)  # noqa: F821 - as above
+
         return run
 
     actor = replica_actor.create(spec, 0, threads)
@@ -114,8 +115,12 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
 
     def remote() -> None:
         # Held batches are keyed by index, so repeats overwrite them instead of piling up.
-        ray.get([actor.run_batches.remote(first, batches[first:first + threads], settings, layers, False)
-                 for first in range(0, len(batches), threads)])
+        ray.get(
+            [
+                actor.run_batches.remote(first, batches[first : first + threads], settings, layers, False)
+                for first in range(0, len(batches), threads)
+            ]
+        )
 
     sides = {"bare": bare, "replica": pooled(False), "replica+nll": pooled(True), "actor": remote}
     for run in sides.values():  # warm-up: first kernels, allocator
@@ -132,9 +137,17 @@ def throughput(name: str, texts: list[str], batch: int, seq_len: int, threads: i
     replica_actor.stop(actor)
     del bare_model, replica
     rates = {side: len(texts) / statistics.median(values) for side, values in seconds.items()}
-    return {"model": name, "special_prefix": prefix, "texts": len(texts), "batch": batch, "seq_len": seq_len, "threads": threads, "repeats": repeats,
-            **{f"{side}_texts_per_s": rate for side, rate in rates.items()},
-            **{f"{side}_vs_bare": rate / rates["bare"] for side, rate in rates.items() if side != "bare"}}
+    return {
+        "model": name,
+        "special_prefix": prefix,
+        "texts": len(texts),
+        "batch": batch,
+        "seq_len": seq_len,
+        "threads": threads,
+        "repeats": repeats,
+        **{f"{side}_texts_per_s": rate for side, rate in rates.items()},
+        **{f"{side}_vs_bare": rate / rates["bare"] for side, rate in rates.items() if side != "bare"},
+    }
 
 
 def end_to_end(n: int, n_null: int, seq_len: int, batch: int) -> dict:
@@ -143,25 +156,68 @@ def end_to_end(n: int, n_null: int, seq_len: int, batch: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     directory = model_directory("smollm2")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", BARE_SCRIPT, str(directory), str(n), str(seq_len), str(batch)],
-                          capture_output=True, text=True, env=env, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", BARE_SCRIPT, str(directory), str(n), str(seq_len), str(batch)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     bare_wall = time.perf_counter() - start
     bare_load, bare_forward, bare_threads = done.stdout.split()
     with tempfile.TemporaryDirectory(prefix="bench-extract-") as out:
         start = time.perf_counter()
         # k = 100 after CCR-1 needs 104 distinct texts (rank k + 2); fewer texts get the largest k they can score
-        run = subprocess.run([sys.executable, "-m", "raygeom.cli", "pga", "-m", "smollm2", "-n", str(n), "--n-null", str(n_null),
-                              "--k", str(min(100, n - 4)), "--seq-len", str(seq_len), "--batch-size", str(batch), "-o", out],
-                             capture_output=True, text=True, env=env)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "raygeom.cli",
+                "pga",
+                "-m",
+                "smollm2",
+                "-n",
+                str(n),
+                "--n-null",
+                str(n_null),
+                "--k",
+                str(min(100, n - 4)),
+                "--seq-len",
+                str(seq_len),
+                "--batch-size",
+                str(batch),
+                "-o",
+                out,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         wall = time.perf_counter() - start
         if run.returncode != 0:
             raise SystemExit(f"raygeom pga failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
-        marker = json.loads(next((Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main").rglob("_COMPLETE.json")).read_text())
-        pga_cpu = sum(pq.read_table(path).column("cpu_seconds")[0].as_py() for path in (Path(out) / "results" / "pga").glob("*.parquet"))
-    return {"texts": n, "n_null": n_null, "raygeom_pga_wall_s": wall, "bare_wall_s": bare_wall, "ratio": wall / bare_wall,
-            "bare_load_s": float(bare_load), "bare_forward_s": float(bare_forward), "bare_threads": int(bare_threads),
-            "replica_load_s": marker["load_seconds"], "replica_forward_s": marker["forward_seconds"],
-            "replica_threads": marker.get("threads"), "pga_cpu_s": pga_cpu}
+        marker = json.loads(
+            next(
+                (Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main").rglob("_COMPLETE.json")
+            ).read_text()
+        )
+        pga_cpu = sum(
+            pq.read_table(path).column("cpu_seconds")[0].as_py() for path in (Path(out) / "results" / "pga").glob("*.parquet")
+        )
+    return {
+        "texts": n,
+        "n_null": n_null,
+        "raygeom_pga_wall_s": wall,
+        "bare_wall_s": bare_wall,
+        "ratio": wall / bare_wall,
+        "bare_load_s": float(bare_load),
+        "bare_forward_s": float(bare_forward),
+        "bare_threads": int(bare_threads),
+        "replica_load_s": marker["load_seconds"],
+        "replica_forward_s": marker["forward_seconds"],
+        "replica_threads": marker.get("threads"),
+        "pga_cpu_s": pga_cpu,
+    }
 
 
 def demo(threads: int) -> dict:
@@ -174,21 +230,43 @@ def demo(threads: int) -> dict:
     settings = tomllib.loads(job.read_text())
     n, seq_len, batch = settings["corpus"]["n_samples"], settings["extract"]["seq_len"], settings["extract"]["batch_size"]
     directory = model_directory("smollm2")
-    done = subprocess.run([sys.executable, "-c", BARE_SCRIPT, str(directory), str(n), str(seq_len), str(batch)],
-                          capture_output=True, text=True, env=env, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", BARE_SCRIPT, str(directory), str(n), str(seq_len), str(batch)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     bare_load, bare_forward, _ = (float(x) for x in done.stdout.split())
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as out:
         start = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "raygeom.cli", "run", str(job), "-o", out], capture_output=True, text=True, env=env)
+        run = subprocess.run(
+            [sys.executable, "-m", "raygeom.cli", "run", str(job), "-o", out], capture_output=True, text=True, env=env
+        )
         wall = time.perf_counter() - start
         if run.returncode != 0:
             raise SystemExit(f"raygeom run failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
-        marker = json.loads(next((Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main").rglob("_COMPLETE.json")).read_text())
-        pga_cpu = sum(pq.read_table(path).column("cpu_seconds")[0].as_py() for path in (Path(out) / "results" / "pga").glob("*.parquet"))
+        marker = json.loads(
+            next(
+                (Path(out) / "activations" / "model=smollm2-135m-instruct-q4_1" / "revision=main").rglob("_COMPLETE.json")
+            ).read_text()
+        )
+        pga_cpu = sum(
+            pq.read_table(path).column("cpu_seconds")[0].as_py() for path in (Path(out) / "results" / "pga").glob("*.parquet")
+        )
     parts = bare_load + bare_forward + pga_cpu / threads
-    return {"texts": n, "demo_wall_s": wall, "bare_load_s": bare_load, "bare_forward_s": bare_forward, "pga_cpu_s": pga_cpu,
-            "threads": threads, "sum_of_parts_s": parts, "demo_vs_parts": wall / parts,
-            "replica_load_s": marker["load_seconds"], "replica_forward_s": marker["forward_seconds"]}
+    return {
+        "texts": n,
+        "demo_wall_s": wall,
+        "bare_load_s": bare_load,
+        "bare_forward_s": bare_forward,
+        "pga_cpu_s": pga_cpu,
+        "threads": threads,
+        "sum_of_parts_s": parts,
+        "demo_vs_parts": wall / parts,
+        "replica_load_s": marker["load_seconds"],
+        "replica_forward_s": marker["forward_seconds"],
+    }
 
 
 def main() -> None:
@@ -219,16 +297,20 @@ def main() -> None:
         model_directory(name)
     texts = texts_for(args.texts)
     orchestrate.start_ray(num_cpus=args.threads)
-    print(f"throughput: {args.texts} BBC texts, batch {args.batch_size}, seq len {args.seq_len}, {args.threads} threads, "
-          f"median of {args.repeats}")
+    print(
+        f"throughput: {args.texts} BBC texts, batch {args.batch_size}, seq len {args.seq_len}, {args.threads} threads, "
+        f"median of {args.repeats}"
+    )
     print(f"{'model':<14}{'bare':>9}{'replica':>9}{'+nll':>9}{'actor':>9}   actor/bare  replica/bare  +nll/bare  (texts/s)")
     for name in names:
         row = throughput(name, texts, args.batch_size, args.seq_len, args.threads, args.repeats)
         results["throughput"].append(row)
         verdict = "ok" if row["actor_vs_bare"] >= 0.9 else "below the 0.9x goal"
-        print(f"{name:<14}{row['bare_texts_per_s']:>9.2f}{row['replica_texts_per_s']:>9.2f}{row['replica+nll_texts_per_s']:>9.2f}"
-              f"{row['actor_texts_per_s']:>9.2f}   {row['actor_vs_bare']:>9.2f}x {row['replica_vs_bare']:>12.2f}x "
-              f"{row['replica+nll_vs_bare']:>9.2f}x  {verdict}; every text starts with {row['special_prefix'] or 'no special token'}")
+        print(
+            f"{name:<14}{row['bare_texts_per_s']:>9.2f}{row['replica_texts_per_s']:>9.2f}{row['replica+nll_texts_per_s']:>9.2f}"
+            f"{row['actor_texts_per_s']:>9.2f}   {row['actor_vs_bare']:>9.2f}x {row['replica_vs_bare']:>12.2f}x "
+            f"{row['replica+nll_vs_bare']:>9.2f}x  {verdict}; every text starts with {row['special_prefix'] or 'no special token'}"
+        )
     import ray
 
     ray.shutdown()
@@ -237,19 +319,27 @@ def main() -> None:
         results["end_to_end"] = e2e
         verdict = "ok" if e2e["ratio"] <= 1.3 else "above the 1.3x goal"
         print(f"end to end, {e2e['texts']} BBC texts, SmolLM2-135M, all layers, {e2e['n_null']} nulls:")
-        print(f"  raygeom pga (with Ray start): {e2e['raygeom_pga_wall_s']:.1f} s   bare load + forward: {e2e['bare_wall_s']:.1f} s"
-              f"   ratio {e2e['ratio']:.2f}x  {verdict}")
-        print(f"  parts: replica load {e2e['replica_load_s']:.1f} s + forward {e2e['replica_forward_s']:.1f} s "
-              f"({e2e['replica_threads']} threads) + PGA {e2e['pga_cpu_s']:.1f} CPU-s;"
-              f" bare load {e2e['bare_load_s']:.1f} s + forward {e2e['bare_forward_s']:.1f} s ({e2e['bare_threads']} threads)")
+        print(
+            f"  raygeom pga (with Ray start): {e2e['raygeom_pga_wall_s']:.1f} s   bare load + forward: {e2e['bare_wall_s']:.1f} s"
+            f"   ratio {e2e['ratio']:.2f}x  {verdict}"
+        )
+        print(
+            f"  parts: replica load {e2e['replica_load_s']:.1f} s + forward {e2e['replica_forward_s']:.1f} s "
+            f"({e2e['replica_threads']} threads) + PGA {e2e['pga_cpu_s']:.1f} CPU-s;"
+            f" bare load {e2e['bare_load_s']:.1f} s + forward {e2e['bare_forward_s']:.1f} s ({e2e['bare_threads']} threads)"
+        )
     if args.demo:
         d = demo(args.threads)
         results["demo"] = d
-        print(f"make demo ({d['texts']} texts, SmolLM2-135M, all layers, 100 nulls): {d['demo_wall_s']:.1f} s end to end;"
-              f" parts one after the other {d['sum_of_parts_s']:.1f} s = bare load {d['bare_load_s']:.1f} + forward "
-              f"{d['bare_forward_s']:.1f} + PGA {d['pga_cpu_s']:.1f} CPU-s / {d['threads']} cores; ratio {d['demo_vs_parts']:.2f}x")
-        print(f"  inside the demo: replica load {d['replica_load_s']:.1f} s + forward {d['replica_forward_s']:.1f} s, while PGA tasks ran"
-              f" beside it; on {d['threads']} cores the forward already uses every core, so overlap can only interleave")
+        print(
+            f"make demo ({d['texts']} texts, SmolLM2-135M, all layers, 100 nulls): {d['demo_wall_s']:.1f} s end to end;"
+            f" parts one after the other {d['sum_of_parts_s']:.1f} s = bare load {d['bare_load_s']:.1f} + forward "
+            f"{d['bare_forward_s']:.1f} + PGA {d['pga_cpu_s']:.1f} CPU-s / {d['threads']} cores; ratio {d['demo_vs_parts']:.2f}x"
+        )
+        print(
+            f"  inside the demo: replica load {d['replica_load_s']:.1f} s + forward {d['replica_forward_s']:.1f} s, while PGA tasks ran"
+            f" beside it; on {d['threads']} cores the forward already uses every core, so overlap can only interleave"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

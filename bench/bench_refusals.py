@@ -15,16 +15,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from markdown_section import section_if_asked  # --markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 # Runs the CLI as `raygeom` does, then reports which heavy modules the process had imported when it exited.
-WRAPPER = ("import atexit, sys\n"
-           "atexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in ('torch', 'transformers', 'ray') "
-           "if m in sys.modules) + '\\n'))\n"
-           "sys.argv = ['raygeom', *sys.argv[1:]]\n"
-           "from raygeom.cli.root import main\n"
-           "main()\n")
+WRAPPER = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in ('torch', 'transformers', 'ray') "
+    "if m in sys.modules) + '\\n'))\n"
+    "sys.argv = ['raygeom', *sys.argv[1:]]\n"
+    "from raygeom.cli.root import main\n"
+    "main()\n"
+)
 
 
 def cases(work: Path) -> dict[str, list[str]]:
@@ -51,8 +54,7 @@ def cases(work: Path) -> dict[str, list[str]]:
 def run_once(args: list[str], cwd: Path) -> tuple[float, int, list[str], str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", WRAPPER, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", WRAPPER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - started
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     heavy = next((line.split("=", 1)[1] for line in lines if line.startswith("HEAVY=")), "?")
@@ -84,12 +86,21 @@ def main() -> int:
             worst = max(worst, median)
             ok = code == 2 and len(errors) == 1 and not heavy and not left
             clean = clean and ok
-            table.add_row(name, f"{median:.2f}", str(code), str(len(errors)), heavy or "none", ", ".join(left) or "nothing",
-                          "yes" if median < 1.0 else "NO")
+            table.add_row(
+                name,
+                f"{median:.2f}",
+                str(code),
+                str(len(errors)),
+                heavy or "none",
+                ", ".join(left) or "nothing",
+                "yes" if median < 1.0 else "NO",
+            )
     console = Console(width=160)
     console.print(table)
-    console.print(f"slowest refusal {worst:.2f} s (goal < 1 s); every case exit 2, one line, no torch/transformers/ray, "
-                  f"nothing left: {'yes' if clean else 'NO'}")
+    console.print(
+        f"slowest refusal {worst:.2f} s (goal < 1 s); every case exit 2, one line, no torch/transformers/ray, "
+        f"nothing left: {'yes' if clean else 'NO'}"
+    )
     return 0 if clean and worst < 1.0 else 1
 
 

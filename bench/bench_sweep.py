@@ -45,8 +45,11 @@ def setup(directory: Path, n_texts: int, per_model: int) -> Path:
     write_tiny_pythia(cache, "EleutherAI/pythia-31m", revisions(per_model), hidden_size=192, layers=4)
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]} {sentences[(7 * i + 2) % 5]}"
-                                for i in range(n_texts)))
+    corpus.write_text(
+        "\n".join(
+            f"{sentences[i % 5]} item {i} {sentences[(3 * i + 1) % 5]} {sentences[(7 * i + 2) % 5]}" for i in range(n_texts)
+        )
+    )
     return corpus
 
 
@@ -58,11 +61,11 @@ def child(workers: int, corpus: str, out: str, n: int, per_model: int) -> None:
 
     from raygeom.engine import orchestrate
     from raygeom.jobs.pipeline import pga_units_for
+    from raygeom.params import PGAParams
+    from raygeom.replica.extract import ExtractionSettings
     from raygeom.replica.request import ExtractionRequest
     from raygeom.sources.corpus import load_corpus
-    from raygeom.replica.extract import ExtractionSettings
     from raygeom.sources.models import resolve_model
-    from raygeom.params import PGAParams
     from raygeom.store.tree import Store
 
     orchestrate.start_ray(num_cpus=workers)
@@ -73,8 +76,8 @@ def child(workers: int, corpus: str, out: str, n: int, per_model: int) -> None:
         a sweep of 154 revisions amortises them, a benchmark of 8 would count them once per worker."""
         import numpy as np
 
-        from raygeom.sources.models import load_model
         from raygeom.numerics import pga
+        from raygeom.sources.models import load_model
 
         model, tokenizer = load_model(resolve_model("EleutherAI/pythia-14m", "step0"), device="cpu")
         model(**tokenizer(["warm up"], return_tensors="pt"))
@@ -102,9 +105,19 @@ def child(workers: int, corpus: str, out: str, n: int, per_model: int) -> None:
     machine = _machine_busy_seconds() - machine_before
     if os.environ.get("RAYGEOM_BENCH_TIMELINE"):
         ray.timeline(filename=f"{os.environ['RAYGEOM_BENCH_TIMELINE']}-{workers}.json")
-    print(json.dumps({"workers": workers, "seconds": seconds, "units": len(rows), "cpu": cpu, "machine": machine,
-                      "replicas": replicas,
-                      "z": sorted((r["model"], r["revision"], r["layer"], r["z"]) for r in rows)}))
+    print(
+        json.dumps(
+            {
+                "workers": workers,
+                "seconds": seconds,
+                "units": len(rows),
+                "cpu": cpu,
+                "machine": machine,
+                "replicas": replicas,
+                "z": sorted((r["model"], r["revision"], r["layer"], r["z"]) for r in rows),
+            }
+        )
+    )
 
 
 def _machine_busy_seconds() -> float:
@@ -147,8 +160,15 @@ class ProcessSampler:
             pid, used = process.pid, times.user + times.system
             self.first.setdefault(pid, 0.0 if started else used)
             self.last[pid] = used
-            kind = ("driver" if pid == self.me.pid else "replicas" if "Replica" in name
-                    else "workers" if name.startswith("ray::") else "ray system")
+            kind = (
+                "driver"
+                if pid == self.me.pid
+                else "replicas"
+                if "Replica" in name
+                else "workers"
+                if name.startswith("ray::")
+                else "ray system"
+            )
             if self.kind.get(pid) != "replicas":  # an actor's process is named ray::IDLE until its class is set
                 self.kind[pid] = kind
 
@@ -203,13 +223,19 @@ def where_the_time_goes(seconds: dict[int, list[float]], busy: dict[int, list[di
     names = {"workers": "PGA task workers", "replicas": "replicas", "driver": "driver", "ray system": "Ray system"}
     extra = ", ".join(f"{names[kind]} {median(2, kind) - median(1, kind):+.1f}" for kind in kinds)
     replicas = {w: median(w, "count") for w in (1, 2)}
-    print(f"where the time goes (medians): busy CPU-s {work[1]:.1f} with 1 worker, {work[2]:.1f} with 2 ({extra}); "
-          f"cores kept busy {cores[1]:.2f} and {cores[2]:.2f} of 2")
-    print(f"  replicas: {replicas[1]:.0f} with 1 worker, {replicas[2]:.0f} with 2; each new replica process pays {start_cost:.1f} CPU-s "
-          f"before its first batch (Ray worker, torch and transformers imports, first model build; measured alone)")
-    print(f"  speed-up = ({work[1]:.1f} / {cores[1]:.2f}) / ({work[2]:.1f} / {cores[2]:.2f}); with 2 workers doing only the "
-          f"work of 1 it would be {cores[2] / cores[1]:.2f}x: a longer sweep pays the extra starts once "
-          f"(--revisions)")
+    print(
+        f"where the time goes (medians): busy CPU-s {work[1]:.1f} with 1 worker, {work[2]:.1f} with 2 ({extra}); "
+        f"cores kept busy {cores[1]:.2f} and {cores[2]:.2f} of 2"
+    )
+    print(
+        f"  replicas: {replicas[1]:.0f} with 1 worker, {replicas[2]:.0f} with 2; each new replica process pays {start_cost:.1f} CPU-s "
+        f"before its first batch (Ray worker, torch and transformers imports, first model build; measured alone)"
+    )
+    print(
+        f"  speed-up = ({work[1]:.1f} / {cores[1]:.2f}) / ({work[2]:.1f} / {cores[2]:.2f}); with 2 workers doing only the "
+        f"work of 1 it would be {cores[2] / cores[1]:.2f}x: a longer sweep pays the extra starts once "
+        f"(--revisions)"
+    )
 
 
 def speedup(n_texts: int, repeats: int, per_model: int) -> None:
@@ -229,9 +255,12 @@ def speedup(n_texts: int, repeats: int, per_model: int) -> None:
         for repeat in range(repeats):
             for workers in (1, 2):
                 out = directory / f"out{workers}-{repeat}"
-                done = subprocess.run([sys.executable, __file__, "--child", str(workers), str(corpus), str(out), str(n_texts),
-                                       str(per_model)],
-                                      env=env, capture_output=True, text=True)
+                done = subprocess.run(
+                    [sys.executable, __file__, "--child", str(workers), str(corpus), str(out), str(n_texts), str(per_model)],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 if done.returncode != 0:
                     sys.exit(f"benchmark run with {workers} workers failed:\n{done.stderr[-2000:]}")
                 result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -241,18 +270,22 @@ def speedup(n_texts: int, repeats: int, per_model: int) -> None:
                     sys.exit(f"results differ between two runs with {workers} workers")
                 cpu = result["cpu"]
                 each = " + ".join(f"{value:.1f}" for value in result["replicas"])
-                print(f"run {repeat + 1}, {workers} Ray worker(s): {result['units']} units ({2 * per_model} revisions, N={n_texts}) in "
-                      f"{result['seconds']:.1f} s; busy CPU-s of the machine {result['machine']:.1f} = PGA task workers "
-                      f"{cpu.get('workers', 0):.1f} + {len(result['replicas'])} replica(s) (start, load, extraction) "
-                      f"{cpu.get('replicas', 0):.1f} ({each}) + driver {cpu.get('driver', 0):.1f} + Ray system "
-                      f"{cpu.get('ray system', 0):.1f} + the rest {result['machine'] - sum(cpu.values()):.1f}; "
-                      f"cores obtained {result['machine'] / result['seconds']:.2f}")
+                print(
+                    f"run {repeat + 1}, {workers} Ray worker(s): {result['units']} units ({2 * per_model} revisions, N={n_texts}) in "
+                    f"{result['seconds']:.1f} s; busy CPU-s of the machine {result['machine']:.1f} = PGA task workers "
+                    f"{cpu.get('workers', 0):.1f} + {len(result['replicas'])} replica(s) (start, load, extraction) "
+                    f"{cpu.get('replicas', 0):.1f} ({each}) + driver {cpu.get('driver', 0):.1f} + Ray system "
+                    f"{cpu.get('ray system', 0):.1f} + the rest {result['machine'] - sum(cpu.values()):.1f}; "
+                    f"cores obtained {result['machine'] / result['seconds']:.2f}"
+                )
                 shutil.rmtree(out)
         identical = z[1] == z[2]
         one, two = statistics.median(seconds[1]), statistics.median(seconds[2])
-        print(f"median of {repeats}: 1 worker {one:.1f} s, 2 workers {two:.1f} s -> speed-up with 2 workers: {one / two:.2f}x "
-              f"(expected >= 1.7x on 2 cores); best of {repeats}: {min(seconds[1]) / min(seconds[2]):.2f}x; "
-              f"results identical: {identical}")
+        print(
+            f"median of {repeats}: 1 worker {one:.1f} s, 2 workers {two:.1f} s -> speed-up with 2 workers: {one / two:.2f}x "
+            f"(expected >= 1.7x on 2 cores); best of {repeats}: {min(seconds[1]) / min(seconds[2]):.2f}x; "
+            f"results identical: {identical}"
+        )
         where_the_time_goes(seconds, busy, start_cost)
         print(f"load average at the end: {os.getloadavg()[0]:.1f} (other processes on this machine slow both runs)")
         if not identical:
@@ -264,9 +297,9 @@ def estimate() -> None:
     import numpy as np
     import torch
 
-    from raygeom.sources import revisions as pythia
     from raygeom.jobs import plan as sweep
     from raygeom.numerics import pga
+    from raygeom.sources import revisions as pythia
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -282,8 +315,10 @@ def estimate() -> None:
         pga.null_rhos(layer, k, 0, range(timed), "cpu")
         rho = (time.process_time() - start) / timed
         unit[d] = prepare + (n_null + 1) * rho
-        print(f"PGA at N={n}, d={d}, k={k}: prepare {prepare:.2f} CPU-s, {rho:.3f} CPU-s per subspace rho "
-              f"-> {unit[d]:.1f} CPU-s per unit of {n_null} nulls (1 thread)")
+        print(
+            f"PGA at N={n}, d={d}, k={k}: prepare {prepare:.2f} CPU-s, {rho:.3f} CPU-s per subspace rho "
+            f"-> {unit[d]:.1f} CPU-s per unit of {n_null} nulls (1 thread)"
+        )
     widths = sorted(unit)
 
     def unit_seconds(d: int) -> float:
@@ -292,14 +327,21 @@ def estimate() -> None:
     # Forward passes: 2 FLOPs per parameter per token, on an A100 at an assumed 40% of its 312 TFLOPS (fp16)
     # for batches of 32 x 128 tokens. Loading: fp16 weights from local NVMe at an assumed 2 GB/s per replica.
     flops_per_second = 0.40 * 312e12
-    result = sweep.full_suite_estimate(extract_rate_gpu=2 / flops_per_second, load_seconds_per_param=2 / 2e9,
-                                       pga_unit_seconds=unit_seconds)
-    print(f"full suite: {len(pythia.PYTHIA_SIZES)} sizes x {result['revisions_per_model']} revisions, {result['units']:,} units, "
-          f"{result['total_params'] / 1e9:.2f}B parameters per revision set")
-    print(f"  extraction: forward {result['forward_gpu_hours']:.1f} GPU-h + weight loading {result['load_gpu_hours']:.1f} GPU-h "
-          f"= {result['extract_gpu_hours']:.1f} GPU-h -> {result['node_wall_hours']:.2f} h on one 8-GPU node")
-    print(f"  PGA (N={n}, k={k}, {n_null} nulls, all layers): {result['pga_cpu_hours']:.0f} CPU-h at the measured rate "
-          f"-> {result['pga_cpu_hours'] / 96:.1f} h on the 96 vCPUs of a p4de node")
+    result = sweep.full_suite_estimate(
+        extract_rate_gpu=2 / flops_per_second, load_seconds_per_param=2 / 2e9, pga_unit_seconds=unit_seconds
+    )
+    print(
+        f"full suite: {len(pythia.PYTHIA_SIZES)} sizes x {result['revisions_per_model']} revisions, {result['units']:,} units, "
+        f"{result['total_params'] / 1e9:.2f}B parameters per revision set"
+    )
+    print(
+        f"  extraction: forward {result['forward_gpu_hours']:.1f} GPU-h + weight loading {result['load_gpu_hours']:.1f} GPU-h "
+        f"= {result['extract_gpu_hours']:.1f} GPU-h -> {result['node_wall_hours']:.2f} h on one 8-GPU node"
+    )
+    print(
+        f"  PGA (N={n}, k={k}, {n_null} nulls, all layers): {result['pga_cpu_hours']:.0f} CPU-h at the measured rate "
+        f"-> {result['pga_cpu_hours'] / 96:.1f} h on the 96 vCPUs of a p4de node"
+    )
 
 
 def main() -> None:
@@ -307,12 +349,20 @@ def main() -> None:
     parser.add_argument("--child", nargs=5, metavar=("WORKERS", "CORPUS", "OUT", "N", "REVISIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--estimate", action="store_true", help="measure PGA at N=2000 and estimate the full Pythia suite")
     parser.add_argument("--n-texts", type=int, default=240)
-    parser.add_argument("--revisions", type=int, default=4, help="revisions per model (2 models); a replica's start is paid "
-                        "once per replica, so more revisions show how a long sweep scales")
+    parser.add_argument(
+        "--revisions",
+        type=int,
+        default=4,
+        help="revisions per model (2 models); a replica's start is paid "
+        "once per replica, so more revisions show how a long sweep scales",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each configuration; the median is reported")
     parser.add_argument("--hub", action="store_true", help="a sweep downloading its revisions through the loopback hub")
-    parser.add_argument("--bandwidth", default="auto", help="--hub: the link's bytes per second, or auto (download alone "
-                        "takes as long as compute alone)")
+    parser.add_argument(
+        "--bandwidth",
+        default="auto",
+        help="--hub: the link's bytes per second, or auto (download alone takes as long as compute alone)",
+    )
     args = parser.parse_args()
     if args.child:
         workers, corpus, out, n, per_model = args.child

@@ -103,16 +103,21 @@ def main() -> None:
                 record["max_abs"] = max(record["max_abs"], float((mine - theirs).abs().max()))
                 record["max_rel"] = max(record["max_rel"], float((diff / theirs.norm(dim=-1).clamp_min(1e-12)).max()))
                 record["max_norm"] = max(record["max_norm"], float(theirs.norm(dim=-1).max()))
-    print(f"TransformerLens {getattr(transformer_lens, '__version__', '4.3')} TransformerBridge (raw weights, eager attention) "
-          f"vs raygeom hooks; {os.path.basename(directory)}; {len(texts)} texts of <= {args.seq_len} tokens, all "
-          f"{n_blocks} blocks, every position; bridge boot {boot_seconds:.1f} s")
+    print(
+        f"TransformerLens {getattr(transformer_lens, '__version__', '4.3')} TransformerBridge (raw weights, eager attention) "
+        f"vs raygeom hooks; {os.path.basename(directory)}; {len(texts)} texts of <= {args.seq_len} tokens, all "
+        f"{n_blocks} blocks, every position; bridge boot {boot_seconds:.1f} s"
+    )
     for sub, hook in points.items():
         record = worst[sub or "block"]
-        print(f"  {('block_XX.' + sub) if sub else 'block_XX':<20} vs {hook:<16} max |diff| {record['max_abs']:.3e}   "
-              f"max ||diff||/||TL|| {record['max_rel']:.3e}   (largest ||TL|| {record['max_norm']:.1f})")
+        print(
+            f"  {('block_XX.' + sub) if sub else 'block_XX':<20} vs {hook:<16} max |diff| {record['max_abs']:.3e}   "
+            f"max ||diff||/||TL|| {record['max_rel']:.3e}   (largest ||TL|| {record['max_norm']:.1f})"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"texts": len(texts), "seq_len": args.seq_len, "blocks": n_blocks,
-                                               "points": worst}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"texts": len(texts), "seq_len": args.seq_len, "blocks": n_blocks, "points": worst}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -56,20 +56,32 @@ def child(corpus: str, out: str, n: int, count: int, budget: int) -> None:
     orchestrate.start_ray()
     texts = load_corpus(corpus).sample(n, 0)
     settings = ExtractionSettings(seq_len=64, batch_size=16)
-    items = [orchestrate.SweepItem(ExtractionRequest(ModelSpec(REPO, "hub", revision), texts, settings))
-             for revision in _revisions(count)]
+    items = [
+        orchestrate.SweepItem(ExtractionRequest(ModelSpec(REPO, "hub", revision), texts, settings))
+        for revision in _revisions(count)
+    ]
     store = Store(out)
     stages: dict = {}
     start = time.monotonic()
-    rows = orchestrate.run_sweep(store, items, pga_units_for(store, PGAParams(k=16, n_null=48, null_chunks=2, seed=0)),
-                                 weights=WeightsSettings(budget), stages=stages)
+    rows = orchestrate.run_sweep(
+        store,
+        items,
+        pga_units_for(store, PGAParams(k=16, n_null=48, null_chunks=2, seed=0)),
+        weights=WeightsSettings(budget),
+        stages=stages,
+    )
     wall = time.monotonic() - start
     print(json.dumps({"wall": wall, "units": len(rows), **{name: busy(spans) for name, spans in stages.items()}}))
 
 
 def _run_child(env: dict, corpus: Path, out: Path, n: int, count: int, budget: int) -> dict:
-    result = subprocess.run([sys.executable, str(Path(__file__)), "--child", str(corpus), str(out), str(n), str(count),
-                             str(budget)], capture_output=True, text=True, env=env, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__)), "--child", str(corpus), str(out), str(n), str(count), str(budget)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if result.returncode != 0:
         sys.exit(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -92,8 +104,15 @@ def run(n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> N
         budget = 4 * size + 4096
 
         def env(home: Path) -> dict:
-            return dict(os.environ, PYTHONPATH=str(ROOT), HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"),
-                        HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, HF_HUB_DISABLE_PROGRESS_BARS="1")
+            return dict(
+                os.environ,
+                PYTHONPATH=str(ROOT),
+                HF_HOME=str(home),
+                HF_HUB_CACHE=str(home / "hub"),
+                HF_HUB_OFFLINE="0",
+                HF_ENDPOINT=hub.url,
+                HF_HUB_DISABLE_PROGRESS_BARS="1",
+            )
 
         # compute alone: every revision already cached (fetched at full speed first)
         warm = work / "warm"
@@ -114,15 +133,23 @@ def run(n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> N
         # the sweep from an empty cache at that bandwidth
         sweep = _run_child(env(work / "cold"), corpus, work / "store-sweep", n_texts, count, budget)
     slowest = max(download_alone, compute["wall"])
-    print(f"hub sweep: {count} revisions of a tiny Pythia (d={hidden}, {layers} blocks, {size / 1e6:.2f} MB each, "
-          f"{total / 1e6:.1f} MB in all), {n_texts} texts, link {rate / 1e6:.2f} MB/s, budget {budget / 1e6:.2f} MB")
+    print(
+        f"hub sweep: {count} revisions of a tiny Pythia (d={hidden}, {layers} blocks, {size / 1e6:.2f} MB each, "
+        f"{total / 1e6:.1f} MB in all), {n_texts} texts, link {rate / 1e6:.2f} MB/s, budget {budget / 1e6:.2f} MB"
+    )
     print(f"  download alone: {download_alone:6.1f} s")
-    print(f"  compute alone:  {compute['wall']:6.1f} s   (extraction busy {compute.get('extract', 0):.1f} s, "
-          f"PGA busy {compute.get('pga', 0):.1f} s)")
-    print(f"  sweep:          {sweep['wall']:6.1f} s   (busy: download {sweep.get('download', 0):.1f} s, extraction "
-          f"{sweep.get('extract', 0):.1f} s, PGA {sweep.get('pga', 0):.1f} s; {sweep['units']} units)")
-    print(f"  wall / slowest stage alone = {sweep['wall']:.1f} / {slowest:.1f} = {sweep['wall'] / slowest:.2f}   "
-          f"(sum of the stages alone: {(download_alone + compute['wall']) / slowest:.2f})")
+    print(
+        f"  compute alone:  {compute['wall']:6.1f} s   (extraction busy {compute.get('extract', 0):.1f} s, "
+        f"PGA busy {compute.get('pga', 0):.1f} s)"
+    )
+    print(
+        f"  sweep:          {sweep['wall']:6.1f} s   (busy: download {sweep.get('download', 0):.1f} s, extraction "
+        f"{sweep.get('extract', 0):.1f} s, PGA {sweep.get('pga', 0):.1f} s; {sweep['units']} units)"
+    )
+    print(
+        f"  wall / slowest stage alone = {sweep['wall']:.1f} / {slowest:.1f} = {sweep['wall'] / slowest:.2f}   "
+        f"(sum of the stages alone: {(download_alone + compute['wall']) / slowest:.2f})"
+    )
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:

@@ -14,10 +14,26 @@ from raygeom.errors import InputError, RaygeomError
 
 __version__ = "0.1.0"
 _LAZY = {
-    **{name: "raygeom.api" for name in ("PGAResult", "as_array", "dispersion", "layer_activations", "layer_names",
-                                         "load_builtin", "load_model", "load_texts", "pga_by_layer", "readout_basis",
-                                         "select_layers", "subspace_pga", "unembedding_matrix", "store_pga",
-                                         "store_analysis")},
+    **{
+        name: "raygeom.api"
+        for name in (
+            "PGAResult",
+            "as_array",
+            "dispersion",
+            "layer_activations",
+            "layer_names",
+            "load_builtin",
+            "load_model",
+            "load_texts",
+            "pga_by_layer",
+            "readout_basis",
+            "select_layers",
+            "subspace_pga",
+            "unembedding_matrix",
+            "store_pga",
+            "store_analysis",
+        )
+    },
     "ExtractionSettings": "raygeom.replica.extract",
     "write_activations": "raygeom.store.activations",
 }

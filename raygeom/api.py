@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from raygeom.errors import InputError, RaygeomError
-from raygeom.numerics.arrays import as_array  # noqa: F401 - raygeom.as_array
 from raygeom.numerics import pga
+from raygeom.numerics.arrays import as_array  # noqa: F401 - raygeom.as_array
 from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
@@ -81,8 +81,10 @@ def load_builtin(name: str = "smollm2", device: str = "cpu"):
 
     spec = resolve_model(name) if "/" not in name and not name.endswith(".gguf") else None
     if spec is None or spec.kind != "builtin":
-        raise InputError(f"'{name}' is not a built-in model; built in: {builtin_names()} "
-                         "(raygeom.load_model takes hub ids, directories and .gguf files)")
+        raise InputError(
+            f"'{name}' is not a built-in model; built in: {builtin_names()} "
+            "(raygeom.load_model takes hub ids, directories and .gguf files)"
+        )
     return load_model(spec.source, device=device)
 
 
@@ -96,8 +98,14 @@ def load_texts(source: str = "bbc", n: int | None = None, seed: int = 0) -> tupl
     return list(corpus.texts), (list(corpus.labels) if corpus.labels is not None else None)
 
 
-def layer_activations(model, tokenizer, texts: list[str], settings: ExtractionSettings | None = None,
-                      layers: str | list[str] | None = None, nll: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def layer_activations(
+    model,
+    tokenizer,
+    texts: list[str],
+    settings: ExtractionSettings | None = None,
+    layers: str | list[str] | None = None,
+    nll: bool = True,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Pooled hidden states (layer name -> N x d float32) and per-text mean NLL of ``model`` on ``texts``.
 
     ``layers``: None or ``"all"`` for every layer, else a ``--layers`` string (``"embed,5,-1,final_norm"``,
@@ -107,12 +115,11 @@ def layer_activations(model, tokenizer, texts: list[str], settings: ExtractionSe
     settings = settings or ExtractionSettings()
     chosen = _chosen_layers(model, layers)
     # As the CLI's replicas extract: one torch thread per batch, as many batches at once as torch has threads here.
-    parts = [texts[i:i + settings.batch_size] for i in range(0, len(texts), settings.batch_size)]
+    parts = [texts[i : i + settings.batch_size] for i in range(0, len(texts), settings.batch_size)]
     batches = extract_batches(model, tokenizer, parts, settings, chosen, nll=nll)
     if not batches:
         raise InputError("no texts given")
-    return ({n: np.concatenate([b.pooled[n] for b in batches]) for n in chosen},
-            np.concatenate([b.nll for b in batches]))
+    return ({n: np.concatenate([b.pooled[n] for b in batches]) for n in chosen}, np.concatenate([b.nll for b in batches]))
 
 
 def _chosen_layers(model, layers: str | list[str] | tuple[str, ...] | None) -> list[str]:
@@ -189,8 +196,18 @@ class PGAResult(pga.PGAResult):
         return super().to_dict()
 
 
-def subspace_pga(h, w_u=None, *, readout=None, k: int = 100, r: int = 1, n_null: int = 100, seed: int = 0,
-                 text_halves: int = 10, device: str | None = None) -> PGAResult:
+def subspace_pga(
+    h,
+    w_u=None,
+    *,
+    readout=None,
+    k: int = 100,
+    r: int = 1,
+    n_null: int = 100,
+    seed: int = 0,
+    text_halves: int = 10,
+    device: str | None = None,
+) -> PGAResult:
     """Subspace PGA z of one layer ``h`` (N x d) against ``w_u`` (V x d), or against ``readout`` (the d x k' basis
     from :func:`readout_basis`, k' >= k, to reuse one basis across layers), with every interval the CLI stores:
     z's Monte-Carlo error and p-values, and with ``text_halves`` >= 2 the interval over texts (0 skips it).
@@ -198,9 +215,8 @@ def subspace_pga(h, w_u=None, *, readout=None, k: int = 100, r: int = 1, n_null:
     Arrays may be numpy or torch of any float dtype and device (bf16, CUDA, ``requires_grad``). The numbers are
     those of :func:`raygeom.numerics.pga.subspace_pga` and of ``raygeom pga`` on the same vectors."""
     from raygeom.analyses.pga import texts_columns
-    from raygeom.numerics.pga_texts import half_sample_spread
-
     from raygeom.numerics import rank
+    from raygeom.numerics.pga_texts import half_sample_spread
 
     checked_params(k=k, r=r, n_null=n_null, seed=seed, text_halves=text_halves)
     device = checked_device(device)
@@ -229,8 +245,7 @@ def subspace_pga(h, w_u=None, *, readout=None, k: int = 100, r: int = 1, n_null:
     texts = {}
     if text_halves and np.isfinite(base.z):
         try:
-            spread = half_sample_spread(h, np.ascontiguousarray(readout[:, :k]), r, k, seed, n_half=text_halves,
-                                        device=device)
+            spread = half_sample_spread(h, np.ascontiguousarray(readout[:, :k]), r, k, seed, n_half=text_halves, device=device)
         except InputError:
             spread = None
         texts = texts_columns(base.rho_readout, base.rho_readout - base.null_mean, spread)
@@ -245,9 +260,19 @@ def dispersion(h) -> float:
     return mean_cosine_distance(matrix(h, "H", np.float64))
 
 
-def pga_by_layer(model, tokenizer, texts: list[str], *, k: int = 100, r: int = 1, n_null: int = 100, seed: int = 0,
-                 text_halves: int = 0, settings: ExtractionSettings | None = None,
-                 layers: str | list[str] = "all") -> list[dict]:
+def pga_by_layer(
+    model,
+    tokenizer,
+    texts: list[str],
+    *,
+    k: int = 100,
+    r: int = 1,
+    n_null: int = 100,
+    seed: int = 0,
+    text_halves: int = 0,
+    settings: ExtractionSettings | None = None,
+    layers: str | list[str] = "all",
+) -> list[dict]:
     """Subspace PGA of every layer of ``model`` on ``texts`` (or of ``layers``: names, or a ``--layers`` string
     such as ``"embed,5,-1,final_norm"`` or ``"block_05.mlp_out"``): one dict per layer, in depth order, with its
     index, relative depth and the fields of :class:`PGAResult` (``text_halves`` >= 2 adds the interval over texts).
@@ -262,8 +287,14 @@ def pga_by_layer(model, tokenizer, texts: list[str], *, k: int = 100, r: int = 1
             result = subspace_pga(h, readout=basis, k=k, r=r, n_null=n_null, seed=seed, text_halves=text_halves).to_dict()
         except InputError as error:  # one degenerate layer (e.g. every text ends in the same token) is not fatal
             result = {"rho_readout": np.nan, "null_mean": np.nan, "null_std": np.nan, "z": np.nan, "note": str(error)}
-        rows.append({"layer": name, "layer_index": layer_position.index(all_layers, name),
-                     "relative_depth": layer_position.relative_depth(all_layers, name), **result})
+        rows.append(
+            {
+                "layer": name,
+                "layer_index": layer_position.index(all_layers, name),
+                "relative_depth": layer_position.relative_depth(all_layers, name),
+                **result,
+            }
+        )
     return rows
 
 
@@ -308,8 +339,19 @@ def _run_units_here(store, units) -> list[dict]:
     return rows
 
 
-def store_pga(store, model: str, revision: str = "main", *, layers: str | list[str] = "all", k: int = 100, r: int = 1,
-              n_null: int = 100, seed: int = 0, text_halves: int = 10, extraction: str | None = None) -> list[dict]:
+def store_pga(
+    store,
+    model: str,
+    revision: str = "main",
+    *,
+    layers: str | list[str] = "all",
+    k: int = 100,
+    r: int = 1,
+    n_null: int = 100,
+    seed: int = 0,
+    text_halves: int = 10,
+    extraction: str | None = None,
+) -> list[dict]:
     """Subspace PGA of the layers of one extraction in ``store`` (raygeom's own, or vectors written with
     :func:`write_activations`), in this process, without Ray: the same units ``raygeom pga`` runs, so the rows
     (one per layer, with z's interval, p-values and the interval over texts) are the CLI's, and they are stored
@@ -317,12 +359,25 @@ def store_pga(store, model: str, revision: str = "main", *, layers: str | list[s
     (every PGA row of the store) and plot ``plots/pga_z_vs_depth.png``. Finished layers are read back, not
     recomputed. ``layers`` selects among the stored layers (a ``--layers`` string or a list); ``extraction``: as in
     :func:`store_analysis`."""
-    return store_analysis(store, model, revision, "pga", layers=layers, k=k, r=r, n_null=n_null, seed=seed,
-                          null_chunks=1, text_halves=text_halves, extraction=extraction)
+    return store_analysis(
+        store,
+        model,
+        revision,
+        "pga",
+        layers=layers,
+        k=k,
+        r=r,
+        n_null=n_null,
+        seed=seed,
+        null_chunks=1,
+        text_halves=text_halves,
+        extraction=extraction,
+    )
 
 
-def store_analysis(store, model: str, revision: str, analysis: str, *, layers: str | list[str] = "all",
-                   extraction: str | None = None, **params) -> list[dict]:
+def store_analysis(
+    store, model: str, revision: str, analysis: str, *, layers: str | list[str] = "all", extraction: str | None = None, **params
+) -> list[dict]:
     """Any registered analysis of stored vectors (``pga``, ``spectral``, ``pc1``, ``twonn``, ``probe``, ...: the names
     ``raygeom.analyses.registry.analyses()`` lists whose ``extraction`` is "pooled"; the others are made from the
     model and are refused here) of the layers of one extraction in ``store`` (raygeom's own, or
@@ -341,16 +396,20 @@ def store_analysis(store, model: str, revision: str, analysis: str, *, layers: s
 
     spec = registry.get(analysis)
     if spec.extraction != "pooled":
-        raise InputError(f"{analysis} reads an extraction of its own ({spec.extraction}), made from the model, not the "
-                         f"stored vectors; run it in a job ([analyses.{analysis}]) or as `raygeom analyze {analysis}`")
+        raise InputError(
+            f"{analysis} reads an extraction of its own ({spec.extraction}), made from the model, not the "
+            f"stored vectors; run it in a job ([analyses.{analysis}]) or as `raygeom analyze {analysis}`"
+        )
     planned = registry.Planned(analysis, spec.Params.from_mapping(params, f"{analysis}: "))
     root = Path(store)
     tree = Store(root)
     if extraction is None:
         keys = [found.key for found in tree.extractions(model, revision) if found.marker]
         if len(keys) > 1:
-            raise InputError(f"{root} holds {len(keys)} extractions of {model}@{revision}; choose one with extraction= "
-                             f"(their settings keys: {', '.join(keys)})")
+            raise InputError(
+                f"{root} holds {len(keys)} extractions of {model}@{revision}; choose one with extraction= "
+                f"(their settings keys: {', '.join(keys)})"
+            )
     info = tree.completion(model, revision, extraction)
     if info is None or (extraction is not None and info.get("key") != extraction):
         which = f" with settings key {extraction}" if extraction else ""

@@ -10,9 +10,22 @@ from pathlib import Path
 
 from raygeom.errors import RaygeomError
 from raygeom.names import check_path
+from raygeom.params import (
+    MAX_BOOT,
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_WORKERS,
+    MAX_Z,
+    ChunkSettings,
+    Params,
+    PGAParams,
+    check_value,
+    default_of,
+    n_null_settings,
+    nearest,
+    param,
+)
 from raygeom.replica.settings import ExtractionSettings
-from raygeom.params import (MAX_BOOT, MAX_COUNT, MAX_SEED, MAX_WORKERS, MAX_Z, ChunkSettings, Params,
-                            PGAParams, check_value, default_of, n_null_settings, nearest, param)
 from raygeom.sources.checkpoints import is_run_directory
 from raygeom.sources.layers import _INSIDE
 
@@ -33,20 +46,36 @@ class ModelEntry:
 class SweepSettings(Params):
     """How a sweep runs; its grid is JobSpec.models (the [sweep] sizes x revisions plus any [[models]])."""
 
-    gpu_memory_gib: float = param(80.0, "Memory per GPU; decides how many GPUs one replica asks for.", low=0.0,
-                                  low_open=True, high=100_000.0)
+    gpu_memory_gib: float = param(
+        80.0, "Memory per GPU; decides how many GPUs one replica asks for.", low=0.0, low_open=True, high=100_000.0
+    )
     gpus_per_node: int = param(8, "GPUs per node.", low=1, high=MAX_WORKERS)
-    max_in_flight: int = param(0, "Replicas extracting at once (0: as many as fit); each takes the next revision when its own lands.", low=0, high=MAX_WORKERS)
+    max_in_flight: int = param(
+        0,
+        "Replicas extracting at once (0: as many as fit); each takes the next revision when its own lands.",
+        low=0,
+        high=MAX_WORKERS,
+    )
     pga_threads: int = param(4, "Revisions analysed at once.", low=1, high=MAX_WORKERS)
     keep_activations: bool = param(True, "Keep layer files after every unit of a revision is done.")
     collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.", high=MAX_Z, low=-MAX_Z)
     positive_z: float = param(2.0, "z above which an earlier layer counts as organised.", high=MAX_Z, low=-MAX_Z)
     plots: bool = param(True, "Write the sweep's PNG plots.")
-    weights_budget_gib: float = param(0.0, "HF cache space the sweep's downloads may hold at once (0: four fifths of the "
-                                      "free disk at the start); downloads run ahead within it.", low=0.0, high=1e9)
-    keep_weights: bool = param(False, "Keep every revision the sweep downloads; false deletes each once its extraction "
-                                      "is stored (revisions cached before the sweep always stay).")
-    download_retries: int = param(5, "Tries after the first of a file that fails with a 5xx, a reset or a stall.", low=0, high=100)
+    weights_budget_gib: float = param(
+        0.0,
+        "HF cache space the sweep's downloads may hold at once (0: four fifths of the "
+        "free disk at the start); downloads run ahead within it.",
+        low=0.0,
+        high=1e9,
+    )
+    keep_weights: bool = param(
+        False,
+        "Keep every revision the sweep downloads; false deletes each once its extraction "
+        "is stored (revisions cached before the sweep always stay).",
+    )
+    download_retries: int = param(
+        5, "Tries after the first of a file that fails with a 5xx, a reset or a stall.", low=0, high=100
+    )
 
 
 @dataclass(frozen=True)
@@ -54,8 +83,11 @@ class JobSection(Params):
     """[job]: its name and its store."""
 
     name: str = param("", "Name shown in titles (default: the file's name).")
-    out: str = param("runs/default", "The store directory, relative to the job file's folder (without it: runs/<file name> there).",
-                     nonempty=True)
+    out: str = param(
+        "runs/default",
+        "The store directory, relative to the job file's folder (without it: runs/<file name> there).",
+        nonempty=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -75,7 +107,9 @@ class TrajectorySettings(ChunkSettings):
     gap_layer: str = param("final_norm", "Layer of the dispersion gap G.", nonempty=True)
     group_size: int = param(10, "Chunks per perplexity group.", low=1, high=MAX_COUNT)
     n_groups: int = param(20, "Perplexity groups.", low=1, high=MAX_COUNT)
-    late_from: int = param(512, "Checkpoints from this step on are 'late' (ranked again among themselves).", low=0, high=MAX_COUNT)
+    late_from: int = param(
+        512, "Checkpoints from this step on are 'late' (ranked again among themselves).", low=0, high=MAX_COUNT
+    )
     bootstrap: int = param(2000, "Bootstrap draws of the ranking intervals.", low=100, high=MAX_BOOT)
     seed: int = param(0, "Seed of the bootstrap.", low=0, high=MAX_SEED)
     report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/trajectory.md.")
@@ -105,8 +139,9 @@ class TrainJob:
     def plan(self):
         from raygeom.analyses.train import CheckpointPlan, checkpoint_steps
 
-        return CheckpointPlan(str(Path(self.run_dir).expanduser().resolve()),
-                              checkpoint_steps(self.settings.steps, self.save_every, self.log_until))
+        return CheckpointPlan(
+            str(Path(self.run_dir).expanduser().resolve()), checkpoint_steps(self.settings.steps, self.save_every, self.log_until)
+        )
 
 
 @dataclass(frozen=True)
@@ -158,17 +193,19 @@ class JobSpec:
         if "layers" in top:
             check_layer_selection(top["layers"])
         # A flag of `raygeom run` (--k, --seed, ...) overrides that parameter of every listed analysis that declares it.
-        planned = tuple(replace(p, params=replace(p.params, **{k: v for k, v in analysis.items()
-                                                               if k in {f.name for f in fields(p.params)}}))
-                        for p in self.analyses)
-        return replace(self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis),
-                       analyses=planned)
+        planned = tuple(
+            replace(p, params=replace(p.params, **{k: v for k, v in analysis.items() if k in {f.name for f in fields(p.params)}}))
+            for p in self.analyses
+        )
+        return replace(
+            self, **top, extraction=replace(self.extraction, **extraction), pga=replace(self.pga, **analysis), analyses=planned
+        )
 
 
 def check_layer_selection(selection: str) -> None:
     """Refuse, before any work, a layer selection that picks nothing whatever the model (e.g. ``10:5``)."""
     if not isinstance(selection, str):
-        raise RaygeomError(f"layers must be a string such as \"all\" or \"0,5:10,-1\", got {selection!r}")
+        raise RaygeomError(f'layers must be a string such as "all" or "0,5:10,-1", got {selection!r}')
     parts = [p.strip() for p in selection.split(",")]
     if selection.strip() == "all":
         return
@@ -210,8 +247,10 @@ def _known(section: dict, allowed: set[str], where: str, path: Path) -> None:
         else:
             hint = nearest(f"[{word}]", tables)
         kind = "section" if isinstance(section[word], dict) else "key"
-        raise RaygeomError(f"{path}: unknown top-level {kind} {'[' + word + ']' if kind == 'section' else word!r}{hint}; "
-                           f"known: {', '.join(tables)}")
+        raise RaygeomError(
+            f"{path}: unknown top-level {kind} {'[' + word + ']' if kind == 'section' else word!r}{hint}; "
+            f"known: {', '.join(tables)}"
+        )
     raise RaygeomError(f"{path}: unknown key(s) in [{where}]: {', '.join(map(str, unknown))}" + nearest(unknown[0], allowed))
 
 
@@ -264,8 +303,7 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"cannot read job file {path}: {error.strerror or error}") from None
     except tomllib.TOMLDecodeError as error:
         raise RaygeomError(f"{path}: malformed TOML: {str(error).splitlines()[0]}") from None
-    _known(data, JOB_SECTIONS,
-           "top level", path)
+    _known(data, JOB_SECTIONS, "top level", path)
     job = _section(data, "job", path)
     corpus = _section(data, "corpus", path)
     extract = _section(data, "extract", path)
@@ -386,10 +424,10 @@ def _sweep(section: dict, path: Path) -> tuple[SweepSettings, list[ModelEntry]]:
     _known(section, SWEEP_KEYS, "sweep", path)
     sizes = section.get("sizes", [])
     if not isinstance(sizes, list) or not all(isinstance(x, str) for x in sizes):
-        raise RaygeomError(f"{path}: [sweep] sizes must be a list of Pythia sizes such as \"70m\"")
+        raise RaygeomError(f'{path}: [sweep] sizes must be a list of Pythia sizes such as "70m"')
     deduped = section.get("deduped", False)
     if deduped not in (False, True, "only"):
-        raise RaygeomError(f"{path}: [sweep] deduped must be false, true or \"only\"")
+        raise RaygeomError(f'{path}: [sweep] deduped must be false, true or "only"')
     revisions = _expand(section.get("revisions", "all"), path)
     variants = {False: (False,), True: (False, True), "only": (True,)}[deduped]
     try:
@@ -421,12 +459,15 @@ def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
 
     _known(section, TRAIN_KEYS | {f.name for f in fields(TrainSettings)}, "train", path)
     if not isinstance(section.get("run_dir"), str) or not isinstance(section.get("save_every"), int):
-        raise RaygeomError(f"{path}: [train] needs run_dir (a directory) and save_every (steps between checkpoints after the log-spaced ones)")
+        raise RaygeomError(
+            f"{path}: [train] needs run_dir (a directory) and save_every (steps between checkpoints after the log-spaced ones)"
+        )
     grid = {k: v for k, v in section.items() if isinstance(v, list) and k not in TRAIN_KEYS}
     shared = [k for k in grid if k in SHARED_DATA]
     if shared:
-        raise RaygeomError(f"{path}: [train] {shared[0]} cannot be a list: every run of a grid shares its data "
-                           f"({', '.join(SHARED_DATA)})")
+        raise RaygeomError(
+            f"{path}: [train] {shared[0]} cannot be a list: every run of a grid shares its data ({', '.join(SHARED_DATA)})"
+        )
     empty = [k for k, v in grid.items() if not v or len(set(map(repr, v))) != len(v)]
     if empty:
         raise RaygeomError(f"{path}: [train] {empty[0]} must list distinct values, got {section[empty[0]]!r}")

@@ -25,14 +25,18 @@ def check_path(value, what: str) -> str:
         raise RaygeomError(f"{what} is {size:,} bytes long; a path can be at most {PATH_MAX - 1:,} ({_shown(text)})")
     for part in text.split(os.sep):
         if len(os.fsencode(part)) > NAME_MAX:
-            raise RaygeomError(f"{what} {_shown(text)} has a component of {len(os.fsencode(part)):,} bytes; a file "
-                               f"name can be at most {NAME_MAX}")
+            raise RaygeomError(
+                f"{what} {_shown(text)} has a component of {len(os.fsencode(part)):,} bytes; a file "
+                f"name can be at most {NAME_MAX}"
+            )
     return text
 
 
 def check_segment(segment: str, what: str, prefix: str = "") -> str:
     """One path segment the store makes from a name (``prefix`` + the encoded name), if it fits a file name."""
     if len(os.fsencode(prefix + segment)) > NAME_MAX:
-        raise RaygeomError(f"{what} {_shown(segment)} is too long to be stored: {len(os.fsencode(segment)):,} bytes once "
-                           f"encoded, at most {NAME_MAX - len(prefix)}")
+        raise RaygeomError(
+            f"{what} {_shown(segment)} is too long to be stored: {len(os.fsencode(segment)):,} bytes once "
+            f"encoded, at most {NAME_MAX - len(prefix)}"
+        )
     return segment

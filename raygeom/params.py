@@ -25,15 +25,36 @@ MAX_WORKERS = 100_000  # GPUs, replicas, threads, Ray tasks
 MAX_Z = 1_000.0  # a z threshold
 
 
-def param(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-          high_open: bool = False, choices: tuple | None = None, nonempty: bool = False, flag: str | None = None,
-          rule: tuple | None = None):
+def param(
+    default: Any,
+    help: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices: tuple | None = None,
+    nonempty: bool = False,
+    flag: str | None = None,
+    rule: tuple | None = None,
+):
     """A declared parameter: its default, help text and the values allowed (``low``/``high`` bounds, closed
     unless ``*_open``; ``choices``; ``nonempty`` strings; ``rule`` = (predicate, what it allows in words) for a
     string with a grammar, e.g. a comma-separated list). ``flag`` renames the CLI option (default ``--name``)."""
-    return field(default=default, metadata={"help": help, "low": low, "high": high, "low_open": low_open,
-                                            "high_open": high_open, "choices": choices, "nonempty": nonempty,
-                                            "flag": flag, "rule": rule})
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "low": low,
+            "high": high,
+            "low_open": low_open,
+            "high_open": high_open,
+            "choices": choices,
+            "nonempty": nonempty,
+            "flag": flag,
+            "rule": rule,
+        },
+    )
 
 
 def _numbers(text: str) -> list[float] | None:
@@ -44,18 +65,34 @@ def _numbers(text: str) -> list[float] | None:
     return values if values and all(math.isfinite(v) for v in values) else None
 
 
-def number_list(low: float | None = None, high: float | None = None, positive: bool = False, integers: bool = False,
-                words: tuple[str, ...] = (), one: bool = False) -> tuple:
+def number_list(
+    low: float | None = None,
+    high: float | None = None,
+    positive: bool = False,
+    integers: bool = False,
+    words: tuple[str, ...] = (),
+    one: bool = False,
+) -> tuple:
     """A ``rule`` for a comma-separated list of numbers (``one``: a single number), or one of ``words``, each within
     the bounds given."""
+
     def allowed(text) -> bool:
         if not isinstance(text, str):
             return False
         if text.strip() in words:
             return True
         values = _numbers(text)
-        return values is not None and (not one or len(values) == 1) and all((not integers or v == int(v)) and (low is None or v >= low)
-                                          and (high is None or v <= high) and (not positive or v > 0) for v in values)
+        return (
+            values is not None
+            and (not one or len(values) == 1)
+            and all(
+                (not integers or v == int(v))
+                and (low is None or v >= low)
+                and (high is None or v <= high)
+                and (not positive or v > 0)
+                for v in values
+            )
+        )
 
     kind = "integers" if integers else "numbers"
     bounds = [f">= {low:g}" if low is not None else "", f"<= {high:g}" if high is not None else "", "> 0" if positive else ""]
@@ -138,7 +175,6 @@ def default_of(cls: type, name: str) -> Any:
     return spec.default if spec.default is not MISSING else spec.default_factory()
 
 
-
 def parse_text(cls: type, name: str, text: str, label: str | None = None) -> Any:
     """A command-line value of a declared parameter: parsed to its declared type, then checked (``label``: the flag)."""
     kind, shown = declared_type(cls, name), label or name
@@ -194,11 +230,15 @@ class Params:
             hint = nearest(unknown[0], names)
             raise RaygeomError(f"{where}unknown key(s): {', '.join(unknown)}" + (hint or f" (known: {', '.join(sorted(names))})"))
         if values.get("k") is not None and values.get("k_per_d") and "k_per_d" in names:
-            raise RaygeomError(f"{where}k and k_per_d conflict: k_per_d > 0 sets k = round(k_per_d * d) for each model; "
-                               "give one of them")
+            raise RaygeomError(
+                f"{where}k and k_per_d conflict: k_per_d > 0 sets k = round(k_per_d * d) for each model; give one of them"
+            )
         values = {name: canonical_value(name, value) for name, value in values.items()}
-        checked = {name: check_value(cls, name, value, where) for name, value in values.items()
-                   if value is not None and "help" in next(f for f in fields(cls) if f.name == name).metadata}
+        checked = {
+            name: check_value(cls, name, value, where)
+            for name, value in values.items()
+            if value is not None and "help" in next(f for f in fields(cls) if f.name == name).metadata
+        }
         checked.update({name: value for name, value in values.items() if value is not None and name not in checked})
         try:
             return cls(**checked)
@@ -221,12 +261,15 @@ class Params:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-
-
 def k_per_d_param():
     """The k/d declaration shared by every analysis with a readout subspace of dimension k."""
-    return param(0.0, "When > 0: k = round(k_per_d * d) for each model, the same k/d at every width (k is then "
-                      "ignored); 0: the fixed k.", low=0.0, high=1.0, high_open=True)
+    return param(
+        0.0,
+        "When > 0: k = round(k_per_d * d) for each model, the same k/d at every width (k is then ignored); 0: the fixed k.",
+        low=0.0,
+        high=1.0,
+        high_open=True,
+    )
 
 
 def for_width(params, d: int | None):
@@ -257,12 +300,22 @@ class PGAParams(Params):
     # max(z_half_width, z_rel_width * |z|), or n_null_cap nulls; n_null is then the first block;
     n_null_auto: bool = False
     z_half_width: float = param(0.25, "Target 95% half-width of z for --n-null auto.", low=0.0, low_open=True, high=MAX_Z)
-    z_rel_width: float = param(0.05, "--n-null auto also stops at this fraction of |z| (half-width <= max(z_half_width, "
-                                     "z_rel_width * |z|)).", low=0.0, high=1.0, high_open=True)
+    z_rel_width: float = param(
+        0.05,
+        "--n-null auto also stops at this fraction of |z| (half-width <= max(z_half_width, z_rel_width * |z|)).",
+        low=0.0,
+        high=1.0,
+        high_open=True,
+    )
     n_null_cap: int = param(1000, "Most nulls --n-null auto draws for one layer.", low=2, high=MAX_NULLS)
     # and, below n_null_decide nulls, while z's interval holds 0, -2 or 2 (a decision still open; 0: off).
-    n_null_decide: int = param(500, "--n-null auto keeps drawing while z's 95% interval holds 0, -2 or 2 (its sign or "
-                                    "|z| > 2 still open), up to this many nulls (0: off; --n-null-cap still caps).", low=0, high=MAX_NULLS)
+    n_null_decide: int = param(
+        500,
+        "--n-null auto keeps drawing while z's 95% interval holds 0, -2 or 2 (its sign or "
+        "|z| > 2 still open), up to this many nulls (0: off; --n-null-cap still caps).",
+        low=0,
+        high=MAX_NULLS,
+    )
     # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
     text_halves: int = param(10, "Half-samples of the texts for the interval over texts (0: none, else >= 2).", low=0, high=1000)
 
@@ -281,8 +334,11 @@ class PGAParams(Params):
             raise RaygeomError(f"n-samples must be at least 3 (pairwise geometry needs 3 points), got {n}")
         span = n - 1 if d is None else min(n - 1, d)
         if self.r >= span:
-            raise RaygeomError(f"--ccr {self.r} removes every direction that N={n} samples" + (f" in d={d}" if d else "")
-                               + f" span{of} (at most {span}); use a smaller --ccr or more --n-samples")
+            raise RaygeomError(
+                f"--ccr {self.r} removes every direction that N={n} samples"
+                + (f" in d={d}" if d else "")
+                + f" span{of} (at most {span}); use a smaller --ccr or more --n-samples"
+            )
         if d is not None and self.k >= d:
             raise RaygeomError(f"k must satisfy 0 < k < d; got k={self.k}, d={d}{of}")
         stored = None if readout_components is None else (readout_components if d is None else min(d - 1, readout_components))
@@ -304,15 +360,18 @@ class ChunkSettings(ChunkShape):
     """Chunks drawn per domain (label) of the corpus, and the token set of the dispersion gap's domain side."""
 
     chunks_per_domain: int = param(40, "Chunks drawn from each domain (label) of the corpus.", low=1, high=MAX_COUNT)
-    domain_tokens: str = param("digits", "Token set of the gap's domain side: digits, or comma-separated token texts.",
-                               nonempty=True)
+    domain_tokens: str = param(
+        "digits", "Token set of the gap's domain side: digits, or comma-separated token texts.", nonempty=True
+    )
 
 
 # The one rule of every --layers option (raygeom.sources.layers.select_layers implements it).
-LAYERS_HELP = ("all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
-               "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "
-               "e.g. embed,5,-1,final_norm. Inside a block: 5.attn_out, 5.resid_mid, 5.mlp_out (block_05.mlp_out; "
-               "resid_mid + mlp_out = the block's output).")
+LAYERS_HELP = (
+    "all, or comma-separated names, block numbers and ranges. Integers count blocks: 5 = block_05, -1 = the last "
+    "block, 2:5 = block_02..block_04 (end excluded); embed (the first block's input) and final_norm are named, "
+    "e.g. embed,5,-1,final_norm. Inside a block: 5.attn_out, 5.resid_mid, 5.mlp_out (block_05.mlp_out; "
+    "resid_mid + mlp_out = the block's output)."
+)
 
 
 AUTO_NULL_BLOCK = 100

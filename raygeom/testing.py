@@ -32,23 +32,32 @@ def varied_text(i: int) -> str:
 def write_labelled_corpus(path: Path, n: int, labels: int = 3) -> Path:
     """A .jsonl corpus of ``n`` distinct labelled articles in the manner of BBC News (years and numbers give the
     digit tokens the dispersion gap needs); what a tiny [train] job trains on and holds out."""
-    path.write_text("".join(json.dumps({"text": f"in {1990 + i} about {i * 7} {varied_text(i)} . " * 2,
-                                        "label": f"topic{i % labels}"}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"text": f"in {1990 + i} about {i * 7} {varied_text(i)} . " * 2, "label": f"topic{i % labels}"}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
 def tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator([TINY_TEXT] * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   bos_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
 
 
 def tiny_gpt_neox(vocab_size: int, seed: int, hidden_size: int = 64, layers: int = 3):
@@ -56,15 +65,28 @@ def tiny_gpt_neox(vocab_size: int, seed: int, hidden_size: int = 64, layers: int
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(seed)
-    config = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=4,
-                           intermediate_size=hidden_size * 2, max_position_embeddings=512, tie_word_embeddings=False,
-                           eos_token_id=0, bos_token_id=0, pad_token_id=0)
+    config = GPTNeoXConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=hidden_size * 2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        bos_token_id=0,
+        pad_token_id=0,
+    )
     return GPTNeoXForCausalLM(config).eval()
 
 
-def write_tiny_pythia(cache: Path, repo_id: str = "EleutherAI/pythia-14m",
-                      revisions: dict[str, int] | list[str] = ("step0", "step1000", "step143000"),
-                      hidden_size: int = 64, layers: int = 3) -> Path:
+def write_tiny_pythia(
+    cache: Path,
+    repo_id: str = "EleutherAI/pythia-14m",
+    revisions: dict[str, int] | list[str] = ("step0", "step1000", "step143000"),
+    hidden_size: int = 64,
+    layers: int = 3,
+) -> Path:
     """Write one snapshot per revision into an HF hub cache folder (the HF_HUB_CACHE layout).
 
     ``revisions`` maps a revision to a weight seed; revisions sharing a seed serve
@@ -105,8 +127,9 @@ def write_tiny_job(path: Path, name: str, out, corpus, sweep: str = "", models: 
 
     ``sweep`` is the body of its [sweep] table, ``models`` its [[models]] tables, ``extra`` any further tables.
     """
-    path.write_text(f'[job]\nname = "{name}"\nout = "{out}"\n[sweep]\n{sweep}\n{models}\n'
-                    + TINY_JOB_SETTINGS.format(corpus=corpus) + extra)
+    path.write_text(
+        f'[job]\nname = "{name}"\nout = "{out}"\n[sweep]\n{sweep}\n{models}\n' + TINY_JOB_SETTINGS.format(corpus=corpus) + extra
+    )
     return path
 
 
@@ -119,10 +142,12 @@ def tiny_bos_tokenizer(padding_side: str = "right"):
     inner = base.backend_tokenizer
     inner.add_special_tokens(["<bos>"])
     bos = inner.token_to_id("<bos>")
-    inner.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
-                                                         special_tokens=[("<bos>", bos)])
-    return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   bos_token="<bos>", padding_side=padding_side)
+    inner.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token="<bos>", padding_side=padding_side
+    )
 
 
 def tiny_llama(vocab_size: int, seed: int, hidden_size: int = 32, layers: int = 2):
@@ -130,9 +155,19 @@ def tiny_llama(vocab_size: int, seed: int, hidden_size: int = 32, layers: int = 
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=0, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -154,13 +189,22 @@ def tiny_causal_lm(family: str, vocab_size: int = 320, seed: int = 0, hidden_siz
 
     torch.manual_seed(seed)
     heads = {"num_attention_heads": 4}
-    sizes = {"gpt2": {"n_embd": hidden_size, "n_layer": layers, "n_head": 4, "n_positions": 512}}.get(family, {
-        "hidden_size": hidden_size, "num_hidden_layers": layers, "intermediate_size": hidden_size * 2,
-        "max_position_embeddings": 512, "num_key_value_heads": 4, **heads})
+    sizes = {"gpt2": {"n_embd": hidden_size, "n_layer": layers, "n_head": 4, "n_positions": 512}}.get(
+        family,
+        {
+            "hidden_size": hidden_size,
+            "num_hidden_layers": layers,
+            "intermediate_size": hidden_size * 2,
+            "max_position_embeddings": 512,
+            "num_key_value_heads": 4,
+            **heads,
+        },
+    )
     if family.startswith("gemma"):
         sizes["head_dim"] = hidden_size // 4
-    config = AutoConfig.for_model(family, vocab_size=vocab_size, tie_word_embeddings=False, pad_token_id=0,
-                                  bos_token_id=0, eos_token_id=0, **sizes, **extra)
+    config = AutoConfig.for_model(
+        family, vocab_size=vocab_size, tie_word_embeddings=False, pad_token_id=0, bos_token_id=0, eos_token_id=0, **sizes, **extra
+    )
     return AutoModelForCausalLM.from_config(config).eval()
 
 

@@ -19,8 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--disable-quic", "--hide-scrollbars", "--mute-audio"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+    "--hide-scrollbars",
+    "--mute-audio",
+]
 
 
 @dataclass
@@ -83,8 +93,16 @@ class _Pipe:
                     return message
 
 
-def visit(path: Path, probe: str = "null", click: str | None = None, after_click: str = "null", width: int = 1280,
-          height: int = 2400, settle: float = 1.0, timeout: float = 120) -> PageVisit:
+def visit(
+    path: Path,
+    probe: str = "null",
+    click: str | None = None,
+    after_click: str = "null",
+    width: int = 1280,
+    height: int = 2400,
+    settle: float = 1.0,
+    timeout: float = 120,
+) -> PageVisit:
     """Load ``path`` (a local file) and return its errors, requests, ``probe`` (a JS expression) and a PNG.
     With ``click`` (a CSS selector), a real mouse click on that element's centre follows the probe, then
     ``after_click`` is evaluated."""
@@ -92,8 +110,14 @@ def visit(path: Path, probe: str = "null", click: str | None = None, after_click
     to_chrome_r, to_chrome_w = os.pipe()
     from_chrome_r, from_chrome_w = os.pipe()
     # Chromium reads commands on fd 3 and writes replies on fd 4.
-    command = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe", f"--window-size={width},{height}",
-               "about:blank"]
+    command = [
+        CHROMIUM,
+        *FLAGS,
+        f"--user-data-dir={profile}",
+        "--remote-debugging-pipe",
+        f"--window-size={width},{height}",
+        "about:blank",
+    ]
 
     def child_fds():
         # Copy out of the way first (a pipe end may itself be fd 3 or 4), then make 3 and 4 survive exec.
@@ -103,8 +127,15 @@ def visit(path: Path, probe: str = "null", click: str | None = None, after_click
         os.set_inheritable(3, True)
         os.set_inheritable(4, True)
 
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               preexec_fn=child_fds, close_fds=False, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=child_fds,
+        close_fds=False,
+        start_new_session=True,
+    )
     os.close(to_chrome_r)
     os.close(from_chrome_w)
     pipe = _Pipe(process, to_chrome_w, from_chrome_r)
@@ -114,25 +145,40 @@ def visit(path: Path, probe: str = "null", click: str | None = None, after_click
         session = pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True}, timeout=timeout)["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             pipe.call(f"{domain}.enable", session=session, timeout=timeout)
-        pipe.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
-                                                         "mobile": False}, session=session, timeout=timeout)
+        pipe.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=session,
+            timeout=timeout,
+        )
         pipe.events.clear()
         pipe.call("Page.navigate", {"url": Path(path).resolve().as_uri()}, session=session, timeout=timeout)
         pipe.wait_event("Page.loadEventFired", timeout=timeout)
         time.sleep(settle)  # plots render right after load; let any late error arrive
+
         def evaluate(expression):
-            reply = pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True},
-                              session=session, timeout=timeout)
+            reply = pipe.call(
+                "Runtime.evaluate",
+                {"expression": expression, "returnByValue": True, "awaitPromise": True},
+                session=session,
+                timeout=timeout,
+            )
             return reply.get("result", {}).get("value")
 
         result.probe = evaluate(probe)
         if click:
-            box = evaluate(f"(() => {{ const e = document.querySelector({json.dumps(click)});"
-                           " e.scrollIntoView({block: 'center'});"
-                           " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+            box = evaluate(
+                f"(() => {{ const e = document.querySelector({json.dumps(click)});"
+                " e.scrollIntoView({block: 'center'});"
+                " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+            )
             for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
-                pipe.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},
-                          session=session, timeout=timeout)
+                pipe.call(
+                    "Input.dispatchMouseEvent",
+                    {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},
+                    session=session,
+                    timeout=timeout,
+                )
             time.sleep(settle)
             result.after_click = evaluate(after_click)
             evaluate("window.scrollTo(0, 0)")

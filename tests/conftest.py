@@ -24,9 +24,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # it starts. Two-thread pools in both workers oversubscribe the 2 cores, and OpenMP's waiting threads spin.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from raygeom.engine.ray_env import prepare_local_ray_environment  # noqa: E402
-
 import typer.testing  # noqa: E402
+
+from raygeom.engine.ray_env import prepare_local_ray_environment  # noqa: E402
 
 # CliRunner builds the app's whole click tree at every invoke (0.1-0.2 s); raygeom's app keeps the one it built.
 _build_command = typer.testing._get_command
@@ -38,8 +38,10 @@ TINY_REVISIONS = ("step0", "step1000", "step143000")
 # make test runs 2 xdist workers (-n 2 --dist loadfile): each is its own session, with its own hub cache (above) and its
 # own local Ray (ray_local). A file runs whole on one worker, so its module fixtures are built once; a file that reuses
 # another's session run (imported from it) runs on that file's worker, or the run would be made twice.
-RUNS_WITH = {"tests/integration/test_faults.py": "tests/integration/test_sweep.py",  # first_run
-             "tests/integration/test_trajectory.py": "tests/integration/test_checkpoint_sweep.py"}  # trajectory_run
+RUNS_WITH = {
+    "tests/integration/test_faults.py": "tests/integration/test_sweep.py",  # first_run
+    "tests/integration/test_trajectory.py": "tests/integration/test_checkpoint_sweep.py",
+}  # trajectory_run
 # Files are handed out longest first (with --no-loadscope-reorder; seconds per file in tests/durations.json, refreshed by
 # tests/durations.py), so the short unit files fill the end of both workers and neither is left with a long file at the end.
 DURATIONS = json.loads((Path(__file__).with_name("durations.json")).read_text())
@@ -68,7 +70,9 @@ def pytest_collection_modifyitems(config, items):
         seconds: dict[str, float] = {}
         for path, value in DURATIONS.items():
             seconds[_scope(path)] = seconds.get(_scope(path), 0.0) + value
-        items.sort(key=lambda item: (-seconds.get(_scope(item.nodeid), 0.0), _scope(item.nodeid)))  # stable: a file keeps its order
+        items.sort(
+            key=lambda item: (-seconds.get(_scope(item.nodeid), 0.0), _scope(item.nodeid))
+        )  # stable: a file keeps its order
 
 
 @pytest.fixture(scope="session")

@@ -70,8 +70,12 @@ class Repo:
                 data = path.read_bytes()
                 name = path.relative_to(root).as_posix()
                 lfs = any(fnmatch.fnmatch(name, pattern) for pattern in LFS_PATTERNS)
-                entries[name] = {"data": data, "size": len(data), "blob": git_blob_sha1(data),
-                                 "sha256": hashlib.sha256(data).hexdigest() if lfs else None}
+                entries[name] = {
+                    "data": data,
+                    "size": len(data),
+                    "blob": git_blob_sha1(data),
+                    "sha256": hashlib.sha256(data).hexdigest() if lfs else None,
+                }
             self._files[commit] = entries
         return self._files[commit]
 
@@ -173,21 +177,50 @@ def _handler(hub: LoopbackHub):
                 if repo is None:
                     return self._missing("RepoNotFound", f"Repository {api[1]} not found")
                 if api[4] == "refs":
-                    return self._json({"branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
-                                                    for n, c in repo.refs.items()], "tags": [], "converts": []})
+                    return self._json(
+                        {
+                            "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c} for n, c in repo.refs.items()],
+                            "tags": [],
+                            "converts": [],
+                        }
+                    )
                 revision = api[3] or "main"
                 commit = repo.commit_of(revision)
                 if commit is None or hub._take(("404",), revision, commit or "", None):
                     return self._missing("RevisionNotFound", f"Invalid rev id: {revision}")
                 files = repo.files(commit)
                 if api[2] == "tree":
-                    return self._json([{"type": "file", "oid": f["blob"], "size": f["size"], "path": name,
-                                        **({"lfs": {"oid": f["sha256"], "size": f["size"], "pointerSize": 134}}
-                                           if f["sha256"] else {})} for name, f in files.items()])
-                return self._json({"id": repo.id, "modelId": repo.id, "sha": commit, "private": False,
-                                   "siblings": [{"rfilename": name, "size": f["size"], "blobId": f["blob"],
-                                                 **({"lfs": {"sha256": f["sha256"], "size": f["size"], "pointerSize": 134}}
-                                                    if f["sha256"] else {})} for name, f in files.items()]})
+                    return self._json(
+                        [
+                            {
+                                "type": "file",
+                                "oid": f["blob"],
+                                "size": f["size"],
+                                "path": name,
+                                **({"lfs": {"oid": f["sha256"], "size": f["size"], "pointerSize": 134}} if f["sha256"] else {}),
+                            }
+                            for name, f in files.items()
+                        ]
+                    )
+                return self._json(
+                    {
+                        "id": repo.id,
+                        "modelId": repo.id,
+                        "sha": commit,
+                        "private": False,
+                        "siblings": [
+                            {
+                                "rfilename": name,
+                                "size": f["size"],
+                                "blobId": f["blob"],
+                                **(
+                                    {"lfs": {"sha256": f["sha256"], "size": f["size"], "pointerSize": 134}} if f["sha256"] else {}
+                                ),
+                            }
+                            for name, f in files.items()
+                        ],
+                    }
+                )
             self._resolve(head=False)
 
         def _resolve(self, head: bool) -> None:
@@ -204,8 +237,12 @@ def _handler(hub: LoopbackHub):
             entry = repo.files(commit).get(name)
             if entry is None:
                 return self._missing("EntryNotFound", f"{name} does not exist", head=head, commit=commit)
-            headers = {"X-Repo-Commit": commit, "ETag": f'"{entry["blob"]}"', "Accept-Ranges": "bytes",
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": commit,
+                "ETag": f'"{entry["blob"]}"',
+                "Accept-Ranges": "bytes",
+                "Content-Type": "application/octet-stream",
+            }
             if entry["sha256"]:
                 headers.update({"X-Linked-Etag": f'"{entry["sha256"]}"', "X-Linked-Size": entry["size"]})
             if head:

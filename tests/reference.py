@@ -51,11 +51,15 @@ def pga(h, w_u, k=100, r=1, n_null=100, seed=0):
     d_full = cosine_distances(corrected, groups)
     rho = spearmanr(d_full, cosine_distances(corrected @ readout(w_u, k), groups))[0]
     nulls = np.array(
-        [spearmanr(d_full, cosine_distances(corrected @ null_subspace(h.shape[1], k, seed, i), groups))[0]
-         for i in range(n_null)]
+        [spearmanr(d_full, cosine_distances(corrected @ null_subspace(h.shape[1], k, seed, i), groups))[0] for i in range(n_null)]
     )
-    return {"rho_readout": rho, "null_mean": nulls.mean(), "null_std": nulls.std(ddof=1),
-            "z": (rho - nulls.mean()) / nulls.std(ddof=1), "nulls": nulls}
+    return {
+        "rho_readout": rho,
+        "null_mean": nulls.mean(),
+        "null_std": nulls.std(ddof=1),
+        "z": (rho - nulls.mean()) / nulls.std(ddof=1),
+        "nulls": nulls,
+    }
 
 
 # --- Diagnostics around PGA (METRICS.md "Diagnostics around PGA") ---
@@ -136,9 +140,13 @@ def convergence(h_a, h_b, basis_a, basis_b, k, r=1, n_null=100, seed=0):
     def rho(x, y):
         return spearmanr(cosine_distances(x, groups_a), cosine_distances(y, groups_b))[0]
 
-    nulls = np.array([
-        rho(a @ null_subspace(a.shape[1], k, seed, i), b @ null_subspace(b.shape[1], k, seed + 2**32, i))
-        for i in range(n_null)
-    ])
-    return {"rho_full": rho(a, b), "rho_readout": rho(a @ basis_a[:, :k], b @ basis_b[:, :k]),
-            "null_mean": nulls.mean(), "null_std": nulls.std(ddof=1), "nulls": nulls}
+    nulls = np.array(
+        [rho(a @ null_subspace(a.shape[1], k, seed, i), b @ null_subspace(b.shape[1], k, seed + 2**32, i)) for i in range(n_null)]
+    )
+    return {
+        "rho_full": rho(a, b),
+        "rho_readout": rho(a @ basis_a[:, :k], b @ basis_b[:, :k]),
+        "null_mean": nulls.mean(),
+        "null_std": nulls.std(ddof=1),
+        "nulls": nulls,
+    }

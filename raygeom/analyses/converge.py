@@ -39,7 +39,6 @@ import numpy as np
 
 from raygeom.analyses.provenance import extraction_columns
 from raygeom.engine.contract import PREPARED, Step, Unit
-
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics.limits import MIN_SAMPLES
 from raygeom.params import PGAParams
@@ -52,6 +51,7 @@ def _grid():
     from raygeom.numerics import convergence_grid
 
     return convergence_grid
+
 
 CONVERGE_VERSION = 4  # 2: z's Monte-Carlo interval and p-values; 3: intervals over texts; 4: correlations' on Fisher's z
 
@@ -107,12 +107,19 @@ def _side(store: Store, model: str, revision: str, depths: int | None, k: int, k
         relative = np.array(positions) / max(1, len(info["all_layers"]) - 1)
         targets = np.linspace(0.0, 1.0, depths)
         layers = [layers[i] for i in sorted({int(np.argmin(np.abs(relative - t))) for t in targets})]
-    return ModelSide(model, revision, info, layers, samples["sample_id"].to_numpy()[order],
-                     [samples["text_sha1"].to_pylist()[i] for i in order])
+    return ModelSide(
+        model,
+        revision,
+        info,
+        layers,
+        samples["sample_id"].to_numpy()[order],
+        [samples["text_sha1"].to_pylist()[i] for i in order],
+    )
 
 
-def _aligned_layer(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray,
-                   key: str) -> np.ndarray:
+def _aligned_layer(
+    root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, key: str
+) -> np.ndarray:
     from raygeom.analyses.pga import read_keyed_layer
 
     h = read_keyed_layer(root, model, revision, layer, key)
@@ -122,20 +129,21 @@ def _aligned_layer(root: str, model: str, revision: str, layer: str, sample_ids:
     return h[rows]
 
 
-def _prepare(root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int,
-             key: str) -> np.ndarray:
+def _prepare(
+    root: str, model: str, revision: str, layer: str, sample_ids: np.ndarray, rows: np.ndarray, r: int, key: str
+) -> np.ndarray:
     return _grid().prepare_layer(_aligned_layer(root, model, revision, layer, sample_ids, rows, key), r)
 
 
-def _texts(root: str, reads_a: list[tuple], reads_b: list[tuple], basis_a: np.ndarray, basis_b: np.ndarray,
-           params: "ConvergeParams") -> dict:
+def _texts(
+    root: str, reads_a: list[tuple], reads_b: list[tuple], basis_a: np.ndarray, basis_b: np.ndarray, params: "ConvergeParams"
+) -> dict:
     """Every cell's standard errors over texts (half-samples); each side's layers are read again in raw form,
     since every half-sample is corrected afresh."""
     raw_a = [_aligned_layer(root, *read) for read in reads_a]
     raw_b = [_aligned_layer(root, *read) for read in reads_b]
     try:
-        return _grid().grid_text_spread(raw_a, raw_b, basis_a, basis_b, params.k, params.r, params.seed,
-                                                 params.text_halves)
+        return _grid().grid_text_spread(raw_a, raw_b, basis_a, basis_b, params.k, params.r, params.seed, params.text_halves)
     except InputError:  # too few texts to halve: the rows carry no interval over texts
         return {}
 
@@ -153,15 +161,29 @@ def align(a: ModelSide, b: ModelSide) -> tuple[np.ndarray, np.ndarray]:
 
     rows_a, rows_b = layer_geometry.align_by_key(a.text_sha1, b.text_sha1)
     if len(rows_a) < MIN_SAMPLES:
-        raise RaygeomError(f"{a.label} and {b.label} share only {len(rows_a)} texts (by SHA-1); need at least {MIN_SAMPLES}. "
-                           "Extract both from the same corpus, n-samples and seed")
+        raise RaygeomError(
+            f"{a.label} and {b.label} share only {len(rows_a)} texts (by SHA-1); need at least {MIN_SAMPLES}. "
+            "Extract both from the same corpus, n-samples and seed"
+        )
     return rows_a, rows_b
 
 
 def pair_key(a: ModelSide, b: ModelSide, rows_a: np.ndarray, rows_b: np.ndarray, params: ConvergeParams) -> str:
     matched = content_key([a.text_sha1[i] for i in rows_a])
-    return content_key("converge", CONVERGE_VERSION, a.info["key"], b.info["key"], a.layers, b.layers,
-                       params.k, params.r, params.n_null, params.seed, matched, params.text_halves)
+    return content_key(
+        "converge",
+        CONVERGE_VERSION,
+        a.info["key"],
+        b.info["key"],
+        a.layers,
+        b.layers,
+        params.k,
+        params.r,
+        params.n_null,
+        params.seed,
+        matched,
+        params.text_halves,
+    )
 
 
 def units(sides_layers: list[int], params: ConvergeParams) -> int:
@@ -194,8 +216,9 @@ def planned_pairs(store: Store, models: list[tuple[str, ...]], params: ConvergeP
     return pairs, done
 
 
-def run_converge(store: Store, models: list[tuple[str, ...]], params: ConvergeParams,
-                 progress: Callable[[int], None] | None = None) -> list[dict]:
+def run_converge(
+    store: Store, models: list[tuple[str, ...]], params: ConvergeParams, progress: Callable[[int], None] | None = None
+) -> list[dict]:
     """Convergence rows for every pair of ``models`` (``(slug, revision)`` or ``(slug, revision, extraction key)``)
     and every pair of their layers."""
     from raygeom.engine.units import run_units
@@ -206,10 +229,13 @@ def run_converge(store: Store, models: list[tuple[str, ...]], params: ConvergePa
     units = []
     for a, b in combinations(sides, 2):
         rows_a, rows_b = align(a, b)
-        prepare = [Step(_prepare, (root, side.model, side.revision, layer, side.sample_ids, rows, params.r, side.info["key"]))
-                   for side, rows in ((a, rows_a), (b, rows_b)) for layer in side.layers]
-        basis_a = store.read_readout(a.model, a.revision, a.info["key"])[0][:, :params.k]
-        basis_b = store.read_readout(b.model, b.revision, b.info["key"])[0][:, :params.k]
+        prepare = [
+            Step(_prepare, (root, side.model, side.revision, layer, side.sample_ids, rows, params.r, side.info["key"]))
+            for side, rows in ((a, rows_a), (b, rows_b))
+            for layer in side.layers
+        ]
+        basis_a = store.read_readout(a.model, a.revision, a.info["key"])[0][:, : params.k]
+        basis_b = store.read_readout(b.model, b.revision, b.info["key"])[0][:, : params.k]
         n_a = len(a.layers)
 
         def finish(values, a=a, b=b, n=len(rows_a)) -> list[dict]:
@@ -217,18 +243,35 @@ def run_converge(store: Store, models: list[tuple[str, ...]], params: ConvergePa
             spread = nulls.pop() if params.text_halves else {}
             return _rows(a, b, n, observed, np.concatenate(nulls), params, spread)
 
-        reads = [[(side.model, side.revision, layer, side.sample_ids, rows, side.info["key"]) for layer in side.layers]
-                 for side, rows in ((a, rows_a), (b, rows_b))]
+        reads = [
+            [(side.model, side.revision, layer, side.sample_ids, rows, side.info["key"]) for layer in side.layers]
+            for side, rows in ((a, rows_a), (b, rows_b))
+        ]
         texts = [Step(_texts, (root, reads[0], reads[1], basis_a, basis_b, params))] if params.text_halves else []
-        units.append(Unit(analysis="converge", key=pair_key(a, b, rows_a, rows_b, params), label=f"convergence {a.label} vs {b.label}",
-                          prepare=prepare,
-                          parts=[Step(_observed, (n_a, basis_a, basis_b, params.k, PREPARED))]
-                                + [Step(_nulls, (n_a, params.k, params.seed, chunk, PREPARED)) for chunk in chunks] + texts,
-                          finish=finish, extractions=tuple((side.model, side.revision, side.info["key"]) for side in (a, b))))
+        units.append(
+            Unit(
+                analysis="converge",
+                key=pair_key(a, b, rows_a, rows_b, params),
+                label=f"convergence {a.label} vs {b.label}",
+                prepare=prepare,
+                parts=[Step(_observed, (n_a, basis_a, basis_b, params.k, PREPARED))]
+                + [Step(_nulls, (n_a, params.k, params.seed, chunk, PREPARED)) for chunk in chunks]
+                + texts,
+                finish=finish,
+                extractions=tuple((side.model, side.revision, side.info["key"]) for side in (a, b)),
+            )
+        )
     results = run_units(store, units, progress)
     order = {tuple(model[:2]): i for i, model in enumerate(models)}
-    return sorted(results, key=lambda r: (order.get((r["model_a"], r["revision_a"]), 0), order.get((r["model_b"], r["revision_b"]), 0),
-                                          r["layer_index_a"], r["layer_index_b"]))
+    return sorted(
+        results,
+        key=lambda r: (
+            order.get((r["model_a"], r["revision_a"]), 0),
+            order.get((r["model_b"], r["revision_b"]), 0),
+            r["layer_index_a"],
+            r["layer_index_b"],
+        ),
+    )
 
 
 def _text_intervals(grid: dict, spread: dict) -> dict:
@@ -239,10 +282,18 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     from raygeom.numerics.uncertainty import LEVEL, _quantile
 
     q = _quantile(LEVEL)
-    centres = {"rho_full": grid["rho_full"], "rho": grid["rho_readout"],
-               "excess": grid["rho_readout"] - grid["rho_full"], "margin": grid["rho_readout"] - grid["null_mean"]}
-    ses = {"rho_full": spread["rho_full_texts_se"], "rho": spread["rho_readout_texts_se"],
-           "excess": spread["excess_texts_se"], "margin": spread["margin_texts_se"]}
+    centres = {
+        "rho_full": grid["rho_full"],
+        "rho": grid["rho_readout"],
+        "excess": grid["rho_readout"] - grid["rho_full"],
+        "margin": grid["rho_readout"] - grid["null_mean"],
+    }
+    ses = {
+        "rho_full": spread["rho_full_texts_se"],
+        "rho": spread["rho_readout_texts_se"],
+        "excess": spread["excess_texts_se"],
+        "margin": spread["margin_texts_se"],
+    }
     out = {}
     for name, centre in centres.items():
         if name in ("rho_full", "rho"):  # correlations: Fisher's z, so the interval stays inside [-1, 1]
@@ -255,8 +306,9 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     return out
 
 
-def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray, params: ConvergeParams,
-          spread: dict | None = None) -> list[dict]:
+def _rows(
+    a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray, params: ConvergeParams, spread: dict | None = None
+) -> list[dict]:
     grid = _grid().summarize_grid(observed["rho_full"], observed["rho_readout"], nulls)
     if not np.isfinite(grid["rho_full"]).all():
         raise RaygeomError(f"{a.label} vs {b.label}: some layer's distances are constant after CCR-{params.r}")
@@ -269,20 +321,38 @@ def _rows(a: ModelSide, b: ModelSide, n: int, observed: dict, nulls: np.ndarray,
         index_a = a.info["all_layers"].index(layer_a)
         for j, layer_b in enumerate(b.layers):
             index_b = b.info["all_layers"].index(layer_b)
-            rows.append({
-                "model_a": a.model, "revision_a": a.revision, "model_b": b.model, "revision_b": b.revision,
-                "layer_a": layer_a, "layer_b": layer_b, "layer_index_a": index_a, "layer_index_b": index_b,
-                "relative_depth_a": index_a / span_a, "relative_depth_b": index_b / span_b,
-                **{name: float(values[i, j]) for name, values in grid.items()},
-                **shared, "step_a": a.info.get("step"), "step_b": b.info.get("step"),
-                "k": params.k, "r": params.r, "n": n, "n_null": int(nulls.shape[0]), "seed": params.seed, "n_half_samples": params.text_halves if spread else 0,
-                "d_a": a.info["d"], "d_b": b.info["d"],
-            })
+            rows.append(
+                {
+                    "model_a": a.model,
+                    "revision_a": a.revision,
+                    "model_b": b.model,
+                    "revision_b": b.revision,
+                    "layer_a": layer_a,
+                    "layer_b": layer_b,
+                    "layer_index_a": index_a,
+                    "layer_index_b": index_b,
+                    "relative_depth_a": index_a / span_a,
+                    "relative_depth_b": index_b / span_b,
+                    **{name: float(values[i, j]) for name, values in grid.items()},
+                    **shared,
+                    "step_a": a.info.get("step"),
+                    "step_b": b.info.get("step"),
+                    "k": params.k,
+                    "r": params.r,
+                    "n": n,
+                    "n_null": int(nulls.shape[0]),
+                    "seed": params.seed,
+                    "n_half_samples": params.text_halves if spread else 0,
+                    "d_a": a.info["d"],
+                    "d_b": b.info["d"],
+                }
+            )
     return rows
 
 
 # ---------------------------------------------------------------- what a run prints and writes (its declaration's
 # console and documents)
+
 
 def depth_matched(rows: list[dict]) -> list[dict]:
     """For each layer of the model with fewer layers, the cell whose other layer is nearest in relative depth."""
@@ -292,9 +362,15 @@ def depth_matched(rows: list[dict]) -> list[dict]:
         by_a.setdefault(r["layer_a"], []).append(r)
         by_b.setdefault(r["layer_b"], []).append(r)
     if len(by_a) <= len(by_b):
-        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_b"])) for cells in by_a.values()]
+        picks = [
+            min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_b"]))
+            for cells in by_a.values()
+        ]
     else:
-        picks = [min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_a"])) for cells in by_b.values()]
+        picks = [
+            min(cells, key=lambda r: (abs(r["relative_depth_a"] - r["relative_depth_b"]), r["layer_index_a"]))
+            for cells in by_b.values()
+        ]
     return sorted(picks, key=lambda r: (r["relative_depth_a"], r["relative_depth_b"]))
 
 
@@ -312,25 +388,36 @@ def convergence_markdown(rows: list[dict]) -> str:
     z_lo = np.array([r.get("z_lo", np.nan) for r in rows])
     z_hi = np.array([r.get("z_hi", np.nan) for r in rows])
     nulls = np.array([r["null_mean"] for r in rows])
-    lines = [f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
-             f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})", "",
-             f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}"
-             + (f" ({np.mean(np.array([r.get('excess_texts_lo', np.nan) for r in rows]) > 0):.0%} with the whole 95% interval "
-                f"over texts above 0, {np.mean(np.array([r.get('excess_texts_hi', np.nan) for r in rows]) < 0):.0%} below)"
-                if rows[0].get("excess_texts_lo") is not None else "") + ", "
-             f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%} ({np.mean(z_lo > 2):.0%} with the whole "
-             f"95% interval above 2), z < -2 in {np.mean(z < -2):.0%} ({np.mean(z_hi < -2):.0%}); "
-             f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.", "",
-             "Layers matched by relative depth:", "",
-             "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper "
-             "| readout − full [95% over texts] |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {first['model_a']}@{first['revision_a']} vs {first['model_b']}@{first['revision_b']}  "
+        f"(N={first['n']} shared texts, k={first['k']}, CCR-{first['r']}, {first['n_null']} nulls, seed {first['seed']})",
+        "",
+        f"All {len(rows)} layer pairs: readout > full space in {np.mean(readout > full):.0%}"
+        + (
+            f" ({np.mean(np.array([r.get('excess_texts_lo', np.nan) for r in rows]) > 0):.0%} with the whole 95% interval "
+            f"over texts above 0, {np.mean(np.array([r.get('excess_texts_hi', np.nan) for r in rows]) < 0):.0%} below)"
+            if rows[0].get("excess_texts_lo") is not None
+            else ""
+        )
+        + ", "
+        f"readout > null mean in {np.mean(readout > nulls):.0%}, z > 2 in {np.mean(z > 2):.0%} ({np.mean(z_lo > 2):.0%} with the whole "
+        f"95% interval above 2), z < -2 in {np.mean(z < -2):.0%} ({np.mean(z_hi < -2):.0%}); "
+        f"median rho full {np.median(full):.3f}, readout {np.median(readout):.3f}, null mean {np.median(nulls):.3f}.",
+        "",
+        "Layers matched by relative depth:",
+        "",
+        "| layer A | layer B | depth A | depth B | rho full | rho readout | null mean ± std | z ± 95% half-width | p_upper "
+        "| readout − full [95% over texts] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in depth_matched(rows):
         half, p_upper = r.get("z_half_width"), r.get("p_upper")
         z_text = f"{r['z']:+.1f}" + (f" ± {half:.1f}" if half is not None and half == half else "")
         p_text = f"{p_upper:.2g}" if p_upper is not None and p_upper == p_upper else ""
-        lines.append(f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
-                     f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} | {_excess_text(r)} |")
+        lines.append(
+            f"| {r['layer_a']} | {r['layer_b']} | {r['relative_depth_a']:.2f} | {r['relative_depth_b']:.2f} | {r['rho_full']:.3f} | "
+            f"{r['rho_readout']:.3f} | {r['null_mean']:.3f} ± {r['null_std']:.3f} | {z_text} | {p_text} | {_excess_text(r)} |"
+        )
     lines.append("")
     return "\n".join(lines)
 

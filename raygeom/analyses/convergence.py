@@ -19,13 +19,19 @@ class ConvergenceParams(Params):
     n_null: int = param(100, "Random subspaces in the null.", low=2, high=MAX_NULLS)
     seed: int = param(0, "Seed of the nulls.", low=0, high=2**32, high_open=True)
     null_chunks: int = param(10, "Ray tasks the nulls of one pair are split into.", low=1, high=10_000)
-    depths: int = param(0, "Compare only the layers nearest this many (>= 2) evenly spaced relative depths; 0: every "
-                           "layer.", low=0, high=10_000)
-    text_halves: int = param(10, "Half-samples of the texts behind each cell's interval over texts (0: none, else >= 2).",
-                             low=0, high=1000)
-    max_words: int = param(0, "Cut every text to its first N words before tokenizing, so models with different "
-                              "tokenizers read the same text; 0: no cut.", low=0, high=MAX_COUNT)
-
+    depths: int = param(
+        0, "Compare only the layers nearest this many (>= 2) evenly spaced relative depths; 0: every layer.", low=0, high=10_000
+    )
+    text_halves: int = param(
+        10, "Half-samples of the texts behind each cell's interval over texts (0: none, else >= 2).", low=0, high=1000
+    )
+    max_words: int = param(
+        0,
+        "Cut every text to its first N words before tokenizing, so models with different "
+        "tokenizers read the same text; 0: no cut.",
+        low=0,
+        high=MAX_COUNT,
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -42,8 +48,15 @@ class ConvergenceParams(Params):
 def _converge_params(params: ConvergenceParams):
     from raygeom.analyses.converge import ConvergeParams
 
-    return ConvergeParams(k=params.k, r=params.r, n_null=params.n_null, seed=params.seed, null_chunks=params.null_chunks,
-                          depths=params.depths or None, text_halves=params.text_halves)
+    return ConvergeParams(
+        k=params.k,
+        r=params.r,
+        n_null=params.n_null,
+        seed=params.seed,
+        null_chunks=params.null_chunks,
+        depths=params.depths or None,
+        text_halves=params.text_halves,
+    )
 
 
 def _aligned(job, specs, params: ConvergenceParams):
@@ -66,8 +79,21 @@ class Convergence(Analysis):
     extraction = "aligned"
     results = "converge"
     section = "raygeom.report.html:converge_section"
-    columns = ("model_a", "revision_a", "model_b", "revision_b", "layer_a", "layer_b", "z", "z_lo", "z_hi", "k", "r",
-               "n", "n_null")
+    columns = (
+        "model_a",
+        "revision_a",
+        "model_b",
+        "revision_b",
+        "layer_a",
+        "layer_b",
+        "z",
+        "z_lo",
+        "z_hi",
+        "k",
+        "r",
+        "n",
+        "n_null",
+    )
     series = ("k", "r", "n_null")
     figures = "raygeom.report.converge_plots:figures"
 
@@ -90,8 +116,9 @@ class Convergence(Analysis):
         if not any(entry.run_dir for entry in job.models) and sum(len(entry.revisions) for entry in job.models) < 2:
             from raygeom.errors import RaygeomError
 
-            raise RaygeomError("[analyses.convergence] needs at least two models (or revisions) in the job; "
-                               "converge compares models")
+            raise RaygeomError(
+                "[analyses.convergence] needs at least two models (or revisions) in the job; converge compares models"
+            )
 
     def run(self, store, job, specs, params: ConvergenceParams, progress):
         from raygeom.analyses import converge
@@ -111,6 +138,8 @@ class Convergence(Analysis):
         from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
 
         corpus = _aligned(job, specs, params)
-        models = [(s.slug, s.revision, extraction_key(s, corpus.fingerprint(), job.extraction, job.layers, READOUT_COMPONENTS))
-                  for s in specs]
+        models = [
+            (s.slug, s.revision, extraction_key(s, corpus.fingerprint(), job.extraction, job.layers, READOUT_COMPONENTS))
+            for s in specs
+        ]
         return converge.planned_pairs(store, models, _converge_params(params))

@@ -64,9 +64,18 @@ class DiagnosticsParams:
             raise RaygeomError(f"probe test fraction must lie in (0, 1), got {self.probe_test_fraction}")
 
     def pga(self, r: int) -> PGAParams:
-        return PGAParams(k=self.k, r=r, n_null=self.n_null, seed=self.seed, null_chunks=self.null_chunks,
-                         n_null_auto=self.n_null_auto, z_half_width=self.z_half_width, z_rel_width=self.z_rel_width,
-                         n_null_cap=self.n_null_cap, n_null_decide=self.n_null_decide)
+        return PGAParams(
+            k=self.k,
+            r=r,
+            n_null=self.n_null,
+            seed=self.seed,
+            null_chunks=self.null_chunks,
+            n_null_auto=self.n_null_auto,
+            z_half_width=self.z_half_width,
+            z_rel_width=self.z_rel_width,
+            n_null_cap=self.n_null_cap,
+            n_null_decide=self.n_null_decide,
+        )
 
 
 def _run(store: Store, units: list[Unit], progress: Callable[[int], None] | None) -> list[dict]:
@@ -91,20 +100,40 @@ def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: i
     share = layer_geometry.per_sample_readout_share(h, basis[:, :k], r)
     summary = layer_geometry.loss_geometry_correlation(nll, share)
     per_sample = {"sample_id": ids.astype(np.int32), "nll": nll, "readout_share": share}
-    return {"loss_share_spearman": summary["spearman"], "loss_share_pearson": summary["pearson"],
-            "readout_share_mean": float(np.nanmean(share)), "readout_share_chance": k / h.shape[1],
-            "nll_mean": float(np.mean(nll))}, per_sample
+    return {
+        "loss_share_spearman": summary["spearman"],
+        "loss_share_pearson": summary["pearson"],
+        "readout_share_mean": float(np.nanmean(share)),
+        "readout_share_chance": k / h.shape[1],
+        "nll_mean": float(np.mean(nll)),
+    }, per_sample
 
 
-def _layer_units(store: Store, metric: str, info: dict, model: str, revision: str, layers: list[str],
-                 key_parts: tuple, task: Callable, args: tuple, finish: Callable[[str, object], list[dict] | dict]) -> list[Unit]:
+def _layer_units(
+    store: Store,
+    metric: str,
+    info: dict,
+    model: str,
+    revision: str,
+    layers: list[str],
+    key_parts: tuple,
+    task: Callable,
+    args: tuple,
+    finish: Callable[[str, object], list[dict] | dict],
+) -> list[Unit]:
     """One unit per layer: ``task(root, model, revision, layer, *args, extraction key)``, rows from ``finish``."""
     root = str(store.root)
-    return [Unit(analysis=metric, key=content_key(metric, DIAGNOSTICS_VERSION, info["key"], layer, *key_parts),
-                 label=f"{model}@{revision} {layer} ({metric})",
-                 parts=[Step(task, (root, model, revision, layer, *args, info["key"]))],
-                 finish=lambda values, layer=layer: finish(layer, values[0]), extractions=((model, revision, info["key"]),))
-            for layer in layers]
+    return [
+        Unit(
+            analysis=metric,
+            key=content_key(metric, DIAGNOSTICS_VERSION, info["key"], layer, *key_parts),
+            label=f"{model}@{revision} {layer} ({metric})",
+            parts=[Step(task, (root, model, revision, layer, *args, info["key"]))],
+            finish=lambda values, layer=layer: finish(layer, values[0]),
+            extractions=((model, revision, info["key"]),),
+        )
+        for layer in layers
+    ]
 
 
 def _complete(store: Store, model: str, revision: str, key: str | None = None) -> dict:
@@ -123,8 +152,15 @@ def _check_k(info: dict, k: int, model: str) -> None:
         raise RaygeomError(f"k must satisfy 0 < k < d; got k={k}, d={info['d']} for {model}")
 
 
-def run_spectral(store: Store, model: str, revision: str, layers: list[str], k: int,
-                 progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
+def run_spectral(
+    store: Store,
+    model: str,
+    revision: str,
+    layers: list[str],
+    k: int,
+    progress: Callable[[int], None] | None = None,
+    key: str | None = None,
+) -> list[dict]:
     from raygeom.analyses.spectral import Spectral, SpectralParams
 
     info = _complete(store, model, revision, key)
@@ -132,8 +168,16 @@ def run_spectral(store: Store, model: str, revision: str, layers: list[str], k: 
     return _run(store, Spectral().units(store, model, revision, layers, SpectralParams(k=k), info), progress)
 
 
-def run_sample_geometry(store: Store, model: str, revision: str, layers: list[str], k: int, r: int = 1,
-                        progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
+def run_sample_geometry(
+    store: Store,
+    model: str,
+    revision: str,
+    layers: list[str],
+    k: int,
+    r: int = 1,
+    progress: Callable[[int], None] | None = None,
+    key: str | None = None,
+) -> list[dict]:
     """Per-layer summary rows; the per-sample rows go to ``results/sample_geometry_samples/``."""
     info = _complete(store, model, revision, key)
     _check_k(info, k, model)
@@ -142,18 +186,44 @@ def run_sample_geometry(store: Store, model: str, revision: str, layers: list[st
         summary, per_sample = value
         base = layer_row(model, revision, layer, info)
         # The per-sample table is written before its summary unit, so a summary never exists without it.
-        store.write_result("sample_geometry_samples", content_key("samples", info["key"], layer, k, r), [
-            {"model": model, "revision": revision, "layer": layer, "layer_index": base["layer_index"],
-             "k": k, "r": r, "sample_id": int(i), "nll": float(loss), "readout_share": float(share)}
-            for i, loss, share in zip(per_sample["sample_id"], per_sample["nll"], per_sample["readout_share"])])
+        store.write_result(
+            "sample_geometry_samples",
+            content_key("samples", info["key"], layer, k, r),
+            [
+                {
+                    "model": model,
+                    "revision": revision,
+                    "layer": layer,
+                    "layer_index": base["layer_index"],
+                    "k": k,
+                    "r": r,
+                    "sample_id": int(i),
+                    "nll": float(loss),
+                    "readout_share": float(share),
+                }
+                for i, loss, share in zip(per_sample["sample_id"], per_sample["nll"], per_sample["readout_share"])
+            ],
+        )
         return {**base, "k": k, "r": r, **summary}
 
-    return _run(store, _layer_units(store, "sample_geometry", info, model, revision, layers, (k, r), _sample_geometry_task,
-                                    (k, r), finish), progress)
+    return _run(
+        store,
+        _layer_units(store, "sample_geometry", info, model, revision, layers, (k, r), _sample_geometry_task, (k, r), finish),
+        progress,
+    )
 
 
-def run_probes(store: Store, model: str, revision: str, layers: list[str], seed: int = 0, test_fraction: float = 0.25,
-               c: float = 1.0, progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
+def run_probes(
+    store: Store,
+    model: str,
+    revision: str,
+    layers: list[str],
+    seed: int = 0,
+    test_fraction: float = 0.25,
+    c: float = 1.0,
+    progress: Callable[[int], None] | None = None,
+    key: str | None = None,
+) -> list[dict]:
     from raygeom.analyses.probe import Probe, ProbeParams
 
     info = _complete(store, model, revision, key)
@@ -161,8 +231,15 @@ def run_probes(store: Store, model: str, revision: str, layers: list[str], seed:
     return _run(store, Probe().units(store, model, revision, layers, params, info), progress)
 
 
-def run_restoration(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
-                    progress: Callable[[int], None] | None = None, key: str | None = None) -> list[dict]:
+def run_restoration(
+    store: Store,
+    model: str,
+    revision: str,
+    layers: list[str],
+    params: DiagnosticsParams,
+    progress: Callable[[int], None] | None = None,
+    key: str | None = None,
+) -> list[dict]:
     """Subspace PGA of every layer at CCR-r for each r in ``params.ccr_ranks``."""
     info = _complete(store, model, revision, key)
     limit = min(info["n_samples"], info["d"])
@@ -170,12 +247,20 @@ def run_restoration(store: Store, model: str, revision: str, layers: list[str], 
     if too_big:
         raise RaygeomError(f"CCR rank(s) {too_big} must be below min(N, d) = {limit} for {model}")
     basis = store.read_readout(model, revision, info["key"])[0]
-    return _run(store, [unit for r in params.ccr_ranks
-                        for unit in pga_analysis.units(store, model, revision, layers, params.pga(r), info, basis)], progress)
+    return _run(
+        store,
+        [
+            unit
+            for r in params.ccr_ranks
+            for unit in pga_analysis.units(store, model, revision, layers, params.pga(r), info, basis)
+        ],
+        progress,
+    )
 
 
-def read_sample_rows(store: Store, model: str, revision: str, layers: list[str], k: int, r: int,
-                     key: str | None = None) -> list[dict]:
+def read_sample_rows(
+    store: Store, model: str, revision: str, layers: list[str], k: int, r: int, key: str | None = None
+) -> list[dict]:
     """The per-sample rows (sample_id, nll, readout_share) of these layers, loss and geometry side by side."""
     info = _complete(store, model, revision, key)
     keys = [content_key("samples", info["key"], layer, k, r) for layer in layers]
@@ -188,8 +273,15 @@ def units(layers: list[str], params: DiagnosticsParams) -> int:
     return len(layers) * (len(params.ccr_ranks) * per_pga + 2 + (1 if params.probe else 0))
 
 
-def run_diagnostics(store: Store, model: str, revision: str, layers: list[str], params: DiagnosticsParams,
-                    progress: Callable[[int], None] | None = None, key: str | None = None) -> dict[str, list[dict]]:
+def run_diagnostics(
+    store: Store,
+    model: str,
+    revision: str,
+    layers: list[str],
+    params: DiagnosticsParams,
+    progress: Callable[[int], None] | None = None,
+    key: str | None = None,
+) -> dict[str, list[dict]]:
     """Every per-layer diagnostic of the extraction ``key`` (without it, of the revision's one extraction), plus one
     merged row per layer under ``"layers"``."""
     info = _complete(store, model, revision, key)
@@ -200,8 +292,11 @@ def run_diagnostics(store: Store, model: str, revision: str, layers: list[str], 
         "sample_geometry": run_sample_geometry(store, model, revision, layers, params.k, params.sample_ccr, progress, key),
         "pga": run_restoration(store, model, revision, layers, params, progress, key),
     }
-    out["probe"] = run_probes(store, model, revision, layers, params.seed, params.probe_test_fraction, params.probe_c,
-                              progress, key) if params.probe else []
+    out["probe"] = (
+        run_probes(store, model, revision, layers, params.seed, params.probe_test_fraction, params.probe_c, progress, key)
+        if params.probe
+        else []
+    )
     out["layers"] = merge_layer_rows(out)
     return out
 
@@ -211,9 +306,25 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
     merged: dict[tuple, dict] = {}
     for row in parts["spectral"]:
         merged[(row["model"], row["revision"], row["layer"])] = {
-            name: row[name] for name in ("model", "revision", "layer", "layer_index", "relative_depth", "n", "d", "k",
-                                         "rankme", "alpha_req", "condition_number", "isotropy", "pc1_readout_share",
-                                         "pc1_readout_chance", "pc1_variance_fraction")}
+            name: row[name]
+            for name in (
+                "model",
+                "revision",
+                "layer",
+                "layer_index",
+                "relative_depth",
+                "n",
+                "d",
+                "k",
+                "rankme",
+                "alpha_req",
+                "condition_number",
+                "isotropy",
+                "pc1_readout_share",
+                "pc1_readout_chance",
+                "pc1_variance_fraction",
+            )
+        }
     for row in parts["pga"]:
         target = merged.get((row["model"], row["revision"], row["layer"]))
         if target is not None:
@@ -224,12 +335,23 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
     for row in parts["sample_geometry"]:
         target = merged.get((row["model"], row["revision"], row["layer"]))
         if target is not None:
-            target.update({"nll_mean": row["nll_mean"], "loss_share_spearman": row["loss_share_spearman"],
-                           "readout_share_mean": row["readout_share_mean"]})
+            target.update(
+                {
+                    "nll_mean": row["nll_mean"],
+                    "loss_share_spearman": row["loss_share_spearman"],
+                    "readout_share_mean": row["readout_share_mean"],
+                }
+            )
     for row in parts.get("probe", []):
         target = merged.get((row["model"], row["revision"], row["layer"]))
         if target is not None:
-            target.update({"probe_accuracy": row["accuracy"], "probe_accuracy_lo": row.get("accuracy_lo"),
-                           "probe_accuracy_hi": row.get("accuracy_hi"), "probe_chance": row["chance"],
-                           "probe_converged": row["converged"]})
+            target.update(
+                {
+                    "probe_accuracy": row["accuracy"],
+                    "probe_accuracy_lo": row.get("accuracy_lo"),
+                    "probe_accuracy_hi": row.get("accuracy_hi"),
+                    "probe_chance": row["chance"],
+                    "probe_converged": row["converged"],
+                }
+            )
     return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"], r.get("relative_depth") or 0.0))

@@ -39,6 +39,7 @@ def _numerics():
 
     return dispersion
 
+
 DISPERSION_VERSION = 3  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one; 3: attn_last's depth inside the last block
 ANALYSIS_VERSION = 4  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions; 4: the token-level interval inside [0, 2]
 TABLES = ("layers", "slices", "groups", "domains")
@@ -64,6 +65,7 @@ class DispersionSettings:
 
 MIN_DISTINCT_TEXTS = 3  # below this, chunk and group correlations have nothing to rank
 
+
 @dataclass(frozen=True)
 class AnalysisSettings:
     group_size: int = 20  # the authors use 100 over far more chunks; 20 gives 10 groups over the CLI's default 200
@@ -88,17 +90,22 @@ class AnalysisSettings:
         correlation would be NaN and every dispersion rounding noise (as PGA refuses too few distinct texts)."""
         distinct = len(set(texts)) if texts is not None else None
         if distinct is not None and distinct < MIN_DISTINCT_TEXTS:
-            raise RaygeomError(f"the corpus holds {distinct} distinct text(s) of {len(texts)}; dispersion against "
-                               f"perplexity needs at least {MIN_DISTINCT_TEXTS} distinct texts")
+            raise RaygeomError(
+                f"the corpus holds {distinct} distinct text(s) of {len(texts)}; dispersion against "
+                f"perplexity needs at least {MIN_DISTINCT_TEXTS} distinct texts"
+            )
         full = n_chunks // self.group_size
         if full < 3:
-            raise RaygeomError(f"--group-size {self.group_size} makes {full} full group(s) of the {n_chunks} chunks asked for; "
-                               "group correlations need at least 3: lower --group-size or raise --chunks-per-domain")
+            raise RaygeomError(
+                f"--group-size {self.group_size} makes {full} full group(s) of the {n_chunks} chunks asked for; "
+                "group correlations need at least 3: lower --group-size or raise --chunks-per-domain"
+            )
         if self.n_slices > n_chunks:
             raise RaygeomError(f"--n-slices {self.n_slices} is more than the {n_chunks} chunks asked for; lower it")
 
 
 # ---------------------------------------------------------------- extraction (driver + replica actor)
+
 
 def start_worker(spec: ModelSpec, gpus: float | None = None, replicas=None):
     """A replica actor for token-level work (a GPU, else every CPU of a node) and its description,
@@ -124,14 +131,19 @@ def _get(ref):
 
 
 def unit_key(spec: ModelSpec, corpus: Corpus, settings: DispersionSettings) -> str:
-    return content_key("dispersion", DISPERSION_VERSION, spec.kind, spec.source, spec.revision, corpus.fingerprint(),
-                       asdict(settings))
+    return content_key(
+        "dispersion", DISPERSION_VERSION, spec.kind, spec.source, spec.revision, corpus.fingerprint(), asdict(settings)
+    )
 
 
 def _paths_of(root: str | Path, slug: str, revision: str, key: str) -> dict[str, Path]:
     base = Path(root) / "dispersion" / f"model={slug}" / f"revision={revision}"
-    return {"chunks": base / f"chunks-{key}.parquet", "pooled": base / f"pooled-{key}.parquet",
-            "gap": base / f"gap-{key}.parquet", "layers": base / f"summary-{key}.parquet"}
+    return {
+        "chunks": base / f"chunks-{key}.parquet",
+        "pooled": base / f"pooled-{key}.parquet",
+        "gap": base / f"gap-{key}.parquet",
+        "layers": base / f"summary-{key}.parquet",
+    }
 
 
 def _paths(store: Store, spec: ModelSpec, key: str) -> dict[str, Path]:
@@ -143,8 +155,15 @@ def is_extracted(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
     return all(verified(p) for p in _paths(store, spec, unit_key(spec, corpus, settings)).values())
 
 
-def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: DispersionSettings,
-                 progress: Callable[[int], None] | None = None, gpus: float | None = None, replicas=None) -> dict:
+def extract_unit(
+    store: Store,
+    spec: ModelSpec,
+    corpus: Corpus,
+    settings: DispersionSettings,
+    progress: Callable[[int], None] | None = None,
+    gpus: float | None = None,
+    replicas=None,
+) -> dict:
     """Token-level extraction of one (model, revision) into the store; returns the unit's description.
 
     Skipped when the unit's summary exists. Files of an interrupted run are overwritten. ``replicas``
@@ -165,15 +184,20 @@ def extract_unit(store: Store, spec: ModelSpec, corpus: Corpus, settings: Disper
         selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
         wanted = select_layers(described["layers"][:-1], selection)
         layers = wanted + ["attn_last"]
-        chunks, domains = _get(worker.chunks.remote(corpus.texts, corpus.labels, settings.chunk_len, settings.chunks_per_domain,
-                                                    settings.seed, spec=spec))
+        chunks, domains = _get(
+            worker.chunks.remote(
+                corpus.texts, corpus.labels, settings.chunk_len, settings.chunks_per_domain, settings.seed, spec=spec
+            )
+        )
         n_bytes = _get(worker.chunk_bytes.remote(chunks, spec=spec))
         n = len(domains)
         bounds = [(s, min(n, s + settings.batch_size)) for s in range(0, n, settings.batch_size)]
         group = batches_at_once(described)
-        groups = [bounds[i:i + group] for i in range(0, len(bounds), group)]
-        refs = [worker.statistics_batches.remote([chunks[s:e] for s, e in some], layers, settings.domain_tokens, spec=spec)
-                for some in groups]
+        groups = [bounds[i : i + group] for i in range(0, len(bounds), group)]
+        refs = [
+            worker.statistics_batches.remote([chunks[s:e] for s, e in some], layers, settings.domain_tokens, spec=spec)
+            for some in groups
+        ]
         results = []
         for ref, some in zip(refs, groups):
             results.extend(_get(ref))
@@ -200,16 +224,30 @@ def _gap_parts(results, layers: list[str]) -> dict[str, tuple[np.ndarray, np.nda
         per_chunk = [chunk for r in results for chunk in r[4].get(layer, [])]
         if not per_chunk:
             continue
-        sums = np.stack([np.stack([np.asarray(s["domain"], dtype=np.float64), np.asarray(s["generic"], dtype=np.float64)])
-                         for s, _, _ in per_chunk])
+        sums = np.stack(
+            [
+                np.stack([np.asarray(s["domain"], dtype=np.float64), np.asarray(s["generic"], dtype=np.float64)])
+                for s, _, _ in per_chunk
+            ]
+        )
         diagonal = np.array([[d["domain"], d["generic"]] for _, d, _ in per_chunk], dtype=np.float64)
         counts = np.array([[c["domain"], c["generic"]] for _, _, c in per_chunk], dtype=np.int64)
         parts[layer] = (sums, diagonal, counts)
     return parts
 
 
-def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSettings, described: dict, layers: list[str],
-                domains: list[str], n_bytes: np.ndarray, results, key: str) -> None:
+def _write_unit(
+    paths,
+    spec: ModelSpec,
+    corpus: Corpus,
+    settings: DispersionSettings,
+    described: dict,
+    layers: list[str],
+    domains: list[str],
+    n_bytes: np.ndarray,
+    results,
+    key: str,
+) -> None:
     n = len(domains)
     all_layers = described["layers"]
     depth = {name: i / (len(all_layers) - 2) for i, name in enumerate(all_layers[:-1])}
@@ -222,27 +260,42 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     nll = np.concatenate([r[2] for r in results])
     n_predicted = results[0][3]
     chunk_ids = np.arange(n, dtype=np.int32)
-    chunks = pa.table({"chunk_id": np.tile(chunk_ids, len(layers)), "domain": domains * len(layers),
-                       "layer": [l for l in layers for _ in range(n)],
-                       "layer_index": np.repeat(np.array([layer_position.index(all_layers, l) for l in layers], dtype=np.int16), n),
-                       "token_dispersion": np.concatenate([np.concatenate([r[0][l] for r in results]) for l in layers]),
-                       "nll": np.tile(nll, len(layers)), "perplexity": np.exp(np.tile(nll, len(layers))),
-                       "n_predicted": np.full(n * len(layers), n_predicted, dtype=np.int32),
-                       "n_bytes": np.tile(n_bytes.astype(np.int64), len(layers))})
+    chunks = pa.table(
+        {
+            "chunk_id": np.tile(chunk_ids, len(layers)),
+            "domain": domains * len(layers),
+            "layer": [l for l in layers for _ in range(n)],
+            "layer_index": np.repeat(np.array([layer_position.index(all_layers, l) for l in layers], dtype=np.int16), n),
+            "token_dispersion": np.concatenate([np.concatenate([r[0][l] for r in results]) for l in layers]),
+            "nll": np.tile(nll, len(layers)),
+            "perplexity": np.exp(np.tile(nll, len(layers))),
+            "n_predicted": np.full(n * len(layers), n_predicted, dtype=np.int32),
+            "n_bytes": np.tile(n_bytes.astype(np.int64), len(layers)),
+        }
+    )
     pooled = {layer: np.concatenate([r[1][layer] for r in results]).astype(np.float32) for layer in layers}
-    pooled_table = pa.table({"chunk_id": np.tile(chunk_ids, len(layers)), "layer": [l for l in layers for _ in range(n)],
-                             "vector": vector_column(np.concatenate([pooled[l] for l in layers]))})
+    pooled_table = pa.table(
+        {
+            "chunk_id": np.tile(chunk_ids, len(layers)),
+            "layer": [l for l in layers for _ in range(n)],
+            "vector": vector_column(np.concatenate([pooled[l] for l in layers])),
+        }
+    )
     gaps = _gap_parts(results, layers)
     gap_layers = [l for l in layers if l in gaps]
     if gap_layers:
-        gap_table = pa.table({
-            "chunk_id": np.tile(chunk_ids, len(gap_layers)), "layer": [l for l in gap_layers for _ in range(n)],
-            "domain_sum": vector_column(np.concatenate([gaps[l][0][:, 0] for l in gap_layers])),
-            "generic_sum": vector_column(np.concatenate([gaps[l][0][:, 1] for l in gap_layers])),
-            "domain_diagonal": np.concatenate([gaps[l][1][:, 0] for l in gap_layers]),
-            "generic_diagonal": np.concatenate([gaps[l][1][:, 1] for l in gap_layers]),
-            "n_domain": np.concatenate([gaps[l][2][:, 0] for l in gap_layers]),
-            "n_generic": np.concatenate([gaps[l][2][:, 1] for l in gap_layers])})
+        gap_table = pa.table(
+            {
+                "chunk_id": np.tile(chunk_ids, len(gap_layers)),
+                "layer": [l for l in gap_layers for _ in range(n)],
+                "domain_sum": vector_column(np.concatenate([gaps[l][0][:, 0] for l in gap_layers])),
+                "generic_sum": vector_column(np.concatenate([gaps[l][0][:, 1] for l in gap_layers])),
+                "domain_diagonal": np.concatenate([gaps[l][1][:, 0] for l in gap_layers]),
+                "generic_diagonal": np.concatenate([gaps[l][1][:, 1] for l in gap_layers]),
+                "n_domain": np.concatenate([gaps[l][2][:, 0] for l in gap_layers]),
+                "n_generic": np.concatenate([gaps[l][2][:, 1] for l in gap_layers]),
+            }
+        )
     else:
         gap_table = pa.table({"layer": pa.array([], pa.string())})
     atomic_write_table(chunks, paths["chunks"])
@@ -253,12 +306,26 @@ def _write_unit(paths, spec: ModelSpec, corpus: Corpus, settings: DispersionSett
     summary = []
     for layer in layers:
         values = np.concatenate([r[0][layer] for r in results])
-        summary.append({"model": spec.name, "revision": spec.revision, "layer": layer, "layer_index": layer_position.index(all_layers, layer),
-                        "relative_depth": depth[layer], "token_dispersion": float(np.nanmean(values)),
-                        "sample_dispersion": _numerics().dispersion(pooled[layer]), "perplexity": float(np.exp(token_nll_mean)),
-                        "bits_per_byte": bpb, "n_chunks": n, "n_bytes": int(n_bytes.sum()), "d": described["d"],
-                        "vocab_size": described.get("vocab_size"), "fingerprint": described["fingerprint"], "key": key,
-                        **extraction_provenance(spec, corpus, settings)})
+        summary.append(
+            {
+                "model": spec.name,
+                "revision": spec.revision,
+                "layer": layer,
+                "layer_index": layer_position.index(all_layers, layer),
+                "relative_depth": depth[layer],
+                "token_dispersion": float(np.nanmean(values)),
+                "sample_dispersion": _numerics().dispersion(pooled[layer]),
+                "perplexity": float(np.exp(token_nll_mean)),
+                "bits_per_byte": bpb,
+                "n_chunks": n,
+                "n_bytes": int(n_bytes.sum()),
+                "d": described["d"],
+                "vocab_size": described.get("vocab_size"),
+                "fingerprint": described["fingerprint"],
+                "key": key,
+                **extraction_provenance(spec, corpus, settings),
+            }
+        )
     atomic_write_table(pa.Table.from_pylist(summary), paths["layers"])
 
 
@@ -266,9 +333,17 @@ def extraction_provenance(spec: ModelSpec, corpus: Corpus, settings: DispersionS
     """The settings behind an extraction, in every row made from it."""
     from raygeom import __version__
 
-    return {"step": spec.step, "corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint(),
-            "chunk_len": settings.chunk_len, "chunks_per_domain": settings.chunks_per_domain, "layers_selected": settings.layers,
-            "domain_tokens": settings.domain_tokens, "extraction_seed": settings.seed, "raygeom_version": __version__}
+    return {
+        "step": spec.step,
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint(),
+        "chunk_len": settings.chunk_len,
+        "chunks_per_domain": settings.chunks_per_domain,
+        "layers_selected": settings.layers,
+        "domain_tokens": settings.domain_tokens,
+        "extraction_seed": settings.seed,
+        "raygeom_version": __version__,
+    }
 
 
 def read_unit_at(root: str, slug: str, revision: str, key: str) -> dict:
@@ -276,8 +351,12 @@ def read_unit_at(root: str, slug: str, revision: str, key: str) -> dict:
     pooled = read_table(paths["pooled"])
     vectors = column_to_matrix(pooled["vector"])
     layer_col = np.asarray(pooled["layer"].to_pylist())
-    return {"chunks": read_table(paths["chunks"]), "gap": read_table(paths["gap"]), "layers": read_table(paths["layers"]),
-            "pooled": {layer: vectors[layer_col == layer] for layer in dict.fromkeys(layer_col.tolist())}}
+    return {
+        "chunks": read_table(paths["chunks"]),
+        "gap": read_table(paths["gap"]),
+        "layers": read_table(paths["layers"]),
+        "pooled": {layer: vectors[layer_col == layer] for layer in dict.fromkeys(layer_col.tolist())},
+    }
 
 
 def gap_parts_of(gap_table: pa.Table, layer: str):
@@ -297,6 +376,7 @@ def gap_parts_of(gap_table: pa.Table, layer: str):
 
 # ---------------------------------------------------------------- analysis (pure steps)
 
+
 def _nan_interval(prefix: str) -> dict:
     return {f"{prefix}_lo": float("nan"), f"{prefix}_hi": float("nan")}
 
@@ -306,20 +386,29 @@ def _correlations(x: np.ndarray, y: np.ndarray, prefix: str, n_boot: int, seed: 
     from raygeom.numerics.distributions import pearson, spearman  # scipy.special: in the units, not at discovery
     from raygeom.numerics.uncertainty import bootstrap_ci, spearman_with_ci
 
-    out = {f"{prefix}_spearman": spearman(x, y) if len(x) >= 3 else float("nan"),
-           f"{prefix}_pearson": pearson(x, y) if len(x) >= 3 else float("nan")}
+    out = {
+        f"{prefix}_spearman": spearman(x, y) if len(x) >= 3 else float("nan"),
+        f"{prefix}_pearson": pearson(x, y) if len(x) >= 3 else float("nan"),
+    }
     try:
         rank = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
         linear = bootstrap_ci((x, y), pearson, seed=seed, n_boot=n_boot)
-        out.update({f"{prefix}_spearman_lo": rank["lo"], f"{prefix}_spearman_hi": rank["hi"],
-                    f"{prefix}_pearson_lo": linear["lo"], f"{prefix}_pearson_hi": linear["hi"]})
+        out.update(
+            {
+                f"{prefix}_spearman_lo": rank["lo"],
+                f"{prefix}_spearman_hi": rank["hi"],
+                f"{prefix}_pearson_lo": linear["lo"],
+                f"{prefix}_pearson_hi": linear["hi"],
+            }
+        )
     except InputError:
         out.update({**_nan_interval(f"{prefix}_spearman"), **_nan_interval(f"{prefix}_pearson")})
     return out
 
 
-def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: AnalysisSettings,
-                  seed: int) -> tuple[dict, list, list]:
+def analyse_layer(
+    row: dict, part, pooled: np.ndarray, gap_parts, analysis: AnalysisSettings, seed: int
+) -> tuple[dict, list, list]:
     """One layer: group protocol, chunk correlations, slices (domains and k-means) and the gap, with intervals."""
     layer = row["layer"]
     ppl, disp = part["perplexity"].to_numpy(), part["token_dispersion"].to_numpy()
@@ -327,14 +416,32 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
     try:
         result = _numerics().perplexity_groups(ppl, disp, analysis.group_size, analysis.n_groups)
         keep = np.isfinite(result.mean_dispersion)
-        row = {**row, **_correlations(result.mean_perplexity[keep], result.mean_dispersion[keep], "group", analysis.n_boot, seed),
-               "n_groups": len(result.members)}
-        groups = [{"model": row["model"], "revision": row["revision"], "layer": layer, "group": i, "n_chunks": len(m),
-                   "mean_perplexity": float(p), "mean_dispersion": float(d)}
-                  for i, (p, d, m) in enumerate(zip(result.mean_perplexity, result.mean_dispersion, result.members))]
+        row = {
+            **row,
+            **_correlations(result.mean_perplexity[keep], result.mean_dispersion[keep], "group", analysis.n_boot, seed),
+            "n_groups": len(result.members),
+        }
+        groups = [
+            {
+                "model": row["model"],
+                "revision": row["revision"],
+                "layer": layer,
+                "group": i,
+                "n_chunks": len(m),
+                "mean_perplexity": float(p),
+                "mean_dispersion": float(d),
+            }
+            for i, (p, d, m) in enumerate(zip(result.mean_perplexity, result.mean_dispersion, result.members))
+        ]
     except InputError:
-        row = {**row, "group_spearman": float("nan"), "group_pearson": float("nan"), "n_groups": 0,
-               **_nan_interval("group_spearman"), **_nan_interval("group_pearson")}
+        row = {
+            **row,
+            "group_spearman": float("nan"),
+            "group_pearson": float("nan"),
+            "n_groups": 0,
+            **_nan_interval("group_spearman"),
+            **_nan_interval("group_pearson"),
+        }
     finite = np.isfinite(disp)
     row.update(_dispersion_intervals(disp[finite], pooled))
     row.update(_correlations(ppl[finite], disp[finite], "chunk", analysis.n_boot, seed))
@@ -344,11 +451,23 @@ def analyse_layer(row: dict, part, pooled: np.ndarray, gap_parts, analysis: Anal
         slice_ppl = np.array([float(np.exp(np.mean(np.log(ppl[labels == s])))) for s in names])
         slice_token = np.array([float(np.nanmean(disp[labels == s])) for s in names])
         for s, sd, td, sp in zip(names, sample_disp, slice_token, slice_ppl):
-            slices.append({"model": row["model"], "revision": row["revision"], "layer": layer, "slicing": kind,
-                           "slice": str(s), "n_chunks": int((labels == s).sum()), "sample_dispersion": float(sd),
-                           "token_dispersion": float(td), "perplexity": float(sp)})
+            slices.append(
+                {
+                    "model": row["model"],
+                    "revision": row["revision"],
+                    "layer": layer,
+                    "slicing": kind,
+                    "slice": str(s),
+                    "n_chunks": int((labels == s).sum()),
+                    "sample_dispersion": float(sd),
+                    "token_dispersion": float(td),
+                    "perplexity": float(sp),
+                }
+            )
         keep = np.isfinite(sample_disp)
-        row[f"{kind}_agreement_sample"] = _numerics().rank_agreement(sample_disp[keep], slice_ppl[keep]) if keep.sum() >= 3 else float("nan")
+        row[f"{kind}_agreement_sample"] = (
+            _numerics().rank_agreement(sample_disp[keep], slice_ppl[keep]) if keep.sum() >= 3 else float("nan")
+        )
         row[f"{kind}_agreement_token"] = _numerics().rank_agreement(slice_token, slice_ppl) if len(names) >= 3 else float("nan")
         try:
             interval = _numerics().slice_agreement_interval(labels, ppl, disp, pooled, seed, analysis.n_boot)
@@ -374,19 +493,36 @@ def _dispersion_intervals(chunk_dispersion: np.ndarray, pooled: np.ndarray) -> d
         sample = _numerics().sample_dispersion_interval(pooled)
     except InputError:
         sample = {"dispersion_lo": nan, "dispersion_hi": nan}
-    return {"token_dispersion_lo": token["lo"], "token_dispersion_hi": token["hi"],
-            "sample_dispersion_lo": sample["dispersion_lo"], "sample_dispersion_hi": sample["dispersion_hi"]}
+    return {
+        "token_dispersion_lo": token["lo"],
+        "token_dispersion_hi": token["hi"],
+        "sample_dispersion_lo": sample["dispersion_lo"],
+        "sample_dispersion_hi": sample["dispersion_hi"],
+    }
 
 
 def _gap_columns(gap_parts, n_boot: int, seed: int) -> dict:
     if gap_parts is None:
-        return {"gap": float("nan"), "gap_se": float("nan"), "gap_lo": float("nan"), "gap_hi": float("nan"),
-                "gap_n_domain": 0, "gap_n_generic": 0, "gap_warning": "no domain token set"}
+        return {
+            "gap": float("nan"),
+            "gap_se": float("nan"),
+            "gap_lo": float("nan"),
+            "gap_hi": float("nan"),
+            "gap_n_domain": 0,
+            "gap_n_generic": 0,
+            "gap_warning": "no domain token set",
+        }
     sums, diagonal, counts = gap_parts
     result = _numerics().gap_interval(sums, diagonal, counts, seed, n_boot)
-    return {"gap": result["gap"], "gap_se": result["gap_se"], "gap_lo": result["gap_lo"], "gap_hi": result["gap_hi"],
-            "gap_n_domain": result["n_domain"], "gap_n_generic": result["n_generic"],
-            "gap_warning": _numerics().gap_warning(result["n_domain"])}
+    return {
+        "gap": result["gap"],
+        "gap_se": result["gap_se"],
+        "gap_lo": result["gap_lo"],
+        "gap_hi": result["gap_hi"],
+        "gap_n_domain": result["n_domain"],
+        "gap_n_generic": result["n_generic"],
+        "gap_warning": _numerics().gap_warning(result["n_domain"]),
+    }
 
 
 def _slice_labels(domains: np.ndarray, pooled: np.ndarray, n_slices: int, seed: int):
@@ -399,8 +535,15 @@ def _slice_labels(domains: np.ndarray, pooled: np.ndarray, n_slices: int, seed: 
 
 
 def _analysis_columns(analysis: AnalysisSettings, seed: int, unit: str) -> dict:
-    return {"group_size": analysis.group_size, "n_groups_max": analysis.n_groups, "n_slices": analysis.n_slices,
-            "gap_layer": analysis.gap_layer, "n_boot": analysis.n_boot, "seed": seed, "unit_key": unit}
+    return {
+        "group_size": analysis.group_size,
+        "n_groups_max": analysis.n_groups,
+        "n_slices": analysis.n_slices,
+        "gap_layer": analysis.gap_layer,
+        "n_boot": analysis.n_boot,
+        "seed": seed,
+        "unit_key": unit,
+    }
 
 
 def layer_step(root: str, slug: str, revision: str, key: str, layer: str, analysis: AnalysisSettings, seed: int):
@@ -420,11 +563,18 @@ def domains_step(root: str, slug: str, revision: str, key: str, layer: str) -> l
     part = chunks[chunks["layer"] == layer]
     rows = []
     for domain, group in part.groupby("domain"):
-        rows.append({"model": summary["model"], "revision": summary["revision"], "domain": domain, "layer": layer,
-                     "token_dispersion": float(group["token_dispersion"].mean()),
-                     "perplexity": float(np.exp(group["nll"].mean())),
-                     "bits_per_byte": _numerics().bits_per_byte(group["nll"], group["n_predicted"], group["n_bytes"]),
-                     "n_chunks": len(group)})
+        rows.append(
+            {
+                "model": summary["model"],
+                "revision": summary["revision"],
+                "domain": domain,
+                "layer": layer,
+                "token_dispersion": float(group["token_dispersion"].mean()),
+                "perplexity": float(np.exp(group["nll"].mean())),
+                "bits_per_byte": _numerics().bits_per_byte(group["nll"], group["n_predicted"], group["n_bytes"]),
+                "n_chunks": len(group),
+            }
+        )
     return rows
 
 
@@ -446,8 +596,9 @@ def analysis_key(extraction_key: str, analysis: AnalysisSettings, seed: int) -> 
     return content_key("dispersion_analysis", ANALYSIS_VERSION, extraction_key, asdict(analysis), seed)
 
 
-def analysis_unit(store: Store, spec: ModelSpec, extraction_key: str, layers: list[str], analysis: AnalysisSettings,
-                  seed: int, provenance: dict) -> Unit:
+def analysis_unit(
+    store: Store, spec: ModelSpec, extraction_key: str, layers: list[str], analysis: AnalysisSettings, seed: int, provenance: dict
+) -> Unit:
     """One engine unit per (extraction, analysis settings): a step per layer and one for the domains."""
     root = str(store.root)
     key = analysis_key(extraction_key, analysis, seed)
@@ -465,17 +616,28 @@ def analysis_unit(store: Store, spec: ModelSpec, extraction_key: str, layers: li
 
     parts = [Step(layer_step, (root, spec.slug, spec.revision, extraction_key, layer, analysis, seed)) for layer in layers]
     parts.append(Step(domains_step, (root, spec.slug, spec.revision, extraction_key, analysis.gap_layer)))
-    return Unit(analysis="dispersion_layers", key=key, label=f"{spec.name}@{spec.revision} dispersion analysis",
-                parts=parts, finish=finish)
+    return Unit(
+        analysis="dispersion_layers",
+        key=key,
+        label=f"{spec.name}@{spec.revision} dispersion analysis",
+        parts=parts,
+        finish=finish,
+    )
 
 
 def _read_side(store: Store, table: str, key: str) -> list[dict]:
     return store.read_results(table, [key]).to_pylist()
 
 
-def run_dispersion(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, analysis: AnalysisSettings,
-                   progress_factory: Callable[[str, int], Callable[[int], None]] | None = None,
-                   analysis_progress: Callable[[int], None] | None = None) -> dict:
+def run_dispersion(
+    store: Store,
+    specs: list[ModelSpec],
+    corpus: Corpus,
+    settings: DispersionSettings,
+    analysis: AnalysisSettings,
+    progress_factory: Callable[[str, int], Callable[[int], None]] | None = None,
+    analysis_progress: Callable[[int], None] | None = None,
+) -> dict:
     """Extract every model, analyse each extraction as one engine unit, write the combined tables under
     ``results/`` (every stored unit) and return this job's rows."""
     from raygeom.engine.units import accumulated_rows, run_units
@@ -487,8 +649,17 @@ def run_dispersion(store: Store, specs: list[ModelSpec], corpus: Corpus, setting
             info = extract_unit(store, spec, corpus, settings, progress, replicas=replicas)
             if analysis.gap_layer not in info["layers"]:
                 raise RaygeomError(f"gap layer '{analysis.gap_layer}' was not extracted; extracted: {', '.join(info['layers'])}")
-            units.append(analysis_unit(store, spec, info["key"], info["layers"], analysis, settings.seed,
-                                       extraction_provenance(spec, corpus, settings)))
+            units.append(
+                analysis_unit(
+                    store,
+                    spec,
+                    info["key"],
+                    info["layers"],
+                    analysis,
+                    settings.seed,
+                    extraction_provenance(spec, corpus, settings),
+                )
+            )
     job = {"layers": run_units(store, units, analysis_progress)}
     for table in TABLES[1:]:
         job[table] = [row for unit in units for row in _read_side(store, f"dispersion_{table}", unit.key)]
@@ -509,16 +680,35 @@ def gap_step(root: str, slug: str, revision: str, key: str, layer: str, n_boot: 
     unit = read_unit_at(root, slug, revision, key)
     parts = gap_parts_of(unit["gap"], layer)
     if parts is None:
-        raise RaygeomError(f"layer '{layer}' not extracted for {slug}@{revision}; "
-                           f"extracted: {', '.join(unit['layers']['layer'].to_pylist())}")
+        raise RaygeomError(
+            f"layer '{layer}' not extracted for {slug}@{revision}; extracted: {', '.join(unit['layers']['layer'].to_pylist())}"
+        )
     sums, diagonal, counts = parts
     summary = next(r for r in unit["layers"].to_pylist() if r["layer"] == layer)
     result = _numerics().gap_interval(sums, diagonal, counts, seed, n_boot)
-    return {"model": summary["model"], "revision": revision, "layer": layer, **result,
-            "perplexity": summary["perplexity"],
-            "bits_per_byte": summary.get("bits_per_byte"), "gap_warning": _numerics().gap_warning(result["n_domain"]),
-            "step": step, **{k: summary.get(k) for k in ("corpus", "corpus_fingerprint", "chunk_len", "chunks_per_domain",
-                                           "domain_tokens", "extraction_seed", "raygeom_version", "fingerprint")}}
+    return {
+        "model": summary["model"],
+        "revision": revision,
+        "layer": layer,
+        **result,
+        "perplexity": summary["perplexity"],
+        "bits_per_byte": summary.get("bits_per_byte"),
+        "gap_warning": _numerics().gap_warning(result["n_domain"]),
+        "step": step,
+        **{
+            k: summary.get(k)
+            for k in (
+                "corpus",
+                "corpus_fingerprint",
+                "chunk_len",
+                "chunks_per_domain",
+                "domain_tokens",
+                "extraction_seed",
+                "raygeom_version",
+                "fingerprint",
+            )
+        },
+    }
 
 
 def gap_key(extraction_key: str, layer: str, n_boot: int, seed: int) -> str:
@@ -526,8 +716,16 @@ def gap_key(extraction_key: str, layer: str, n_boot: int, seed: int) -> str:
     return content_key("dispersion_gap", GAP_VERSION, extraction_key, layer, n_boot, seed)
 
 
-def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: DispersionSettings, layer: str,
-                n_boot: int = 1000, progress: Callable[[int], None] | None = None, by_model: bool = False) -> list[dict]:
+def rank_by_gap(
+    store: Store,
+    specs: list[ModelSpec],
+    corpus: Corpus,
+    settings: DispersionSettings,
+    layer: str,
+    n_boot: int = 1000,
+    progress: Callable[[int], None] | None = None,
+    by_model: bool = False,
+) -> list[dict]:
     """Candidates (models or checkpoints) ranked by the dispersion gap at ``layer``, largest first, each with
     G's bootstrap interval over chunks and the positions behind it. ``by_model``: each model's revisions are
     ranked among themselves (the checkpoints of each run of a width ladder), not all candidates together."""
@@ -542,10 +740,20 @@ def rank_by_gap(store: Store, specs: list[ModelSpec], corpus: Corpus, settings: 
         if layer not in info["layers"]:
             raise RaygeomError(f"layer '{layer}' not extracted for {spec.name}; extracted: {', '.join(info['layers'])}")
         key = gap_key(info["key"], layer, n_boot, settings.seed)
-        units.append(Unit(analysis="dispersion_gap", key=key, label=f"{spec.name}@{spec.revision} gap at {layer}",
-                          parts=[Step(gap_step, (str(store.root), spec.slug, spec.revision, info["key"], layer, n_boot,
-                                                 settings.seed, spec.step))],
-                          finish=lambda values, key=key: {**values[0], "n_boot": n_boot, "seed": settings.seed, "unit_key": key}))
+        units.append(
+            Unit(
+                analysis="dispersion_gap",
+                key=key,
+                label=f"{spec.name}@{spec.revision} gap at {layer}",
+                parts=[
+                    Step(
+                        gap_step,
+                        (str(store.root), spec.slug, spec.revision, info["key"], layer, n_boot, settings.seed, spec.step),
+                    )
+                ],
+                finish=lambda values, key=key: {**values[0], "n_boot": n_boot, "seed": settings.seed, "unit_key": key},
+            )
+        )
     rows = run_units(store, units, progress)
     thin = [f"{r['model']}@{r['revision']}" for r in rows if r["n_domain"] < 2]
     if thin:

@@ -16,8 +16,15 @@ def aligned_corpus(specs: list, corpus, seq_len: int):
     return common_prefix(corpus, tokenizers, seq_len)
 
 
-def extract_models(store, specs: list, corpus, settings, layers: str, nll: bool = False,
-                   progress: Callable[[str, int], Callable[[int], None]] | None = None) -> list[tuple]:
+def extract_models(
+    store,
+    specs: list,
+    corpus,
+    settings,
+    layers: str,
+    nll: bool = False,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+) -> list[tuple]:
     """Each (model, revision) of ``specs`` extracted into ``store`` (a complete matching extraction is reused);
     [(spec, completion info)]. ``progress(label, total)`` gives each model's advance function."""
     from raygeom.engine import orchestrate, replica_actor
@@ -27,6 +34,12 @@ def extract_models(store, specs: list, corpus, settings, layers: str, nll: bool 
     with replica_actor.Handover() as replicas:  # one replica process, handed from each model to the next
         for spec in specs:
             advance = progress(f"extract {spec.name}@{spec.revision}", len(corpus.texts)) if progress else None
-            infos.append((spec, orchestrate.extract(store, ExtractionRequest(spec, corpus, settings, layers, nll=nll),
-                                                    progress=advance, replicas=replicas)))
+            infos.append(
+                (
+                    spec,
+                    orchestrate.extract(
+                        store, ExtractionRequest(spec, corpus, settings, layers, nll=nll), progress=advance, replicas=replicas
+                    ),
+                )
+            )
     return infos

@@ -33,8 +33,23 @@ class DispersionGap(Analysis):
     section = "raygeom.report.html:dispersion_section"
     # results/dispersion_gap.parquet accumulates every stored unit; the ranking of one job's candidates is
     # results/dispersion_select.parquet (rank 1 = largest G), as `raygeom select` writes it.
-    columns = ("layer", "gap", "gap_se", "gap_lo", "gap_hi", "domain_dispersion", "generic_dispersion", "n_domain",
-               "n_generic", "perplexity", "bits_per_byte", "gap_warning", "chunk_len", "chunks_per_domain", "domain_tokens")
+    columns = (
+        "layer",
+        "gap",
+        "gap_se",
+        "gap_lo",
+        "gap_hi",
+        "domain_dispersion",
+        "generic_dispersion",
+        "n_domain",
+        "n_generic",
+        "perplexity",
+        "bits_per_byte",
+        "gap_warning",
+        "chunk_len",
+        "chunks_per_domain",
+        "domain_tokens",
+    )
     series = ("chunk_len", "chunks_per_domain", "domain_tokens")
     figures = "raygeom.report.dispersion_plots:gap_figures"
 
@@ -47,19 +62,37 @@ class DispersionGap(Analysis):
             return f"{value:.4g}" if isinstance(value, float) else str(value)
 
         first = rows[0]
-        columns = ["rank", "model", "revision", "G [95%]", "gap_se", "domain_dispersion", "generic_dispersion", "n_domain",
-                   "n_generic", "perplexity", "bits_per_byte"]
-        lines = [f"dispersion gap at {first['layer']}, domain tokens: {first.get('domain_tokens')} (interval: bootstrap "
-                 f"over chunks; bits per byte compare across tokenizers)", "",
-                 "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        columns = [
+            "rank",
+            "model",
+            "revision",
+            "G [95%]",
+            "gap_se",
+            "domain_dispersion",
+            "generic_dispersion",
+            "n_domain",
+            "n_generic",
+            "perplexity",
+            "bits_per_byte",
+        ]
+        lines = [
+            f"dispersion gap at {first['layer']}, domain tokens: {first.get('domain_tokens')} (interval: bootstrap "
+            f"over chunks; bits per byte compare across tokenizers)",
+            "",
+            "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns),
+        ]
         for row in rows:
             known = all(isinstance(row.get(c), float) and row[c] == row[c] for c in ("gap", "gap_lo", "gap_hi"))
-            shown = {**row, "G [95%]": f"{row['gap']:+.3f} [{row['gap_lo']:+.3f}, {row['gap_hi']:+.3f}]" if known
-                     else cell(row.get("gap"))}
+            shown = {
+                **row,
+                "G [95%]": f"{row['gap']:+.3f} [{row['gap_lo']:+.3f}, {row['gap_hi']:+.3f}]" if known else cell(row.get("gap")),
+            }
             lines.append("| " + " | ".join(cell(shown.get(c, "")) for c in columns) + " |")
         lines.append("")
-        return lines + [f"warning: {row['model']}@{row['revision']}: {row['gap_warning']}" for row in rows
-                        if row.get("gap_warning")]
+        return lines + [
+            f"warning: {row['model']}@{row['revision']}: {row['gap_warning']}" for row in rows if row.get("gap_warning")
+        ]
 
     def run(self, store, job, specs, params: GapParams, progress):
         from raygeom.analyses import dispersion as dp
@@ -69,10 +102,10 @@ class DispersionGap(Analysis):
         extraction = extraction_of(params, job.layers)
         with dp.handover() as replicas:  # the chunk extraction first, with its progress (rank_by_gap reuses it)
             for spec in specs:
-                dp.extract_unit(store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model),
-                                replicas=replicas)
-        return dp.rank_by_gap(store, specs, corpus, extraction, params.layer, params.n_boot,
-                              progress("gap units", len(specs)))
+                dp.extract_unit(
+                    store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model), replicas=replicas
+                )
+        return dp.rank_by_gap(store, specs, corpus, extraction, params.layer, params.n_boot, progress("gap units", len(specs)))
 
     def planned_units(self, store, job, specs, params: GapParams):
         from raygeom.analyses import dispersion as dp

@@ -39,12 +39,21 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.engine.contract import Step, Unit
-from raygeom.sources.corpus import Corpus
 from raygeom.errors import InputError, RaygeomError
 from raygeom.params import ChunkShape, default_of
 from raygeom.replica.settings import batches_at_once
+from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
-from raygeom.store.tree import Store, atomic_write_table, write_rows, atomic_write_text, column_to_matrix, content_key, read_table, vector_column
+from raygeom.store.tree import (
+    Store,
+    atomic_write_table,
+    atomic_write_text,
+    column_to_matrix,
+    content_key,
+    read_table,
+    vector_column,
+    write_rows,
+)
 
 FEATURES_VERSION = 2  # 2: chunks come from the one tokenize module (BOS as the model was trained)
 KNN_VERSION = 2  # 2: one engine unit per layer, bootstrap interval of the perplexity difference
@@ -117,8 +126,14 @@ class KnnSettings:
         return value
 
     def extraction(self) -> dict:
-        return {"chunk_len": self.chunk_len, "train_chunks": self.train_chunks, "test_chunks": self.test_chunks,
-                "layers": self.layers, "seed": self.seed, "heldout_fraction": self.heldout_fraction}
+        return {
+            "chunk_len": self.chunk_len,
+            "train_chunks": self.train_chunks,
+            "test_chunks": self.test_chunks,
+            "layers": self.layers,
+            "seed": self.seed,
+            "heldout_fraction": self.heldout_fraction,
+        }
 
     def evaluation(self) -> tuple:
         """What a layer's unit depends on beyond the features."""
@@ -137,13 +152,23 @@ def split_corpus(corpus: Corpus, heldout_fraction: float, seed: int) -> tuple[Co
     order = np.random.default_rng([seed, 0x4E4E]).permutation(len(texts))
     n_test = min(len(order) - 1, max(1, int(round(heldout_fraction * len(order)))))
     test, train = sorted(order[:n_test].tolist()), sorted(order[n_test:].tolist())
-    return (Corpus(corpus.name + ":datastore", [texts[i] for i in train]),
-            Corpus(corpus.name + ":heldout", [texts[i] for i in test]))
+    return (
+        Corpus(corpus.name + ":datastore", [texts[i] for i in train]),
+        Corpus(corpus.name + ":heldout", [texts[i] for i in test]),
+    )
 
 
 def features_key(spec: ModelSpec, train_text: Corpus, test_text: Corpus, settings: KnnSettings) -> str:
-    return content_key("knn", FEATURES_VERSION, spec.kind, spec.source, spec.revision, train_text.fingerprint(),
-                       test_text.fingerprint(), settings.extraction())
+    return content_key(
+        "knn",
+        FEATURES_VERSION,
+        spec.kind,
+        spec.source,
+        spec.revision,
+        train_text.fingerprint(),
+        test_text.fingerprint(),
+        settings.extraction(),
+    )
 
 
 def planned_units(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings) -> tuple[int, int]:
@@ -156,8 +181,8 @@ def planned_units(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSe
         info = json.loads(marker.read_text())
         keys = [layer_key(info["key"], layer, settings) for layer in info["layers"]]
         return len(keys), sum(store.has_result("knn", k) for k in keys)
-    from raygeom.sources.models import cached_config
     from raygeom.sources.layers import layer_names, select_layers
+    from raygeom.sources.models import cached_config
 
     config = cached_config(spec) or {}
     if "num_hidden_layers" not in config:
@@ -170,17 +195,25 @@ def _features_dir(store: Store, spec: ModelSpec, key: str) -> Path:
     return store.root / "knn" / f"model={spec.slug}" / f"revision={spec.revision}" / key
 
 
-def _write_features(directory: Path, worker, train_chunks: np.ndarray, test_chunks: np.ndarray, layers: list[str],
-                    batch_size: int, progress, at_once: int = 1) -> None:
+def _write_features(
+    directory: Path,
+    worker,
+    train_chunks: np.ndarray,
+    test_chunks: np.ndarray,
+    layers: list[str],
+    batch_size: int,
+    progress,
+    at_once: int = 1,
+) -> None:
     from raygeom.analyses.dispersion import _get
 
     parts: dict[str, dict[str, list]] = {"train": {}, "test": {}}
     tokens: dict[str, list] = {"train": [], "test": []}
     logprobs: list = []
     for which, chunks in (("train", train_chunks), ("test", test_chunks)):
-        batches = [chunks[start:start + batch_size] for start in range(0, len(chunks), batch_size)]
+        batches = [chunks[start : start + batch_size] for start in range(0, len(chunks), batch_size)]
         for first in range(0, len(batches), at_once):
-            some = batches[first:first + at_once]
+            some = batches[first : first + at_once]
             for features, next_tokens, lm_logprob in _get(worker.features_batches.remote(some, layers)):
                 for layer in layers:
                     parts[which].setdefault(layer, []).append(features[layer])
@@ -192,13 +225,22 @@ def _write_features(directory: Path, worker, train_chunks: np.ndarray, test_chun
     per_chunk = train_chunks.shape[1] - 1
     for layer in layers:
         for which, name in (("train", "keys"), ("test", "queries")):
-            atomic_write_table(pa.table({"vector": vector_column(np.concatenate(parts[which].pop(layer)))}),
-                               directory / f"layer={layer}" / f"{name}.parquet")
+            atomic_write_table(
+                pa.table({"vector": vector_column(np.concatenate(parts[which].pop(layer)))}),
+                directory / f"layer={layer}" / f"{name}.parquet",
+            )
     atomic_write_table(pa.table({"value": np.concatenate(tokens["train"]).astype(np.int64)}), directory / "values.parquet")
     test_tokens = np.concatenate(tokens["test"]).astype(np.int64)
-    atomic_write_table(pa.table({"target": test_tokens, "lm_logprob": np.concatenate(logprobs),
-                                 "chunk": np.repeat(np.arange(len(test_chunks)), per_chunk).astype(np.int32)}),
-                       directory / "targets.parquet")
+    atomic_write_table(
+        pa.table(
+            {
+                "target": test_tokens,
+                "lm_logprob": np.concatenate(logprobs),
+                "chunk": np.repeat(np.arange(len(test_chunks)), per_chunk).astype(np.int32),
+            }
+        ),
+        directory / "targets.parquet",
+    )
 
 
 class _Searched:
@@ -217,7 +259,6 @@ class _Searched:
         return self.distances[:, :k], self.ids[:, :k]
 
 
-
 def grid_edge(value: float, grid: list[float]) -> str:
     """'lower' or 'upper' when ``value`` is the smallest or largest of a grid of several values, else ''."""
     if len(set(grid)) < 2:
@@ -232,12 +273,22 @@ def _difference_interval(base, other, blocks: np.ndarray, settings: KnnSettings)
 
     n_units = int(len(np.unique(blocks)))
     try:
-        result = bootstrap_ci((np.asarray(base), np.asarray(other)), lambda a, b: np.exp(-b.mean()) - np.exp(-a.mean()),
-                              seed=settings.seed, n_boot=settings.n_boot, clusters=blocks)
+        result = bootstrap_ci(
+            (np.asarray(base), np.asarray(other)),
+            lambda a, b: np.exp(-b.mean()) - np.exp(-a.mean()),
+            seed=settings.seed,
+            n_boot=settings.n_boot,
+            clusters=blocks,
+        )
     except InputError:
         nan = float("nan")
-        return {"estimate": float(np.exp(-np.mean(other)) - np.exp(-np.mean(base))), "se": nan, "lo": nan, "hi": nan,
-                "n_units": n_units}
+        return {
+            "estimate": float(np.exp(-np.mean(other)) - np.exp(-np.mean(base))),
+            "se": nan,
+            "lo": nan,
+            "hi": nan,
+            "n_units": n_units,
+        }
     return {"estimate": result["estimate"], "se": result["se"], "lo": result["lo"], "hi": result["hi"], "n_units": n_units}
 
 
@@ -294,27 +345,55 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     nearest_is_target = float((neighbour_values[:, 0] == target_tensor[:, 0])[held_rows].double().mean())
     per_chunk = queries.shape[0] // n_chunks
     chunked = torch.from_numpy(queries.reshape(n_chunks, per_chunk, -1))
-    row = {"layer": layer, "dispersion": dispersion(keys), "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
-           "temperature": temperature, "temperature_scale": scale, "lam": lam, "tuning_perplexity": float(tuning),
-           "knn_perplexity": knn_ppl, "base_perplexity": base_ppl, "improvement": base_ppl - knn_ppl,
-           "delta": interval["estimate"], "delta_se": interval["se"], "delta_lo": interval["lo"], "delta_hi": interval["hi"],
-           "bootstrap_units": interval["n_units"], "lam_edge": grid_edge(lam, settings.lam_values()),
-           "scale_edge": grid_edge(scale, settings.scale_values()), "target_in_neighbours": target_in_neighbours,
-           "nearest_is_target": nearest_is_target, "k": k, "n_keys": int(len(keys)), "n_test": int(held.sum())}
+    row = {
+        "layer": layer,
+        "dispersion": dispersion(keys),
+        "query_token_dispersion": float(np.nanmean(token_dispersion(chunked))),
+        "temperature": temperature,
+        "temperature_scale": scale,
+        "lam": lam,
+        "tuning_perplexity": float(tuning),
+        "knn_perplexity": knn_ppl,
+        "base_perplexity": base_ppl,
+        "improvement": base_ppl - knn_ppl,
+        "delta": interval["estimate"],
+        "delta_se": interval["se"],
+        "delta_lo": interval["lo"],
+        "delta_hi": interval["hi"],
+        "bootstrap_units": interval["n_units"],
+        "lam_edge": grid_edge(lam, settings.lam_values()),
+        "scale_edge": grid_edge(scale, settings.scale_values()),
+        "target_in_neighbours": target_in_neighbours,
+        "nearest_is_target": nearest_is_target,
+        "k": k,
+        "n_keys": int(len(keys)),
+        "n_test": int(held.sum()),
+    }
     return {"row": row, "chunk": chunk[held].astype(np.int32), "lm_logprob": lm[held], "mixed_logprob": mixed}
 
 
 def _settings_columns(spec: ModelSpec, corpus: Corpus, train_text: Corpus, test_text: Corpus, settings: KnnSettings) -> dict:
     from raygeom import __version__
 
-    return {"model": spec.name, "revision": spec.revision, "step": spec.step, "corpus": corpus.name,
-            "corpus_fingerprint": corpus.fingerprint(), "datastore_fingerprint": train_text.fingerprint(),
-            "heldout_fingerprint": test_text.fingerprint(), "chunk_len": settings.chunk_len,
-            "train_chunks": settings.train_chunks, "test_chunks": settings.test_chunks, "seed": settings.seed,
-            "lams": settings.lams, "temperature_scales": settings.temperature_scales,
-            "bootstrap_block": settings.bootstrap_block, "n_boot": settings.n_boot,
-            "settings": json.dumps({n: v for n, v in asdict(settings).items() if n != "gpus_per_task"}, sort_keys=True),
-            "raygeom_version": __version__}
+    return {
+        "model": spec.name,
+        "revision": spec.revision,
+        "step": spec.step,
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint(),
+        "datastore_fingerprint": train_text.fingerprint(),
+        "heldout_fingerprint": test_text.fingerprint(),
+        "chunk_len": settings.chunk_len,
+        "train_chunks": settings.train_chunks,
+        "test_chunks": settings.test_chunks,
+        "seed": settings.seed,
+        "lams": settings.lams,
+        "temperature_scales": settings.temperature_scales,
+        "bootstrap_block": settings.bootstrap_block,
+        "n_boot": settings.n_boot,
+        "settings": json.dumps({n: v for n, v in asdict(settings).items() if n != "gpus_per_task"}, sort_keys=True),
+        "raygeom_version": __version__,
+    }
 
 
 def layer_key(features: str, layer: str, settings: KnnSettings) -> str:
@@ -333,14 +412,29 @@ def units(store: Store, directory: Path, info: dict, settings: KnnSettings, prov
         def finish(values, layer=layer, key=key) -> dict:
             result = values[0]
             # The per-token table goes first, so a stored row always has it (the best-vs-runner-up comparison reads it).
-            store.write_result("knn_tokens", key, pa.table({
-                "layer": [layer] * len(result["chunk"]), "chunk": result["chunk"], "lm_logprob": result["lm_logprob"],
-                "mixed_logprob": result["mixed_logprob"]}).to_pylist())
+            store.write_result(
+                "knn_tokens",
+                key,
+                pa.table(
+                    {
+                        "layer": [layer] * len(result["chunk"]),
+                        "chunk": result["chunk"],
+                        "lm_logprob": result["lm_logprob"],
+                        "mixed_logprob": result["mixed_logprob"],
+                    }
+                ).to_pylist(),
+            )
             return {**result["row"], **provenance, "layer_index": order[layer], "unit_key": key, "features_key": info["key"]}
 
-        out.append(Unit(analysis="knn", key=key, label=f"kNN-LM {provenance['model']}@{provenance['revision']} {layer}",
-                        parts=[Step(evaluate_layer, (str(directory), layer, settings, info["vocab_size"], device), options)],
-                        finish=finish))
+        out.append(
+            Unit(
+                analysis="knn",
+                key=key,
+                label=f"kNN-LM {provenance['model']}@{provenance['revision']} {layer}",
+                parts=[Step(evaluate_layer, (str(directory), layer, settings, info["vocab_size"], device), options)],
+                finish=finish,
+            )
+        )
     return out
 
 
@@ -350,16 +444,26 @@ def best_against_runner_up(store: Store, rows: list[dict], settings: KnnSettings
     from raygeom.numerics.uncertainty import token_blocks
 
     ranked = sorted(rows, key=lambda r: (r["knn_perplexity"], r["layer_index"]))
-    out = {"best_layer": ranked[0]["layer"], "runner_up": ranked[1]["layer"] if len(ranked) > 1 else None,
-           "difference": float("nan"), "lo": float("nan"), "hi": float("nan"), "separated": None}
+    out = {
+        "best_layer": ranked[0]["layer"],
+        "runner_up": ranked[1]["layer"] if len(ranked) > 1 else None,
+        "difference": float("nan"),
+        "lo": float("nan"),
+        "hi": float("nan"),
+        "separated": None,
+    }
     if len(ranked) < 2:
         return out
     tables = [store.read_results("knn_tokens", [r["unit_key"]]) for r in ranked[:2]]
     if any(t.num_rows == 0 for t in tables) or tables[0].num_rows != tables[1].num_rows:
         return out
     best, second = (t.to_pydict() for t in tables)
-    interval = _difference_interval(second["mixed_logprob"], best["mixed_logprob"],
-                                    token_blocks(np.asarray(best["chunk"]), settings.bootstrap_block), settings)
+    interval = _difference_interval(
+        second["mixed_logprob"],
+        best["mixed_logprob"],
+        token_blocks(np.asarray(best["chunk"]), settings.bootstrap_block),
+        settings,
+    )
     separated = bool(interval["hi"] < 0) if np.isfinite(interval["hi"]) else None
     return {**out, "difference": interval["estimate"], "lo": interval["lo"], "hi": interval["hi"], "separated": separated}
 
@@ -367,18 +471,28 @@ def best_against_runner_up(store: Store, rows: list[dict], settings: KnnSettings
 def edge_warnings(rows: list[dict], settings: KnnSettings) -> list[str]:
     """One line per grid (lambda, temperature scale) whose chosen value sits at an edge in some layer."""
     lines = []
-    for column, name, grid, option in (("lam_edge", "lambda", settings.lams, "--lam"),
-                                       ("scale_edge", "temperature scale", settings.temperature_scales, "--temperature-scales")):
+    for column, name, grid, option in (
+        ("lam_edge", "lambda", settings.lams, "--lam"),
+        ("scale_edge", "temperature scale", settings.temperature_scales, "--temperature-scales"),
+    ):
         for edge in ("lower", "upper"):
             layers = [r["layer"] for r in rows if r.get(column) == edge]
             if layers:
-                lines.append(f"{name} sits at the {edge} edge of its grid ({grid}) in {len(layers)} of {len(rows)} layers "
-                             f"({', '.join(layers)}): the optimum may lie outside it; widen {option}")
+                lines.append(
+                    f"{name} sits at the {edge} edge of its grid ({grid}) in {len(layers)} of {len(rows)} layers "
+                    f"({', '.join(layers)}): the optimum may lie outside it; widen {option}"
+                )
     return lines
 
 
-def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings, test_corpus: Corpus | None = None,
-            progress: Callable[[int], None] | None = None) -> dict:
+def run_knn(
+    store: Store,
+    spec: ModelSpec,
+    corpus: Corpus,
+    settings: KnnSettings,
+    test_corpus: Corpus | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
     """Datastore features (once, cached by content key), then one engine unit per layer; a table of layers.
 
     With ``test_corpus`` the datastore is built from all of ``corpus`` and the
@@ -387,7 +501,9 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
     from raygeom.analyses.dispersion import _get, start_worker
     from raygeom.engine.units import accumulated_rows, run_units
 
-    train_text, test_text = (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
+    train_text, test_text = (
+        (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
+    )
     key = features_key(spec, train_text, test_text, settings)
     directory = _features_dir(store, spec, key)
     marker = directory / MARKER
@@ -402,17 +518,28 @@ def run_knn(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings
             layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
             inside = [name for name in layers if "." in name]
             if inside:
-                raise RaygeomError(f"knn takes block outputs, not points inside a block ({inside[0]}); "
-                                   "those are for pga, sweeps, diagnose and dispersion")
-            train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[0]
+                raise RaygeomError(
+                    f"knn takes block outputs, not points inside a block ({inside[0]}); "
+                    "those are for pga, sweeps, diagnose and dispersion"
+                )
+            train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[
+                0
+            ]
             test = _get(worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed))[0]
             _write_features(directory, worker, train, test, layers, settings.batch_size, progress, batches_at_once(described))
         finally:
             from raygeom.engine import replica_actor
 
             replica_actor.stop(worker)
-        info = {"key": key, "layers": layers, "all_layers": described["layers"], "vocab_size": described["vocab_size"],
-                "model": spec.name, "revision": spec.revision, "settings": asdict(settings)}
+        info = {
+            "key": key,
+            "layers": layers,
+            "all_layers": described["layers"],
+            "vocab_size": described["vocab_size"],
+            "model": spec.name,
+            "revision": spec.revision,
+            "settings": asdict(settings),
+        }
         atomic_write_text(json.dumps(info, indent=2), marker)
     provenance = _settings_columns(spec, corpus if test_corpus is None else train_text, train_text, test_text, settings)
     rows = run_units(store, units(store, directory, info, settings, provenance), progress)
@@ -434,10 +561,17 @@ def summarise(store: Store, rows: list[dict], settings: KnnSettings) -> dict:
         return spearman([r["dispersion"] for r in rows], [sign * r[column] for r in rows])
 
     comparison = best_against_runner_up(store, rows, settings)
-    return {"layers": rows, "best_layer": comparison["best_layer"], "best_vs_runner_up": comparison,
-            "max_dispersion_layer": most, "spearman": rank_correlation("knn_perplexity", -1.0),
-            "spearman_retrieval": rank_correlation("target_in_neighbours"), "n_keys": rows[0]["n_keys"],
-            "n_test": rows[0]["n_test"], "warnings": edge_warnings(rows, settings)}
+    return {
+        "layers": rows,
+        "best_layer": comparison["best_layer"],
+        "best_vs_runner_up": comparison,
+        "max_dispersion_layer": most,
+        "spearman": rank_correlation("knn_perplexity", -1.0),
+        "spearman_retrieval": rank_correlation("target_in_neighbours"),
+        "n_keys": rows[0]["n_keys"],
+        "n_test": rows[0]["n_test"],
+        "warnings": edge_warnings(rows, settings),
+    }
 
 
 def _interval(value, lo, hi) -> str:
@@ -463,26 +597,43 @@ def summary_lines(store: Store, rows: list[dict]) -> list[str]:
         settings = KnnSettings(**json.loads(group[0]["settings"]))
         result = summarise(store, group, settings)
         first = group[0]
-        columns = ["layer", "dispersion", "temperature", "lam", "knn_perplexity", "ppl difference [95% CI]",
-                   "target_in_neighbours", "nearest_is_target"]
-        lines += [f"kNN-LM  {model}@{revision}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, "
-                  f"k={settings.k}, base perplexity {first['base_perplexity']:.2f}; interval: bootstrap over blocks of "
-                  f"{settings.bootstrap_block} held-out tokens, {first.get('bootstrap_units')} blocks)", "",
-                  "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        columns = [
+            "layer",
+            "dispersion",
+            "temperature",
+            "lam",
+            "knn_perplexity",
+            "ppl difference [95% CI]",
+            "target_in_neighbours",
+            "nearest_is_target",
+        ]
+        lines += [
+            f"kNN-LM  {model}@{revision}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, "
+            f"k={settings.k}, base perplexity {first['base_perplexity']:.2f}; interval: bootstrap over blocks of "
+            f"{settings.bootstrap_block} held-out tokens, {first.get('bootstrap_units')} blocks)",
+            "",
+            "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns),
+        ]
         for row in group:
             cells = {**row, "ppl difference [95% CI]": _interval(row["delta"], row.get("delta_lo"), row.get("delta_hi"))}
             lines.append("| " + " | ".join(_cell(cells.get(c, "")) for c in columns) + " |")
         lines.append("")
         versus = result["best_vs_runner_up"]
         if versus["runner_up"] is not None:
-            verdict = {True: "separated", False: "NOT separated (the interval contains 0)",
-                       None: "not compared"}[versus["separated"]]
-            lines.append(f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity "
-                         f"difference {_interval(versus['difference'], versus['lo'], versus['hi'])} (paired bootstrap): "
-                         f"{verdict}")
-        lines.append(f"max-dispersion layer: {result['max_dispersion_layer']}   agrees with the best layer: "
-                     f"{result['best_layer'] == result['max_dispersion_layer']}   Spearman over layers: dispersion vs "
-                     f"-perplexity {result['spearman']:+.3f}, dispersion vs target-among-neighbours "
-                     f"{result['spearman_retrieval']:+.3f}")
+            verdict = {True: "separated", False: "NOT separated (the interval contains 0)", None: "not compared"}[
+                versus["separated"]
+            ]
+            lines.append(
+                f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity "
+                f"difference {_interval(versus['difference'], versus['lo'], versus['hi'])} (paired bootstrap): "
+                f"{verdict}"
+            )
+        lines.append(
+            f"max-dispersion layer: {result['max_dispersion_layer']}   agrees with the best layer: "
+            f"{result['best_layer'] == result['max_dispersion_layer']}   Spearman over layers: dispersion vs "
+            f"-perplexity {result['spearman']:+.3f}, dispersion vs target-among-neighbours "
+            f"{result['spearman_retrieval']:+.3f}"
+        )
         lines += [f"warning: {line}" for line in result["warnings"]]
     return lines

@@ -15,18 +15,36 @@ from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_NEIGHBOURS, MAX_SEED, MAX_TO
 @dataclass(frozen=True)
 class KnnParams(ChunkShape):
     train_chunks: int = param(40, "Chunks of datastore text.", low=1, high=MAX_COUNT)
-    test_chunks: int = param(8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2, high=MAX_COUNT)
+    test_chunks: int = param(
+        8, "Chunks of held-out text (other articles): a tuning half and an evaluation half.", low=2, high=MAX_COUNT
+    )
     k: int = param(64, "Neighbours.", low=1, high=MAX_NEIGHBOURS)
-    temperature: str = param("auto", "A number, or auto: per layer, the median nearest squared distance.", nonempty=True,
-                             rule=number_list(positive=True, high=1e12, words=("auto",), one=True))
-    temperature_scales: str = param("0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True,
-                                    rule=number_list(positive=True, high=1e6))
-    lams: str = param("0.01,0.02,0.05,0.1,0.2,0.3,0.5", "Interpolation weights tried; (T, lam) chosen on a tuning half.",
-                      nonempty=True, flag="--lam", rule=number_list(low=0.0, high=1.0))
-    heldout_fraction: float = param(0.2, "Share of the articles held out for tuning and evaluation.", low=0.0,
-                                    high=1.0, low_open=True, high_open=True)
-    bootstrap_block: int = param(64, "Held-out tokens per resampled block of the bootstrap interval (consecutive, "
-                                     "within a chunk); 1 = single tokens, >= chunk-len = whole chunks.", low=1, high=MAX_TOKENS)
+    temperature: str = param(
+        "auto",
+        "A number, or auto: per layer, the median nearest squared distance.",
+        nonempty=True,
+        rule=number_list(positive=True, high=1e12, words=("auto",), one=True),
+    )
+    temperature_scales: str = param(
+        "0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True, rule=number_list(positive=True, high=1e6)
+    )
+    lams: str = param(
+        "0.01,0.02,0.05,0.1,0.2,0.3,0.5",
+        "Interpolation weights tried; (T, lam) chosen on a tuning half.",
+        nonempty=True,
+        flag="--lam",
+        rule=number_list(low=0.0, high=1.0),
+    )
+    heldout_fraction: float = param(
+        0.2, "Share of the articles held out for tuning and evaluation.", low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    bootstrap_block: int = param(
+        64,
+        "Held-out tokens per resampled block of the bootstrap interval (consecutive, "
+        "within a chunk); 1 = single tokens, >= chunk-len = whole chunks.",
+        low=1,
+        high=MAX_TOKENS,
+    )
     n_boot: int = param(2000, "Bootstrap resamples.", low=100, high=MAX_BOOT)
     seed: int = param(0, "Seed of the split, the chunks and the bootstrap.", low=0, high=MAX_SEED)
     gpus_per_task: float = param(0.0, "GPUs each kNN-LM task asks Ray for (0: CPU).", low=0.0, high=64.0)
@@ -35,11 +53,22 @@ class KnnParams(ChunkShape):
 def settings_of(params: KnnParams, layers: str):
     from raygeom.analyses.knn import KnnSettings
 
-    return KnnSettings(chunk_len=params.chunk_len, train_chunks=params.train_chunks, test_chunks=params.test_chunks,
-                       layers=layers, k=params.k, temperature=params.temperature,
-                       temperature_scales=params.temperature_scales, lams=params.lams, batch_size=params.batch_size,
-                       seed=params.seed, heldout_fraction=params.heldout_fraction, gpus_per_task=params.gpus_per_task,
-                       bootstrap_block=params.bootstrap_block, n_boot=params.n_boot)
+    return KnnSettings(
+        chunk_len=params.chunk_len,
+        train_chunks=params.train_chunks,
+        test_chunks=params.test_chunks,
+        layers=layers,
+        k=params.k,
+        temperature=params.temperature,
+        temperature_scales=params.temperature_scales,
+        lams=params.lams,
+        batch_size=params.batch_size,
+        seed=params.seed,
+        heldout_fraction=params.heldout_fraction,
+        gpus_per_task=params.gpus_per_task,
+        bootstrap_block=params.bootstrap_block,
+        n_boot=params.n_boot,
+    )
 
 
 @register
@@ -54,9 +83,26 @@ class KnnLM(Analysis):
     extraction = "knn"
     results = "knn"
     section = "raygeom.report.html:knn_section"
-    columns = ("layer", "dispersion", "knn_perplexity", "base_perplexity", "delta", "delta_se", "delta_lo", "delta_hi",
-               "temperature", "lam", "target_in_neighbours", "nearest_is_target", "n_keys", "n_test", "chunk_len", "train_chunks",
-               "test_chunks", "k")
+    columns = (
+        "layer",
+        "dispersion",
+        "knn_perplexity",
+        "base_perplexity",
+        "delta",
+        "delta_se",
+        "delta_lo",
+        "delta_hi",
+        "temperature",
+        "lam",
+        "target_in_neighbours",
+        "nearest_is_target",
+        "n_keys",
+        "n_test",
+        "chunk_len",
+        "train_chunks",
+        "test_chunks",
+        "k",
+    )
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
     figures = "raygeom.report.dispersion_plots:knn_figures"
 
@@ -71,8 +117,9 @@ class KnnLM(Analysis):
 
         corpus, settings, rows = load_corpus(job.corpus), settings_of(params, job.layers), []
         for spec in specs:
-            rows += knn.run_knn(store, spec, corpus, settings, progress=progress(f"kNN-LM {spec.name}@{spec.revision}",
-                                                                                 None))["layers"]
+            rows += knn.run_knn(store, spec, corpus, settings, progress=progress(f"kNN-LM {spec.name}@{spec.revision}", None))[
+                "layers"
+            ]
         return rows
 
     def planned_units(self, store, job, specs, params: KnnParams):

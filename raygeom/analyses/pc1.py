@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import (Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer,
-                                      register)
+from raygeom.analyses.registry import Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer, register
 from raygeom.analyses.spectral import check_k
 from raygeom.params import MAX_SEED, MAX_WIDTH
 
@@ -27,8 +26,10 @@ def pc1_task(root: str, model: str, revision: str, layer: str, k: int, seed: int
 
     h = read_layer(root, model, revision, layer, key)[1]
     basis, _ = Store(root).read_readout(model, revision, key)
-    return {**spectral.pc1_readout_share_interval(h, basis[:, :k], seed, halves),
-            "pc1_variance_fraction": layer_geometry.pc1_variance_fraction(h)}
+    return {
+        **spectral.pc1_readout_share_interval(h, basis[:, :k], seed, halves),
+        "pc1_variance_fraction": layer_geometry.pc1_variance_fraction(h),
+    }
 
 
 @register
@@ -38,16 +39,44 @@ class PC1Share(Analysis):
     Params = PC1Params
     title = "PC1 readout share"
     needs = Needs(readout=True)
-    columns = ("k", "k_per_d", "seed", "pc1_readout_share", "pc1_readout_share_lo", "pc1_readout_share_hi", "pc1_readout_share_se",
-               "pc1_readout_chance", "pc1_variance_fraction", "n_half_samples")
-    metrics = (Metric("pc1_readout_share", "PC1 readout share", "pc1_readout_share_lo", "pc1_readout_share_hi",
-                      chance="pc1_readout_chance"),)
+    columns = (
+        "k",
+        "k_per_d",
+        "seed",
+        "pc1_readout_share",
+        "pc1_readout_share_lo",
+        "pc1_readout_share_hi",
+        "pc1_readout_share_se",
+        "pc1_readout_chance",
+        "pc1_variance_fraction",
+        "n_half_samples",
+    )
+    metrics = (
+        Metric(
+            "pc1_readout_share", "PC1 readout share", "pc1_readout_share_lo", "pc1_readout_share_hi", chance="pc1_readout_chance"
+        ),
+    )
     series = ("k_per_d", "k")
 
     def check(self, params: PC1Params, info: dict, model: str) -> None:
         check_k(info, params.k, model)
 
     def units(self, store, model, revision, layers, params: PC1Params, info):
-        return layer_units(self, params, store, model, revision, layers, info, pc1_task, (params.k, params.seed, params.text_halves),
-                           lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
-                                                 "k_per_d": params.k_per_d, "seed": params.seed, **value})
+        return layer_units(
+            self,
+            params,
+            store,
+            model,
+            revision,
+            layers,
+            info,
+            pc1_task,
+            (params.k, params.seed, params.text_halves),
+            lambda layer, value: {
+                **layer_row(model, revision, layer, info),
+                "k": params.k,
+                "k_per_d": params.k_per_d,
+                "seed": params.seed,
+                **value,
+            },
+        )

@@ -14,9 +14,9 @@ import numpy as np
 from raygeom.analyses.provenance import extraction_columns
 from raygeom.analyses.registry import Analysis, Metric, Needs, register
 from raygeom.engine.contract import PREPARED, More, Step, Unit
-from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
 from raygeom.params import AUTO_NULL_BLOCK, PGAParams, for_width
+from raygeom.sources import layers as layer_position
 from raygeom.store.tree import Store, content_key
 
 # 2: rows carry z's uncertainty and the interval over texts; 3: z's interval is z +- 1.96 se; 4: z_se includes z's
@@ -27,11 +27,15 @@ PGA_VERSION = 5
 
 def pga_unit_key(extraction_key: str, layer: str, params: PGAParams) -> str:
     decide = (params.n_null_decide,) if params.n_null_decide else ()  # 0 keeps the keys from before the setting
-    null = (("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap, *decide)
-            if params.n_null_auto else params.n_null)
+    null = (
+        ("auto", params.n_null, params.z_half_width, params.z_rel_width, params.n_null_cap, *decide)
+        if params.n_null_auto
+        else params.n_null
+    )
     per_d = (("k_per_d", params.k_per_d),) if params.k_per_d else ()  # keys of fixed-k units stay as they were
-    return content_key("pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves,
-                       *per_d)
+    return content_key(
+        "pga", PGA_VERSION, extraction_key, layer, params.k, params.r, null, params.seed, params.text_halves, *per_d
+    )
 
 
 def read_keyed_layer(root: str, model: str, revision: str, layer: str, extraction_key: str) -> np.ndarray:
@@ -70,14 +74,26 @@ def null_step(prepared, k: int, seed: int, indices: list[int], device: str | Non
     return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
 
 
-def texts_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, basis: np.ndarray, k: int,
-               seed: int, halves: int, device: str | None) -> dict:
+def texts_step(
+    root: str,
+    model: str,
+    revision: str,
+    layer: str,
+    r: int,
+    extraction_key: str,
+    basis: np.ndarray,
+    k: int,
+    seed: int,
+    halves: int,
+    device: str | None,
+) -> dict:
     from raygeom.numerics.pga_texts import half_sample_spread
 
     start = time.perf_counter()
     try:
-        spread = half_sample_spread(read_keyed_layer(root, model, revision, layer, extraction_key), basis, r, k, seed,
-                                    n_half=halves, device=device)
+        spread = half_sample_spread(
+            read_keyed_layer(root, model, revision, layer, extraction_key), basis, r, k, seed, n_half=halves, device=device
+        )
     except InputError:
         spread = {"rho_texts_se": float("nan"), "margin_texts_se": float("nan"), "n_half_samples": 0}
     return {**spread, "seconds": time.perf_counter() - start}
@@ -90,8 +106,13 @@ def texts_columns(rho: float, margin: float, spread: dict | None) -> dict:
         return {}
     rho_lo, rho_hi = normal_interval(rho, spread["rho_texts_se"])
     margin_lo, margin_hi = normal_interval(margin, spread["margin_texts_se"])
-    return {"rho_texts_lo": rho_lo, "rho_texts_hi": rho_hi, "margin_texts_lo": margin_lo, "margin_texts_hi": margin_hi,
-            "n_half_samples": spread["n_half_samples"]}
+    return {
+        "rho_texts_lo": rho_lo,
+        "rho_texts_hi": rho_hi,
+        "margin_texts_lo": margin_lo,
+        "margin_texts_hi": margin_hi,
+        "n_half_samples": spread["n_half_samples"],
+    }
 
 
 def null_chunks(params: PGAParams, start: int = 0, stop: int | None = None) -> list[list[int]]:
@@ -109,10 +130,16 @@ def more_nulls(params: PGAParams, rho: float, nulls: np.ndarray) -> list[list[in
     how the nulls were split into chunks or tasks."""
     from raygeom.numerics.uncertainty import null_target_reached
 
-    if not params.n_null_auto or null_target_reached(rho, nulls, params.z_half_width, params.n_null_cap,
-                                                      seed=params.seed, min_null=params.n_null,
-                                                      relative_target=params.z_rel_width,
-                                                      decide_cap=params.n_null_decide):
+    if not params.n_null_auto or null_target_reached(
+        rho,
+        nulls,
+        params.z_half_width,
+        params.n_null_cap,
+        seed=params.seed,
+        min_null=params.n_null,
+        relative_target=params.z_rel_width,
+        decide_cap=params.n_null_decide,
+    ):
         return []
     return null_chunks(params, len(nulls), min(len(nulls) + AUTO_NULL_BLOCK, params.n_null_cap))
 
@@ -142,16 +169,19 @@ def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
     distinct, n = distinct_texts(texts), len(texts)
     need = params.k + params.r + 3
     if distinct < need:
-        raise RaygeomError(f"the {n} texts sampled from corpus '{name}' hold {distinct} distinct texts; PGA with k={params.k} "
-                           f"after CCR-{params.r} needs at least {need} (rank k + 2 after CCR-r); use more distinct texts "
-                           "or a smaller --k")
+        raise RaygeomError(
+            f"the {n} texts sampled from corpus '{name}' hold {distinct} distinct texts; PGA with k={params.k} "
+            f"after CCR-{params.r} needs at least {need} (rank k + 2 after CCR-r); use more distinct texts "
+            "or a smaller --k"
+        )
     if distinct < n:
         return f"corpus '{name}': {n} texts sampled, {distinct} distinct (a duplicate adds no direction)"
     return None
 
 
-def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray,
-        note: str = "") -> dict:
+def row(
+    model: str, revision: str, layer: str, info: dict, params: PGAParams, rho: float, nulls: np.ndarray, note: str = ""
+) -> dict:
     from raygeom.numerics.uncertainty import summarize_null, z_uncertainty
 
     if note:
@@ -159,15 +189,35 @@ def row(model: str, revision: str, layer: str, info: dict, params: PGAParams, rh
     else:
         stats = {**summarize_null(rho, nulls), **z_uncertainty(rho, nulls, params.seed)}
     names = info["all_layers"]
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": layer_position.index(names, layer),
-            "relative_depth": layer_position.relative_depth(names, layer), "k": params.k, "k_per_d": params.k_per_d,
-            "r": params.r, "n_null": int(len(nulls)) if not note else params.n_null, "seed": params.seed,
-            "rho_readout": float(rho), **stats, "d": info["d"], "fingerprint": info["fingerprint"], "note": note,
-            **extraction_columns(info)}
+    return {
+        "model": model,
+        "revision": revision,
+        "layer": layer,
+        "layer_index": layer_position.index(names, layer),
+        "relative_depth": layer_position.relative_depth(names, layer),
+        "k": params.k,
+        "k_per_d": params.k_per_d,
+        "r": params.r,
+        "n_null": int(len(nulls)) if not note else params.n_null,
+        "seed": params.seed,
+        "rho_readout": float(rho),
+        **stats,
+        "d": info["d"],
+        "fingerprint": info["fingerprint"],
+        "note": note,
+        **extraction_columns(info),
+    }
 
 
-def units(store: Store, model: str, revision: str, layers: list[str], params: PGAParams, info: dict | None = None,
-          basis: np.ndarray | None = None) -> list[Unit]:
+def units(
+    store: Store,
+    model: str,
+    revision: str,
+    layers: list[str],
+    params: PGAParams,
+    info: dict | None = None,
+    basis: np.ndarray | None = None,
+) -> list[Unit]:
     """One unit per layer of one complete extraction."""
     info = info or store.completion(model, revision)
     if info is None:
@@ -176,7 +226,7 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
     if basis is None:
         basis = store.read_readout(model, revision, key=info["key"])[0]
     check_params(info, params, model, basis.shape[1])
-    basis = np.ascontiguousarray(basis[:, :params.k])
+    basis = np.ascontiguousarray(basis[:, : params.k])
     device = "cuda" if params.gpus_per_task > 0 else "cpu"
     options = {"num_gpus": params.gpus_per_task} if params.gpus_per_task > 0 else {}
     chunks = null_chunks(params)
@@ -193,35 +243,67 @@ def units(store: Store, model: str, revision: str, layers: list[str], params: PG
                 seconds += spread["seconds"]
             nulls = np.concatenate([part[0] for part in null_parts])
             if not np.isfinite(rho) or not np.isfinite(nulls).all() or float(np.std(nulls)) == 0.0:
-                raise InputError(f"distances are constant after CCR-{params.r} or the nulls have no spread, "
-                                 "so z is undefined")
+                raise InputError(f"distances are constant after CCR-{params.r} or the nulls have no spread, so z is undefined")
             extra = more_nulls(params, rho, nulls)
             if extra:
                 return More(tuple(Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in extra))
             result = row(model, revision, layer, info, params, rho, nulls)
-            result.update(texts_columns(rho, rho - result["null_mean"], spread), unit_key=key,
-                          cpu_seconds=seconds + sum(part[1] for part in null_parts))
+            result.update(
+                texts_columns(rho, rho - result["null_mean"], spread),
+                unit_key=key,
+                cpu_seconds=seconds + sum(part[1] for part in null_parts),
+            )
             return result
 
         def degenerate(reason: str, layer=layer, key=key) -> dict:
-            return {**row(model, revision, layer, info, params, float("nan"), np.array([np.nan]), note=reason),
-                    "unit_key": key, "cpu_seconds": 0.0}
+            return {
+                **row(model, revision, layer, info, params, float("nan"), np.array([np.nan]), note=reason),
+                "unit_key": key,
+                "cpu_seconds": 0.0,
+            }
 
-        out.append(Unit(
-            analysis="pga", key=key, label=f"{model}@{revision} {layer}",
-            prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"], params.k))],
-            parts=[Step(readout_step, (PREPARED, basis, device), options)]
-                  + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
-                  + ([Step(texts_step, (root, model, revision, layer, params.r, info["key"], basis, params.k, params.seed,
-                                        params.text_halves, device), options)] if params.text_halves else []),
-            finish=finish, degenerate=degenerate, extractions=((model, revision, info["key"]),)))
+        out.append(
+            Unit(
+                analysis="pga",
+                key=key,
+                label=f"{model}@{revision} {layer}",
+                prepare=[Step(prepare_step, (root, model, revision, layer, params.r, info["key"], params.k))],
+                parts=[Step(readout_step, (PREPARED, basis, device), options)]
+                + [Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in chunks]
+                + (
+                    [
+                        Step(
+                            texts_step,
+                            (
+                                root,
+                                model,
+                                revision,
+                                layer,
+                                params.r,
+                                info["key"],
+                                basis,
+                                params.k,
+                                params.seed,
+                                params.text_halves,
+                                device,
+                            ),
+                            options,
+                        )
+                    ]
+                    if params.text_halves
+                    else []
+                ),
+                finish=finish,
+                degenerate=degenerate,
+                extractions=((model, revision, info["key"]),),
+            )
+        )
     return out
 
 
 def progress_units(n_layers: int, params: PGAParams) -> int:
     """What the engine's progress counts for ``n_layers`` PGA units."""
     return n_layers * (len(null_chunks(params)) + 2 + (1 if params.text_halves else 0))
-
 
 
 @register
@@ -231,9 +313,28 @@ class SubspacePGA(Analysis):
     Params = PGAParams
     title = "Subspace PGA"
     needs = Needs(readout=True)
-    columns = ("k", "k_per_d", "r", "n_null", "seed", "rho_readout", "null_mean", "null_std", "z", "z_se", "z_lo", "z_hi",
-               "z_half_width", "p_upper", "p_lower", "rho_texts_lo", "rho_texts_hi", "margin_texts_lo", "margin_texts_hi",
-               "note")
+    columns = (
+        "k",
+        "k_per_d",
+        "r",
+        "n_null",
+        "seed",
+        "rho_readout",
+        "null_mean",
+        "null_std",
+        "z",
+        "z_se",
+        "z_lo",
+        "z_hi",
+        "z_half_width",
+        "p_upper",
+        "p_lower",
+        "rho_texts_lo",
+        "rho_texts_hi",
+        "margin_texts_lo",
+        "margin_texts_hi",
+        "note",
+    )
     metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
     series = ("k_per_d", "k", "r")
 

@@ -14,13 +14,13 @@ from raygeom.params import MAX_SEED
 @dataclass(frozen=True)
 class ProbeParams(Params):
     seed: int = param(0, "Seed of the stratified train/test split.", low=0, high=MAX_SEED)
-    test_fraction: float = param(0.25, "Share of the texts held out for testing.", low=0.0, high=1.0, low_open=True,
-                                 high_open=True)
+    test_fraction: float = param(
+        0.25, "Share of the texts held out for testing.", low=0.0, high=1.0, low_open=True, high_open=True
+    )
     c: float = param(1.0, "Inverse L2 regularisation strength of the logistic regression.", low=0.0, low_open=True, high=1e12)
 
 
-def probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float,
-               key: str) -> dict:
+def probe_task(root: str, model: str, revision: str, layer: str, test_fraction: float, seed: int, c: float, key: str) -> dict:
     from raygeom.numerics import probe
     from raygeom.numerics.uncertainty import wilson_interval
     from raygeom.store.tree import Store
@@ -50,9 +50,25 @@ class Probe(Analysis):
     def units(self, store, model, revision, layers, params: ProbeParams, info):
         samples = store.read_samples(model, revision, info["key"])
         if "label" not in samples.column_names:
-            raise RaygeomError(f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
-                               "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)")
-        return layer_units(self, params, store, model, revision, layers, info, probe_task,
-                           (params.test_fraction, params.seed, params.c),
-                           lambda layer, value: {**layer_row(model, revision, layer, info), "seed": params.seed,
-                                                 "test_fraction": params.test_fraction, "c": params.c, **value})
+            raise RaygeomError(
+                f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
+                "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)"
+            )
+        return layer_units(
+            self,
+            params,
+            store,
+            model,
+            revision,
+            layers,
+            info,
+            probe_task,
+            (params.test_fraction, params.seed, params.c),
+            lambda layer, value: {
+                **layer_row(model, revision, layer, info),
+                "seed": params.seed,
+                "test_fraction": params.test_fraction,
+                "c": params.c,
+                **value,
+            },
+        )

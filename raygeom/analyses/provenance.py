@@ -16,10 +16,18 @@ def extraction_columns(info: dict) -> dict:
     settings = info.get("settings") or {}
     corpus = info.get("corpus")
     words = WORDS.search(corpus or "")
-    return {"step": info.get("step"), "corpus": corpus, "corpus_fingerprint": info.get("corpus_fingerprint"),
-            "n": info.get("n_samples"), "seq_len": settings.get("seq_len"), "pool": settings.get("pool"),
-            "skip_first": settings.get("skip_first"), "max_words": int(words.group(1)) if words else None,
-            "raygeom_version": __version__, **({"source": info["source"]} if info.get("source") else {})}
+    return {
+        "step": info.get("step"),
+        "corpus": corpus,
+        "corpus_fingerprint": info.get("corpus_fingerprint"),
+        "n": info.get("n_samples"),
+        "seq_len": settings.get("seq_len"),
+        "pool": settings.get("pool"),
+        "skip_first": settings.get("skip_first"),
+        "max_words": int(words.group(1)) if words else None,
+        "raygeom_version": __version__,
+        **({"source": info["source"]} if info.get("source") else {}),
+    }
 
 
 def layer_row(model: str, revision: str, layer: str, info: dict) -> dict:
@@ -27,6 +35,13 @@ def layer_row(model: str, revision: str, layer: str, info: dict) -> dict:
     from raygeom.sources import layers
 
     names = info["all_layers"]
-    return {"model": model, "revision": revision, "layer": layer, "layer_index": layers.index(names, layer),
-            "relative_depth": layers.relative_depth(names, layer), "d": info["d"],
-            "fingerprint": info.get("fingerprint"), **extraction_columns(info)}
+    return {
+        "model": model,
+        "revision": revision,
+        "layer": layer,
+        "layer_index": layers.index(names, layer),
+        "relative_depth": layers.relative_depth(names, layer),
+        "d": info["d"],
+        "fingerprint": info.get("fingerprint"),
+        **extraction_columns(info),
+    }

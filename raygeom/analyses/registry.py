@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Iterable
 from raygeom.errors import RaygeomError
 from raygeom.params import Params, for_width, k_per_d_param, key_settings, nearest, param  # noqa: F401 - an analysis file declares its Params with these
 
+
 @dataclass(frozen=True)
 class Needs:
     """What an analysis asks of the extraction it runs on."""
@@ -145,8 +146,10 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         for row in rows:
             missing = [c for c in self.columns if c not in row]
             if missing and not row.get("note"):
-                raise RuntimeError(f"analysis {self.name!r} (version {self.version}) has a row without its declared "
-                                   f"column(s) {', '.join(missing)}; a changed row needs a version bump")
+                raise RuntimeError(
+                    f"analysis {self.name!r} (version {self.version}) has a row without its declared "
+                    f"column(s) {', '.join(missing)}; a changed row needs a version bump"
+                )
 
 
 _REGISTRY: dict[str, Analysis] = {}
@@ -165,14 +168,17 @@ def _check_declaration(cls: type) -> None:
     if not (isinstance(cls.Params, type) and issubclass(cls.Params, Params)):
         raise TypeError(f"{where}: Params must be a raygeom.params.Params dataclass")
     if cls.__abstractmethods__:
-        raise TypeError(f"{where} (extraction {cls.extraction!r}) does not implement "
-                        f"{', '.join(sorted(cls.__abstractmethods__))}")
+        raise TypeError(
+            f"{where} (extraction {cls.extraction!r}) does not implement {', '.join(sorted(cls.__abstractmethods__))}"
+        )
     parameters = {f.name for f in fields(cls.Params)}
     columns = set(cls.columns)
     for name in cls.series:
         if name not in parameters or name not in columns:
-            raise TypeError(f"{where}: series name {name!r} must be a parameter and a declared column "
-                            f"({'not a parameter' if name not in parameters else 'not a column'})")
+            raise TypeError(
+                f"{where}: series name {name!r} must be a parameter and a declared column "
+                f"({'not a parameter' if name not in parameters else 'not a column'})"
+            )
     for metric in cls.metrics:
         unknown = [c for c in (metric.column, metric.lo, metric.hi, metric.chance) if c is not None and c not in columns]
         if unknown:
@@ -182,7 +188,10 @@ def _check_declaration(cls: type) -> None:
 def register(cls: type) -> type:
     """Class decorator: check an analysis's declaration and add it to the registry under ``cls.name`` (once)."""
     _check_declaration(cls)
-    if cls.name in _REGISTRY and (type(_REGISTRY[cls.name]).__module__, type(_REGISTRY[cls.name]).__qualname__) != (cls.__module__, cls.__qualname__):
+    if cls.name in _REGISTRY and (type(_REGISTRY[cls.name]).__module__, type(_REGISTRY[cls.name]).__qualname__) != (
+        cls.__module__,
+        cls.__qualname__,
+    ):
         raise RuntimeError(f"analysis {cls.name!r} is registered twice")
     _REGISTRY[cls.name] = cls()
     return cls
@@ -201,8 +210,9 @@ def _discover() -> None:
         try:
             entry.load()
         except Exception as error:  # noqa: BLE001 - another package's defect gets one line naming it
-            raise RaygeomError(f"the {ENTRY_POINTS} entry point {entry.name!r} ({entry.value}) failed to load: "
-                               f"{type(error).__name__}: {error}") from error
+            raise RaygeomError(
+                f"the {ENTRY_POINTS} entry point {entry.name!r} ({entry.value}) failed to load: {type(error).__name__}: {error}"
+            ) from error
 
 
 def analyses() -> dict[str, Analysis]:
@@ -248,8 +258,9 @@ def parse_analyses(section: dict, where: str = "") -> tuple[Planned, ...]:
             label = f"[analyses.{name}]" if len(tables) == 1 else f"[[analyses.{name}]] #{index + 1}"
             if not isinstance(table, dict):
                 raise RaygeomError(f"{where}{label} must be a table (possibly empty)")
-            planned += [Planned(name, p) for p in analysis.Params.grid(table, f"{where}{label} ")
-                        if Planned(name, p) not in planned]
+            planned += [
+                Planned(name, p) for p in analysis.Params.grid(table, f"{where}{label} ") if Planned(name, p) not in planned
+            ]
     if not planned:
         raise RaygeomError(f"{where}[analyses] names no analysis; registered: {', '.join(sorted(analyses()))}")
     return tuple(planned)
@@ -268,8 +279,9 @@ def units_for(store, model: str, revision: str, layers: list[str], info: dict, p
     return out
 
 
-def layer_units(analysis: Analysis, params, store, model: str, revision: str, layers: list[str], info: dict, task,
-                args: tuple, finish) -> list:
+def layer_units(
+    analysis: Analysis, params, store, model: str, revision: str, layers: list[str], info: dict, task, args: tuple, finish
+) -> list:
     """One unit per layer: ``task(root, model, revision, layer, *args, extraction key)`` on a worker, then
     ``finish(layer, value)`` on the driver gives its row(s), each carrying its ``unit_key``."""
     from raygeom.analyses.provenance import layer_row
@@ -289,9 +301,17 @@ def layer_units(analysis: Analysis, params, store, model: str, revision: str, la
             # A layer the task refuses (e.g. every sample one vector): shown with its reason, never stored as done.
             return {**layer_row(model, revision, layer, info), "note": reason, "unit_key": key}
 
-        out.append(Unit(analysis=analysis.name, key=key, label=f"{model}@{revision} {layer} ({analysis.name})",
-                        parts=[Step(task, (root, model, revision, layer, *args, info["key"]))], finish=done,
-                        degenerate=degenerate, extractions=((model, revision, info["key"]),)))
+        out.append(
+            Unit(
+                analysis=analysis.name,
+                key=key,
+                label=f"{model}@{revision} {layer} ({analysis.name})",
+                parts=[Step(task, (root, model, revision, layer, *args, info["key"]))],
+                finish=done,
+                degenerate=degenerate,
+                extractions=((model, revision, info["key"]),),
+            )
+        )
     return out
 
 

@@ -12,8 +12,9 @@ from raygeom.analyses.registry import Analysis, Metric, Params, layer_units, par
 
 @dataclass(frozen=True)
 class SampleDispersionParams(Params):
-    level: float = param(0.95, "Coverage of the jackknife interval over the samples.", low=0.0, high=1.0, low_open=True,
-                         high_open=True)
+    level: float = param(
+        0.95, "Coverage of the jackknife interval over the samples.", low=0.0, high=1.0, low_open=True, high_open=True
+    )
 
 
 def sample_dispersion_task(root: str, model: str, revision: str, layer: str, level: float, key: str) -> dict:
@@ -30,10 +31,23 @@ class SampleDispersion(Analysis):
     Params = SampleDispersionParams
     title = "Sample-level dispersion"
     columns = ("level", "dispersion", "dispersion_se", "dispersion_lo", "dispersion_hi")
-    metrics = (Metric("dispersion", "dispersion (mean pairwise cosine distance of the pooled vectors)", "dispersion_lo",
-                      "dispersion_hi"),)
+    metrics = (
+        Metric(
+            "dispersion", "dispersion (mean pairwise cosine distance of the pooled vectors)", "dispersion_lo", "dispersion_hi"
+        ),
+    )
     series = ("level",)
 
     def units(self, store, model, revision, layers, params: SampleDispersionParams, info):
-        return layer_units(self, params, store, model, revision, layers, info, sample_dispersion_task, (params.level,),
-                           lambda layer, value: {**layer_row(model, revision, layer, info), "level": params.level, **value})
+        return layer_units(
+            self,
+            params,
+            store,
+            model,
+            revision,
+            layers,
+            info,
+            sample_dispersion_task,
+            (params.level,),
+            lambda layer, value: {**layer_row(model, revision, layer, info), "level": params.level, **value},
+        )

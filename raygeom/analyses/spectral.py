@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import (Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer,
-                                      register)
+from raygeom.analyses.registry import Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer, register
 from raygeom.errors import RaygeomError
 from raygeom.params import MAX_WIDTH
 
@@ -41,16 +40,40 @@ class Spectral(Analysis):
     Params = SpectralParams
     title = "Spectral metrics"
     needs = Needs(readout=True)
-    columns = ("k", "k_per_d", "rankme", "rankme_centred", "alpha_req", "alpha_req_r2", "condition_number", "isotropy",
-               "pc1_readout_share", "pc1_readout_chance", "pc1_variance_fraction")
-    metrics = (Metric("rankme", "RankMe"), Metric("alpha_req", "alpha-ReQ"), Metric("isotropy", "isotropy"),
-               Metric("condition_number", "condition number"))
+    columns = (
+        "k",
+        "k_per_d",
+        "rankme",
+        "rankme_centred",
+        "alpha_req",
+        "alpha_req_r2",
+        "condition_number",
+        "isotropy",
+        "pc1_readout_share",
+        "pc1_readout_chance",
+        "pc1_variance_fraction",
+    )
+    metrics = (
+        Metric("rankme", "RankMe"),
+        Metric("alpha_req", "alpha-ReQ"),
+        Metric("isotropy", "isotropy"),
+        Metric("condition_number", "condition number"),
+    )
     series = ("k_per_d", "k")
 
     def check(self, params: SpectralParams, info: dict, model: str) -> None:
         check_k(info, params.k, model)
 
     def units(self, store, model, revision, layers, params: SpectralParams, info):
-        return layer_units(self, params, store, model, revision, layers, info, spectral_task,
-                           (params.k,), lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k,
-                                                               "k_per_d": params.k_per_d, **value})
+        return layer_units(
+            self,
+            params,
+            store,
+            model,
+            revision,
+            layers,
+            info,
+            spectral_task,
+            (params.k,),
+            lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k, "k_per_d": params.k_per_d, **value},
+        )

@@ -35,23 +35,35 @@ class ChunkParams(ChunkExtractionParams):
 
 SERIES = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_slices")
 # The settings every layer row carries (batch_size changes no number; n_groups is stored as the most groups asked for).
-SETTING_COLUMNS = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_groups_max", "n_slices", "gap_layer",
-                   "n_boot", "seed")
+SETTING_COLUMNS = (
+    "chunk_len",
+    "chunks_per_domain",
+    "domain_tokens",
+    "group_size",
+    "n_groups_max",
+    "n_slices",
+    "gap_layer",
+    "n_boot",
+    "seed",
+)
 
 
 def extraction_of(params: ChunkExtractionParams, layers: str):
     """The dispersion module's extraction settings of ``params`` on the job's layer selection."""
     from raygeom.analyses import dispersion as dp
 
-    return dp.DispersionSettings(params.chunk_len, params.chunks_per_domain, params.batch_size, layers,
-                                 params.domain_tokens, params.seed)
+    return dp.DispersionSettings(
+        params.chunk_len, params.chunks_per_domain, params.batch_size, layers, params.domain_tokens, params.seed
+    )
 
 
 def settings_of(params: ChunkParams, layers: str):
     """The dispersion module's (extraction, analysis) settings of ``params`` on the job's layer selection."""
     from raygeom.analyses import dispersion as dp
 
-    return extraction_of(params, layers), dp.AnalysisSettings(params.group_size, params.n_groups, params.n_slices, params.gap_layer, params.n_boot)
+    return extraction_of(params, layers), dp.AnalysisSettings(
+        params.group_size, params.n_groups, params.n_slices, params.gap_layer, params.n_boot
+    )
 
 
 def full_corpus(job):
@@ -73,9 +85,15 @@ def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[d
     corpus = full_corpus(job)
     per_model = chunks_per_model(params, corpus)
     analysis.check_against(per_model, corpus.texts)
-    result = dp.run_dispersion(store, specs, corpus, extraction, analysis,
-                               lambda label, _: progress(f"chunks {label}", per_model),
-                               progress("dispersion units", len(specs)))
+    result = dp.run_dispersion(
+        store,
+        specs,
+        corpus,
+        extraction,
+        analysis,
+        lambda label, _: progress(f"chunks {label}", per_model),
+        progress("dispersion units", len(specs)),
+    )
     return result["layers"]
 
 
@@ -110,13 +128,27 @@ class TokenDispersion(ChunkAnalysis):
     name = "token_dispersion"
     version = 3
     title = "Token-level dispersion"
-    columns = ("token_dispersion", "token_dispersion_lo", "token_dispersion_hi", "sample_dispersion",
-               "sample_dispersion_lo", "sample_dispersion_hi", "perplexity", "bits_per_byte", "n_chunks",
-               "group_spearman", "group_spearman_lo", "group_spearman_hi", "chunk_spearman", "chunk_spearman_lo",
-               "chunk_spearman_hi", *SETTING_COLUMNS)
-    metrics = (Metric("token_dispersion", "token dispersion", "token_dispersion_lo", "token_dispersion_hi"),
-               Metric("sample_dispersion", "sample dispersion (chunks)", "sample_dispersion_lo", "sample_dispersion_hi"),
-               Metric("group_spearman", "Spearman(dispersion, perplexity) over groups", "group_spearman_lo",
-                      "group_spearman_hi"),
-               Metric("chunk_spearman", "Spearman(dispersion, perplexity) over chunks", "chunk_spearman_lo",
-                      "chunk_spearman_hi"))
+    columns = (
+        "token_dispersion",
+        "token_dispersion_lo",
+        "token_dispersion_hi",
+        "sample_dispersion",
+        "sample_dispersion_lo",
+        "sample_dispersion_hi",
+        "perplexity",
+        "bits_per_byte",
+        "n_chunks",
+        "group_spearman",
+        "group_spearman_lo",
+        "group_spearman_hi",
+        "chunk_spearman",
+        "chunk_spearman_lo",
+        "chunk_spearman_hi",
+        *SETTING_COLUMNS,
+    )
+    metrics = (
+        Metric("token_dispersion", "token dispersion", "token_dispersion_lo", "token_dispersion_hi"),
+        Metric("sample_dispersion", "sample dispersion (chunks)", "sample_dispersion_lo", "sample_dispersion_hi"),
+        Metric("group_spearman", "Spearman(dispersion, perplexity) over groups", "group_spearman_lo", "group_spearman_hi"),
+        Metric("chunk_spearman", "Spearman(dispersion, perplexity) over chunks", "chunk_spearman_lo", "chunk_spearman_hi"),
+    )

@@ -61,14 +61,14 @@ class TrainSettings(Params):
     n_heads: int = param(4, "Attention heads.", low=1, high=MAX_WIDTH)
     vocab_size: int = param(4096, "BPE vocabulary (at least the 260-symbol byte alphabet).", low=260, high=10_000_000)
     push_layer: str = param("final_norm", "Layer whose dispersion the push-away loss raises.", nonempty=True)
-    over: str = param("tokens", "What D_batch spreads: tokens, or last/mean pooled sequences.",
-                      choices=("tokens", "last", "mean"))
+    over: str = param(
+        "tokens", "What D_batch spreads: tokens, or last/mean pooled sequences.", choices=("tokens", "last", "mean")
+    )
     lam: float = param(0.0, "Push-away weight lambda (0: plain LM loss).", low=0.0, high=1e6)
     seed: int = param(0, "Seed of the initialisation and batches.", low=0, high=MAX_SEED)
     eval_every: int = param(100, "Steps between held-out evaluations.", low=1, high=MAX_COUNT)
     eval_sequences: int = param(128, "Held-out sequences per evaluation.", low=1, high=MAX_COUNT)
-    heldout_fraction: float = param(0.1, "Share of the articles held out.", low=0.0, high=1.0, low_open=True,
-                                    high_open=True)
+    heldout_fraction: float = param(0.1, "Share of the articles held out.", low=0.0, high=1.0, low_open=True, high_open=True)
     max_texts: int = param(0, "Texts of the corpus used (0: all).", low=0, high=MAX_COUNT)
     workers: int = param(1, "Data-parallel workers (Ray Train); one runs as a single Ray task.", low=1, high=MAX_WORKERS)
     use_gpu: bool = param(False, "One GPU per worker.")
@@ -168,8 +168,12 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tokenizer = Tokenizer(models.BPE(unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
@@ -182,7 +186,7 @@ def sequences(tokenizer, texts: list[str], seq_len: int) -> np.ndarray:
         stream.extend(ids)
         stream.append(eos)
     n = len(stream) // seq_len
-    return np.asarray(stream[:n * seq_len], dtype=np.int64).reshape(n, seq_len)
+    return np.asarray(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
 
 
 @lru_cache(maxsize=4)
@@ -206,8 +210,9 @@ def prepare_data(data_fields: tuple) -> TrainData:
     if len(train) < 2 or len(heldout) < 1:
         raise RaygeomError(f"corpus '{corpus_name}' gives too little text for {seq_len}-token sequences")
     labels = tuple(corpus.labels[i] for i in heldout_index) if corpus.labels is not None else None
-    return TrainData(train, heldout, len(tokenizer), tokenizer.eos_token_id, tokenizer, tuple(heldout_texts), labels,
-                     corpus.fingerprint())
+    return TrainData(
+        train, heldout, len(tokenizer), tokenizer.eos_token_id, tokenizer, tuple(heldout_texts), labels, corpus.fingerprint()
+    )
 
 
 def build_model(settings: TrainSettings, vocab_size: int, eos_id: int):
@@ -215,10 +220,18 @@ def build_model(settings: TrainSettings, vocab_size: int, eos_id: int):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(settings.seed)
-    config = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=settings.hidden_size, num_hidden_layers=settings.n_layers,
-                           num_attention_heads=settings.n_heads, intermediate_size=4 * settings.hidden_size,
-                           max_position_embeddings=settings.seq_len, tie_word_embeddings=False,
-                           eos_token_id=eos_id, bos_token_id=eos_id, pad_token_id=eos_id)
+    config = GPTNeoXConfig(
+        vocab_size=vocab_size,
+        hidden_size=settings.hidden_size,
+        num_hidden_layers=settings.n_layers,
+        num_attention_heads=settings.n_heads,
+        intermediate_size=4 * settings.hidden_size,
+        max_position_embeddings=settings.seq_len,
+        tie_word_embeddings=False,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
     return GPTNeoXForCausalLM(config)
 
 
@@ -228,7 +241,7 @@ def lm_and_dispersion(model, core, batch, layer: str, over: str):
     from raygeom.replica.tokens import capture_token_layers
 
     captured = {}
-    with capture_token_layers(core, [layer], lambda name, hidden: captured.__setitem__(name, hidden)):
+    with capture_token_layers(core, [layer], lambda name, hidden, captured=captured: captured.__setitem__(name, hidden)):
         output = model(input_ids=batch, labels=batch, use_cache=False)
     return output.loss, push_away_loss(captured[layer], over=over)
 
@@ -246,18 +259,22 @@ def evaluate(core, heldout, layer: str, batch_size: int = 16) -> dict:
     device = next(core.parameters()).device
     with torch.no_grad():
         for start in range(0, len(heldout), batch_size):
-            batch = heldout[start:start + batch_size].to(device)
+            batch = heldout[start : start + batch_size].to(device)
             captured = {}
-            with capture_token_layers(core, [layer], lambda name, hidden: captured.__setitem__(name, hidden)):
+            with capture_token_layers(core, [layer], lambda name, hidden, captured=captured: captured.__setitem__(name, hidden)):
                 logits = core(input_ids=batch, use_cache=False).logits
-            nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
-                                                    reduction="sum")
+            nll = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum"
+            )
             total += float(nll)
             count += batch[:, 1:].numel()
             dispersions.append(token_dispersion(captured[layer].float()))
     core.train(was_training)
-    return {"heldout_loss": total / count, "heldout_perplexity": math.exp(total / count),
-            "heldout_dispersion": float(np.nanmean(np.concatenate(dispersions)))}
+    return {
+        "heldout_loss": total / count,
+        "heldout_perplexity": math.exp(total / count),
+        "heldout_dispersion": float(np.nanmean(np.concatenate(dispersions))),
+    }
 
 
 def estimate_training_seconds(settings: TrainSettings, checkpoints: int, probe_steps: int = 5) -> float:
@@ -280,8 +297,15 @@ def estimate_training_seconds(settings: TrainSettings, checkpoints: int, probe_s
     return per_step * (settings.steps + evaluations * max(1.0, len(data.heldout) / settings.batch_size) / 3)
 
 
-def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1, prepare=None, report=None,
-        checkpoints: CheckpointPlan | None = None) -> list[dict]:
+def fit(
+    settings: TrainSettings,
+    data: TrainData,
+    rank: int = 0,
+    world: int = 1,
+    prepare=None,
+    report=None,
+    checkpoints: CheckpointPlan | None = None,
+) -> list[dict]:
     """The training loop, shared by the Ray workers and in-process use; returns the per-step log.
 
     ``prepare`` wraps the model for data parallelism (Ray Train's ``prepare_model``),
@@ -306,8 +330,11 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
     heldout = torch.from_numpy(data.heldout)
     decay = [p for p in core.parameters() if p.ndim >= 2]
     no_decay = [p for p in core.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=settings.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+    )
 
     def schedule(step: int) -> float:
         if step < settings.warmup:
@@ -324,15 +351,20 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
 
     def save(step: int, evaluation: dict | None = None) -> dict:
         evaluation = evaluation or evaluate(core, heldout, settings.push_layer)
-        _write_checkpoint(Path(checkpoints.run_dir), step, core, data.tokenizer,
-                          {"key": plan_key, "step": step, "lam": settings.lam, "seed": settings.seed, **evaluation})
+        _write_checkpoint(
+            Path(checkpoints.run_dir),
+            step,
+            core,
+            data.tokenizer,
+            {"key": plan_key, "step": step, "lam": settings.lam, "seed": settings.seed, **evaluation},
+        )
         return evaluation
 
     if 0 in saves:
         save(0)
     model.train()
     for step in range(1, settings.steps + 1):
-        indices = rng.integers(0, len(train), settings.batch_size)[rank * per_worker:(rank + 1) * per_worker]
+        indices = rng.integers(0, len(train), settings.batch_size)[rank * per_worker : (rank + 1) * per_worker]
         batch = train[torch.from_numpy(indices)].to(device)
         lm, d_batch = lm_and_dispersion(model, core, batch, settings.push_layer, settings.over)
         loss = lm - settings.lam * d_batch
@@ -345,9 +377,17 @@ def fit(settings: TrainSettings, data: TrainData, rank: int = 0, world: int = 1,
         if world > 1:
             dist.all_reduce(values)
             values /= world
-        row = {"step": step, "loss": float(values[0]), "lm_loss": float(values[1]), "perplexity": math.exp(float(values[1])),
-               "dispersion": float(values[2]), "lr": float(scheduler.get_last_lr()[0]),
-               "heldout_loss": None, "heldout_perplexity": None, "heldout_dispersion": None}
+        row = {
+            "step": step,
+            "loss": float(values[0]),
+            "lm_loss": float(values[1]),
+            "perplexity": math.exp(float(values[1])),
+            "dispersion": float(values[2]),
+            "lr": float(scheduler.get_last_lr()[0]),
+            "heldout_loss": None,
+            "heldout_perplexity": None,
+            "heldout_dispersion": None,
+        }
         due = step % settings.eval_every == 0 or step == settings.steps
         if rank == 0 and (due or step in saves):
             row.update(evaluate(core, heldout, settings.push_layer))
@@ -395,17 +435,29 @@ def summarise(rows: list[dict]) -> list[dict]:
         except InputError:  # fewer than 2 paired seeds
             test = {"t": float("nan"), "p": float("nan"), "df": 0, "lo": float("nan"), "hi": float("nan")}
         deltas = np.array([r["heldout_perplexity"] - plain[r["seed"]] for r in paired])
-        out.append({"lam": lam, "n_seeds": len(part), "heldout_perplexity_mean": float(ppl.mean()),
-                    "heldout_perplexity_std": float(ppl.std(ddof=1)) if len(ppl) > 1 else float("nan"),
-                    "heldout_dispersion_mean": float(disp.mean()),
-                    "heldout_dispersion_std": float(disp.std(ddof=1)) if len(disp) > 1 else float("nan"),
-                    "paired_delta_mean": float(deltas.mean()) if len(deltas) else float("nan"),
-                    "paired_delta_std": float(deltas.std(ddof=1)) if len(deltas) > 1 else float("nan"),
-                    "paired_delta_lo": test["lo"], "paired_delta_hi": test["hi"], "paired_t": test["t"],
-                    "paired_df": test["df"], "paired_p": test["p"], "n_lower": int((deltas < 0).sum()),
-                    "n_higher": int((deltas > 0).sum()), "seeds": ",".join(str(r["seed"]) for r in part),
-                    "heldout_perplexities": " / ".join(f"{r['heldout_perplexity']:.2f}" for r in part),
-                    **{name: part[0].get(name) for name in PROVENANCE if name in part[0]}, **_shared_settings(part)})
+        out.append(
+            {
+                "lam": lam,
+                "n_seeds": len(part),
+                "heldout_perplexity_mean": float(ppl.mean()),
+                "heldout_perplexity_std": float(ppl.std(ddof=1)) if len(ppl) > 1 else float("nan"),
+                "heldout_dispersion_mean": float(disp.mean()),
+                "heldout_dispersion_std": float(disp.std(ddof=1)) if len(disp) > 1 else float("nan"),
+                "paired_delta_mean": float(deltas.mean()) if len(deltas) else float("nan"),
+                "paired_delta_std": float(deltas.std(ddof=1)) if len(deltas) > 1 else float("nan"),
+                "paired_delta_lo": test["lo"],
+                "paired_delta_hi": test["hi"],
+                "paired_t": test["t"],
+                "paired_df": test["df"],
+                "paired_p": test["p"],
+                "n_lower": int((deltas < 0).sum()),
+                "n_higher": int((deltas > 0).sum()),
+                "seeds": ",".join(str(r["seed"]) for r in part),
+                "heldout_perplexities": " / ".join(f"{r['heldout_perplexity']:.2f}" for r in part),
+                **{name: part[0].get(name) for name in PROVENANCE if name in part[0]},
+                **_shared_settings(part),
+            }
+        )
     return out
 
 
@@ -424,18 +476,41 @@ class TrainRuns(Params):
     """What makes training runs of TrainSettings, declared once for `raygeom train` and [train]: the seed list and
     the checkpoint schedule."""
 
-    seeds: str = param("0", "Comma-separated seeds; each lambda runs with each seed.", nonempty=True,
-                       rule=number_list(low=0, high=MAX_SEED, integers=True))
-    save_every: int = param(0, "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every "
-                               "N steps. 0: no checkpoints.", low=0, high=MAX_COUNT)
+    seeds: str = param(
+        "0",
+        "Comma-separated seeds; each lambda runs with each seed.",
+        nonempty=True,
+        rule=number_list(low=0, high=MAX_SEED, integers=True),
+    )
+    save_every: int = param(
+        0,
+        "Save HF checkpoints (model + tokenizer): step 0, 1, 2, 4, ... --log-until, then every N steps. 0: no checkpoints.",
+        low=0,
+        high=MAX_COUNT,
+    )
     log_until: int = param(512, "Last log-spaced checkpoint step.", low=0, high=MAX_COUNT)
-    run_dir: Optional[str] = param(None, "Where checkpoints go (one run only); default "
-                                         "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ...",
-                                   nonempty=True)
+    run_dir: Optional[str] = param(
+        None,
+        "Where checkpoints go (one run only); default "
+        "<out>/checkpoints/lam<lambda>-seed<seed>. A sweep source: [[models]] run_dir = ...",
+        nonempty=True,
+    )
 
 
-RUN_COLUMNS = ("lam", "seed", "steps", "workers", "push_layer", "over", "final_train_loss", "heldout_perplexity",
-               "heldout_dispersion", "n_train_sequences", "n_heldout_sequences", "wall_s")
+RUN_COLUMNS = (
+    "lam",
+    "seed",
+    "steps",
+    "workers",
+    "push_layer",
+    "over",
+    "final_train_loss",
+    "heldout_perplexity",
+    "heldout_dispersion",
+    "n_train_sequences",
+    "n_heldout_sequences",
+    "wall_s",
+)
 
 
 def write_tables(store: Store, rows: list[dict], summary: list[dict]) -> dict:

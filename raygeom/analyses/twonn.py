@@ -11,8 +11,9 @@ from raygeom.analyses.registry import Analysis, Metric, Params, layer_units, par
 
 @dataclass(frozen=True)
 class TwoNNParams(Params):
-    discard_fraction: float = param(0.1, "Share of the largest neighbour ratios left out of the linear fit.",
-                                    low=0.0, high=1.0, high_open=True)
+    discard_fraction: float = param(
+        0.1, "Share of the largest neighbour ratios left out of the linear fit.", low=0.0, high=1.0, high_open=True
+    )
 
 
 def twonn_task(root: str, model: str, revision: str, layer: str, discard_fraction: float, key: str) -> dict:
@@ -33,6 +34,19 @@ class TwoNN(Analysis):
     series = ("discard_fraction",)
 
     def units(self, store, model, revision, layers, params: TwoNNParams, info):
-        return layer_units(self, params, store, model, revision, layers, info, twonn_task, (params.discard_fraction,),
-                           lambda layer, value: {**layer_row(model, revision, layer, info),
-                                                 "discard_fraction": params.discard_fraction, **value})
+        return layer_units(
+            self,
+            params,
+            store,
+            model,
+            revision,
+            layers,
+            info,
+            twonn_task,
+            (params.discard_fraction,),
+            lambda layer, value: {
+                **layer_row(model, revision, layer, info),
+                "discard_fraction": params.discard_fraction,
+                **value,
+            },
+        )

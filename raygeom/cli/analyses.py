@@ -32,10 +32,14 @@ def _param_options(params_cls) -> dict:
         kind = declared_type(params_cls, spec.name)
         flag = _flag(spec)
         names = (f"{flag}/--no-{flag[2:]}",) if kind is bool else (flag,)
-        text = f"{spec.metadata['help']} Allowed: {allowed(params_cls, spec.name)}. (default: {default_of(params_cls, spec.name)})"
+        text = (
+            f"{spec.metadata['help']} Allowed: {allowed(params_cls, spec.name)}. (default: {default_of(params_cls, spec.name)})"
+        )
         # Values arrive as text and are parsed by the declaration, so every refusal is the same one line.
-        options[spec.name] = (Optional[bool] if kind is bool else Optional[str],
-                              typer.Option(None, *names, help=text, metavar=metavar(params_cls, spec.name)))
+        options[spec.name] = (
+            Optional[bool] if kind is bool else Optional[str],
+            typer.Option(None, *names, help=text, metavar=metavar(params_cls, spec.name)),
+        )
     return options
 
 
@@ -99,9 +103,13 @@ def make_command(analysis_name: str):
         grid = {name: kwargs[name] for name in (*GRID, "given") if name not in param_options}
         report = kwargs["report"]
         try:
-            values = {name: kwargs[name] if isinstance(kwargs[name], bool)
-                      else parse_text(analysis.Params, name, kwargs[name], _flag(_field(analysis.Params, name)))
-                      for name in param_options if kwargs[name] is not None}
+            values = {
+                name: kwargs[name]
+                if isinstance(kwargs[name], bool)
+                else parse_text(analysis.Params, name, kwargs[name], _flag(_field(analysis.Params, name)))
+                for name in param_options
+                if kwargs[name] is not None
+            }
             job = build_job(analysis_name, grid, values)
             check_report(report)
             outputs = _run(job, grid["address"], grid["num_cpus"])
@@ -112,13 +120,17 @@ def make_command(analysis_name: str):
             fail(str(error))
 
     options["given"] = (frozenset, frozenset())  # the flags given (checked passes them; not an option)
-    command.__signature__ = inspect.Signature([
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-        for name, (annotation, option) in options.items()])
+    command.__signature__ = inspect.Signature(
+        [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+            for name, (annotation, option) in options.items()
+        ]
+    )
     command.__annotations__ = {name: annotation for name, (annotation, _) in options.items()}
     what = (type(analysis).__doc__ or "").strip() or f"{analysis.title} of every chosen layer, per model and revision."
-    command.__doc__ = (f"{what} ({analysis.name}, version {analysis.version}). Rows go to "
-                       f"<out>/results/{analysis.results_dir}.parquet.")
+    command.__doc__ = (
+        f"{what} ({analysis.name}, version {analysis.version}). Rows go to <out>/results/{analysis.results_dir}.parquet."
+    )
     command = checked(command)
     command.analysis = analysis_name  # its own flags are its Params' (checked by parse_text above)
     return command
@@ -126,8 +138,7 @@ def make_command(analysis_name: str):
 
 def register(app: typer.Typer) -> None:
     existing = {c.name or c.callback.__name__ for c in app.registered_commands}
-    analyze = typer.Typer(help="Run any registered analysis over a grid of models x revisions x layers.",
-                          no_args_is_help=True)
+    analyze = typer.Typer(help="Run any registered analysis over a grid of models x revisions x layers.", no_args_is_help=True)
     for name in sorted(registry.analyses()):
         command = make_command(name)
         analyze.command(name=name)(command)
@@ -136,4 +147,3 @@ def register(app: typer.Typer) -> None:
             existing.add(called)
             app.command(name=called)(command)
     app.add_typer(analyze, name="analyze")
-

@@ -14,8 +14,21 @@ from rich.table import Table
 from raygeom.analyses.train import TrainSettings
 from raygeom.cli.analyses import check_report
 from raygeom.cli.consoles import output_width
-from raygeom.cli.flags import (LAYERS_HELP, TOKEN_GRID, AddressOption, CommandFlags, DispersionFlags, NumCpusOption, PlotsOption, TrainFlags, checked, fail, grid_job, option,
-                                unique_specs)
+from raygeom.cli.flags import (
+    LAYERS_HELP,
+    TOKEN_GRID,
+    AddressOption,
+    CommandFlags,
+    DispersionFlags,
+    NumCpusOption,
+    PlotsOption,
+    TrainFlags,
+    checked,
+    fail,
+    grid_job,
+    option,
+    unique_specs,
+)
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
 from raygeom.report import dispersion_plots
@@ -82,8 +95,12 @@ def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report
     return written
 
 
-ReportOption = option(CommandFlags, "report", path=True, help="Also write the CSV copies of the tables and the plots into "
-                      "this directory (e.g. docs/results/dispersion).")
+ReportOption = option(
+    CommandFlags,
+    "report",
+    path=True,
+    help="Also write the CSV copies of the tables and the plots into this directory (e.g. docs/results/dispersion).",
+)
 
 
 _check_report = check_report  # a --report directory that cannot be made fails before any work
@@ -104,16 +121,19 @@ StoreOption = option(CommandFlags, "out", "-o", path=True, help="The store, shar
 
 def _grid(name: str, values: dict):
     """A token-level command's models, corpus, layers and store: from --job, with the flags given over it."""
-    job = grid_job(name, {key: value for key, value in values.items()
-                          if key in ("job", "given", "model", "revision", "corpus", "layers", "out")})
+    job = grid_job(
+        name,
+        {key: value for key, value in values.items() if key in ("job", "given", "model", "revision", "corpus", "layers", "out")},
+    )
     return job, unique_specs(job), Path(job.out)
 
 
 @checked(grid=TOKEN_GRID)
 def dispersion(
     layers: Optional[str] = TokenLayersOption,
-    corpus: Optional[str] = option(CorpusSection, "name", "-c", flag="--corpus",
-                                   help="Built-in name or file; its labels are the domains."),
+    corpus: Optional[str] = option(
+        CorpusSection, "name", "-c", flag="--corpus", help="Built-in name or file; its labels are the domains."
+    ),
     chunk_len: Optional[str] = ChunkLenOption,
     chunks_per_domain: Optional[str] = option(DispersionFlags, "chunks_per_domain"),
     batch_size: Optional[str] = BatchSizeOption,
@@ -121,8 +141,9 @@ def dispersion(
     group_size: Optional[str] = option(DispersionFlags, "group_size"),
     n_groups: Optional[str] = option(DispersionFlags, "n_groups"),
     n_slices: Optional[str] = option(DispersionFlags, "n_slices"),
-    model_layer: Optional[str] = option(DispersionFlags, "gap_layer", flag="--model-layer",
-                                        help="Layer of the cross-model and gap summaries."),
+    model_layer: Optional[str] = option(
+        DispersionFlags, "gap_layer", flag="--model-layer", help="Layer of the cross-model and gap summaries."
+    ),
     n_boot: Optional[str] = NBootOption,
     seed: Optional[str] = SeedOption,
     out: Optional[str] = StoreOption,
@@ -154,6 +175,7 @@ def dispersion(
         from raygeom.analyses import dispersion as dp
 
         with _progress() as bar:
+
             def factory(label, _):
                 task = bar.add_task(f"chunks {label}", total=len(set(text.labels or ["all"])) * chunks_per_domain)
                 return lambda n: bar.advance(task, n)
@@ -166,43 +188,92 @@ def dispersion(
             for revision_name in dict.fromkeys(r["revision"] for r in result["layers"] if r["model"] == name):
                 rows = [dict(r) for r in result["layers"] if r["model"] == name and r["revision"] == revision_name]
                 for row in rows:
-                    for label, column in (("group Spearman", "group_spearman"), ("group Pearson", "group_pearson"),
-                                          ("chunk Spearman", "chunk_spearman")):
+                    for label, column in (
+                        ("group Spearman", "group_spearman"),
+                        ("group Pearson", "group_pearson"),
+                        ("chunk Spearman", "chunk_spearman"),
+                    ):
                         row[label] = format_interval(row, column, separator=",")
                     row["G"] = format_interval(row, "gap", 3, ",")
                     for kind in ("domain", "kmeans"):
                         for level in ("token", "sample"):
                             row[f"{kind} {level}"] = format_interval(row, f"{kind}_agreement_{level}", separator=",")
-                title = (f"{name}@{revision_name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['bits_per_byte']:.4f} bits "
-                         f"per byte, {rows[0]['n_chunks']} chunks; [95 % bootstrap interval])")
-                console.print(_table(rows, ["layer", "token_dispersion", "sample_dispersion", "group Spearman", "group Pearson",
-                                            "chunk Spearman", "G", "gap_n_domain"], f"dispersion against perplexity  {title}"))
-                console.print(_table(rows, ["layer", "domain token", "domain sample", "kmeans token", "kmeans sample"],
-                                     f"slice rank agreement, Spearman(-slice dispersion, slice perplexity), token- and "
-                                     f"sample-level dispersion  {name}@{revision_name}"))
+                title = (
+                    f"{name}@{revision_name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['bits_per_byte']:.4f} bits "
+                    f"per byte, {rows[0]['n_chunks']} chunks; [95 % bootstrap interval])"
+                )
+                console.print(
+                    _table(
+                        rows,
+                        [
+                            "layer",
+                            "token_dispersion",
+                            "sample_dispersion",
+                            "group Spearman",
+                            "group Pearson",
+                            "chunk Spearman",
+                            "G",
+                            "gap_n_domain",
+                        ],
+                        f"dispersion against perplexity  {title}",
+                    )
+                )
+                console.print(
+                    _table(
+                        rows,
+                        ["layer", "domain token", "domain sample", "kmeans token", "kmeans sample"],
+                        f"slice rank agreement, Spearman(-slice dispersion, slice perplexity), token- and "
+                        f"sample-level dispersion  {name}@{revision_name}",
+                    )
+                )
                 warning = next((r["gap_warning"] for r in rows if r["layer"] == model_layer and r.get("gap_warning")), "")
                 if warning:
                     console.print(f"[yellow]warning:[/] {name}@{revision_name} at {model_layer}: {warning}", highlight=False)
             depth = sorted((r for r in result["layers"] if r["model"] == name), key=lambda r: r["relative_depth"])
             ordered = list(dict.fromkeys(r["layer"] for r in depth if r["layer"] != "attn_last"))
-            picks = list(dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-2], ordered[-1], "attn_last"]))
-            written.append(dispersion_plots.plot_groups(result["groups"], result["layers"], name, picks,
-                                          plot_dir / f"groups_{name.replace('/', '--')}.png"))
+            picks = list(
+                dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-2], ordered[-1], "attn_last"])
+            )
+            written.append(
+                dispersion_plots.plot_groups(
+                    result["groups"], result["layers"], name, picks, plot_dir / f"groups_{name.replace('/', '--')}.png"
+                )
+            )
         written.append(dispersion_plots.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png"))
         written.append(dispersion_plots.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png"))
-        console.print(_table(result["domains"], ["model", "revision", "domain", "token_dispersion", "perplexity", "bits_per_byte",
-                                                 "n_chunks"],
-                             f"per domain at {model_layer} (bits per byte compare across tokenizers; perplexity does not)"))
+        console.print(
+            _table(
+                result["domains"],
+                ["model", "revision", "domain", "token_dispersion", "perplexity", "bits_per_byte", "n_chunks"],
+                f"per domain at {model_layer} (bits per byte compare across tokenizers; perplexity does not)",
+            )
+        )
         _write_report({name: result[name] for name in ("layers", "slices", "groups", "domains")}, written, report)
-        console.print(f"tables: {store.root / 'results'} (dispersion_layers/slices/groups/domains.parquet)\nplots:  {plot_dir}"
-                      + (f"\nreport: {report}" if report else ""))
+        console.print(
+            f"tables: {store.root / 'results'} (dispersion_layers/slices/groups/domains.parquet)\nplots:  {plot_dir}"
+            + (f"\nreport: {report}" if report else "")
+        )
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))
 
 
-TRAIN_FLAGS = ("corpus", "steps", "batch_size", "seq_len", "lr", "hidden_size", "n_layers", "vocab_size", "push_layer", "over",
-               "eval_every", "workers", "use_gpu", "cpus_per_worker")
+TRAIN_FLAGS = (
+    "corpus",
+    "steps",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "hidden_size",
+    "n_layers",
+    "vocab_size",
+    "push_layer",
+    "over",
+    "eval_every",
+    "workers",
+    "use_gpu",
+    "cpus_per_worker",
+)
 
 
 def _train_option(name: str, *aliases: str, **kwargs):
@@ -211,12 +282,17 @@ def _train_option(name: str, *aliases: str, **kwargs):
 
 @checked
 def train(
-    job: Optional[Path] = typer.Option(None, "--job", help="Train the runs of this job file's train section, into its "
-                                                          "run_dir, with the job's out as the store; the settings flags "
-                                                          "given override every run's."),
+    job: Optional[Path] = typer.Option(
+        None,
+        "--job",
+        help="Train the runs of this job file's train section, into its "
+        "run_dir, with the job's out as the store; the settings flags "
+        "given override every run's.",
+    ),
     corpus: Optional[str] = _train_option("corpus", "-c"),
-    lam: Optional[list[str]] = _train_option("lam", many=True, help="Push-away weight lambda in L = L_LM - lambda * D_batch. "
-                                             "Repeatable."),
+    lam: Optional[list[str]] = _train_option(
+        "lam", many=True, help="Push-away weight lambda in L = L_LM - lambda * D_batch. Repeatable."
+    ),
     seeds: Optional[str] = option(TrainFlags, "seeds"),
     steps: Optional[str] = _train_option("steps"),
     batch_size: Optional[str] = _train_option("batch_size", help="Global batch (split over workers)."),
@@ -225,8 +301,7 @@ def train(
     hidden_size: Optional[str] = _train_option("hidden_size"),
     n_layers: Optional[str] = _train_option("n_layers"),
     vocab_size: Optional[str] = _train_option("vocab_size", help="BPE vocabulary trained on the training split."),
-    push_layer: Optional[str] = _train_option("push_layer", help="Layer whose dispersion is pushed (e.g. final_norm, "
-                                              "block_03)."),
+    push_layer: Optional[str] = _train_option("push_layer", help="Layer whose dispersion is pushed (e.g. final_norm, block_03)."),
     over: Optional[str] = _train_option("over", help="tokens | last | mean: which vectors D_batch is over."),
     eval_every: Optional[str] = _train_option("eval_every"),
     workers: Optional[str] = _train_option("workers"),
@@ -263,29 +338,57 @@ def train(
             rows.append(row)
             if row.get("run_dir"):
                 console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", highlight=False)
-            console.print(f"lambda={row['lam']:<6g} seed={row['seed']}  held-out perplexity {row['heldout_perplexity']:.3f}  "
-                          f"held-out dispersion {row['heldout_dispersion']:.4f}  ({row['wall_s']:.0f}s{', cached' if row.get('cached') else ''})")
+            console.print(
+                f"lambda={row['lam']:<6g} seed={row['seed']}  held-out perplexity {row['heldout_perplexity']:.3f}  "
+                f"held-out dispersion {row['heldout_dispersion']:.4f}  ({row['wall_s']:.0f}s{', cached' if row.get('cached') else ''})"
+            )
         summary = train_module.summarise(rows)
-        shown = [{**s, "lam": f"{s['lam']:g}", "held-out perplexity by seed": s["heldout_perplexities"],
-                  "mean ± std": f"{s['heldout_perplexity_mean']:.2f}" + (f" ± {s['heldout_perplexity_std']:.2f}"
-                                                                        if math.isfinite(s["heldout_perplexity_std"]) else ""),
-                  "paired delta vs lambda=0 [95% CI]": "—" if s["lam"] == 0.0 or not math.isfinite(s["paired_delta_mean"]) else
-                  f"{s['paired_delta_mean']:+.2f} ± {s['paired_delta_std']:.2f} "
-                  f"[{s['paired_delta_lo']:+.2f}, {s['paired_delta_hi']:+.2f}]",
-                  "t": "" if not math.isfinite(s["paired_t"]) else f"{s['paired_t']:+.2f}",
-                  "p": "" if not math.isfinite(s["paired_p"]) else f"{s['paired_p']:.3g}",
-                  "seeds lower/higher": "" if s["lam"] == 0.0 else f"{s['n_lower']}/{s['n_higher']}"} for s in summary]
-        console.print(_table(shown, ["lam", "n_seeds", "held-out perplexity by seed", "mean ± std",
-                                     "paired delta vs lambda=0 [95% CI]", "t", "p", "seeds lower/higher",
-                                     "heldout_dispersion_mean"], "push-away vs plain (held-out; paired t-test over seeds)"))
+        shown = [
+            {
+                **s,
+                "lam": f"{s['lam']:g}",
+                "held-out perplexity by seed": s["heldout_perplexities"],
+                "mean ± std": f"{s['heldout_perplexity_mean']:.2f}"
+                + (f" ± {s['heldout_perplexity_std']:.2f}" if math.isfinite(s["heldout_perplexity_std"]) else ""),
+                "paired delta vs lambda=0 [95% CI]": "—"
+                if s["lam"] == 0.0 or not math.isfinite(s["paired_delta_mean"])
+                else f"{s['paired_delta_mean']:+.2f} ± {s['paired_delta_std']:.2f} "
+                f"[{s['paired_delta_lo']:+.2f}, {s['paired_delta_hi']:+.2f}]",
+                "t": "" if not math.isfinite(s["paired_t"]) else f"{s['paired_t']:+.2f}",
+                "p": "" if not math.isfinite(s["paired_p"]) else f"{s['paired_p']:.3g}",
+                "seeds lower/higher": "" if s["lam"] == 0.0 else f"{s['n_lower']}/{s['n_higher']}",
+            }
+            for s in summary
+        ]
+        console.print(
+            _table(
+                shown,
+                [
+                    "lam",
+                    "n_seeds",
+                    "held-out perplexity by seed",
+                    "mean ± std",
+                    "paired delta vs lambda=0 [95% CI]",
+                    "t",
+                    "p",
+                    "seeds lower/higher",
+                    "heldout_dispersion_mean",
+                ],
+                "push-away vs plain (held-out; paired t-test over seeds)",
+            )
+        )
         paths = train_module.write_tables(store, rows, summary)
         paths["plot"] = dispersion_plots.plot_training(rows, summary, (plots or store.root / "plots") / "push_away_training.png")
         console.print(f"tables: {paths['runs']}, {paths['table']}\nplots:  {paths['plot']}")
         if report is not None:
-            columns = list(train_module.RUN_COLUMNS) + [c for c in train_module.PROVENANCE + ("revision", "settings", "unit_key")
-                                                        if any(c in r for r in rows)]
-            _write_report({"train_runs": [{c: r.get(c) for c in columns} for r in rows], "train_summary": summary},
-                          [p for p in [paths["plot"]] if p], report)
+            columns = list(train_module.RUN_COLUMNS) + [
+                c for c in train_module.PROVENANCE + ("revision", "settings", "unit_key") if any(c in r for r in rows)
+            ]
+            _write_report(
+                {"train_runs": [{c: r.get(c) for c in columns} for r in rows], "train_summary": summary},
+                [p for p in [paths["plot"]] if p],
+                report,
+            )
             console.print(f"report: {report}")
         announce_report(store.root, console)
     except RaygeomError as error:
@@ -312,8 +415,9 @@ def _flag_runs(values: dict) -> tuple[list, Path]:
         if not save_every:
             return None
         directory = run_dir or out / "checkpoints" / f"lam{settings.lam:g}-seed{settings.seed}"
-        return CheckpointPlan(str(directory.expanduser().resolve()),
-                              checkpoint_steps(settings.steps, save_every, values["log_until"]))
+        return CheckpointPlan(
+            str(directory.expanduser().resolve()), checkpoint_steps(settings.steps, save_every, values["log_until"])
+        )
 
     return [(settings, plan_of(settings)) for settings in grid], out  # a bad schedule fails here, before Ray starts
 
@@ -330,12 +434,15 @@ def _job_runs(job_file: Path, values: dict) -> tuple[list, Path]:
         raise RaygeomError(f"{job_file}: no [train] section, so there is nothing to train")
     fixed = sorted(name for name in ("lam", "seeds", "save_every", "log_until", "run_dir") if name in given)
     if fixed:
-        raise RaygeomError(f"--{fixed[0].replace('_', '-')} with --job: the job's [train] section names its runs and "
-                           "their checkpoints; change it there")
+        raise RaygeomError(
+            f"--{fixed[0].replace('_', '-')} with --job: the job's [train] section names its runs and "
+            "their checkpoints; change it there"
+        )
     overrides = {name: values[name] for name in TRAIN_FLAGS if name in given}
     runs = [(replace(run.settings, **overrides), run) for run in job.trains]
     return [(settings, replace(run, settings=settings).plan()) for settings, run in runs], (
-        values["out"] if "out" in given else Path(job.out))
+        values["out"] if "out" in given else Path(job.out)
+    )
 
 
 def register(app: typer.Typer) -> None:

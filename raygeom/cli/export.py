@@ -27,8 +27,19 @@ console = Console(width=output_width())
 errors = Console(stderr=True)
 
 # Columns that say what a row is, not a measured value, and columns that are measured but not geometry.
-IDENTITY = {"model", "revision", "layer", "layer_index", "relative_depth", "unit_key", "note", "fingerprint",
-            "raygeom_version", "corpus_fingerprint", "cpu_seconds"}
+IDENTITY = {
+    "model",
+    "revision",
+    "layer",
+    "layer_index",
+    "relative_depth",
+    "unit_key",
+    "note",
+    "fingerprint",
+    "raygeom_version",
+    "corpus_fingerprint",
+    "cpu_seconds",
+}
 
 
 def _is_float(value) -> bool:
@@ -48,8 +59,11 @@ def _varying(runs: list[dict]) -> list[str]:
     revision: the fewest that still tell every run apart."""
     from raygeom.report.html import SETTING_COLUMNS
 
-    differ = [c for c in dict.fromkeys(c for run in runs for c in run)
-              if len({json.dumps(run.get(c), sort_keys=True, default=str) for run in runs}) > 1]
+    differ = [
+        c
+        for c in dict.fromkeys(c for run in runs for c in run)
+        if len({json.dumps(run.get(c), sort_keys=True, default=str) for run in runs}) > 1
+    ]
     named = [c for c in SETTING_COLUMNS if c in differ]
     return named if len({_setting_words(run, named) for run in runs}) == len(runs) else differ
 
@@ -78,15 +92,18 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
                 skipped += 1
                 continue
             settings = {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
-            groups.setdefault((row.get("model") or "model", row.get("revision") or "main",
-                               json.dumps(settings, sort_keys=True, default=str)), []).append(row)
+            groups.setdefault(
+                (row.get("model") or "model", row.get("revision") or "main", json.dumps(settings, sort_keys=True, default=str)),
+                [],
+            ).append(row)
         per_revision: dict[tuple, list[dict]] = {}
         for model, revision, settings in groups:
             per_revision.setdefault((model, revision), []).append(json.loads(settings))
         for (model, revision, settings), group in groups.items():
             varying = _varying(per_revision[(model, revision)])
             name = f"{encode_segment(analysis)}/{encode_segment(model)}@{encode_segment(revision)}" + (
-                f"/{_setting_words(json.loads(settings), varying)}" if varying else "")
+                f"/{_setting_words(json.loads(settings), varying)}" if varying else ""
+            )
             run = runs.setdefault(name, {"settings": settings, "scalars": []})
             for row in group:
                 _, sub = layer_position.split(row["layer"])
@@ -119,9 +136,12 @@ def register(app: typer.Typer) -> None:
     """Add this module's command to the raygeom app."""
 
     @app.command()
-    def export(store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
-               tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", help="Write TensorBoard event files "
-                                                          "of every per-layer metric into this directory.")):
+    def export(
+        store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
+        tensorboard: Optional[Path] = typer.Option(
+            None, "--tensorboard", help="Write TensorBoard event files of every per-layer metric into this directory."
+        ),
+    ):
         """Export every per-layer metric in STORE (results/<analysis>/ unit rows) for a tracker: --tensorboard DIR
         writes TensorBoard event files, one run per (analysis, model, revision, settings), the layer index as the
         step. `tensorboard --logdir DIR` shows them; `wandb sync --sync-tensorboard DIR` takes them into W&B."""
@@ -132,9 +152,15 @@ def register(app: typer.Typer) -> None:
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        console.print(f"tensorboard: {escape(str(tensorboard))} ({counts['runs']} runs, {counts['scalars']} scalars from "
-                      f"{', '.join(counts['analyses'])}); view with: tensorboard --logdir {escape(str(tensorboard))}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"tensorboard: {escape(str(tensorboard))} ({counts['runs']} runs, {counts['scalars']} scalars from "
+            f"{', '.join(counts['analyses'])}); view with: tensorboard --logdir {escape(str(tensorboard))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         if counts["non_finite"]:
-            console.print(f"note: {counts['non_finite']} NaN or infinite values left out (e.g. an interval a setting "
-                          "does not compute)", highlight=False, soft_wrap=True)
+            console.print(
+                f"note: {counts['non_finite']} NaN or infinite values left out (e.g. an interval a setting does not compute)",
+                highlight=False,
+                soft_wrap=True,
+            )

@@ -24,11 +24,25 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from raygeom.analyses.train import TrainRuns
 from raygeom.analyses.token_dispersion import ChunkParams
+from raygeom.analyses.train import TrainRuns
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import CorpusSection
-from raygeom.params import LAYERS_HELP, MAX_COUNT, MAX_SEED, MAX_WIDTH, MAX_WORKERS, PGAParams, Params, allowed, check_value, declared_type, default_of, number_list, param
+from raygeom.params import (
+    LAYERS_HELP,
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_WIDTH,
+    MAX_WORKERS,
+    Params,
+    PGAParams,
+    allowed,
+    check_value,
+    declared_type,
+    default_of,
+    number_list,
+    param,
+)
 from raygeom.replica.settings import ExtractionSettings
 
 errors = Console(stderr=True)
@@ -46,20 +60,28 @@ def fail(message: str) -> None:
 class CommandFlags(Params):
     """The flags the analysis commands share that no analysis or job section declares."""
 
-    model: str = param("smollm2", "Built-in name, HF hub id, model directory or .gguf file; name@revision picks a "
-                                  "revision. Repeatable.", nonempty=True)
-    revision: str = param("main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.",
-                          nonempty=True)
+    model: str = param(
+        "smollm2",
+        "Built-in name, HF hub id, model directory or .gguf file; name@revision picks a revision. Repeatable.",
+        nonempty=True,
+    )
+    revision: str = param(
+        "main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.", nonempty=True
+    )
     layers: str = param("all", LAYERS_HELP, nonempty=True)
     sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0, high=MAX_SEED)
-    max_words: Optional[int] = param(None, "Cut every text to its first N words before tokenizing, so models with "
-                                           "different tokenizers read the same text.", low=1, high=MAX_COUNT)
-    out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).",
-                     nonempty=True)
+    max_words: Optional[int] = param(
+        None,
+        "Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text.",
+        low=1,
+        high=MAX_COUNT,
+    )
+    out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).", nonempty=True)
     report: Optional[str] = param(None, "Also copy the tables and plots into this directory.", nonempty=True)
     plots: Optional[str] = param(None, "Where the PNGs go (default: <out>/plots).", nonempty=True)
-    address: Optional[str] = param(None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of "
-                                         "starting a local one.", nonempty=True)
+    address: Optional[str] = param(
+        None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.", nonempty=True
+    )
     num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1, high=MAX_WORKERS)
 
 
@@ -67,8 +89,12 @@ class CommandFlags(Params):
 class DiagnoseFlags(Params):
     """diagnose's own flags."""
 
-    ccr_ranks: str = param("0,1,5,10", "CCR ranks of the restoration analysis.", rule=number_list(low=0, high=MAX_WIDTH, integers=True),
-                           nonempty=True)
+    ccr_ranks: str = param(
+        "0,1,5,10",
+        "CCR ranks of the restoration analysis.",
+        rule=number_list(low=0, high=MAX_WIDTH, integers=True),
+        nonempty=True,
+    )
     sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0, high=MAX_WIDTH)
     probe: bool = param(True, "Linear probes on the corpus labels.")
 
@@ -118,8 +144,18 @@ class Declared:
 _MISSING = object()
 
 
-def option(cls: type, name: str, *aliases: str, flag: str | None = None, names: str | None = None, default: Any = _MISSING,
-           words: tuple[str, ...] = (), help: str | None = None, path: bool = False, many: bool = False):
+def option(
+    cls: type,
+    name: str,
+    *aliases: str,
+    flag: str | None = None,
+    names: str | None = None,
+    default: Any = _MISSING,
+    words: tuple[str, ...] = (),
+    help: str | None = None,
+    path: bool = False,
+    many: bool = False,
+):
     """A typer option checked by the declaration ``cls.name``. Its value arrives as text (annotate the parameter
     ``Optional[str]``, or ``Optional[list[str]]`` when ``many``; ``Optional[bool]`` for a true/false flag) and None
     when not given; :func:`checked` parses it and fills in the default (``default``: this command's, if it differs)."""
@@ -130,9 +166,11 @@ def option(cls: type, name: str, *aliases: str, flag: str | None = None, names: 
         value = [] if value is None else [value]
     declared = Declared(cls, name, flag, value, tuple(words), path, many)
     shown = ", ".join(map(str, value)) if many else value
-    text = (help or spec.metadata["help"]) + (
-        "" if declared_type(cls, name) is bool else f" Allowed: {declared.allowed()}.") + (
-        f" (default: {shown})" if shown not in (None, "", []) else "")
+    text = (
+        (help or spec.metadata["help"])
+        + ("" if declared_type(cls, name) is bool else f" Allowed: {declared.allowed()}.")
+        + (f" (default: {shown})" if shown not in (None, "", []) else "")
+    )
     info = typer.Option(None, names or flag, *aliases, help=text, metavar=metavar(cls, name, words, path))
     info.declared = declared
     return info
@@ -147,8 +185,13 @@ def metavar(cls: type, name: str, words: tuple[str, ...] = (), path: bool = Fals
     if kind is bool:
         return None
     meta = next(f for f in fields(cls) if f.name == name).metadata
-    shown = ("path" if path else "|".join(map(str, meta["choices"])) if meta.get("choices")
-             else {int: "int", float: "float", str: "str"}.get(kind, getattr(kind, "__name__", "str")))
+    shown = (
+        "path"
+        if path
+        else "|".join(map(str, meta["choices"]))
+        if meta.get("choices")
+        else {int: "int", float: "float", str: "str"}.get(kind, getattr(kind, "__name__", "str"))
+    )
     rule = meta["rule"][1] if meta.get("rule") else ""  # a text checked by a rule: what the rule says it takes
     if "integer" in rule or "number" in rule:
         shown = "int" if "integer" in rule else "float"
@@ -159,8 +202,12 @@ def metavar(cls: type, name: str, words: tuple[str, ...] = (), path: bool = Fals
     return "<" + "|".join([shown, *words]) + ">"
 
 
-JobOption = typer.Option(None, "--job", help="Take the models and revisions, corpus, sample, extraction settings, layers "
-                                             "and store from this job file; the flags given override it.")
+JobOption = typer.Option(
+    None,
+    "--job",
+    help="Take the models and revisions, corpus, sample, extraction settings, layers "
+    "and store from this job file; the flags given override it.",
+)
 
 
 def given_value(value: Any) -> bool:
@@ -178,10 +225,14 @@ def checked(func=None, *, grid: tuple[str, ...] = ()):
     signature = inspect.signature(func)
     keyword = inspect.Parameter.KEYWORD_ONLY
     added = {name: SHARED_OPTIONS[name] for name in grid if name not in signature.parameters}
-    parameters = [inspect.Parameter(name, keyword, default=info, annotation=annotation)
-                  for name, (annotation, info) in added.items()]
-    parameters += [p.replace(kind=keyword) for n, p in signature.parameters.items()
-                   if n != "given" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    parameters = [
+        inspect.Parameter(name, keyword, default=info, annotation=annotation) for name, (annotation, info) in added.items()
+    ]
+    parameters += [
+        p.replace(kind=keyword)
+        for n, p in signature.parameters.items()
+        if n != "given" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
     declared = {p.name: p.default.declared for p in parameters if isinstance(getattr(p.default, "declared", None), Declared)}
 
     @functools.wraps(func)
@@ -191,9 +242,13 @@ def checked(func=None, *, grid: tuple[str, ...] = ()):
             for name, declared_flag in declared.items():
                 value = kwargs.get(name)
                 if not given_value(value):
-                    values[name] = (list(declared_flag.default) if declared_flag.many else
-                                    Path(declared_flag.default) if declared_flag.path and declared_flag.default is not None
-                                    else declared_flag.default)
+                    values[name] = (
+                        list(declared_flag.default)
+                        if declared_flag.many
+                        else Path(declared_flag.default)
+                        if declared_flag.path and declared_flag.default is not None
+                        else declared_flag.default
+                    )
                 elif declared_flag.many:
                     values[name] = [declared_flag.parse(item) for item in value]
                 else:
@@ -213,8 +268,9 @@ def checked(func=None, *, grid: tuple[str, ...] = ()):
 # The grid flags of every analysis command: one declaration each (raygeom.cli.flags.option), one default each.
 ModelOption = option(CommandFlags, "model", "-m", many=True)
 RevisionOption = option(CommandFlags, "revision", "-r", many=True)
-CorpusOption = option(CorpusSection, "name", "-c", flag="--corpus",
-                      help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>].")
+CorpusOption = option(
+    CorpusSection, "name", "-c", flag="--corpus", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."
+)
 NSamplesOption = option(CorpusSection, "n_samples", "-n", help="Texts.")
 SampleSeedOption = option(CommandFlags, "sample_seed")
 SeqLenOption = option(ExtractionSettings, "seq_len")
@@ -222,8 +278,13 @@ PoolOption = option(ExtractionSettings, "pool")
 SkipFirstOption = option(ExtractionSettings, "skip_first", names="--skip-first/--keep-first")
 BatchSizeOption = option(ExtractionSettings, "batch_size")
 LayersOption = option(CommandFlags, "layers")
-StoreOption = option(CommandFlags, "out", "-o", path=True, help="The store (shared by pga, diagnose, probe and the "
-                     "registry commands); with --job, the job's out.")
+StoreOption = option(
+    CommandFlags,
+    "out",
+    "-o",
+    path=True,
+    help="The store (shared by pga, diagnose, probe and the registry commands); with --job, the job's out.",
+)
 AddressOption = option(CommandFlags, "address")
 NumCpusOption = option(CommandFlags, "num_cpus")
 ReportOption = option(CommandFlags, "report", path=True)
@@ -231,9 +292,14 @@ PlotsOption = option(CommandFlags, "plots", path=True)
 # PGA's parameters, as pga, run and diagnose take them (PGAParams declares them).
 KOption = option(PGAParams, "k")
 CcrOption = option(PGAParams, "r")
-NNullOption = option(PGAParams, "n_null", words=("auto",), help="Random subspaces in the null, or 'auto': blocks of 100 "
-                     "until z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|) and, below --n-null-decide, "
-                     "its interval holds none of 0, -2, 2; at most --n-null-cap.")
+NNullOption = option(
+    PGAParams,
+    "n_null",
+    words=("auto",),
+    help="Random subspaces in the null, or 'auto': blocks of 100 "
+    "until z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|) and, below --n-null-decide, "
+    "its interval holds none of 0, -2, 2; at most --n-null-cap.",
+)
 ZHalfWidthOption = option(PGAParams, "z_half_width")
 ZRelWidthOption = option(PGAParams, "z_rel_width")
 NNullCapOption = option(PGAParams, "n_null_cap")
@@ -259,18 +325,23 @@ GRID_OPTIONS = {
     "num_cpus": (Optional[str], NumCpusOption),
 }
 # PGA's parameters, as pga, run and diagnose take them (PGAParams declares them).
-PGA_OPTIONS = {"k": (Optional[str], KOption), "ccr": (Optional[str], CcrOption), "n_null": (Optional[str], NNullOption),
-               "z_half_width": (Optional[str], ZHalfWidthOption), "z_rel_width": (Optional[str], ZRelWidthOption),
-               "n_null_cap": (Optional[str], NNullCapOption), "n_null_decide": (Optional[str], NNullDecideOption),
-               "null_chunks": (Optional[str], NullChunksOption),
-               "seed": (Optional[str], SeedOption)}
+PGA_OPTIONS = {
+    "k": (Optional[str], KOption),
+    "ccr": (Optional[str], CcrOption),
+    "n_null": (Optional[str], NNullOption),
+    "z_half_width": (Optional[str], ZHalfWidthOption),
+    "z_rel_width": (Optional[str], ZRelWidthOption),
+    "n_null_cap": (Optional[str], NNullCapOption),
+    "n_null_decide": (Optional[str], NNullDecideOption),
+    "null_chunks": (Optional[str], NullChunksOption),
+    "seed": (Optional[str], SeedOption),
+}
 SHARED_OPTIONS = {**GRID_OPTIONS, **PGA_OPTIONS}
 TEXT_GRID = tuple(GRID_OPTIONS)  # a command of one vector per text takes them all
 TOKEN_GRID = ("job", "model", "revision", "corpus", "layers", "out", "address", "num_cpus")  # chunks of text instead
 
 # The grid flags every analysis command takes, by the name of its parameter: what a job file can give.
-GRID = ("model", "revision", "corpus", "n_samples", "sample_seed", "seq_len", "pool", "skip_first", "batch_size", "layers",
-        "out")
+GRID = ("model", "revision", "corpus", "n_samples", "sample_seed", "seq_len", "pool", "skip_first", "batch_size", "layers", "out")
 
 
 def model_entries(models: list[str], revisions: list[str]) -> tuple:

@@ -21,10 +21,16 @@ def register(app: typer.Typer) -> None:
     """Add this module's command to the raygeom app."""
 
     @app.command()
-    def report(stores: list[Path] = typer.Argument(..., help="The store (a run's --out directory); more stores are "
-                                                             "overlaid on the first, each store one more facet of every series."),
-               out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: STORE/report.html "
-                                                                           "of the first store).")):
+    def report(
+        stores: list[Path] = typer.Argument(
+            ...,
+            help="The store (a run's --out directory); more stores are "
+            "overlaid on the first, each store one more facet of every series.",
+        ),
+        out: Optional[Path] = typer.Option(
+            None, "--out", "-o", help="HTML file to write (default: STORE/report.html of the first store)."
+        ),
+    ):
         """Write one self-contained, interactive HTML report of every result in STORE: a section per analysis that has
         rows (each metric by depth, a panel per model, a revision x layer heatmap where there are several revisions),
         training curves and the settings of every run. It opens offline. `raygeom report A B` draws B's rows beside
@@ -37,10 +43,11 @@ def register(app: typer.Typer) -> None:
                 path = write_report(store, out, overlay=stores[1:])
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         console.print(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
         from raygeom.report.html import _UNREADABLE
 
         for unreadable, reason in _UNREADABLE:
-            errors.print(f"[yellow]warning:[/] left out {escape(str(unreadable))}: {escape(reason)}", highlight=False,
-                         soft_wrap=True)
+            errors.print(
+                f"[yellow]warning:[/] left out {escape(str(unreadable))}: {escape(reason)}", highlight=False, soft_wrap=True
+            )

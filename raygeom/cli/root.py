@@ -19,6 +19,7 @@ from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, CommandFlags, checked, fai
 from raygeom.errors import RaygeomError
 from raygeom.params import n_null_settings
 
+
 class SafeConsole(Console):
     """A last line of defence: text that is not valid rich markup (a path or model name with '[/x]' in it)
     prints as plain text instead of raising MarkupError after the work is done. User strings are
@@ -36,6 +37,7 @@ try:  # typer >= 0.20 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on click itself
     from click.exceptions import ClickException as UsageErrors
 
+
 class _Typer(typer.Typer):
     """A Typer that builds its click command tree once (again only when commands are added): Typer builds it, every
     command's parameters from its signature, at each call, 0.1-0.2 s here, and in-process callers call it often."""
@@ -50,8 +52,12 @@ class _Typer(typer.Typer):
         return self.click_command()(*args, **kwargs)
 
 
-app = _Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-             help="Measure how a language model organises its hidden-state geometry for prediction.")
+app = _Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Measure how a language model organises its hidden-state geometry for prediction.",
+)
 console = SafeConsole(width=output_width())
 errors = SafeConsole(stderr=True)
 
@@ -78,8 +84,8 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 def _check_pga_sizes(job) -> None:
     """Every planned analysis's parameters (e.g. ccr and k) against N and each model's d, from its config where that is
     known without loading it."""
-    from raygeom.sources.models import cached_config
     from raygeom.jobs.pipeline import job_models
+    from raygeom.sources.models import cached_config
 
     for spec in job_models(job):
         try:
@@ -111,13 +117,25 @@ def _run(job, address, num_cpus):
     outputs = run_pga_job(job, console, address=address, num_cpus=num_cpus)
     for row in outputs.rows:
         if row.get("note"):
-            errors.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
-                         f"{escape(row['note'])} (not stored; a rerun tries it again)", highlight=False, soft_wrap=True)
+            errors.print(
+                f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
+                f"{escape(row['note'])} (not stored; a rerun tries it again)",
+                highlight=False,
+                soft_wrap=True,
+            )
     return outputs
 
 
-PGA_FLAGS = {"k": "k", "ccr": "r", "z_half_width": "z_half_width", "z_rel_width": "z_rel_width",
-             "n_null_cap": "n_null_cap", "n_null_decide": "n_null_decide", "null_chunks": "null_chunks", "seed": "seed"}
+PGA_FLAGS = {
+    "k": "k",
+    "ccr": "r",
+    "z_half_width": "z_half_width",
+    "z_rel_width": "z_rel_width",
+    "n_null_cap": "n_null_cap",
+    "n_null_decide": "n_null_decide",
+    "null_chunks": "null_chunks",
+    "seed": "seed",
+}
 
 
 def pga_overrides(values: dict, every: bool) -> dict:
@@ -131,12 +149,18 @@ def pga_overrides(values: dict, every: bool) -> dict:
 @checked(grid=tuple(name for name in (*TEXT_GRID, *PGA_OPTIONS) if name != "job"))
 def run(
     job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/laptop.toml"),
-    out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None,
-                                help="The store (default: the job's out)."),
-    model: Optional[list[str]] = option(CommandFlags, "model", "-m", many=True, default=None,
-                                        help="Replace the job's models by these (repeatable; name@revision picks a revision)."),
-    revision: Optional[list[str]] = option(CommandFlags, "revision", "-r", many=True, default=None,
-                                           help="With --model: its revision(s)."),
+    out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None, help="The store (default: the job's out)."),
+    model: Optional[list[str]] = option(
+        CommandFlags,
+        "model",
+        "-m",
+        many=True,
+        default=None,
+        help="Replace the job's models by these (repeatable; name@revision picks a revision).",
+    ),
+    revision: Optional[list[str]] = option(
+        CommandFlags, "revision", "-r", many=True, default=None, help="With --model: its revision(s)."
+    ),
     given: frozenset = frozenset(),
     **grid,
 ):
@@ -168,8 +192,15 @@ def pga(given: frozenset = frozenset(), **grid):
 
 
 # Commands of the other analyses live beside their orchestration; each module registers its own.
-for _module in ("raygeom.cli.sweep", "raygeom.cli.diagnostics", "raygeom.cli.dispersion", "raygeom.cli.report",
-                "raygeom.cli.analyses", "raygeom.cli.verify", "raygeom.cli.export"):
+for _module in (
+    "raygeom.cli.sweep",
+    "raygeom.cli.diagnostics",
+    "raygeom.cli.dispersion",
+    "raygeom.cli.report",
+    "raygeom.cli.analyses",
+    "raygeom.cli.verify",
+    "raygeom.cli.export",
+):
     __import__(_module, fromlist=["register"]).register(app)
 
 
@@ -273,8 +304,7 @@ def main() -> None:
         sys.exit(code if isinstance(code, int) else 0)
     except UsageErrors as error:
         command = f" (see {error.ctx.command_path} --help)" if getattr(error, "ctx", None) is not None else ""
-        errors.print(f"[bold red]error:[/] {escape(error.format_message())}{escape(command)}", highlight=False,
-                     soft_wrap=True)
+        errors.print(f"[bold red]error:[/] {escape(error.format_message())}{escape(command)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         _interrupted()
@@ -290,8 +320,11 @@ def main() -> None:
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f" writing {error.filename}" if error.filename else ""
-        errors.print(f"[bold red]error:[/] the disk is full{escape(where)}; finished units are kept, free space and rerun "
-                     "to resume", highlight=False, soft_wrap=True)
+        errors.print(
+            f"[bold red]error:[/] the disk is full{escape(where)}; finished units are kept, free space and rerun to resume",
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(2)
     finally:
         _stop_local_ray()

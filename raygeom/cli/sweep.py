@@ -24,10 +24,9 @@ console = Console(width=output_width())
 
 def _load(job_file: Path, out: Optional[Path]):
     from raygeom.jobs import plan as sweep
+    from raygeom.jobs.pipeline import hub_revision_lists
     from raygeom.jobspec import load_job
     from raygeom.store.tree import Store
-
-    from raygeom.jobs.pipeline import hub_revision_lists
 
     job = hub_revision_lists(load_job(job_file).with_overrides(out=str(out) if out else None), console)
     store = Store(job.out)
@@ -43,8 +42,8 @@ def _show_training(job_file: Path, out: Optional[Path]) -> bool:
     """The runs [train] will make (a grid: one per variant), whether each is trained, and for those that are not
     the time it should take, measured from a few steps here. Returns True when there is nothing more to plan: a
     job whose [train] has not run has no checkpoints and no held-out texts yet, so what follows is only counted."""
-    from raygeom.jobs.plan import format_seconds
     from raygeom.analyses.train import estimate_training_seconds
+    from raygeom.jobs.plan import format_seconds
     from raygeom.jobs.train import completed_trajectory
     from raygeom.jobspec import load_job
 
@@ -62,21 +61,34 @@ def _show_training(job_file: Path, out: Optional[Path]) -> bool:
             plan, settings = run.plan(), run.settings
             trained = completed_trajectory(plan, plan.key(settings)) is not None
             estimate = "" if trained else f"~{format_seconds(estimate_training_seconds(settings, len(plan.steps)))}"
-            table.add_row(run.variant or Path(run.run_dir).name, str(settings.hidden_size), str(settings.n_heads),
-                          str(settings.n_layers), str(settings.seed), f"{settings.steps:,}", str(len(plan.steps)),
-                          "trained" if trained else "to train", estimate)
+            table.add_row(
+                run.variant or Path(run.run_dir).name,
+                str(settings.hidden_size),
+                str(settings.n_heads),
+                str(settings.n_layers),
+                str(settings.seed),
+                f"{settings.steps:,}",
+                str(len(plan.steps)),
+                "trained" if trained else "to train",
+                estimate,
+            )
             units += len(plan.steps) * (settings.n_layers + 2) * len(pooled)
     console.print(table)
     if (Path(job.train.run_dir) / "heldout.jsonl").is_file():
         return False
     shape = sorted({(len(run.plan().steps), run.settings.n_layers + 2) for run in job.trains})
     grid = (f"{len(job.trains)} runs x " if len(job.trains) > 1 else "") + (
-        f"{shape[0][0]} checkpoints x {shape[0][1]} layers" if len(shape) == 1 else "their checkpoints x layers")
-    console.print(f"then: {grid} x {len(pooled)} planned analyses -> {units:,} units (N={job.n_samples}); 0 done"
-                  + (f"; and {own} analyses with an extraction of their own at every checkpoint" if own else ""),
-                  highlight=False, markup=False)
-    console.print("cost of the analyses: nothing measured yet; `raygeom run` trains first, then plan again",
-                  highlight=False, markup=False)
+        f"{shape[0][0]} checkpoints x {shape[0][1]} layers" if len(shape) == 1 else "their checkpoints x layers"
+    )
+    console.print(
+        f"then: {grid} x {len(pooled)} planned analyses -> {units:,} units (N={job.n_samples}); 0 done"
+        + (f"; and {own} analyses with an extraction of their own at every checkpoint" if own else ""),
+        highlight=False,
+        markup=False,
+    )
+    console.print(
+        "cost of the analyses: nothing measured yet; `raygeom run` trains first, then plan again", highlight=False, markup=False
+    )
     return True
 
 
@@ -110,8 +122,10 @@ def _pga_grid(job) -> str:
 def _revision_units(revision) -> tuple[int, int]:
     """(units, done) of one revision over every planned analysis (the [pga] section's alone without [analyses])."""
     if revision.analysis_units:
-        return (sum(len(units) for units in revision.analysis_units.values()),
-                sum(len(revision.analysis_done.get(name, ())) for name in revision.analysis_units))
+        return (
+            sum(len(units) for units in revision.analysis_units.values()),
+            sum(len(revision.analysis_done.get(name, ())) for name in revision.analysis_units),
+        )
     return len(revision.units), len(revision.done)
 
 
@@ -132,9 +146,20 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     settings = job.sweep or SweepSettings()
     memory = settings.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     gpus_shown = _gpus_in_view(job, gpu_memory_gib)
-    table = Table(title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}"
-                        f"{_pga_grid(job)})", title_justify="left")
-    for name in ("model", "params", "layers", "revisions", "units", "done", *([f"GPUs/replica ({memory:g} GiB)"] if gpus_shown else [])):
+    table = Table(
+        title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}"
+        f"{_pga_grid(job)})",
+        title_justify="left",
+    )
+    for name in (
+        "model",
+        "params",
+        "layers",
+        "revisions",
+        "units",
+        "done",
+        *([f"GPUs/replica ({memory:g} GiB)"] if gpus_shown else []),
+    ):
         table.add_column(name, justify="left" if name in ("model", "revisions") else "right")
     for model, revisions in plan.by_model().items():
         layers = sorted({len(r.layers) for r in revisions})
@@ -144,15 +169,23 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         except RaygeomError as error:
             gpus = str(error)
         counts = [_revision_units(r) for r in revisions]
-        table.add_row(model, f"{params / 1e6:,.1f}M" if params else "?", "/".join(map(str, layers)) + f" ({revisions[0].layers_from})",
-                      _revision_span(revisions), f"{sum(c[0] for c in counts):,}", f"{sum(c[1] for c in counts):,}",
-                      *([gpus] if gpus_shown else []))
+        table.add_row(
+            model,
+            f"{params / 1e6:,.1f}M" if params else "?",
+            "/".join(map(str, layers)) + f" ({revisions[0].layers_from})",
+            _revision_span(revisions),
+            f"{sum(c[0] for c in counts):,}",
+            f"{sum(c[1] for c in counts):,}",
+            *([gpus] if gpus_shown else []),
+        )
     console.print(table)
     total, done = plan.all_units()
     from raygeom.report.figures import counted
 
-    console.print(f"grid: {counted(len(plan.by_model()), 'model')} x {counted(len(plan.revisions), '(model, revision) pair')}"
-                  f" -> {total:,} units; {done:,} done, {total - done:,} to compute")
+    console.print(
+        f"grid: {counted(len(plan.by_model()), 'model')} x {counted(len(plan.revisions), '(model, revision) pair')}"
+        f" -> {total:,} units; {done:,} done, {total - done:,} to compute"
+    )
     print_per_analysis(plan)
     _show_weights(plan, settings)
     cost = sweep.estimate(plan)
@@ -163,18 +196,22 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         if reference is None:
             console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
         else:
-            console.print(f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): extraction "
-                          f"{reference[0] / 3600:,.1f} GPU-hours (A100), PGA {reference[1] / 3600:,.0f} CPU-hours; "
-                          "run a few revisions, then plan again to scale from this store's own unit times")
+            console.print(
+                f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): extraction "
+                f"{reference[0] / 3600:,.1f} GPU-hours (A100), PGA {reference[1] / 3600:,.0f} CPU-hours; "
+                "run a few revisions, then plan again to scale from this store's own unit times"
+            )
         return
     console.print(f"measured: {cost.measured_extractions} extractions ({cost.device}), {cost.measured_units} PGA units")
     if cost.extract_rate is not None:
         console.print(f"  forward {cost.extract_rate:.3e} s per parameter-token, loading {cost.load_rate:.3e} s per parameter")
     if cost.pga_rate is not None:
         console.print(f"  PGA {cost.pga_rate:.3e} CPU-s per (nulls+1) x N^2")
-    console.print(f"estimate for what is missing: extraction {sweep.format_seconds(cost.remaining_extract_seconds)} "
-                  f"of {cost.device} time, PGA {sweep.format_seconds(cost.remaining_pga_seconds)} of CPU time "
-                  "(scaled from the measured units; see docs/sweeps.md)")
+    console.print(
+        f"estimate for what is missing: extraction {sweep.format_seconds(cost.remaining_extract_seconds)} "
+        f"of {cost.device} time, PGA {sweep.format_seconds(cost.remaining_pga_seconds)} of CPU time "
+        "(scaled from the measured units; see docs/sweeps.md)"
+    )
 
 
 def _show_weights(plan, settings) -> None:
@@ -182,17 +219,29 @@ def _show_weights(plan, settings) -> None:
     from raygeom.sources import download
 
     volume, unknown = download.weights_volume([r.spec for r in plan.revisions if not r.extracted and not r.complete])
-    budget = (f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)" if settings.weights_budget_gib else
-              f"{download.default_budget_bytes() / 2**30:,.1f} GiB (4/5 of the free disk under {download.cache_root()})")
+    budget = (
+        f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)"
+        if settings.weights_budget_gib
+        else f"{download.default_budget_bytes() / 2**30:,.1f} GiB (4/5 of the free disk under {download.cache_root()})"
+    )
     amount = f"{volume / 2**40:,.2f} TiB" if volume >= 2**40 else f"{volume / 2**30:,.2f} GiB"
-    console.print(f"download: {amount} of weights (fp16, from the Pythia table)"
-                  + (f" and {unknown} revisions of unknown size" if unknown else "") + f"; budget {budget}, "
-                  + ("every revision kept (keep_weights)" if settings.keep_weights
-                     else "each revision deleted once its extraction is stored"), highlight=False, markup=False)
+    console.print(
+        f"download: {amount} of weights (fp16, from the Pythia table)"
+        + (f" and {unknown} revisions of unknown size" if unknown else "")
+        + f"; budget {budget}, "
+        + (
+            "every revision kept (keep_weights)"
+            if settings.keep_weights
+            else "each revision deleted once its extraction is stored"
+        ),
+        highlight=False,
+        markup=False,
+    )
 
 
 def _show_auto_budget(budget) -> None:
     """The nulls and CPU time `--n-null auto` takes for the units to compute (shown where the job's n_null is auto)."""
+
     def hours(key: str) -> str:
         value = budget.cpu_seconds[key]
         return "? CPU-h" if value is None else f"{value / 3600:,.0f} CPU-h"
@@ -200,18 +249,29 @@ def _show_auto_budget(budget) -> None:
     if not budget.units:
         return
     console.print(f"--n-null auto ({budget.rule}) for the {budget.units:,} units to compute:", highlight=False, markup=False)
-    console.print(f"  pga: {budget.low_nulls:,} to {budget.high_nulls:,} nulls ({budget.low_nulls // budget.units:,} to "
-                  f"{budget.high_nulls // budget.units:,} per unit for Gaussian nulls), {hours('low')} to {hours('high')}; "
-                  f"fixed --n-null: {budget.fixed_nulls:,} nulls, {hours('fixed')}", highlight=False, markup=False)
+    console.print(
+        f"  pga: {budget.low_nulls:,} to {budget.high_nulls:,} nulls ({budget.low_nulls // budget.units:,} to "
+        f"{budget.high_nulls // budget.units:,} per unit for Gaussian nulls), {hours('low')} to {hours('high')}; "
+        f"fixed --n-null: {budget.fixed_nulls:,} nulls, {hours('fixed')}",
+        highlight=False,
+        markup=False,
+    )
     if budget.expected_nulls is None:
-        console.print("  expected: no pilot in this store; run 100 nulls per unit on a few revisions of each model "
-                      "(`raygeom run JOB --n-null 100`), then plan again", highlight=False, markup=False)
+        console.print(
+            "  expected: no pilot in this store; run 100 nulls per unit on a few revisions of each model "
+            "(`raygeom run JOB --n-null 100`), then plan again",
+            highlight=False,
+            markup=False,
+        )
     else:
-        console.print(f"  expected from the z of {budget.pilot_rows:,} stored units (a pilot or an earlier run of the same "
-                      f"model and layer): {budget.expected_nulls:,.0f} nulls for {budget.pilot_units:,} of the "
-                      f"{budget.units:,} units, {hours('expected')} (the need (1.96 / h)^2 (1 + z^2/2) at the stop half-width h, "
-                      "times the pilot's (z_se / delta-method se)^2, in blocks of 100; docs/METRICS.md)",
-                      highlight=False, markup=False)
+        console.print(
+            f"  expected from the z of {budget.pilot_rows:,} stored units (a pilot or an earlier run of the same "
+            f"model and layer): {budget.expected_nulls:,.0f} nulls for {budget.pilot_units:,} of the "
+            f"{budget.units:,} units, {hours('expected')} (the need (1.96 / h)^2 (1 + z^2/2) at the stop half-width h, "
+            "times the pilot's (z_se / delta-method se)^2, in blocks of 100; docs/METRICS.md)",
+            highlight=False,
+            markup=False,
+        )
 
 
 def show_status(job_file: Path, out: Optional[Path]) -> None:
@@ -224,10 +284,13 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
         table.add_column(name, justify="left" if name == "model" else "right")
     for model, revisions in plan.by_model().items():
         flagged = sum(1 for r in revisions if report.flag(model, r.spec.revision))
-        table.add_row(model, f"{sum(r.extracted for r in revisions)}/{len(revisions)}",
-                      f"{sum(r.complete for r in revisions)}/{len(revisions)}",
-                      f"{sum(_revision_units(r)[1] for r in revisions):,}/{sum(_revision_units(r)[0] for r in revisions):,}",
-                      str(flagged))
+        table.add_row(
+            model,
+            f"{sum(r.extracted for r in revisions)}/{len(revisions)}",
+            f"{sum(r.complete for r in revisions)}/{len(revisions)}",
+            f"{sum(_revision_units(r)[1] for r in revisions):,}/{sum(_revision_units(r)[0] for r in revisions):,}",
+            str(flagged),
+        )
     console.print(table)
     total, done = plan.all_units()
     percent = 100.0 * done / total if total else 0.0
@@ -236,8 +299,10 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
     planned = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
     partial = [p for p in plan.store.partial_extractions() if p in planned]
     if partial:
-        console.print("partial extractions (running, or interrupted and to be redone): "
-                      + ", ".join(f"{m}@{r}" for m, r in partial), highlight=False)
+        console.print(
+            "partial extractions (running, or interrupted and to be redone): " + ", ".join(f"{m}@{r}" for m, r in partial),
+            highlight=False,
+        )
     _show_failed_and_cache(plan)
     for model, revision, flag in report.flagged:
         note = report.notes.get((model, revision))
@@ -262,8 +327,9 @@ def _show_failed_and_cache(plan) -> None:
         if where in pending:
             reason = entry["reason"] if entry["reason"].startswith(names[where]) else f"{names[where]}: {entry['reason']}"
             console.print(f"[red]failed[/] {escape(reason)} (a rerun tries it again)", highlight=False, soft_wrap=True)
-    console.print(f"HF cache: {download.cache_bytes() / 2**30:,.3f} GiB in use ({download.cache_root()})",
-                  highlight=False, markup=False)
+    console.print(
+        f"HF cache: {download.cache_bytes() / 2**30:,.3f} GiB in use ({download.cache_root()})", highlight=False, markup=False
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -271,12 +337,18 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     @checked
-    def plan(job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/pythia-sweep.toml"),
-             out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None,
-                                         help="Store to compare against (default: the job's out)."),
-             gpu_memory_gib: Optional[str] = option(SweepSettings, "gpu_memory_gib", default=None,
-                                                    help="GPU memory for the GPUs/replica column (default: the job's "
-                                                         "[sweep] gpu_memory_gib, else 80).")):
+    def plan(
+        job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/pythia-sweep.toml"),
+        out: Optional[str] = option(
+            CommandFlags, "out", "-o", path=True, default=None, help="Store to compare against (default: the job's out)."
+        ),
+        gpu_memory_gib: Optional[str] = option(
+            SweepSettings,
+            "gpu_memory_gib",
+            default=None,
+            help="GPU memory for the GPUs/replica column (default: the job's [sweep] gpu_memory_gib, else 80).",
+        ),
+    ):
         """Print the sweep grid, the units already done and a cost estimate from measured unit times."""
         try:
             show_plan(job_file, out, gpu_memory_gib)
@@ -285,9 +357,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     @checked
-    def status(job_file: Path = typer.Argument(..., help="TOML job file"),
-               out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None,
-                                           help="Store to read (default: the job's out).")):
+    def status(
+        job_file: Path = typer.Argument(..., help="TOML job file"),
+        out: Optional[str] = option(
+            CommandFlags, "out", "-o", path=True, default=None, help="Store to read (default: the job's out)."
+        ),
+    ):
         """Progress of a sweep from the store alone, with revisions whose weights duplicate another's."""
         try:
             show_status(job_file, out)

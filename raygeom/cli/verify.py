@@ -28,18 +28,22 @@ def register(app: typer.Typer) -> None:
             found = audit(store)
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         for _, reason in found.damaged:
             errors.print(f"[red]damaged:[/] {escape(reason)}", highlight=False, soft_wrap=True)
-        console.print(f"{found.checked} files checked, {len(found.damaged)} damaged"
-                      + (f", {found.unrecorded} not written by the store (no checksum to check)" if found.unrecorded else ""),
-                      highlight=False)
+        console.print(
+            f"{found.checked} files checked, {len(found.damaged)} damaged"
+            + (f", {found.unrecorded} not written by the store (no checksum to check)" if found.unrecorded else ""),
+            highlight=False,
+        )
         if found.damaged:
             raise typer.Exit(1)
 
     @app.command()
-    def gc(store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
-           dry_run: bool = typer.Option(False, "--dry-run", help="List what would be freed; delete nothing.")):
+    def gc(
+        store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List what would be freed; delete nothing."),
+    ):
         """Free the layer files of every extraction whose planned units are all stored (and of interrupted ones).
         Markers, per-sample tables and readouts stay, so rerunning those units computes nothing; a unit not run
         before extracts the layers again. Prints each extraction freed or kept, with why, and the total."""
@@ -49,12 +53,14 @@ def register(app: typer.Typer) -> None:
             verdicts = collect(store, dry_run=dry_run)
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         freed = [v for v in verdicts if v.freed]
         verb = "would free" if dry_run else "freed"
         for verdict in verdicts:
             what = f"{verb} {verdict.files} layer files, {verdict.bytes:,} bytes" if verdict.freed else "kept"
             console.print(f"{what}: {escape(verdict.label)}: {escape(verdict.reason)}", highlight=False, soft_wrap=True)
-        console.print(f"{verb} {sum(v.files for v in freed)} layer files, {sum(v.bytes for v in freed):,} bytes, of "
-                      f"{len(freed)} extraction{'' if len(freed) == 1 else 's'}; kept {len(verdicts) - len(freed)}",
-                      highlight=False)
+        console.print(
+            f"{verb} {sum(v.files for v in freed)} layer files, {sum(v.bytes for v in freed):,} bytes, of "
+            f"{len(freed)} extraction{'' if len(freed) == 1 else 's'}; kept {len(verdicts) - len(freed)}",
+            highlight=False,
+        )

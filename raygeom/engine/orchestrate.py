@@ -19,15 +19,15 @@ import ray
 
 from raygeom.engine import replica_actor
 from raygeom.engine.contract import Unit
-from raygeom.errors import RaygeomError
-from raygeom.replica.settings import batches_at_once
 from raygeom.engine.units import UnitRunner, warn_damaged
 from raygeom.engine.weights import Weights, WeightsSettings
-from raygeom.sources import download
-from raygeom.store import failures
+from raygeom.errors import RaygeomError
 from raygeom.replica.replica import tensor_digests  # noqa: F401 - re-exported
 from raygeom.replica.request import ExtractionRequest
+from raygeom.replica.settings import batches_at_once
+from raygeom.sources import download
 from raygeom.sources.layers import select_layers
+from raygeom.store import failures
 from raygeom.store.tree import Store
 
 # A worker beyond one per CPU that idles for a second is killed by default, and the next stage of the same job (the sweep
@@ -134,11 +134,20 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
 
         params, node = ray._private.parameter.RayParams, ray._private.node.Node
         try:
-            with mock.patch.object(params, "__init__", _lean_local_node(params.__init__)), \
-                    mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)), \
-                    mock.patch.object(ray._private.services, "ConsolePopen", _own_session(ray._private.services.ConsolePopen)):
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                         configure_logging=True, logging_level="ERROR", _system_config=LOCAL_SYSTEM_CONFIG)
+            with (
+                mock.patch.object(params, "__init__", _lean_local_node(params.__init__)),
+                mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)),
+                mock.patch.object(ray._private.services, "ConsolePopen", _own_session(ray._private.services.ConsolePopen)),
+            ):
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=True,
+                    logging_level="ERROR",
+                    _system_config=LOCAL_SYSTEM_CONFIG,
+                )
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
         from raygeom.engine.watchdog import watch_driver
@@ -182,8 +191,10 @@ def _probe(address: str, timeout_s: float) -> None:
                     if time.monotonic() >= deadline:
                         raise
     except socket.timeout:
-        raise RaygeomError(f"could not connect to Ray at {address} within {wait:g} s: the port accepted a connection "
-                           "but nothing answered as a Ray (gRPC) server") from None
+        raise RaygeomError(
+            f"could not connect to Ray at {address} within {wait:g} s: the port accepted a connection "
+            "but nothing answered as a Ray (gRPC) server"
+        ) from None
     except OSError as error:
         raise RaygeomError(f"cannot reach Ray at {address}: {error.strerror or _first_line(error)}") from None
     if len(answer) < 4 or answer[3] != 4:
@@ -208,8 +219,9 @@ def _connect(address: str, timeout_s: float) -> None:
     while thread.is_alive() and time.monotonic() < deadline:
         thread.join(0.1)
     if thread.is_alive():
-        raise RaygeomError(f"could not connect to Ray at {address} within {timeout_s:g} s "
-                           f"(set ${CONNECT_TIMEOUT_ENV} to wait longer)")
+        raise RaygeomError(
+            f"could not connect to Ray at {address} within {timeout_s:g} s (set ${CONNECT_TIMEOUT_ENV} to wait longer)"
+        )
     if "error" in outcome:
         raise RaygeomError(f"could not connect to Ray at {address}: {_first_line(outcome['error'])}")
 
@@ -222,6 +234,7 @@ def cluster_gpus() -> float:
 # Extraction: one replica actor (engine.replica_actor) per (model, revision), as resources allow. A
 # replica lost with its node restarts elsewhere; its pending calls are retried and its write recomputes
 # any batch it no longer holds, so a node failure costs time, not results.
+
 
 @dataclass(frozen=True)
 class SweepItem:
@@ -255,9 +268,14 @@ class Extractions:
     ``progress(kind, n)``: ``texts`` per batch, ``extract`` per revision (landed or failed). A revision
     that fails with a RaygeomError (e.g. cannot be loaded) is recorded in ``failed`` and the rest go on."""
 
-    def __init__(self, store: Store, progress: Callable[[str, int], None], cpus: int,
-                 replicas: replica_actor.Handover | None = None,
-                 finished: Callable[[ExtractionRequest, str | None], None] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        progress: Callable[[str, int], None],
+        cpus: int,
+        replicas: replica_actor.Handover | None = None,
+        finished: Callable[[ExtractionRequest, str | None], None] | None = None,
+    ):
         self.store, self.progress, self.cpus = store, progress, cpus
         self.finished = finished or (lambda request, failure: None)  # (request, None when it landed, else the reason)
         self.waiting: dict[ray.ObjectRef, tuple[str, int, int]] = {}  # ref -> (kind, number, texts)
@@ -308,21 +326,44 @@ class Extractions:
         request, actor = item.request, self.actors[number]
         spec, texts, settings = request.spec, request.corpus.texts, request.settings
         if need == "nll":
-            self.waiting[actor.add_nll.remote(str(self.store.root), request.key(), texts, settings, spec=spec)] = ("write", number, len(texts))
+            self.waiting[actor.add_nll.remote(str(self.store.root), request.key(), texts, settings, spec=spec)] = (
+                "write",
+                number,
+                len(texts),
+            )
             return
         layers = select_layers(described["layers"], request.layer_selection)
         self.store.invalidate(spec.slug, spec.revision, request.key())
         size = settings.batch_size
-        parts = [texts[begin:begin + size] for begin in range(0, len(texts), size)]
+        parts = [texts[begin : begin + size] for begin in range(0, len(texts), size)]
         group = batches_at_once(described)
         for first in range(0, len(parts), group):
-            some = parts[first:first + group]
+            some = parts[first : first + group]
             self.waiting[actor.run_batches.remote(first, some, settings, layers, request.nll, spec=spec)] = (
-                "batch", number, sum(len(part) for part in some))
-        extra = {"model": spec.name, "revision": spec.revision, "corpus": request.corpus.name,
-                 "corpus_fingerprint": request.corpus.fingerprint(), "step": spec.step}
-        ref = actor.write_extraction.remote(str(self.store.root), request.key(), texts, request.corpus.labels, request.corpus.name,
-                                            settings, layers, request.readout_components, request.nll, extra, spec=spec)
+                "batch",
+                number,
+                sum(len(part) for part in some),
+            )
+        extra = {
+            "model": spec.name,
+            "revision": spec.revision,
+            "corpus": request.corpus.name,
+            "corpus_fingerprint": request.corpus.fingerprint(),
+            "step": spec.step,
+        }
+        ref = actor.write_extraction.remote(
+            str(self.store.root),
+            request.key(),
+            texts,
+            request.corpus.labels,
+            request.corpus.name,
+            settings,
+            layers,
+            request.readout_components,
+            request.nll,
+            extra,
+            spec=spec,
+        )
         self.waiting[ref] = ("write", number, 0)
 
     def handle(self, ref: ray.ObjectRef) -> tuple[SweepItem, dict] | None:
@@ -362,9 +403,14 @@ class Extractions:
             self.replicas.drop()
 
 
-def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], None] | None = None,
-            gpus_per_model: float | None = None, cpus: int | None = None,
-            replicas: replica_actor.Handover | None = None) -> dict:
+def extract(
+    store: Store,
+    request: ExtractionRequest,
+    progress: Callable[[int], None] | None = None,
+    gpus_per_model: float | None = None,
+    cpus: int | None = None,
+    replicas: replica_actor.Handover | None = None,
+) -> dict:
     """Extract one (model, revision) into the store with one replica actor (a GPU, else every CPU of a
     node); skip it when already complete. ``request.nll`` adds per-sample NLL to an extraction stored without.
     ``replicas``: the replica is taken from this handover and parked in it afterwards, for the caller's next call."""
@@ -374,8 +420,12 @@ def extract(store: Store, request: ExtractionRequest, progress: Callable[[int], 
             progress(len(request.corpus.texts))
         return store.completion(request.spec.slug, request.spec.revision, request.key())
     gpus = replica_actor.default_gpus() if gpus_per_model is None else gpus_per_model
-    extractions = Extractions(store, lambda kind, n: progress(n) if progress and kind == "texts" else None,
-                              cpus or replica_actor.largest_node_cpus(), replicas)
+    extractions = Extractions(
+        store,
+        lambda kind, n: progress(n) if progress and kind == "texts" else None,
+        cpus or replica_actor.largest_node_cpus(),
+        replicas,
+    )
     try:
         extractions.start(SweepItem(request, gpus), need)
         while extractions.refs():
@@ -393,10 +443,17 @@ def default_weights() -> WeightsSettings:
     return WeightsSettings(download.default_budget_bytes())
 
 
-def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepItem, dict], list[Unit]],
-              progress: Callable[[str, int], None] | None = None, max_in_flight: int | None = None, pga_threads: int = 4,
-              keep_activations: bool = True, weights: WeightsSettings | None = None,
-              stages: dict[str, list[tuple[float, float]]] | None = None) -> list[dict]:
+def run_sweep(
+    store: Store,
+    items: list[SweepItem],
+    units_for: Callable[[SweepItem, dict], list[Unit]],
+    progress: Callable[[str, int], None] | None = None,
+    max_in_flight: int | None = None,
+    pga_threads: int = 4,
+    keep_activations: bool = True,
+    weights: WeightsSettings | None = None,
+    stages: dict[str, list[tuple[float, float]]] | None = None,
+) -> list[dict]:
     """Extract every item not already complete and run the units ``units_for(item, info)`` gives each
     landed extraction (``info``: its completion marker), e.g. PGA on every layer.
 
@@ -416,8 +473,9 @@ def run_sweep(store: Store, items: list[SweepItem], units_for: Callable[[SweepIt
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
-    runner = UnitRunner(store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads,
-                        grow=lambda n: progress("pga_more", n))
+    runner = UnitRunner(
+        store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads, grow=lambda n: progress("pga_more", n)
+    )
     extraction_units: dict[tuple[str, str, str], list[str]] = {}
 
     stages = {} if stages is None else stages

@@ -23,8 +23,15 @@ def worker_loop(config: dict) -> None:
 
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    history = config["fit"](config["settings"], config["data"], rank, context.get_world_size(),
-                            prepare=ray.train.torch.prepare_model, report=ray.train.report, checkpoints=config["checkpoints"])
+    history = config["fit"](
+        config["settings"],
+        config["data"],
+        rank,
+        context.get_world_size(),
+        prepare=ray.train.torch.prepare_model,
+        report=ray.train.report,
+        checkpoints=config["checkpoints"],
+    )
     if rank == 0:
         atomic_write_table(pa.Table.from_pylist(history), Path(config["history_path"]))
 
@@ -79,20 +86,29 @@ def trainer_class() -> type:
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
-            return [callback for callback in super()._create_default_callbacks()
-                    if not isinstance(callback, PlacementGroupCleanerCallback)]
+            return [
+                callback
+                for callback in super()._create_default_callbacks()
+                if not isinstance(callback, PlacementGroupCleanerCallback)
+            ]
 
     return Trainer
 
 
-def _fit_with_trainer(fit: Callable, settings, data, history_path: Path, checkpoints, storage: Path, name: str,
-                      resources: dict) -> None:
+def _fit_with_trainer(
+    fit: Callable, settings, data, history_path: Path, checkpoints, storage: Path, name: str, resources: dict
+) -> None:
     from ray.train import RunConfig, ScalingConfig
 
     trainer = trainer_class()(
         worker_loop,
-        train_loop_config={"fit": fit, "settings": settings, "data": data, "history_path": str(Path(history_path).resolve()),
-                           "checkpoints": checkpoints},
+        train_loop_config={
+            "fit": fit,
+            "settings": settings,
+            "data": data,
+            "history_path": str(Path(history_path).resolve()),
+            "checkpoints": checkpoints,
+        },
         scaling_config=ScalingConfig(num_workers=settings.workers, use_gpu=settings.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
     )

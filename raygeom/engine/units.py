@@ -17,10 +17,10 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import ray
 
-from raygeom.errors import InputError, RaygeomError
-from raygeom.params import canonical_rows
 from raygeom.engine.contract import PREPARED, More, Step, Unit  # noqa: F401 - re-exported
 from raygeom.engine.threads import one_thread
+from raygeom.errors import InputError, RaygeomError
+from raygeom.params import canonical_rows
 from raygeom.store.tree import Store
 
 PUT_BYTES = 1 << 20  # numpy arguments at least this big travel through the object store, once
@@ -45,8 +45,9 @@ def one_line(error: BaseException, where: str) -> RaygeomError:
     if isinstance(error, ray.exceptions.RayError) and not isinstance(error, ray.exceptions.RayTaskError):
         return RaygeomError(f"{where}: the Ray worker was lost ({type(error).__name__}) after its retries")
     text = str(cause).strip().splitlines()
-    return RaygeomError(f"{where}: unexpected {type(cause).__name__}: {text[-1] if text else ''} "
-                        "(rerun with RAYGEOM_DEBUG=1 for the traceback)")
+    return RaygeomError(
+        f"{where}: unexpected {type(cause).__name__}: {text[-1] if text else ''} (rerun with RAYGEOM_DEBUG=1 for the traceback)"
+    )
 
 
 def warn_damaged(message: str) -> None:
@@ -57,9 +58,14 @@ def warn_damaged(message: str) -> None:
 class UnitRunner:
     """Runs units to completion on Ray; units can be added while others run (streaming)."""
 
-    def __init__(self, store: Store, progress: Callable[[int], None] | None = None,
-                 warn: Callable[[str], None] | None = None, units_in_flight: int = UNITS_IN_FLIGHT,
-                 grow: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        store: Store,
+        progress: Callable[[int], None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        units_in_flight: int = UNITS_IN_FLIGHT,
+        grow: Callable[[int], None] | None = None,
+    ):
         """``progress(n)``: n more steps done, of the units' ``cost`` in all; ``grow(n)``: a unit asked for n steps
         more than its cost (``More``: --n-null auto), so a progress bar's total can follow."""
         self.store = store
@@ -212,8 +218,13 @@ class UnitRunner:
             self.step()
 
 
-def run_units(store: Store, units: Sequence[Unit], progress: Callable[[int], None] | None = None,
-              warn: Callable[[str], None] | None = None, units_in_flight: int = UNITS_IN_FLIGHT) -> list[dict]:
+def run_units(
+    store: Store,
+    units: Sequence[Unit],
+    progress: Callable[[int], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+    units_in_flight: int = UNITS_IN_FLIGHT,
+) -> list[dict]:
     """Every unit's rows, in the order of ``units``; finished units are read back, not recomputed. ``progress`` is
     advanced by steps; where it carries ``set_total`` (a bar made before the units were known), that is told how many."""
     if progress is not None and hasattr(progress, "set_total"):

@@ -67,8 +67,13 @@ def watch_driver() -> subprocess.Popen | None:
     if not os.path.isdir("/proc/self"):
         return None
     try:
-        return subprocess.Popen([sys.executable, "-c", WATCH, str(os.getpid())], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                close_fds=True)
+        return subprocess.Popen(
+            [sys.executable, "-c", WATCH, str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError:
         return None

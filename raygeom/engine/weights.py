@@ -77,15 +77,19 @@ class Weights:
             if not self._needs(spec) or spec in self.states:
                 continue
             try:
-                listed = self.listings.get(spec) or download.listing(spec.source, spec.revision, self.settings.retries,
-                                                                     self.settings.backoff_s)
+                listed = self.listings.get(spec) or download.listing(
+                    spec.source, spec.revision, self.settings.retries, self.settings.backoff_s
+                )
             except download.DownloadError as error:
                 self._failed(spec, str(error))
                 continue
             self.listings[spec] = listed
             if listed.size > self.settings.budget_bytes:
-                self._failed(spec, f"{spec.name}@{spec.revision}: its files take {_gib(listed.size)}, more than the "
-                                   f"weights budget of {_gib(self.settings.budget_bytes)} ([sweep] weights_budget_gib)")
+                self._failed(
+                    spec,
+                    f"{spec.name}@{spec.revision}: its files take {_gib(listed.size)}, more than the "
+                    f"weights budget of {_gib(self.settings.budget_bytes)} ([sweep] weights_budget_gib)",
+                )
                 continue
             if self.held + listed.size > self.settings.budget_bytes:
                 return  # in order: the next one waits for a release

@@ -21,8 +21,15 @@ def progress_bar(console: Console):
     """Bars on a terminal; written to a log or a pipe, plain lines (:class:`PlainProgress`)."""
     if not console.is_terminal:
         return PlainProgress(console)
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 @dataclass
@@ -62,8 +69,9 @@ class PlainProgress:
         self.tasks[task_id].completed += advance
         self._tick()
 
-    def update(self, task_id: int, total: float | None = None, completed: float | None = None,
-               advance: float | None = None, **_) -> None:
+    def update(
+        self, task_id: int, total: float | None = None, completed: float | None = None, advance: float | None = None, **_
+    ) -> None:
         task = self.tasks[task_id]
         task.total = task.total if total is None else total
         task.completed = task.completed if completed is None else completed
@@ -83,8 +91,12 @@ class PlainProgress:
                 continue
             task.printed = (task.completed, task.total)
             total = "?" if task.total is None else f"{task.total:,.0f}"
-            self.console.print(f"progress {elapsed}  {task.description}: {task.completed:,.0f}/{total}", markup=False,
-                               highlight=False, soft_wrap=True)
+            self.console.print(
+                f"progress {elapsed}  {task.description}: {task.completed:,.0f}/{total}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 class JobUnits:
@@ -128,6 +140,7 @@ def run_own_extractions(store, job, console) -> dict[str, list[dict]]:
     specs = job_specs(job)
     rows: dict[str, list[dict]] = {}
     with progress_bar(console) as progress:
+
         def factory(label: str, total: int | None):
             task = progress.add_task(label, total=total)
 
@@ -146,9 +159,17 @@ def analyses_of(job) -> list[str]:
     return list(dict.fromkeys(item.analysis for item in job.planned()))
 
 
-def write_outputs(store, job, units: JobUnits, rows: list[dict], console, skip: tuple[str, ...] = ("pga",),
-                  own: dict[str, list[dict]] | None = None, files: dict[str, list[Path]] | None = None,
-                  shown: dict[str, list[dict]] | None = None) -> dict[str, Path]:
+def write_outputs(
+    store,
+    job,
+    units: JobUnits,
+    rows: list[dict],
+    console,
+    skip: tuple[str, ...] = ("pga",),
+    own: dict[str, list[dict]] | None = None,
+    files: dict[str, list[Path]] | None = None,
+    shown: dict[str, list[dict]] | None = None,
+) -> dict[str, Path]:
     """For every planned analysis but ``skip`` (whose driver writes its own): ``results/<dir>.parquet`` with every
     row of it the store holds (all jobs, each row with its settings), then what its declaration shows and writes of
     this job's rows (raygeom.report.tables.analysis_outputs). ``own``: the rows of the analyses with an extraction of

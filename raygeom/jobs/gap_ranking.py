@@ -17,9 +17,17 @@ def rank_interval(x, y, n_boot: int, seed: int) -> dict:
 
     fisher = spearman_with_ci(x, y, seed=seed, method="fisher")
     boot = spearman_with_ci(x, y, seed=seed, method="bootstrap", n_boot=n_boot)
-    return {"spearman": fisher["rho"], "fisher_lo": fisher["lo"], "fisher_hi": fisher["hi"], "boot_lo": boot["lo"],
-            "boot_hi": boot["hi"], "n_boot": n_boot, "note": fisher["note"], "p_perm": fisher["p_perm"],
-            "p_method": fisher["p_method"]}
+    return {
+        "spearman": fisher["rho"],
+        "fisher_lo": fisher["lo"],
+        "fisher_hi": fisher["hi"],
+        "boot_lo": boot["lo"],
+        "boot_hi": boot["hi"],
+        "n_boot": n_boot,
+        "note": fisher["note"],
+        "p_perm": fisher["p_perm"],
+        "p_method": fisher["p_method"],
+    }
 
 
 def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[dict]:
@@ -32,18 +40,33 @@ def agreement(rows: list[dict], late_from: int, n_boot: int, seed: int) -> list[
         if len(part) >= 4:
             row.update(rank_interval([r["gap"] for r in part], [-r["heldout_perplexity"] for r in part], n_boot, seed))
         else:
-            row.update(spearman=float("nan"), fisher_lo=float("nan"), fisher_hi=float("nan"), boot_lo=float("nan"),
-                       boot_hi=float("nan"), n_boot=0, note="fewer than 4 checkpoints", p_perm=float("nan"), p_method="")
+            row.update(
+                spearman=float("nan"),
+                fisher_lo=float("nan"),
+                fisher_hi=float("nan"),
+                boot_lo=float("nan"),
+                boot_hi=float("nan"),
+                n_boot=0,
+                note="fewer than 4 checkpoints",
+                p_perm=float("nan"),
+                p_method="",
+            )
         if part:
             by_gap = max(part, key=lambda r: r["gap"])
             by_ppl = min(part, key=lambda r: r["heldout_perplexity"])
             top3 = {r["revision"] for r in sorted(part, key=lambda r: -r["gap"])[:3]}
-            row.update(select_pick=by_gap["revision"], select_pick_step=by_gap["step"],
-                       select_pick_perplexity=by_gap["heldout_perplexity"],
-                       best_by_perplexity=by_ppl["revision"], best_perplexity=by_ppl["heldout_perplexity"],
-                       pick_is_best=by_gap["revision"] == by_ppl["revision"], best_in_select_top3=by_ppl["revision"] in top3,
-                       pick_perplexity_rank=int(np.searchsorted(sorted(r["heldout_perplexity"] for r in part),
-                                                                by_gap["heldout_perplexity"]) + 1))
+            row.update(
+                select_pick=by_gap["revision"],
+                select_pick_step=by_gap["step"],
+                select_pick_perplexity=by_gap["heldout_perplexity"],
+                best_by_perplexity=by_ppl["revision"],
+                best_perplexity=by_ppl["heldout_perplexity"],
+                pick_is_best=by_gap["revision"] == by_ppl["revision"],
+                best_in_select_top3=by_ppl["revision"] in top3,
+                pick_perplexity_rank=int(
+                    np.searchsorted(sorted(r["heldout_perplexity"] for r in part), by_gap["heldout_perplexity"]) + 1
+                ),
+            )
         out.append(row)
     return out
 
@@ -57,8 +80,7 @@ def correlation_text(s: dict, what: str = "checkpoints") -> str:
     if not math.isfinite(s.get("spearman", float("nan"))):
         return f"no correlation over {s['n']} {what} ({s.get('note') or 'undefined'})"
     if s.get("note"):
-        return (f"{fmt(s['spearman'])} over {s['n']} {what} ({s['note']}; {s['p_method']} permutation p = "
-                f"{s['p_perm']:.3g})")
+        return f"{fmt(s['spearman'])} over {s['n']} {what} ({s['note']}; {s['p_method']} permutation p = {s['p_perm']:.3g})"
     return f"{fmt(s['spearman'])} [{fmt(s['fisher_lo'])}, {fmt(s['fisher_hi'])}] over {s['n']} {what}"
 
 

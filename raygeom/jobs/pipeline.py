@@ -8,16 +8,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from raygeom.jobs import experiment
+from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (and commands') one progress display
+from raygeom.jobspec import JobSpec
+from raygeom.params import PGAParams
+from raygeom.replica.request import ExtractionRequest
 from raygeom.report import figures as report
 from raygeom.report.figures import counted
 from raygeom.report.html import announce_report
 from raygeom.sources.corpus import load_corpus
-from raygeom.jobs import experiment
-from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (and commands') one progress display
-from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
-from raygeom.params import PGAParams
-from raygeom.replica.request import ExtractionRequest
 from raygeom.store.tree import Store, check_writable
 
 
@@ -39,8 +39,8 @@ def job_models(job: JobSpec) -> list[ModelSpec]:
 def check_layers(job: JobSpec, specs: list[ModelSpec]) -> None:
     """Refuse a layer selection a model lacks (``--layers 99``) from its config, before Ray starts and it loads.
     A model whose config is not known without loading it is checked once it loads."""
-    from raygeom.sources.models import cached_config
     from raygeom.sources.layers import layer_names, select_layers
+    from raygeom.sources.models import cached_config
 
     for spec in specs:
         try:
@@ -59,8 +59,11 @@ def report_distinct(job: JobSpec, corpus, console: Console) -> None:
     # k_per_d gives each width its own k: the widest [train] run needs the most texts. Other models' widths are not
     # known before they load; their units are refused by rank there.
     widest = max((run.settings.hidden_size for run in job.trains), default=None)
-    lines = [check_corpus(corpus.name, corpus.texts, for_width(item.params, widest)) for item in job.planned()
-             if item.analysis == "pga" and (widest or not item.params.k_per_d)]
+    lines = [
+        check_corpus(corpus.name, corpus.texts, for_width(item.params, widest))
+        for item in job.planned()
+        if item.analysis == "pga" and (widest or not item.params.k_per_d)
+    ]
     line = next((line for line in lines if line), None)
     if line:
         console.print(escape(line), highlight=False)
@@ -94,9 +97,13 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
         orchestrate.start_ray(address, num_cpus)
     # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
     nll = experiment.needs_nll(job)
-    items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll),
-                                   replica_gpus(spec, job, orchestrate.cluster_gpus(), None))
-             for spec in (specs if experiment.needs_pooled(job) else [])]
+    items = [
+        orchestrate.SweepItem(
+            ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll),
+            replica_gpus(spec, job, orchestrate.cluster_gpus(), None),
+        )
+        for spec in (specs if experiment.needs_pooled(job) else [])
+    ]
     label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
     names = experiment.analyses_of(job)
     units = experiment.JobUnits(store, job)
@@ -118,16 +125,27 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
 
         every_row = orchestrate.run_sweep(store, items, units, progress=advance)
     if items:
-        console.print(f"forward passes: {len(items) - stored[0]} of {len(items)} (model, revision) at these settings"
-                      + (f"; {stored[0]} read back from the store" if stored[0] else ""), markup=False, highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"forward passes: {len(items) - stored[0]} of {len(items)} (model, revision) at these settings"
+            + (f"; {stored[0]} read back from the store" if stored[0] else ""),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
-    every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row.get("r") or 0, row["layer_index"],
-                                    row.get("relative_depth") or 0.0))
+    every_row.sort(
+        key=lambda row: (
+            order[(row["model"], row["revision"])],
+            row.get("r") or 0,
+            row["layer_index"],
+            row.get("relative_depth") or 0.0,
+        )
+    )
     files: dict[str, list[Path]] = {}
     shown: dict[str, list[dict]] = {}
-    others = experiment.write_outputs(store, job, units, every_row, console,
-                                      own=experiment.run_own_extractions(store, job, console), files=files, shown=shown)
+    others = experiment.write_outputs(
+        store, job, units, every_row, console, own=experiment.run_own_extractions(store, job, console), files=files, shown=shown
+    )
     rows, table, plot = units.rows_of("pga", every_row), None, None
     if "pga" in names:
         from raygeom.engine.units import accumulated_rows
@@ -195,17 +213,24 @@ def hub_revision_lists(job: JobSpec, console: Console) -> JobSpec:
         if listed and tuple(listed) != PYTHIA_REVISIONS:
             missing = [r for r in PYTHIA_REVISIONS if r not in listed]
             extra = [r for r in listed if r not in PYTHIA_REVISIONS]
-            console.print(f"[yellow]warning[/] {escape(entry.source)}: the hub lists {len(listed)} revisions, "
-                          f"raygeom/sources/revisions.py {len(PYTHIA_REVISIONS)} ({len(missing)} not on the hub"
-                          + (f", e.g. {missing[0]}" if missing else "") + f"; {len(extra)} only on the hub"
-                          + (f", e.g. {extra[0]}" if extra else "") + "); using the hub's", highlight=False, soft_wrap=True)
+            console.print(
+                f"[yellow]warning[/] {escape(entry.source)}: the hub lists {len(listed)} revisions, "
+                f"raygeom/sources/revisions.py {len(PYTHIA_REVISIONS)} ({len(missing)} not on the hub"
+                + (f", e.g. {missing[0]}" if missing else "")
+                + f"; {len(extra)} only on the hub"
+                + (f", e.g. {extra[0]}" if extra else "")
+                + "); using the hub's",
+                highlight=False,
+                soft_wrap=True,
+            )
             entry = replace(entry, revisions=tuple(listed))
         entries.append(entry)
     return replace(job, models=tuple(entries))
 
 
-def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None,
-                  write_html: bool = True) -> SweepOutputs:
+def run_sweep_job(
+    job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None, write_html: bool = True
+) -> SweepOutputs:
     """Every (model, revision) of the job: extraction on GPU (or CPU) tasks, PGA per layer, then the tidy
     table, collapse zones, plots and the integrity report, all from the store. ``write_html``: write the HTML
     report too (a driver that adds to the store afterwards writes it once, at its end)."""
@@ -234,9 +259,11 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
             request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
             items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params)))
     total, done = plan.all_units()
-    console.print(f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, "
-                  f"{total:,} units, "
-                  f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster")
+    console.print(
+        f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, "
+        f"{total:,} units, "
+        f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster"
+    )
     counter = {"pga": 0}
     with progress_bar(console) as progress:
         extract_task = progress.add_task("extract revisions", total=len(items))
@@ -244,10 +271,14 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
 
         names = experiment.analyses_of(job)
         labels = sweep.planned_labels(job)
-        total = sum(len(units) * labels[label].spec.progress_cost(labels[label].params)
-                    for revision in plan.revisions for label, units in revision.analysis_units.items())
-        pga_task = progress.add_task("PGA tasks" if names == ["pga"] else f"{', '.join(names)} tasks",
-                                     total=total or progress_units(plan.n_units, job.pga))
+        total = sum(
+            len(units) * labels[label].spec.progress_cost(labels[label].params)
+            for revision in plan.revisions
+            for label, units in revision.analysis_units.items()
+        )
+        pga_task = progress.add_task(
+            "PGA tasks" if names == ["pga"] else f"{', '.join(names)} tasks", total=total or progress_units(plan.n_units, job.pga)
+        )
         units = experiment.JobUnits(store, job)
 
         def advance(kind: str, n: int) -> None:
@@ -259,14 +290,25 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
                 progress.advance(extract_task if kind == "extract" else pga_task, n)
 
         settings = job.sweep
-        every_row = orchestrate.run_sweep(store, items, units, progress=advance,
-                                          max_in_flight=settings.max_in_flight or None, pga_threads=settings.pga_threads,
-                                          keep_activations=settings.keep_activations, weights=weights_settings(job))
+        every_row = orchestrate.run_sweep(
+            store,
+            items,
+            units,
+            progress=advance,
+            max_in_flight=settings.max_in_flight or None,
+            pga_threads=settings.pga_threads,
+            keep_activations=settings.keep_activations,
+            weights=weights_settings(job),
+        )
     experiment.write_outputs(store, job, units, every_row, console, own=experiment.run_own_extractions(store, job, console))
     for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
         if row.get("note"):
-            console.print(f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
-                          f"{escape(row['note'])} (not stored; a rerun tries it again)", highlight=False, soft_wrap=True)
+            console.print(
+                f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
+                f"{escape(row['note'])} (not stored; a rerun tries it again)",
+                highlight=False,
+                soft_wrap=True,
+            )
     final = sweep.build_plan(job, store, corpus.fingerprint())
     outputs = write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
     report = outputs["report"]
@@ -278,10 +320,14 @@ def run_sweep_job(job: JobSpec, console: Console, address: str | None = None, nu
         console.print(sweep_table(outputs["table_rows"], outputs["zones"]))
         collapsed = [z for z in outputs["zones"] if z["collapsed"]]
         console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
-        console.print(f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
-                      f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}", markup=False)
+        console.print(
+            f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
+            f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}",
+            markup=False,
+        )
     console.print(f"store:   {store.root}", markup=False)
     if write_html:
         announce_report(store.root, console)
-    return SweepOutputs(outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"],
-                        final.n_done - plan.n_done, report.flagged)
+    return SweepOutputs(
+        outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"], final.n_done - plan.n_done, report.flagged
+    )

@@ -128,8 +128,11 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
     every = planned_labels(job)
     labels = {label: item for label, item in every.items() if item.spec.extraction == "pooled"}
     specs = job_specs(job)
-    own = {label: item.spec.planned_units(store, job, specs, item.params) for label, item in every.items()
-           if item.spec.extraction != "pooled"}
+    own = {
+        label: item.spec.planned_units(store, job, specs, item.params)
+        for label, item in every.items()
+        if item.spec.extraction != "pooled"
+    }
     for spec in specs:
         key = extraction_key(spec, fingerprint, job.extraction, job.layers, READOUT_COMPONENTS)
         marker = store.completion(spec.slug, spec.revision, key)
@@ -140,7 +143,11 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
         if marker:
             layers, source, params = list(marker["layers"]), "store", marker.get("params")
         elif config and "num_hidden_layers" in config:
-            layers, source, params = select_layers(layer_names(config["num_hidden_layers"]), job.layers), "config", config_params(config)
+            layers, source, params = (
+                select_layers(layer_names(config["num_hidden_layers"]), job.layers),
+                "config",
+                config_params(config),
+            )
         elif size is not None:
             layers, source, params = select_layers(layer_names(size.n_blocks), job.layers), "pythia table", size.params
         else:
@@ -150,12 +157,19 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
         units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
         done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
         d = (marker or {}).get("d") or (config or {}).get("hidden_size") or (size.d if size else None)
-        analysis_units = {label: {layer: item.spec.unit_key(key, layer, item.spec.for_width(item.params, d))
-                                  for layer in layers} for label, item in labels.items()}
-        analysis_done = {label: {layer for layer, unit in keys.items() if store.has_result(labels[label].analysis, unit)}
-                         for label, keys in analysis_units.items()}
-        plans.append(RevisionPlan(spec, key, layers, source, params, units, marker is not None, done, marker,
-                                  analysis_units, analysis_done))
+        analysis_units = {
+            label: {layer: item.spec.unit_key(key, layer, item.spec.for_width(item.params, d)) for layer in layers}
+            for label, item in labels.items()
+        }
+        analysis_done = {
+            label: {layer for layer, unit in keys.items() if store.has_result(labels[label].analysis, unit)}
+            for label, keys in analysis_units.items()
+        }
+        plans.append(
+            RevisionPlan(
+                spec, key, layers, source, params, units, marker is not None, done, marker, analysis_units, analysis_done
+            )
+        )
     for plan in plans:  # revisions not yet loaded take the measured size of their model
         if plan.marker is None and plan.spec.source in params_of_model:
             measured = [p.marker.get("params") for p in plans if p.marker and p.spec.source == plan.spec.source]
@@ -164,6 +178,7 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None) 
 
 
 # ------------------------------------------------------------------------------------ estimates
+
 
 @dataclass
 class CostEstimate:
@@ -180,7 +195,9 @@ class CostEstimate:
 def estimate(plan: SweepPlan) -> CostEstimate:
     """Scale measured unit times to the units still missing: forward passes by parameters x tokens,
     loading by parameters, PGA by (n_null + 1) x N^2 (all pairs of N samples for every subspace)."""
-    markers = [r.marker for r in plan.revisions if r.marker and r.marker.get("forward_seconds") is not None and r.marker.get("params")]
+    markers = [
+        r.marker for r in plan.revisions if r.marker and r.marker.get("forward_seconds") is not None and r.marker.get("params")
+    ]
     extract_rate = load_rate = None
     device = "none measured"
     if markers:
@@ -203,7 +220,7 @@ def estimate(plan: SweepPlan) -> CostEstimate:
     if extract_rate is not None and all(r.params for r in todo):
         remaining_extract = sum(r.params * (tokens * extract_rate + load_rate) for r in todo)
     missing_units = sum(len(r.units) - len(r.done) for r in plan.revisions)
-    remaining_pga = pga_rate * missing_units * (job.pga.n_null + 1) * job.n_samples ** 2 if pga_rate is not None else None
+    remaining_pga = pga_rate * missing_units * (job.pga.n_null + 1) * job.n_samples**2 if pga_rate is not None else None
     return CostEstimate(len(markers), len(keys), extract_rate, load_rate, pga_rate, remaining_extract, remaining_pga, device)
 
 
@@ -219,7 +236,7 @@ def reference_estimate(plan: SweepPlan) -> tuple[float, float] | None:
     """(GPU-seconds of extraction, CPU-seconds of PGA) for the missing units, from the reference rates."""
     job = plan.job
     widths = sorted(REFERENCE_PGA_UNIT_SECONDS)
-    scale = (job.pga.n_null + 1) * job.n_samples ** 2 / (101 * 2000 ** 2)
+    scale = (job.pga.n_null + 1) * job.n_samples**2 / (101 * 2000**2)
     gpu = cpu = 0.0
     for revision in plan.revisions:
         size = pythia.size_of(revision.spec.source)
@@ -227,8 +244,9 @@ def reference_estimate(plan: SweepPlan) -> tuple[float, float] | None:
         if revision.params is None or d is None:
             return None
         if not revision.extracted and not revision.complete:
-            gpu += revision.params * (2 * job.n_samples * job.extraction.seq_len / REFERENCE_GPU_FLOPS
-                                      + 2 / REFERENCE_LOAD_BYTES_PER_SECOND)
+            gpu += revision.params * (
+                2 * job.n_samples * job.extraction.seq_len / REFERENCE_GPU_FLOPS + 2 / REFERENCE_LOAD_BYTES_PER_SECOND
+            )
         unit = float(np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths]))
         cpu += (len(revision.units) - len(revision.done)) * unit * scale
     return gpu, cpu
@@ -261,8 +279,11 @@ def _seconds_per_null(plan: SweepPlan, cost: CostEstimate | None) -> dict[str, f
             continue
         size = pythia.size_of(revision.spec.source)
         d = (revision.marker or {}).get("d") or (size.d if size else None)
-        out[revision.key] = None if d is None else float(
-            np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths])) * (n / 2000) ** 2 / 101
+        out[revision.key] = (
+            None
+            if d is None
+            else float(np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths])) * (n / 2000) ** 2 / 101
+        )
     return out
 
 
@@ -279,8 +300,11 @@ def pilot_z(store: Store) -> tuple[dict[tuple[str, str], tuple[float, float]], i
             groups.setdefault((row["model"], row["layer"]), []).append(row)
     out = {}
     for key, group in groups.items():
-        ratios = [(r["z_se"] / np.sqrt((1 + r["z"] ** 2 / 2) / r["n_null"])) ** 2 for r in group
-                  if r.get("z_se") is not None and np.isfinite(r["z_se"]) and r["n_null"]]
+        ratios = [
+            (r["z_se"] / np.sqrt((1 + r["z"] ** 2 / 2) / r["n_null"])) ** 2
+            for r in group
+            if r.get("z_se") is not None and np.isfinite(r["z_se"]) and r["n_null"]
+        ]
         out[key] = (float(np.median([r["z"] for r in group])), float(np.median(ratios)) if ratios else 1.0)
     return out, sum(len(group) for group in groups.values())
 
@@ -293,8 +317,14 @@ def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget
     from raygeom.numerics.uncertainty import expected_auto_nulls
 
     pga = plan.job.pga
-    rule = {"target_half_width": pga.z_half_width, "relative_target": pga.z_rel_width or None, "cap": pga.n_null_cap,
-            "min_null": AUTO_FIRST_BLOCK, "block": AUTO_FIRST_BLOCK, "decide_cap": pga.n_null_decide}
+    rule = {
+        "target_half_width": pga.z_half_width,
+        "relative_target": pga.z_rel_width or None,
+        "cap": pga.n_null_cap,
+        "min_null": AUTO_FIRST_BLOCK,
+        "block": AUTO_FIRST_BLOCK,
+        "decide_cap": pga.n_null_decide,
+    }
     per_unit_high = float(expected_auto_nulls(np.linspace(0.0, 200.0, 20_001), **rule).max())
     per_null = _seconds_per_null(plan, cost)
     pilot, pilot_rows = pilot_z(plan.store)
@@ -311,19 +341,39 @@ def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget
             return None
         return sum(per_null[r.key] * (per_unit(r, layer) + 1) for r, layer in missing)
 
-    cpu_seconds = {"fixed": cpu(lambda r, layer: pga.n_null), "low": cpu(lambda r, layer: AUTO_FIRST_BLOCK),
-                   "high": cpu(lambda r, layer: per_unit_high),
-                   "expected": cpu(lambda r, layer: expected.get((r.key, layer), 0.0)) if expected else None}
-    words = (f"stop at max({pga.z_half_width:g}, {pga.z_rel_width:g} x |z|)" if pga.z_rel_width
-             else f"stop at {pga.z_half_width:g}") + (f", on while 0 or ±2 is inside, up to {pga.n_null_decide:,}"
-                                                       if pga.n_null_decide else "") + f", cap {pga.n_null_cap:,}"
-    return AutoBudget(words, len(missing), pga.n_null * len(missing), AUTO_FIRST_BLOCK * len(missing),
-                      int(per_unit_high * len(missing)), sum(expected.values()) if expected else None, pilot_rows,
-                      len(expected), cpu_seconds)
+    cpu_seconds = {
+        "fixed": cpu(lambda r, layer: pga.n_null),
+        "low": cpu(lambda r, layer: AUTO_FIRST_BLOCK),
+        "high": cpu(lambda r, layer: per_unit_high),
+        "expected": cpu(lambda r, layer: expected.get((r.key, layer), 0.0)) if expected else None,
+    }
+    words = (
+        (f"stop at max({pga.z_half_width:g}, {pga.z_rel_width:g} x |z|)" if pga.z_rel_width else f"stop at {pga.z_half_width:g}")
+        + (f", on while 0 or ±2 is inside, up to {pga.n_null_decide:,}" if pga.n_null_decide else "")
+        + f", cap {pga.n_null_cap:,}"
+    )
+    return AutoBudget(
+        words,
+        len(missing),
+        pga.n_null * len(missing),
+        AUTO_FIRST_BLOCK * len(missing),
+        int(per_unit_high * len(missing)),
+        sum(expected.values()) if expected else None,
+        pilot_rows,
+        len(expected),
+        cpu_seconds,
+    )
 
 
-def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, pga_unit_seconds, n_samples: int = 2000,
-                        seq_len: int = 128, gpus: int = 8, deduped: bool = False) -> dict:
+def full_suite_estimate(
+    extract_rate_gpu: float,
+    load_seconds_per_param: float,
+    pga_unit_seconds,
+    n_samples: int = 2000,
+    seq_len: int = 128,
+    gpus: int = 8,
+    deduped: bool = False,
+) -> dict:
     """Every Pythia size x 154 revisions x all layers (see docs/sweeps.md). ``extract_rate_gpu``: GPU-seconds
     per parameter-token of forward pass; ``pga_unit_seconds(d)``: CPU-seconds of one PGA unit at width d."""
     revisions = len(pythia.PYTHIA_REVISIONS) * (2 if deduped else 1)
@@ -332,10 +382,16 @@ def full_suite_estimate(extract_rate_gpu: float, load_seconds_per_param: float, 
     forward = extract_rate_gpu * params * n_samples * seq_len * revisions
     load = load_seconds_per_param * params * revisions
     pga_cpu = sum(s.n_layers * pga_unit_seconds(s.d) for s in sizes) * revisions
-    return {"revisions_per_model": revisions, "total_params": params, "units": sum(s.n_layers for s in sizes) * revisions,
-            "forward_gpu_hours": forward / 3600, "load_gpu_hours": load / 3600,
-            "extract_gpu_hours": (forward + load) / 3600, "pga_cpu_hours": pga_cpu / 3600,
-            "node_wall_hours": (forward + load) / 3600 / gpus}
+    return {
+        "revisions_per_model": revisions,
+        "total_params": params,
+        "units": sum(s.n_layers for s in sizes) * revisions,
+        "forward_gpu_hours": forward / 3600,
+        "load_gpu_hours": load / 3600,
+        "extract_gpu_hours": (forward + load) / 3600,
+        "pga_cpu_hours": pga_cpu / 3600,
+        "node_wall_hours": (forward + load) / 3600 / gpus,
+    }
 
 
 def format_seconds(seconds: float | None) -> str:

@@ -39,8 +39,10 @@ def _claim_run_dir(plan: CheckpointPlan, key: str) -> None:
         except (OSError, json.JSONDecodeError):
             owner = None
         if owner != key:
-            raise RaygeomError(f"{root} already holds checkpoints of another run ({child.parent.name}); "
-                               "remove them or give this run another run directory")
+            raise RaygeomError(
+                f"{root} already holds checkpoints of another run ({child.parent.name}); "
+                "remove them or give this run another run directory"
+            )
     (root / RUN_MARKER).unlink(missing_ok=True)
 
 
@@ -53,9 +55,16 @@ def provenance_columns(settings: TrainSettings, corpus_fingerprint: str | None) 
     from raygeom import __version__
 
     fields = {n: v for n, v in asdict(settings).items() if n not in ("use_gpu", "cpus_per_worker")}
-    return {"model": model_name(settings), "revision": f"step{settings.steps}", "step": settings.steps,
-            "corpus": settings.corpus, "corpus_fingerprint": corpus_fingerprint, "chunk_len": settings.seq_len,
-            "settings": json.dumps(fields, sort_keys=True), "raygeom_version": __version__}
+    return {
+        "model": model_name(settings),
+        "revision": f"step{settings.steps}",
+        "step": settings.steps,
+        "corpus": settings.corpus,
+        "corpus_fingerprint": corpus_fingerprint,
+        "chunk_len": settings.seq_len,
+        "settings": json.dumps(fields, sort_keys=True),
+        "raygeom_version": __version__,
+    }
 
 
 def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointPlan | None = None, data=None) -> dict:
@@ -83,20 +92,40 @@ def run_training(store: Store, settings: TrainSettings, checkpoints: CheckpointP
     wall = time.perf_counter() - started
     history = read_table(history_path).to_pylist()
     last = history[-1]
-    row = {"key": key, "lam": settings.lam, "seed": settings.seed, "steps": settings.steps, "workers": settings.workers,
-           "push_layer": settings.push_layer, "over": settings.over, "final_train_loss": last["lm_loss"],
-           "heldout_perplexity": last["heldout_perplexity"], "heldout_dispersion": last["heldout_dispersion"],
-           "n_train_sequences": int(len(data.train)), "n_heldout_sequences": int(len(data.heldout)), "wall_s": wall,
-           "history": str(history_path), "unit_key": key, **provenance_columns(settings, data.corpus_fingerprint)}
+    row = {
+        "key": key,
+        "lam": settings.lam,
+        "seed": settings.seed,
+        "steps": settings.steps,
+        "workers": settings.workers,
+        "push_layer": settings.push_layer,
+        "over": settings.over,
+        "final_train_loss": last["lm_loss"],
+        "heldout_perplexity": last["heldout_perplexity"],
+        "heldout_dispersion": last["heldout_dispersion"],
+        "n_train_sequences": int(len(data.train)),
+        "n_heldout_sequences": int(len(data.heldout)),
+        "wall_s": wall,
+        "history": str(history_path),
+        "unit_key": key,
+        **provenance_columns(settings, data.corpus_fingerprint),
+    }
     if checkpoints is not None:
         root = Path(checkpoints.run_dir)
-        save_text("".join(json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
-                                  for i, t in enumerate(data.heldout_texts)), root / "heldout.jsonl")
+        save_text(
+            "".join(
+                json.dumps({"text": t, **({"label": data.heldout_labels[i]} if data.heldout_labels else {})}) + "\n"
+                for i, t in enumerate(data.heldout_texts)
+            ),
+            root / "heldout.jsonl",
+        )
         if data.tokenizer is not None:
             data.tokenizer.save_pretrained(root)
         row.update(run_dir=str(root), n_checkpoints=len(checkpoints.steps))
     store.write_result("train_runs", key, row)
     if checkpoints is not None:  # last: it is what marks the trajectory complete
-        save_text(json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings), "row": row},
-                                     indent=2), Path(checkpoints.run_dir) / RUN_MARKER)
+        save_text(
+            json.dumps({"key": key, "steps": list(checkpoints.steps), "settings": asdict(settings), "row": row}, indent=2),
+            Path(checkpoints.run_dir) / RUN_MARKER,
+        )
     return row

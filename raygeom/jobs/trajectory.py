@@ -6,33 +6,50 @@ from __future__ import annotations
 from pathlib import Path
 
 from raygeom.errors import RaygeomError
-from raygeom.report.figure_keys import drawn_once
 from raygeom.jobs.gap_ranking import agreement  # noqa: F401 - the trajectory's G ranking, re-exported
 from raygeom.jobs.trajectory_report import organisation_summary, page_text, pick_layers  # noqa: F401 - re-exported
 from raygeom.jobspec import TrajectorySettings
+from raygeom.report.figure_keys import drawn_once
 from raygeom.report.figures import save_text
-
 
 # ------------------------------------------------------------------------------------------- tables
 
+
 def _settings_columns(job, settings: TrajectorySettings) -> dict:
-    return {"corpus": job.corpus, "chunk_len": settings.chunk_len, "chunks_per_domain": settings.chunks_per_domain,
-            "domain_tokens": settings.domain_tokens, "gap_layer": settings.gap_layer}
+    return {
+        "corpus": job.corpus,
+        "chunk_len": settings.chunk_len,
+        "chunks_per_domain": settings.chunks_per_domain,
+        "domain_tokens": settings.domain_tokens,
+        "gap_layer": settings.gap_layer,
+    }
 
 
-def checkpoint_table(ranking: list[dict], evaluations: list[dict], steps: dict[str, int | None],
-                     flags: dict[str, str | None], extra: dict) -> list[dict]:
+def checkpoint_table(
+    ranking: list[dict], evaluations: list[dict], steps: dict[str, int | None], flags: dict[str, str | None], extra: dict
+) -> list[dict]:
     """One row per checkpoint: its step, G and select's rank, the held-out perplexity (the trainer's evaluation
     where the run was trained here, else the perplexity of the chunks G was measured on) and its rank."""
     trainer = {e["revision"]: e for e in evaluations}
     rows = []
     for r in ranking:
         evaluation = trainer.get(r["revision"], {})
-        rows.append({"model": r["model"], "revision": r["revision"], "step": steps.get(r["revision"]), "gap": r["gap"],
-                     "select_rank": r["rank"], "domain_dispersion": r["domain_dispersion"],
-                     "generic_dispersion": r["generic_dispersion"], "n_domain": r["n_domain"],
-                     "chunk_perplexity": r["perplexity"], "trainer_heldout_perplexity": evaluation.get("heldout_perplexity"),
-                     "weights_flag": flags.get(r["revision"]), **extra})
+        rows.append(
+            {
+                "model": r["model"],
+                "revision": r["revision"],
+                "step": steps.get(r["revision"]),
+                "gap": r["gap"],
+                "select_rank": r["rank"],
+                "domain_dispersion": r["domain_dispersion"],
+                "generic_dispersion": r["generic_dispersion"],
+                "n_domain": r["n_domain"],
+                "chunk_perplexity": r["perplexity"],
+                "trainer_heldout_perplexity": evaluation.get("heldout_perplexity"),
+                "weights_flag": flags.get(r["revision"]),
+                **extra,
+            }
+        )
     source = "trainer" if rows and all(r["trainer_heldout_perplexity"] is not None for r in rows) else "chunks"
     for r in rows:
         r["heldout_perplexity"] = r["trainer_heldout_perplexity"] if source == "trainer" else r["chunk_perplexity"]
@@ -59,20 +76,39 @@ def gap_by_run(job, ranking: list[dict], extra: dict) -> list[dict]:
         columns = {**extra, "run": run.name, "width": run.d, "depth": run.depth, "run_seed": run.seed}
         rows = checkpoint_table(mine, checkpoint_evaluations(run.run_dir), steps, {}, columns)
         summary = agreement(rows, settings.late_from, settings.bootstrap, settings.seed)
-        out.append({"run": run.name, "width": run.d, "depth": run.depth, "seed": run.seed, "rows": rows,
-                    "summary": [{**row, **columns} for row in summary]})
+        out.append(
+            {
+                "run": run.name,
+                "width": run.d,
+                "depth": run.depth,
+                "seed": run.seed,
+                "rows": rows,
+                "summary": [{**row, **columns} for row in summary],
+            }
+        )
     return out
 
 
 def dispersion_by_step(layer_rows: list[dict], steps: dict[str, int | None]) -> list[dict]:
     """The dispersion analysis' per-layer rows, with each checkpoint's step."""
-    keep = ("model", "revision", "layer", "layer_index", "relative_depth", "token_dispersion", "sample_dispersion",
-            "perplexity", "n_chunks", "gap")
+    keep = (
+        "model",
+        "revision",
+        "layer",
+        "layer_index",
+        "relative_depth",
+        "token_dispersion",
+        "sample_dispersion",
+        "perplexity",
+        "n_chunks",
+        "gap",
+    )
     rows = [{**{k: r.get(k) for k in keep}, "step": steps.get(r["revision"])} for r in layer_rows]
     return sorted(rows, key=lambda r: (r["step"] if r["step"] is not None else -1, r["layer_index"]))
 
 
 # -------------------------------------------------------------------------------------------- plots
+
 
 def _log_step_axis(ax, steps: list[int]) -> None:
     from matplotlib.ticker import NullLocator
@@ -96,7 +132,7 @@ def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str)
     for role, layer in layers.items():
         series = sorted((r for r in z_rows if r["layer"] == layer), key=lambda r: r["step"])
         x = [r["step"] + 1 for r in series]
-        line, = ax.plot(x, [r["z"] for r in series], marker="o", ms=3, label=f"{role}: {layer}")
+        (line,) = ax.plot(x, [r["z"] for r in series], marker="o", ms=3, label=f"{role}: {layer}")
         if series and all(r.get("z_lo") is not None and r.get("z_hi") is not None for r in series):
             ax.fill_between(x, [r["z_lo"] for r in series], [r["z_hi"] for r in series], color=line.get_color(), alpha=0.2, lw=0)
     flagged = sorted({r["step"] for r in z_rows if r.get("weights_flag")})
@@ -164,6 +200,7 @@ def plot_gap_against_perplexity(rows: list[dict], path, title: str):
 
 # --------------------------------------------------------------------------------------------- run
 
+
 def runs_at_once(runs, cluster: dict) -> int:
     """How many of ``runs`` (TrainSettings) the cluster holds at once: its CPUs (GPUs, when they train on GPUs) over
     the most one run asks for; at least 1."""
@@ -189,8 +226,10 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
         name = f"train {run.variant}" if run.variant else "train"
         if train_module.completed_trajectory(plan, plan.key(settings)) is not None:
             row = train_module.run_training(store, settings, plan)  # reads it back, no Ray needed
-            console.print(f"{name}: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
-                          f"(trained in {row['wall_s'] / 60:.1f} min)")
+            console.print(
+                f"{name}: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
+                f"(trained in {row['wall_s'] / 60:.1f} min)"
+            )
             rows[index] = row
         else:
             todo.append((index, name, settings, plan))
@@ -203,8 +242,12 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
             orchestrate.start_ray(address, num_cpus)
         at_once = runs_at_once([settings for _, _, settings, _ in todo], ray.cluster_resources())
         _, name, settings, plan = todo[0]
-        what = (f"{name}: d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; {len(plan.steps)} "
-                f"checkpoints into {plan.run_dir}" if len(todo) == 1 else f"train: {len(todo)} runs, {at_once} at once")
+        what = (
+            f"{name}: d={settings.hidden_size}, {settings.n_layers} layers, {settings.steps} steps; {len(plan.steps)} "
+            f"checkpoints into {plan.run_dir}"
+            if len(todo) == 1
+            else f"train: {len(todo)} runs, {at_once} at once"
+        )
         # The data (article split, tokenizer, sequences) is made here, once per data setting: the runs of a grid share
         # it, and transformers' lazy imports are not safe from several threads at once.
         data = {}
@@ -212,9 +255,16 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
             if settings.data_fields() not in data:
                 data[settings.data_fields()] = train_module.training.prepare_data(settings.data_fields())
         with console.status(what), ThreadPoolExecutor(at_once) as pool:
-            futures = [(index, name, settings, plan, pool.submit(train_module.run_training, store, settings, plan,
-                                                                 data[settings.data_fields()]))
-                       for index, name, settings, plan in todo]
+            futures = [
+                (
+                    index,
+                    name,
+                    settings,
+                    plan,
+                    pool.submit(train_module.run_training, store, settings, plan, data[settings.data_fields()]),
+                )
+                for index, name, settings, plan in todo
+            ]
             failed = None
             for index, name, settings, plan, future in futures:
                 try:
@@ -222,8 +272,10 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
                 except RaygeomError as error:  # the other runs still finish and keep their checkpoints
                     failed = failed or error
                     continue
-                console.print(f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
-                              f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}")
+                console.print(
+                    f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
+                    f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}"
+                )
                 rows[index] = row
         if failed is not None:
             raise failed
@@ -259,13 +311,17 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
 
         specs = sweep.job_specs(job)
         corpus = load_corpus(job.corpus)
-        dsettings = dp.DispersionSettings(settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all",
-                                          settings.domain_tokens, settings.seed)
+        dsettings = dp.DispersionSettings(
+            settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all", settings.domain_tokens, settings.seed
+        )
         analysis = dp.AnalysisSettings(settings.group_size, settings.n_groups, 8, settings.gap_layer)
         missing = [s for s in specs if not dp.is_extracted(store, s, corpus, dsettings)]
         with progress_bar(console) as progress:
+
             def factory(label, _):
-                task = progress.add_task(f"dispersion {label}", total=len(set(corpus.labels or ["all"])) * settings.chunks_per_domain)
+                task = progress.add_task(
+                    f"dispersion {label}", total=len(set(corpus.labels or ["all"])) * settings.chunks_per_domain
+                )
                 return lambda n: progress.advance(task, n)
 
             result = dp.run_dispersion(store, specs, corpus, dsettings, analysis, factory)
@@ -275,12 +331,14 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         from raygeom.jobs.width import write_width_report
 
         together = {"wall_s": sum(r["wall_s"] for r in trained_runs), "cached": all(r.get("cached") for r in trained_runs)}
-        record = full_run_record(store, together, time.perf_counter() - started, swept.computed_units,
-                                 outputs["computed_dispersion_units"])
+        record = full_run_record(
+            store, together, time.perf_counter() - started, swept.computed_units, outputs["computed_dispersion_units"]
+        )
         gaps = gap_by_run(job, ranking, _settings_columns(job, settings)) if settings is not None else []
         if gaps:
-            atomic_write_table(pa.Table.from_pylist([r for run in gaps for r in run["rows"]]),
-                               store.root / "results" / "width_gap.parquet")
+            atomic_write_table(
+                pa.Table.from_pylist([r for run in gaps for r in run["rows"]]), store.root / "results" / "width_gap.parquet"
+            )
         if job.width.report:
             outputs["width_report"] = write_width_report(job, store, console, record, gaps)
         announce_report(store.root, console)
@@ -299,8 +357,10 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         evaluations = checkpoint_evaluations(job.train.plan().run_dir)
     extra = _settings_columns(job, settings)
     rows = checkpoint_table(ranking, evaluations, steps, flags, extra)
-    summary = [{**row, **extra, "perplexity_source": rows[0]["perplexity_source"] if rows else None}
-               for row in agreement(rows, settings.late_from, settings.bootstrap, settings.seed)]
+    summary = [
+        {**row, **extra, "perplexity_source": rows[0]["perplexity_source"] if rows else None}
+        for row in agreement(rows, settings.late_from, settings.bootstrap, settings.seed)
+    ]
     by_step = [{**r, **extra} for r in dispersion_by_step(result["layers"], steps)]
     results = store.root / "results"
     atomic_write_table(pa.Table.from_pylist(rows), results / "trajectory_checkpoints.parquet")
@@ -310,16 +370,23 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     organisation = organisation_summary(table, pick_layers(_layer_names(table)), job.sweep.positive_z)
     _print(console, rows, summary, organisation)
     wall = time.perf_counter() - started
-    outputs.update(rows=rows, summary=summary, organisation=organisation, wall_s=wall,
-                   full_run=full_run_record(store, trained, wall, swept.computed_units, len(missing)))
+    outputs.update(
+        rows=rows,
+        summary=summary,
+        organisation=organisation,
+        wall_s=wall,
+        full_run=full_run_record(store, trained, wall, swept.computed_units, len(missing)),
+    )
     if settings.report:
         page = Path(settings.report)
         export_rows(job, store, page.parent / page.stem, rows, by_step, table, outputs["full_run"])
         save_text(render_page(page), page)
         console.print(f"report: {page} (its rows in {page.parent / page.stem})")
-    console.print(f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
-                  f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
-                  f"trajectory_dispersion.parquet")
+    console.print(
+        f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
+        f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
+        f"trajectory_dispersion.parquet"
+    )
     announce_report(store.root, console)
     return outputs
 
@@ -329,16 +396,52 @@ def _layer_names(rows: list[dict]) -> list[str]:
 
 
 # The rows the trajectory page cites, per table (raygeom.jobs.width.TABLES for the mechanism analyses).
-Z_COLUMNS = ("model", "revision", "step", "layer", "layer_index", "relative_depth", "k", "r", "n_null", "z", "z_lo", "z_hi",
-             "weights_flag")
-CHECKPOINT_COLUMNS = ("model", "revision", "step", "gap", "select_rank", "domain_dispersion", "generic_dispersion",
-                      "n_domain", "heldout_perplexity", "perplexity_source", "perplexity_rank", "weights_flag")
-DISPERSION_COLUMNS = ("revision", "step", "layer", "layer_index", "relative_depth", "token_dispersion",
-                      "sample_dispersion", "perplexity", "n_chunks", "gap")
+Z_COLUMNS = (
+    "model",
+    "revision",
+    "step",
+    "layer",
+    "layer_index",
+    "relative_depth",
+    "k",
+    "r",
+    "n_null",
+    "z",
+    "z_lo",
+    "z_hi",
+    "weights_flag",
+)
+CHECKPOINT_COLUMNS = (
+    "model",
+    "revision",
+    "step",
+    "gap",
+    "select_rank",
+    "domain_dispersion",
+    "generic_dispersion",
+    "n_domain",
+    "heldout_perplexity",
+    "perplexity_source",
+    "perplexity_rank",
+    "weights_flag",
+)
+DISPERSION_COLUMNS = (
+    "revision",
+    "step",
+    "layer",
+    "layer_index",
+    "relative_depth",
+    "token_dispersion",
+    "sample_dispersion",
+    "perplexity",
+    "n_chunks",
+    "gap",
+)
 
 
-def export_rows(job, store, data_dir: Path, rows: list[dict], by_step: list[dict], z_rows: list[dict],
-                full_run: dict | None) -> Path:
+def export_rows(
+    job, store, data_dir: Path, rows: list[dict], by_step: list[dict], z_rows: list[dict], full_run: dict | None
+) -> Path:
     """Write the tidy rows the trajectory page cites into ``data_dir`` and ``meta.json`` (what ran)."""
     import json
     from dataclasses import asdict
@@ -359,25 +462,31 @@ def export_rows(job, store, data_dir: Path, rows: list[dict], by_step: list[dict
                 write(name, table, TABLES[name])
     settings = job.trajectory
     meta = {
-        "job": job.name, "store": f"runs/{Path(job.out).name}",
+        "job": job.name,
+        "store": f"runs/{Path(job.out).name}",
         "train": asdict(job.train.settings) if job.train is not None else None,
         "log_until": job.train.log_until if job.train is not None else None,
         "save_every": job.train.save_every if job.train is not None else None,
         "n_samples": job.n_samples,
         "pga": {"k": job.pga.k, "r": job.pga.r, "n_null": job.pga.n_null, "seed": job.pga.seed},
         "sweep": {"collapse_threshold": job.sweep.collapse_threshold, "positive_z": job.sweep.positive_z},
-        "trajectory": {k: getattr(settings, k) for k in ("gap_layer", "domain_tokens", "chunks_per_domain", "chunk_len",
-                                                          "late_from", "bootstrap", "seed")},
-        "wall": full_run, "rerun_note": RERUN_NOTE,
+        "trajectory": {
+            k: getattr(settings, k)
+            for k in ("gap_layer", "domain_tokens", "chunks_per_domain", "chunk_len", "late_from", "bootstrap", "seed")
+        },
+        "wall": full_run,
+        "rerun_note": RERUN_NOTE,
     }
     save_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
     return data_dir
 
 
 # Said on the page: the 800-step run the page once showed was not kept, so the rows are from a smaller rerun.
-RERUN_NOTE = ("a smaller rerun (5 Dec 2026) of the job the page once showed (800 steps of 16 x 128 tokens, N = 400): its "
-              "store was not kept, so the job was sized down to 400 steps of 8 x 128 tokens and N = 200 held-out articles, "
-              "with a checkpoint at 25% of training, to rerun in about 15 minutes of 2 shared cores.")
+RERUN_NOTE = (
+    "a smaller rerun (5 Dec 2026) of the job the page once showed (800 steps of 16 x 128 tokens, N = 400): its "
+    "store was not kept, so the job was sized down to 400 steps of 8 x 128 tokens and N = 200 held-out articles, "
+    "with a checkpoint at 25% of training, to rerun in about 15 minutes of 2 shared cores."
+)
 
 
 def render_page(page: Path) -> str:
@@ -391,8 +500,10 @@ def render_page(page: Path) -> str:
     page = Path(page)
     data = page.parent / page.stem
     meta = json.loads((data / "meta.json").read_text())
-    tables = {name: pq.read_table(data / f"{name}.parquet").to_pylist() if (data / f"{name}.parquet").is_file() else []
-              for name in ("z", "checkpoints", "dispersion", "pga", "spectral", "pc1", "probe")}
+    tables = {
+        name: pq.read_table(data / f"{name}.parquet").to_pylist() if (data / f"{name}.parquet").is_file() else []
+        for name in ("z", "checkpoints", "dispersion", "pga", "spectral", "pc1", "probe")
+    }
     z_rows, rows, by_step = tables["z"], tables["checkpoints"], tables["dispersion"]
     picked = pick_layers(_layer_names(z_rows))
     settings = meta["trajectory"]
@@ -401,10 +512,14 @@ def render_page(page: Path) -> str:
     figures = {
         "heatmap": plot_heatmaps(shaped, {}, data / "heatmap.png", "Subspace PGA z over step x layer"),
         "z_vs_step": plot_z_vs_step(z_rows, picked, data / "z_vs_step.png", f"Subspace PGA z over training: {model}"),
-        "dispersion_vs_step": plot_dispersion_vs_step(by_step, picked, data / "dispersion_vs_step.png",
-                                                      f"Dispersion over training: {model} (held-out chunks)"),
-        "gap_vs_perplexity": plot_gap_against_perplexity(rows, data / "gap_vs_perplexity.png",
-                                                         f"Dispersion gap G ({settings['domain_tokens']}) and held-out perplexity: {model}"),
+        "dispersion_vs_step": plot_dispersion_vs_step(
+            by_step, picked, data / "dispersion_vs_step.png", f"Dispersion over training: {model} (held-out chunks)"
+        ),
+        "gap_vs_perplexity": plot_gap_against_perplexity(
+            rows,
+            data / "gap_vs_perplexity.png",
+            f"Dispersion gap G ({settings['domain_tokens']}) and held-out perplexity: {model}",
+        ),
     }
     links = {name: f"{data.name}/{Path(path).name}" for name, path in figures.items() if path is not None}
     return page_text(meta, tables, links, page.name)
@@ -424,9 +539,15 @@ def full_run_record(store, trained: dict | None, wall: float, pga_units: int, di
 
     path = store.root / FULL_RUN
     if trained is not None and not trained.get("cached"):
-        record = {"wall_s": wall, "train_wall_s": trained["wall_s"], "pga_units": pga_units, "dispersion_units": dispersion_units,
-                  "load_1min_at_end": os.getloadavg()[0], "cpus": os.cpu_count(),
-                  "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        record = {
+            "wall_s": wall,
+            "train_wall_s": trained["wall_s"],
+            "pga_units": pga_units,
+            "dispersion_units": dispersion_units,
+            "load_1min_at_end": os.getloadavg()[0],
+            "cpus": os.cpu_count(),
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
         atomic_write_text(json.dumps(record, indent=2), path)
         return record
     try:
@@ -442,14 +563,31 @@ def _print(console, rows: list[dict], summary: list[dict], organisation: list[di
     for name in ("revision", "step", "G", "select rank", "held-out ppl", "ppl rank", "weights"):
         table.add_column(name, justify="left" if name in ("revision", "weights") else "right")
     for r in rows:
-        table.add_row(r["revision"], str(r["step"]), f"{r['gap']:+.4f}", str(r["select_rank"]), f"{r['heldout_perplexity']:.2f}",
-                      str(r["perplexity_rank"]), r["weights_flag"] or "")
+        table.add_row(
+            r["revision"],
+            str(r["step"]),
+            f"{r['gap']:+.4f}",
+            str(r["select_rank"]),
+            f"{r['heldout_perplexity']:.2f}",
+            str(r["perplexity_rank"]),
+            r["weights_flag"] or "",
+        )
     console.print(table)
     for s in summary:
-        console.print(f"Spearman(G, -perplexity) over {s['subset']} (n={s['n']}): {s['spearman']:+.3f}  "
-                      f"95% Fisher [{s['fisher_lo']:+.3f}, {s['fisher_hi']:+.3f}]  bootstrap [{s['boot_lo']:+.3f}, {s['boot_hi']:+.3f}]"
-                      + (f"; select picks {s['select_pick']} (perplexity rank {s['pick_perplexity_rank']}), "
-                         f"lowest perplexity: {s['best_by_perplexity']}" if s.get("select_pick") else ""), highlight=False)
+        console.print(
+            f"Spearman(G, -perplexity) over {s['subset']} (n={s['n']}): {s['spearman']:+.3f}  "
+            f"95% Fisher [{s['fisher_lo']:+.3f}, {s['fisher_hi']:+.3f}]  bootstrap [{s['boot_lo']:+.3f}, {s['boot_hi']:+.3f}]"
+            + (
+                f"; select picks {s['select_pick']} (perplexity rank {s['pick_perplexity_rank']}), "
+                f"lowest perplexity: {s['best_by_perplexity']}"
+                if s.get("select_pick")
+                else ""
+            ),
+            highlight=False,
+        )
     for o in organisation:
-        console.print(f"z {o['role']:>6} {o['layer']}: first {o['z_first']:+.2f}, peak {o['z_peak']:+.2f} at step {o['peak_step']}, "
-                      f"half-peak by step {o['half_peak_step']}, last {o['z_last']:+.2f}", highlight=False)
+        console.print(
+            f"z {o['role']:>6} {o['layer']}: first {o['z_first']:+.2f}, peak {o['z_peak']:+.2f} at step {o['peak_step']}, "
+            f"half-peak by step {o['half_peak_step']}, last {o['z_last']:+.2f}",
+            highlight=False,
+        )

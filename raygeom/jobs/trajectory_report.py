@@ -8,10 +8,17 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from raygeom.jobs.tidy import collapse_zones
 from raygeom.jobs.gap_ranking import agreement, claim_verdict, correlation_text, rank_interval, step_name
-from raygeom.jobs.width import (REGENERATE, markdown_table, pc1_reading, restoration, spectral_against_z,
-                                spectral_reading, with_interval)
+from raygeom.jobs.tidy import collapse_zones
+from raygeom.jobs.width import (
+    REGENERATE,
+    markdown_table,
+    pc1_reading,
+    restoration,
+    spectral_against_z,
+    spectral_reading,
+    with_interval,
+)
 from raygeom.numerics.uncertainty import spearman_with_ci
 
 
@@ -41,10 +48,21 @@ def organisation_summary(z_rows: list[dict], layers: dict[str, str], positive_z:
         half = next((r["step"] for r in series if peak["z"] > 0 and r["z"] >= peak["z"] / 2), None)
         before = max((r["step"] for r in series if half is not None and r["step"] < half), default=None)
         organised = next((r["step"] for r in series if r["z"] > positive_z), None)
-        out.append({"role": role, "layer": layer, "z_first": series[0]["z"], "z_last": series[-1]["z"], "z_peak": peak["z"],
-                    "peak_step": peak["step"], "half_peak_step": half, "checkpoint_before_half": before,
-                    "first_organised_step": organised, "last_step": series[-1]["step"],
-                    "drop_from_peak": peak["z"] - series[-1]["z"]})
+        out.append(
+            {
+                "role": role,
+                "layer": layer,
+                "z_first": series[0]["z"],
+                "z_last": series[-1]["z"],
+                "z_peak": peak["z"],
+                "peak_step": peak["step"],
+                "half_peak_step": half,
+                "checkpoint_before_half": before,
+                "first_organised_step": organised,
+                "last_step": series[-1]["step"],
+                "drop_from_peak": peak["z"] - series[-1]["z"],
+            }
+        )
     return out
 
 
@@ -58,16 +76,20 @@ def verdict_early(organisation: list[dict], last_step: int, share: float = 0.25)
     half, before = middle["half_peak_step"], middle["checkpoint_before_half"]
     threshold = share * last_step
     first = middle.get("first_organised_step")
-    where = (f"the middle layer ({middle['layer']}) reaches half of its peak z ({_f(middle['z_peak'])}, at step "
-             f"{middle['peak_step']}) at step {half} ({half / last_step:.0%} of the {last_step} steps); the checkpoint "
-             f"before is {step_name(before)}; it first exceeds z = 2 at step {first if first is not None else 'never'}; "
-             f"'early' is read as within the first quarter (step {threshold:g})")
+    where = (
+        f"the middle layer ({middle['layer']}) reaches half of its peak z ({_f(middle['z_peak'])}, at step "
+        f"{middle['peak_step']}) at step {half} ({half / last_step:.0%} of the {last_step} steps); the checkpoint "
+        f"before is {step_name(before)}; it first exceeds z = 2 at step {first if first is not None else 'never'}; "
+        f"'early' is read as within the first quarter (step {threshold:g})"
+    )
     if half <= threshold:
         return "reproduced", where
     if before is not None and before >= threshold:
         return "contradicted", where
-    return "undecided", where + (f"; no checkpoint lies between step {before} and step {half}, so the data cannot say "
-                                 "on which side of the quarter half of the peak was reached")
+    return "undecided", where + (
+        f"; no checkpoint lies between step {before} and step {half}, so the data cannot say "
+        "on which side of the quarter half of the peak was reached"
+    )
 
 
 def _lowest_block(z_rows: list[dict]) -> str:
@@ -78,16 +100,21 @@ def _lowest_block(z_rows: list[dict]) -> str:
     if low["z"] >= 0:
         return f" No block has z below 0 (lowest {_f(low['z'], 2, True)})."
     organised = min((r["step"] for r in blocks if r["z"] > 2), default=None)
-    when = ("before any block is organised (z > 2 first at step " + str(organised) + ")"
-            if organised is None or low["step"] < organised else "after organisation had appeared")
+    when = (
+        "before any block is organised (z > 2 first at step " + str(organised) + ")"
+        if organised is None or low["step"] < organised
+        else "after organisation had appeared"
+    )
     return f" The lowest z of any block is {_f(low['z'], 2, True)} ({low['layer']}, {step_name(low['step'])}), {when}."
 
 
 def _spearman_reading(s: dict) -> str:
     if s.get("note") or not math.isfinite(s.get("spearman", float("nan"))):
         return correlation_text(s)
-    return (f"{_f(s['spearman'], 3, True)} (n = {s['n']}; 95% Fisher-z, Bonett-Wright variance [{_f(s['fisher_lo'], 2, True)}, "
-            f"{_f(s['fisher_hi'], 2, True)}], bootstrap over checkpoints [{_f(s['boot_lo'], 2, True)}, {_f(s['boot_hi'], 2, True)}])")
+    return (
+        f"{_f(s['spearman'], 3, True)} (n = {s['n']}; 95% Fisher-z, Bonett-Wright variance [{_f(s['fisher_lo'], 2, True)}, "
+        f"{_f(s['fisher_hi'], 2, True)}], bootstrap over checkpoints [{_f(s['boot_lo'], 2, True)}, {_f(s['boot_hi'], 2, True)}])"
+    )
 
 
 def page_text(meta: dict, tables: dict[str, list[dict]], links: dict[str, str], page_name: str) -> str:
@@ -138,7 +165,8 @@ def page_text(meta: dict, tables: dict[str, list[dict]], links: dict[str, str], 
             f"- **Data**: BBC News, {1 - train.heldout_fraction:.0%} of the articles for training, {train.heldout_fraction:.0%} held out "
             f"(never trained on); {train.steps} steps of {train.batch_size} x {train.seq_len} tokens "
             f"({train.steps * train.batch_size * train.seq_len / 1e6:.2f}M tokens), AdamW lr {train.lr:g}, cosine schedule, "
-            f"seed {train.seed}, " + ("one Ray task (one worker)." if train.workers == 1 else f"Ray Train ({train.workers} data-parallel workers)."),
+            f"seed {train.seed}, "
+            + ("one Ray task (one worker)." if train.workers == 1 else f"Ray Train ({train.workers} data-parallel workers)."),
             f"- **Checkpoints**: {len(steps)} (`step0`, the random initialisation, then 1, 2, 4, ... {meta['log_until']}, then "
             f"every {meta['save_every']} steps): {', '.join(str(s) for s in steps)}. Each is a `save_pretrained` directory "
             "(model + tokenizer) with its held-out evaluation.",
@@ -152,20 +180,27 @@ def page_text(meta: dict, tables: dict[str, list[dict]], links: dict[str, str], 
     ]
     full = meta.get("wall")
     if full:
-        lines.append(f"- **Wall time**: the whole job, training included, took {full['wall_s'] / 60:.1f} min (training "
-                     f"{full['train_wall_s'] / 60:.1f} min; finished {full['finished']}, {full['cpus']} CPUs, 1-minute load "
-                     f"average {full['load_1min_at_end']:.1f} at the end: other work shared the cores).")
+        lines.append(
+            f"- **Wall time**: the whole job, training included, took {full['wall_s'] / 60:.1f} min (training "
+            f"{full['train_wall_s'] / 60:.1f} min; finished {full['finished']}, {full['cpus']} CPUs, 1-minute load "
+            f"average {full['load_1min_at_end']:.1f} at the end: other work shared the cores)."
+        )
     lines += ["", "## Subspace PGA over step x layer", ""]
     for name, alt in (("heatmap", "z heatmap"), ("z_vs_step", "z against step")):
         if name in links:
             lines += [f"![{alt}]({links[name]})", ""]
-    lines += [f"| layer | role | z at step 0 (initialisation) | first step with z > {thresholds.positive_z:g} | half of peak by step "
-              "| peak z | at step | z at the last step |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"| layer | role | z at step 0 (initialisation) | first step with z > {thresholds.positive_z:g} | half of peak by step "
+        "| peak z | at step | z at the last step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for o in organisation:
         first = o.get("first_organised_step")
-        lines.append(f"| {o['layer']} | {o['role']} | {_f(o['z_first'], 2, True)} | {first if first is not None else 'never'} | "
-                     f"{o['half_peak_step'] if o['half_peak_step'] is not None else 'n/a'} | {_f(o['z_peak'], 2, True)} | "
-                     f"{o['peak_step']} | {_f(o['z_last'], 2, True)} |")
+        lines.append(
+            f"| {o['layer']} | {o['role']} | {_f(o['z_first'], 2, True)} | {first if first is not None else 'never'} | "
+            f"{o['half_peak_step'] if o['half_peak_step'] is not None else 'n/a'} | {_f(o['z_peak'], 2, True)} | "
+            f"{o['peak_step']} | {_f(o['z_last'], 2, True)} |"
+        )
     lines += ["", "Bands are the z intervals stored with each unit (`z_lo`, `z_hi` in `z.parquet`).", ""]
     if flagged:
         lines += [f"Checkpoints whose weights duplicate another's: {', '.join(flagged)}.", ""]
@@ -174,57 +209,92 @@ def page_text(meta: dict, tables: dict[str, list[dict]], links: dict[str, str], 
         lines += [f"![dispersion against step]({links['dispersion_vs_step']})", ""]
     lines += ["| step | token dispersion | sample dispersion | held-out perplexity |", "|---|---|---|---|"]
     for r in final_rows:
-        lines.append(f"| {r['step']} | {_f(r['token_dispersion'], 4)} | {_f(r['sample_dispersion'], 4)} | "
-                     f"{_f(perplexity.get(r['revision']), 2)} |")
-    lines += ["", f"(layer `{final_layer}`, step 0 is the initialisation; all layers in `{data}/dispersion.parquet`)", "",
-              "## Does `select` pick the best checkpoints?", ""]
+        lines.append(
+            f"| {r['step']} | {_f(r['token_dispersion'], 4)} | {_f(r['sample_dispersion'], 4)} | "
+            f"{_f(perplexity.get(r['revision']), 2)} |"
+        )
+    lines += [
+        "",
+        f"(layer `{final_layer}`, step 0 is the initialisation; all layers in `{data}/dispersion.parquet`)",
+        "",
+        "## Does `select` pick the best checkpoints?",
+        "",
+    ]
     if "gap_vs_perplexity" in links:
         lines += [f"![G and perplexity]({links['gap_vs_perplexity']})", ""]
     source = rows[0]["perplexity_source"] if rows else "n/a"
-    lines += [f"Held-out perplexity: {'the trainer evaluation saved with each checkpoint' if source == 'trainer' else 'of the held-out chunks G is measured on'}. "
-              "Agreement is Spearman(G, -perplexity): +1 when `select`'s order is the perplexity order. Over fewer than 10 "
-              "checkpoints, or at |rho| = 1, no interval is honest and the exact permutation p-value stands instead.", "",
-              "| revision | step | G | select rank | held-out perplexity | perplexity rank |", "|---|---|---|---|---|---|"]
+    lines += [
+        f"Held-out perplexity: {'the trainer evaluation saved with each checkpoint' if source == 'trainer' else 'of the held-out chunks G is measured on'}. "
+        "Agreement is Spearman(G, -perplexity): +1 when `select`'s order is the perplexity order. Over fewer than 10 "
+        "checkpoints, or at |rho| = 1, no interval is honest and the exact permutation p-value stands instead.",
+        "",
+        "| revision | step | G | select rank | held-out perplexity | perplexity rank |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['revision']} | {r['step']} | {_f(r['gap'], 4, True)} | {r['select_rank']} | {_f(r['heldout_perplexity'], 2)} | "
-                     f"{r['perplexity_rank']} |")
-    lines += ["", f"- Over all checkpoints: {_spearman_reading(everything)}.", f"- Over the late ones ({late['subset']}): {_spearman_reading(late)}."]
+        lines.append(
+            f"| {r['revision']} | {r['step']} | {_f(r['gap'], 4, True)} | {r['select_rank']} | {_f(r['heldout_perplexity'], 2)} | "
+            f"{r['perplexity_rank']} |"
+        )
+    lines += [
+        "",
+        f"- Over all checkpoints: {_spearman_reading(everything)}.",
+        f"- Over the late ones ({late['subset']}): {_spearman_reading(late)}.",
+    ]
     for s in summary:
         if s.get("select_pick"):
-            lines.append(f"- {s['subset']}: `select` puts {step_name(s['select_pick_step'])} first (perplexity "
-                         f"{_f(s['select_pick_perplexity'])}, rank {s['pick_perplexity_rank']} of {s['n']}); the lowest perplexity "
-                         f"is {s['best_by_perplexity']} ({_f(s['best_perplexity'])}), "
-                         f"{'inside' if s['best_in_select_top3'] else 'outside'} `select`'s top 3.")
-    lines += ["", "## Against the papers' claims", "",
-              "Each verdict is one of: reproduced, contradicted, undecided (what is missing), or outside the paper's stated "
-              "range (the range).", ""]
+            lines.append(
+                f"- {s['subset']}: `select` puts {step_name(s['select_pick_step'])} first (perplexity "
+                f"{_f(s['select_pick_perplexity'])}, rank {s['pick_perplexity_rank']} of {s['n']}); the lowest perplexity "
+                f"is {s['best_by_perplexity']} ({_f(s['best_perplexity'])}), "
+                f"{'inside' if s['best_in_select_top3'] else 'outside'} `select`'s top 3."
+            )
+    lines += [
+        "",
+        "## Against the papers' claims",
+        "",
+        "Each verdict is one of: reproduced, contradicted, undecided (what is missing), or outside the paper's stated "
+        "range (the range).",
+        "",
+    ]
     lines.append(f"- **Organisation is set early** (PGA paper): **{early_status}**: {early_text}.")
     if late_role is not None:
-        lines.append(f"- **Collapse comes later** (PGA paper: small models lose alignment in late, non-final layers while loss "
-                     f"keeps improving): **{'reproduced' if collapsed else 'undecided'}**: {len(collapsed)} of {len(zones)} "
-                     f"checkpoints have a collapse zone (late non-final layers with z < {thresholds.collapse_threshold:g} while "
-                     f"an earlier layer has z > {thresholds.positive_z:g}, both decided on the 95% interval of z)"
-                     + (f", at {', '.join(step_name(z['step']) for z in collapsed)}" if collapsed else
-                        "; the paper's zones appear late in a long training (Pythia, 300B tokens), and this run has no "
-                        "checkpoint anywhere near that, so the data cannot decide")
-                     + f". The last block ({late_role['layer']}) peaks at z = {_f(late_role['z_peak'])} (step "
-                     f"{late_role['peak_step']}) and ends at {_f(late_role['z_last'])}." + _lowest_block(z_rows))
+        lines.append(
+            f"- **Collapse comes later** (PGA paper: small models lose alignment in late, non-final layers while loss "
+            f"keeps improving): **{'reproduced' if collapsed else 'undecided'}**: {len(collapsed)} of {len(zones)} "
+            f"checkpoints have a collapse zone (late non-final layers with z < {thresholds.collapse_threshold:g} while "
+            f"an earlier layer has z > {thresholds.positive_z:g}, both decided on the 95% interval of z)"
+            + (
+                f", at {', '.join(step_name(z['step']) for z in collapsed)}"
+                if collapsed
+                else "; the paper's zones appear late in a long training (Pythia, 300B tokens), and this run has no "
+                "checkpoint anywhere near that, so the data cannot decide"
+            )
+            + f". The last block ({late_role['layer']}) peaks at z = {_f(late_role['z_peak'])} (step "
+            f"{late_role['peak_step']}) and ends at {_f(late_role['z_last'])}." + _lowest_block(z_rows)
+        )
     if final_rows:
         low = min(final_rows, key=lambda r: r["token_dispersion"])
-        lines.append(f"- **Dispersion over training**: token-level dispersion at `{final_layer}` starts at "
-                     f"{_f(final_rows[0]['token_dispersion'], 3)} at step 0 (the initialisation), falls to "
-                     f"{_f(low['token_dispersion'], 3)} at {step_name(low['step'])} and ends at "
-                     f"{_f(final_rows[-1]['token_dispersion'], 3)}; sample-level dispersion from "
-                     f"{_f(final_rows[0]['sample_dispersion'], 3)} to {_f(final_rows[-1]['sample_dispersion'], 3)}. A dip and "
-                     "recovery makes a single rank correlation over all checkpoints a poor summary.")
-    lines.append(f"- **G tracks quality** (dispersion paper: higher G, lower perplexity): over all checkpoints "
-                 f"**{claim_verdict(everything)}**: Spearman(G, -perplexity) {correlation_text(everything)}"
-                 + (f"; `select` puts {step_name(everything['select_pick_step'])} first" if everything.get("select_pick") else "")
-                 + f". Over the late ones ({late['subset']}): **{claim_verdict(late)}**: {correlation_text(late)}.")
+        lines.append(
+            f"- **Dispersion over training**: token-level dispersion at `{final_layer}` starts at "
+            f"{_f(final_rows[0]['token_dispersion'], 3)} at step 0 (the initialisation), falls to "
+            f"{_f(low['token_dispersion'], 3)} at {step_name(low['step'])} and ends at "
+            f"{_f(final_rows[-1]['token_dispersion'], 3)}; sample-level dispersion from "
+            f"{_f(final_rows[0]['sample_dispersion'], 3)} to {_f(final_rows[-1]['sample_dispersion'], 3)}. A dip and "
+            "recovery makes a single rank correlation over all checkpoints a poor summary."
+        )
+    lines.append(
+        f"- **G tracks quality** (dispersion paper: higher G, lower perplexity): over all checkpoints "
+        f"**{claim_verdict(everything)}**: Spearman(G, -perplexity) {correlation_text(everything)}"
+        + (f"; `select` puts {step_name(everything['select_pick_step'])} first" if everything.get("select_pick") else "")
+        + f". Over the late ones ({late['subset']}): **{claim_verdict(late)}**: {correlation_text(late)}."
+    )
     if dispersion_agreement is not None:
-        lines.append(f"- **Higher dispersion, lower perplexity** (dispersion paper): **{claim_verdict(dispersion_agreement)}**: "
-                     f"token-level dispersion at `{final_layer}` against -perplexity across checkpoints, Spearman "
-                     f"{correlation_text(dispersion_agreement)}.")
+        lines.append(
+            f"- **Higher dispersion, lower perplexity** (dispersion paper): **{claim_verdict(dispersion_agreement)}**: "
+            f"token-level dispersion at `{final_layer}` against -perplexity across checkpoints, Spearman "
+            f"{correlation_text(dispersion_agreement)}."
+        )
     lines += [""] + mechanism_lines(meta, tables, pga_settings, thresholds, settings)
     lines += [
         "",
@@ -258,51 +328,108 @@ def mechanism_lines(meta: dict, tables: dict[str, list[dict]], pga_settings, thr
         return []
     d = meta["train"]["hidden_size"] if meta.get("train") else None
     ranks = sorted({r["r"] for r in pga})
-    config = ({"k": pga_settings.k, "r": pga_settings.r} if any(r["r"] == pga_settings.r and r["k"] == pga_settings.k for r in pga)
-              else {"k": pga[0]["k"], "r": ranks[0]})
+    config = (
+        {"k": pga_settings.k, "r": pga_settings.r}
+        if any(r["r"] == pga_settings.r and r["k"] == pga_settings.k for r in pga)
+        else {"k": pga[0]["k"], "r": ranks[0]}
+    )
     decide = SimpleNamespace(collapse_z=thresholds.collapse_threshold, positive_z=thresholds.positive_z)
     steps = sorted({r["step"] for r in pga})
     last = {r["run"]: steps[-1] for r in pga}
-    lines = ["## The PGA paper's mechanism over training", "",
-             f"Read from the job's registered analyses at every checkpoint x layer (PGA at CCR {', '.join(map(str, ranks))}, "
-             "spectral metrics, PC1 readout share, the topic probe); every number carries its interval.", ""]
+    lines = [
+        "## The PGA paper's mechanism over training",
+        "",
+        f"Read from the job's registered analyses at every checkpoint x layer (PGA at CCR {', '.join(map(str, ranks))}, "
+        "spectral metrics, PC1 readout share, the topic probe); every number carries its interval.",
+        "",
+    ]
     if spectral:
         flat = spectral_against_z(pga, spectral, config, settings.seed)
-        lines += [f"### Spectral blindness: do the spectral metrics move when z moves? (k = {config['k']}, CCR-{config['r']})", "",
-                  "Spearman of z against each metric over every (checkpoint, block) point, 95% Fisher interval.", ""]
-        lines += markdown_table(flat, [("points", "points"), ("z range", "z_range"), ("RankMe", "rankme"),
-                                       ("alpha-ReQ", "alpha_req"), ("isotropy", "isotropy")])
-        lines += ["", "**Verdict**: **undecided** (the paper's claim is that spectral metrics stay flat inside collapse "
-                  "zones while z swings; this run has no collapse zone to read it in). Across all points: "
-                  + "; ".join(spectral_reading(flat)) + ".", ""]
+        lines += [
+            f"### Spectral blindness: do the spectral metrics move when z moves? (k = {config['k']}, CCR-{config['r']})",
+            "",
+            "Spearman of z against each metric over every (checkpoint, block) point, 95% Fisher interval.",
+            "",
+        ]
+        lines += markdown_table(
+            flat,
+            [
+                ("points", "points"),
+                ("z range", "z_range"),
+                ("RankMe", "rankme"),
+                ("alpha-ReQ", "alpha_req"),
+                ("isotropy", "isotropy"),
+            ],
+        )
+        lines += [
+            "",
+            "**Verdict**: **undecided** (the paper's claim is that spectral metrics stay flat inside collapse "
+            "zones while z swings; this run has no collapse zone to read it in). Across all points: "
+            + "; ".join(spectral_reading(flat))
+            + ".",
+            "",
+        ]
     if pc1:
         k = pc1[0]["k"]
-        lines += [f"### PC1's share of the readout subspace over steps (k = {k}, chance k/d = {pc1[0]['pc1_readout_chance']:.3f})", "",
-                  "Each layer's share [half-sample 95% interval, inside [0, 1]] at the first (step 0, the initialisation), "
-                  "middle and last checkpoint.", ""]
+        lines += [
+            f"### PC1's share of the readout subspace over steps (k = {k}, chance k/d = {pc1[0]['pc1_readout_chance']:.3f})",
+            "",
+            "Each layer's share [half-sample 95% interval, inside [0, 1]] at the first (step 0, the initialisation), "
+            "middle and last checkpoint.",
+            "",
+        ]
         picks = [steps[0], steps[len(steps) // 2], steps[-1]]
         names = [n for _, n in sorted({(r["layer_index"], r["layer"]) for r in pc1})]
-        table = [{"layer": n, **{f"s{s}": next((with_interval(r, "pc1_readout_share", 3) for r in pc1
-                                                if r["layer"] == n and r["step"] == s), "n/a") for s in picks}} for n in names]
+        table = [
+            {
+                "layer": n,
+                **{
+                    f"s{s}": next(
+                        (with_interval(r, "pc1_readout_share", 3) for r in pc1 if r["layer"] == n and r["step"] == s), "n/a"
+                    )
+                    for s in picks
+                },
+            }
+            for n in names
+        ]
         lines += markdown_table(table, [("layer", "layer")] + [(f"step {s}", f"s{s}") for s in picks])
         counts = pc1_reading(pc1, last)
         below = sum(c["below"] for c in counts)
-        lines += ["", "**Verdict** (last checkpoint, late non-final layers against chance k/d): "
-                  + ("**reproduced** (PC1 below chance in " + str(below) + " of them)" if below else
-                     "**undecided** (PC1 stays above chance; the paper ties its migration to collapse zones of trained "
-                     "models, and this run has none)")
-                  + ". " + "; ".join(f"{c['below']} of {c['points']} below chance, {c['above']} above" for c in counts) + ".", ""]
+        lines += [
+            "",
+            "**Verdict** (last checkpoint, late non-final layers against chance k/d): "
+            + (
+                "**reproduced** (PC1 below chance in " + str(below) + " of them)"
+                if below
+                else "**undecided** (PC1 stays above chance; the paper ties its migration to collapse zones of trained "
+                "models, and this run has none)"
+            )
+            + ". "
+            + "; ".join(f"{c['below']} of {c['points']} below chance, {c['above']} above" for c in counts)
+            + ".",
+            "",
+        ]
     if len(ranks) > 1:
-        lines += ["### Restoration by CCR rank over steps", "",
-                  f"Lowest non-final z per checkpoint at each CCR rank (k = {config['k']}) [95% interval], and how many "
-                  f"trained (checkpoint, layer) points with z below {decide.collapse_z:g} at CCR-0 a higher rank lifts above "
-                  f"{decide.positive_z:g} (whole intervals).", ""]
+        lines += [
+            "### Restoration by CCR rank over steps",
+            "",
+            f"Lowest non-final z per checkpoint at each CCR rank (k = {config['k']}) [95% interval], and how many "
+            f"trained (checkpoint, layer) points with z below {decide.collapse_z:g} at CCR-0 a higher rank lifts above "
+            f"{decide.positive_z:g} (whole intervals).",
+            "",
+        ]
         table = []
         for step in steps:
             row = {"step": step_name(step) if step == 0 else step}
             for rank in ranks:
-                at = [r for r in pga if r["step"] == step and r["r"] == rank and r["k"] == config["k"]
-                      and r["layer"] not in ("embed", "final_norm")]
+                at = [
+                    r
+                    for r in pga
+                    if r["step"] == step
+                    and r["r"] == rank
+                    and r["k"] == config["k"]
+                    and r["layer"] not in ("embed", "final_norm")
+                ]
                 low = min(at, key=lambda r: r["z"], default=None)
                 row[f"r{rank}"] = f"{with_interval(low)} at {low['layer']}" if low else "n/a"
             table.append(row)
@@ -310,11 +437,15 @@ def mechanism_lines(meta: dict, tables: dict[str, list[dict]], pga_settings, thr
         restored = restoration([r for r in pga if r["k"] == config["k"]], 0.0, decide)
         if restored:
             counts = restored[0]
-            lines += ["", f"**Verdict**: **outside the paper's stated range** (it claims restoration for d >= 768; this run "
-                          f"has d = {d}). For the record: {counts['low_at_ccr0']} of {counts['points']} trained points fall "
-                          f"below {decide.collapse_z:g} at CCR-0; CCR-1 lifts {counts.get('organised_at_ccr1', 0)}, CCR-5 "
-                          f"{counts.get('organised_at_ccr5', 0)} and CCR-10 {counts.get('organised_at_ccr10', 0)} of them above "
-                          f"{decide.positive_z:g}.", ""]
+            lines += [
+                "",
+                f"**Verdict**: **outside the paper's stated range** (it claims restoration for d >= 768; this run "
+                f"has d = {d}). For the record: {counts['low_at_ccr0']} of {counts['points']} trained points fall "
+                f"below {decide.collapse_z:g} at CCR-0; CCR-1 lifts {counts.get('organised_at_ccr1', 0)}, CCR-5 "
+                f"{counts.get('organised_at_ccr5', 0)} and CCR-10 {counts.get('organised_at_ccr10', 0)} of them above "
+                f"{decide.positive_z:g}.",
+                "",
+            ]
     if probe:
         z_of = {(r["step"], r["layer"]): r["z"] for r in pga if r["k"] == config["k"] and r["r"] == config["r"]}
         pairs = [(r["accuracy"], z_of[(r["step"], r["layer"])]) for r in probe if (r["step"], r["layer"]) in z_of]
@@ -322,16 +453,39 @@ def mechanism_lines(meta: dict, tables: dict[str, list[dict]], pga_settings, thr
         if len(pairs) >= 4:
             fit = spearman_with_ci(*map(list, zip(*pairs)), seed=0, method="fisher")
             if fit["note"]:
-                lines += [f"**Reading**: Spearman(accuracy, z) over {len(pairs)} points: {fit['rho']:+.2f} ({fit['note']}; "
-                          f"{fit['p_method']} permutation p = {fit['p_perm']:.3g}).", ""]
+                lines += [
+                    f"**Reading**: Spearman(accuracy, z) over {len(pairs)} points: {fit['rho']:+.2f} ({fit['note']}; "
+                    f"{fit['p_method']} permutation p = {fit['p_perm']:.3g}).",
+                    "",
+                ]
             else:
-                verdict = ("accuracy rises with z" if fit["lo"] > 0 else "accuracy falls as z rises" if fit["hi"] < 0
-                           else "no relation decided (the interval holds 0)")
-                lines += [f"**Reading**: Spearman(accuracy, z) over {len(pairs)} (checkpoint, layer) points: "
-                          f"{fit['rho']:+.2f} [{fit['lo']:+.2f}, {fit['hi']:+.2f}]: {verdict}.", ""]
+                verdict = (
+                    "accuracy rises with z"
+                    if fit["lo"] > 0
+                    else "accuracy falls as z rises"
+                    if fit["hi"] < 0
+                    else "no relation decided (the interval holds 0)"
+                )
+                lines += [
+                    f"**Reading**: Spearman(accuracy, z) over {len(pairs)} (checkpoint, layer) points: "
+                    f"{fit['rho']:+.2f} [{fit['lo']:+.2f}, {fit['hi']:+.2f}]: {verdict}.",
+                    "",
+                ]
         final = [r for r in probe if r["step"] == steps[-1]]
-        lines += markdown_table(sorted(({"layer": r["layer"], "accuracy": with_interval(r, "accuracy", 3), "chance": r.get("chance"),
-                                         "index": r["layer_index"]} for r in final), key=lambda r: r["index"]),
-                                [("layer", "layer"), ("accuracy at the last step [Wilson 95%]", "accuracy"), ("chance", "chance")])
+        lines += markdown_table(
+            sorted(
+                (
+                    {
+                        "layer": r["layer"],
+                        "accuracy": with_interval(r, "accuracy", 3),
+                        "chance": r.get("chance"),
+                        "index": r["layer_index"],
+                    }
+                    for r in final
+                ),
+                key=lambda r: r["index"],
+            ),
+            [("layer", "layer"), ("accuracy at the last step [Wilson 95%]", "accuracy"), ("chance", "chance")],
+        )
         lines.append("")
     return lines

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from raygeom.jobs import plan as sweep
-from raygeom.jobs.tidy import collapse_zones
 from raygeom.jobs.gap_ranking import agreement, claim_verdict, correlation_text, step_name
-from raygeom.numerics.uncertainty import bounds_of, bounded_mean_interval, spearman_with_ci
+from raygeom.jobs.tidy import collapse_zones
+from raygeom.numerics.uncertainty import bounded_mean_interval, bounds_of, spearman_with_ci
 from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure, save_text
 
 SPECTRAL = ("rankme", "alpha_req", "isotropy")
@@ -52,9 +52,18 @@ class Run:
 def ladder(job) -> list[Run]:
     from raygeom.sources.models import ModelSpec
 
-    return [Run(run.variant or Path(run.run_dir).name, ModelSpec(run.plan().run_dir, "checkpoint", "step0").slug,
-                run.settings.hidden_size, run.settings.seed, run.settings.n_heads, run.plan().run_dir, run.settings.n_layers)
-            for run in job.trains]
+    return [
+        Run(
+            run.variant or Path(run.run_dir).name,
+            ModelSpec(run.plan().run_dir, "checkpoint", "step0").slug,
+            run.settings.hidden_size,
+            run.settings.seed,
+            run.settings.n_heads,
+            run.plan().run_dir,
+            run.settings.n_layers,
+        )
+        for run in job.trains
+    ]
 
 
 def job_rows(job, store) -> dict[str, list[dict]]:
@@ -70,10 +79,18 @@ def job_rows(job, store) -> dict[str, list[dict]]:
     out = {}
     for analysis, unit_keys in keys.items():
         rows = store.read_results(analysis, unit_keys).to_pylist() if unit_keys else []
-        out[analysis] = [{**row, "run": runs[row["model"]].name, "width": runs[row["model"]].d,
-                          "depth": runs[row["model"]].depth, "run_seed": runs[row["model"]].seed,
-                          "step": step_of(row["revision"])}
-                         for row in rows if row["model"] in runs]
+        out[analysis] = [
+            {
+                **row,
+                "run": runs[row["model"]].name,
+                "width": runs[row["model"]].d,
+                "depth": runs[row["model"]].depth,
+                "run_seed": runs[row["model"]].seed,
+                "step": step_of(row["revision"]),
+            }
+            for row in rows
+            if row["model"] in runs
+        ]
     return out
 
 
@@ -126,6 +143,7 @@ def _layer_order(rows: list[dict]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- claims
 
+
 def collapse_table(pga: list[dict], configs: list[dict], settings) -> list[dict]:
     """Per (PGA setting, width, depth): how many trained (run, checkpoint) depth profiles hold a collapse zone (late
     non-final layers whose whole interval is below collapse_z while an earlier layer's is above positive_z), and
@@ -140,10 +158,18 @@ def collapse_table(pga: list[dict], configs: list[dict], settings) -> list[dict]
             at_init = [z for z in zones if step[(z["model"], z["revision"])] == 0]
             hits = [z for z in trained if z["collapsed"]]
             run = {r["model"]: r["run"] for r in rows}
-            out.append({**config, "width": shape[0], "depth": shape[1], "profiles": len(trained), "collapsed": len(hits),
-                        "at_init": f"{sum(z['collapsed'] for z in at_init)} of {len(at_init)}",
-                        "where": ", ".join(f"{run[z['model']]}@{z['revision']} ({z['zone_layers']})" for z in hits[:3])
-                        + (" ..." if len(hits) > 3 else "")})
+            out.append(
+                {
+                    **config,
+                    "width": shape[0],
+                    "depth": shape[1],
+                    "profiles": len(trained),
+                    "collapsed": len(hits),
+                    "at_init": f"{sum(z['collapsed'] for z in at_init)} of {len(at_init)}",
+                    "where": ", ".join(f"{run[z['model']]}@{z['revision']} ({z['zone_layers']})" for z in hits[:3])
+                    + (" ..." if len(hits) > 3 else ""),
+                }
+            )
     return out
 
 
@@ -158,13 +184,24 @@ def restoration(pga: list[dict], k_per_d: float, settings) -> list[dict]:
     out = []
     for shape in sorted({key[:2] for key in by_point}):
         mine = {key: ranks for key, ranks in by_point.items() if key[:2] == shape}
-        low = [ranks for ranks in mine.values() if 0 in ranks
-               and (interval_bounds(ranks[0], "z") or (ranks[0]["z"],) * 2)[1] < settings.collapse_z]
-        row = {"width": shape[0], "depth": shape[1], "low_at_ccr0": len(low), "points": len(mine),
-               "scope": "inside" if shape[0] >= RESTORATION_MIN_D else "outside"}
+        low = [
+            ranks
+            for ranks in mine.values()
+            if 0 in ranks and (interval_bounds(ranks[0], "z") or (ranks[0]["z"],) * 2)[1] < settings.collapse_z
+        ]
+        row = {
+            "width": shape[0],
+            "depth": shape[1],
+            "low_at_ccr0": len(low),
+            "points": len(mine),
+            "scope": "inside" if shape[0] >= RESTORATION_MIN_D else "outside",
+        }
         for rank in (1, 5, 10):
-            lifted = [ranks[rank] for ranks in low if rank in ranks
-                      and (interval_bounds(ranks[rank], "z") or (ranks[rank]["z"],) * 2)[0] > settings.positive_z]
+            lifted = [
+                ranks[rank]
+                for ranks in low
+                if rank in ranks and (interval_bounds(ranks[rank], "z") or (ranks[rank]["z"],) * 2)[0] > settings.positive_z
+            ]
             row[f"organised_at_ccr{rank}"] = len(lifted)
         out.append(row)
     return out
@@ -177,17 +214,31 @@ def pc1_by_shape(pc1: list[dict], last: dict[str, int]) -> list[dict]:
     for shape in shapes(pc1):
         rows = _at(pc1, shape)
         for layer in _layer_order(rows):
-            at = {when: [r for r in rows if r["layer"] == layer and r["step"] == (0 if when == "first" else last[r["run"]])]
-                  for when in ("first", "last")}
+            at = {
+                when: [r for r in rows if r["layer"] == layer and r["step"] == (0 if when == "first" else last[r["run"]])]
+                for when in ("first", "last")
+            }
             chance = next((r["pc1_readout_chance"] for r in at["last"]), float("nan"))
 
             def mean(points):
-                return _seed_mean([r["pc1_readout_share"] for r in points], 3,
-                                  [interval_bounds(r, "pc1_readout_share") or (None, None) for r in points], "pc1_readout_share")
-            out.append({"width": shape[0], "depth": shape[1], "layer": layer, "step0": mean(at["first"]),
-                        "last": mean(at["last"]),
-                        "last_runs": "; ".join(with_interval(r, "pc1_readout_share", 3) for r in at["last"]),
-                        "chance": chance})
+                return _seed_mean(
+                    [r["pc1_readout_share"] for r in points],
+                    3,
+                    [interval_bounds(r, "pc1_readout_share") or (None, None) for r in points],
+                    "pc1_readout_share",
+                )
+
+            out.append(
+                {
+                    "width": shape[0],
+                    "depth": shape[1],
+                    "layer": layer,
+                    "step0": mean(at["first"]),
+                    "last": mean(at["last"]),
+                    "last_runs": "; ".join(with_interval(r, "pc1_readout_share", 3) for r in at["last"]),
+                    "chance": chance,
+                }
+            )
     return out
 
 
@@ -199,8 +250,12 @@ def spectral_against_z(pga: list[dict], spectral: list[dict], config: dict, seed
     for shape in shapes(spectral):
         rows = [r for r in _at(spectral, shape) if (r["run"], r["step"], r["layer"]) in z_of and r["layer"] != "embed"]
         z = np.array([z_of[(r["run"], r["step"], r["layer"])] for r in rows], dtype=float)
-        row = {"width": shape[0], "depth": shape[1], "points": len(rows),
-               "z_range": float(np.nanmax(z) - np.nanmin(z)) if len(z) else float("nan")}
+        row = {
+            "width": shape[0],
+            "depth": shape[1],
+            "points": len(rows),
+            "z_range": float(np.nanmax(z) - np.nanmin(z)) if len(z) else float("nan"),
+        }
         for metric in SPECTRAL:
             values = np.array([r.get(metric, float("nan")) for r in rows], dtype=float)
             keep = np.isfinite(values) & np.isfinite(z)
@@ -229,9 +284,16 @@ def seed_agreement(pga: list[dict], config: dict, last: dict[str, int], settings
         for layer in _layer_order(at):
             seeds = sorted((r for r in at if r["layer"] == layer), key=lambda r: r["run_seed"])
             decisions = {(r["z"] > 0, (interval_bounds(r, "z") or (r["z"],) * 2)[0] > settings.positive_z) for r in seeds}
-            out.append({"width": shape[0], "depth": shape[1], "layer": layer, "seeds": "; ".join(with_interval(r) for r in seeds),
-                        "mean": _seed_mean([r["z"] for r in seeds], 2, [interval_bounds(r, "z") or (None, None) for r in seeds]),
-                        "same_decision": len(decisions) == 1})
+            out.append(
+                {
+                    "width": shape[0],
+                    "depth": shape[1],
+                    "layer": layer,
+                    "seeds": "; ".join(with_interval(r) for r in seeds),
+                    "mean": _seed_mean([r["z"] for r in seeds], 2, [interval_bounds(r, "z") or (None, None) for r in seeds]),
+                    "same_decision": len(decisions) == 1,
+                }
+            )
     return out
 
 
@@ -243,8 +305,16 @@ def loss_rows(job) -> list[dict]:
     for run in ladder(job):
         for e in checkpoint_evaluations(run.run_dir) or []:
             if e.get("heldout_perplexity") is not None:
-                out.append({"run": run.name, "width": run.d, "depth": run.depth, "run_seed": run.seed, "step": int(e["step"]),
-                            "heldout_perplexity": float(e["heldout_perplexity"])})
+                out.append(
+                    {
+                        "run": run.name,
+                        "width": run.d,
+                        "depth": run.depth,
+                        "run_seed": run.seed,
+                        "step": int(e["step"]),
+                        "heldout_perplexity": float(e["heldout_perplexity"]),
+                    }
+                )
     return out
 
 
@@ -256,10 +326,18 @@ def flattening(losses: list[dict], steps: int) -> list[dict]:
         curve = sorted((r for r in losses if r["run"] == run), key=lambda r: r["step"])
         last = curve[-1]
         quarter = min(curve, key=lambda r: abs(r["step"] - 0.75 * steps))
-        out.append({"run": run, "width": last["width"], "depth": last["depth"], "seed": last["run_seed"],
-                    "final_perplexity": last["heldout_perplexity"], "at_three_quarters": quarter["heldout_perplexity"],
-                    "quarter_step": quarter["step"],
-                    "last_quarter_drop": 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"]})
+        out.append(
+            {
+                "run": run,
+                "width": last["width"],
+                "depth": last["depth"],
+                "seed": last["run_seed"],
+                "final_perplexity": last["heldout_perplexity"],
+                "at_three_quarters": quarter["heldout_perplexity"],
+                "quarter_step": quarter["step"],
+                "last_quarter_drop": 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"],
+            }
+        )
     return out
 
 
@@ -271,8 +349,9 @@ def gap_rows(gaps: list[dict]) -> list[dict]:
 def gap_summaries(rows: list[dict], trajectory) -> list[dict]:
     """Per run: Spearman(G, -perplexity) over its checkpoints (gap_ranking.agreement), from the shipped rows."""
     out = []
-    for run in sorted({r["run"] for r in rows}, key=lambda name: next((r["width"], r["depth"], r["run_seed"])
-                                                                        for r in rows if r["run"] == name)):
+    for run in sorted(
+        {r["run"] for r in rows}, key=lambda name: next((r["width"], r["depth"], r["run_seed"]) for r in rows if r["run"] == name)
+    ):
         mine = sorted((r for r in rows if r["run"] == run), key=lambda r: r["step"])
         for s in agreement(mine, trajectory.late_from, trajectory.bootstrap, trajectory.seed):
             out.append({**s, "run": run, "width": mine[0]["width"], "depth": mine[0]["depth"], "seed": mine[0]["run_seed"]})
@@ -284,12 +363,27 @@ def gap_table(summaries: list[dict]) -> list[dict]:
     out = []
     for s in summaries:
         ok = math.isfinite(s.get("spearman", float("nan")))
-        interval = (f"[{s['fisher_lo']:+.2f}, {s['fisher_hi']:+.2f}]" if ok and not s.get("note") else
-                    f"{s.get('note') or 'n/a'}; {s['p_method']} permutation p = {s['p_perm']:.3g}" if ok else s.get("note", "n/a"))
-        out.append({"width": s["width"], "depth": s["depth"], "seed": s["seed"], "subset": s["subset"], "n": s["n"],
-                    "spearman": f"{s['spearman']:+.2f}" if ok else "n/a", "interval": interval,
-                    "pick": f"{step_name(s.get('select_pick_step'))} (perplexity rank {s.get('pick_perplexity_rank')} of {s['n']})"
-                    if s.get("select_pick") else ""})
+        interval = (
+            f"[{s['fisher_lo']:+.2f}, {s['fisher_hi']:+.2f}]"
+            if ok and not s.get("note")
+            else f"{s.get('note') or 'n/a'}; {s['p_method']} permutation p = {s['p_perm']:.3g}"
+            if ok
+            else s.get("note", "n/a")
+        )
+        out.append(
+            {
+                "width": s["width"],
+                "depth": s["depth"],
+                "seed": s["seed"],
+                "subset": s["subset"],
+                "n": s["n"],
+                "spearman": f"{s['spearman']:+.2f}" if ok else "n/a",
+                "interval": interval,
+                "pick": f"{step_name(s.get('select_pick_step'))} (perplexity rank {s.get('pick_perplexity_rank')} of {s['n']})"
+                if s.get("select_pick")
+                else "",
+            }
+        )
     return out
 
 
@@ -301,10 +395,20 @@ def dispersion_by_shape(rows: list[dict], last: dict[str, int]) -> list[dict]:
         at = [r for r in _at(rows, shape) if r["step"] == last.get(r["run"])]
         for layer in _layer_order(at):
             seeds = sorted((r for r in at if r["layer"] == layer), key=lambda r: r["run_seed"])
-            out.append({"width": shape[0], "depth": shape[1], "layer": layer,
-                        "seeds": "; ".join(with_interval(r, "dispersion", 3) for r in seeds),
-                        "mean": _seed_mean([r["dispersion"] for r in seeds], 3,
-                                           [interval_bounds(r, "dispersion") or (None, None) for r in seeds], "dispersion")})
+            out.append(
+                {
+                    "width": shape[0],
+                    "depth": shape[1],
+                    "layer": layer,
+                    "seeds": "; ".join(with_interval(r, "dispersion", 3) for r in seeds),
+                    "mean": _seed_mean(
+                        [r["dispersion"] for r in seeds],
+                        3,
+                        [interval_bounds(r, "dispersion") or (None, None) for r in seeds],
+                        "dispersion",
+                    ),
+                }
+            )
     return out
 
 
@@ -323,8 +427,14 @@ def pc1_reading(pc1: list[dict], last: dict[str, int]) -> list[dict]:
         late = late_layers(mine)
         at = [r for r in mine if r["layer"] in late]
         bounds = [(interval_bounds(r, "pc1_readout_share"), r["pc1_readout_chance"]) for r in at]
-        out.append({"shape": shape, "points": len(at), "below": sum(1 for b, chance in bounds if b and b[1] < chance),
-                    "above": sum(1 for b, chance in bounds if b and b[0] > chance)})
+        out.append(
+            {
+                "shape": shape,
+                "points": len(at),
+                "below": sum(1 for b, chance in bounds if b and b[1] < chance),
+                "above": sum(1 for b, chance in bounds if b and b[0] > chance),
+            }
+        )
     return out
 
 
@@ -333,8 +443,10 @@ def spectral_reading(flat: list[dict]) -> list[str]:
     out = []
     for row in flat:
         moving = [f"{metric} {row[metric]}" for metric in SPECTRAL if row.get(f"{metric}_excludes_0")]
-        out.append(f"{_shape((row['width'], row['depth']))} (z range {row['z_range']:.1f}): "
-                   + ("; ".join(moving) + " (moves with z)" if moving else "no spectral metric tracks z (none decided away from 0)"))
+        out.append(
+            f"{_shape((row['width'], row['depth']))} (z range {row['z_range']:.1f}): "
+            + ("; ".join(moving) + " (moves with z)" if moving else "no spectral metric tracks z (none decided away from 0)")
+        )
     return out
 
 
@@ -345,14 +457,15 @@ def gap_reading(summaries: list[dict]) -> list[str]:
     for s in summaries:
         if s["subset"] != "all checkpoints" or not math.isfinite(s.get("spearman", float("nan"))):
             continue
-        pick = (f"; G picks {step_name(s['select_pick_step'])}, perplexity rank {s['pick_perplexity_rank']} of {s['n']}"
-                + (" (the worst)" if s["pick_perplexity_rank"] == s["n"] else ""))
-        out.append(f"d = {s['width']}, {s['depth']} blocks, seed {s['seed']}: {correlation_text(s)}: "
-                   f"{claim_verdict(s)}{pick}")
+        pick = f"; G picks {step_name(s['select_pick_step'])}, perplexity rank {s['pick_perplexity_rank']} of {s['n']}" + (
+            " (the worst)" if s["pick_perplexity_rank"] == s["n"] else ""
+        )
+        out.append(f"d = {s['width']}, {s['depth']} blocks, seed {s['seed']}: {correlation_text(s)}: {claim_verdict(s)}{pick}")
     return out
 
 
 # ------------------------------------------------------------------------------------------- figures
+
 
 @drawn_once
 def plot_heatmaps(pga: list[dict], config: dict, path: Path, title: str) -> Path | None:
@@ -409,8 +522,14 @@ def plot_depth(pga: list[dict], config: dict, last: dict[str, int], path: Path, 
         for seed in sorted({r["run_seed"] for r in at}):
             line = sorted((r for r in at if r["run_seed"] == seed), key=lambda r: r["relative_depth"])
             bounds = [interval_bounds(r, "z") or (r["z"], r["z"]) for r in line]
-            ax.fill_between([r["relative_depth"] for r in line], [b[0] for b in bounds], [b[1] for b in bounds],
-                            color=colour, alpha=0.12, lw=0)
+            ax.fill_between(
+                [r["relative_depth"] for r in line],
+                [b[0] for b in bounds],
+                [b[1] for b in bounds],
+                color=colour,
+                alpha=0.12,
+                lw=0,
+            )
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
     ax.set_ylabel("z (bands: each seed's 95% interval)")
@@ -433,8 +552,16 @@ def plot_losses(losses: list[dict], path: Path) -> Path | None:
     for run in sorted({r["run"] for r in losses}):
         points = sorted((r for r in losses if r["run"] == run and r["step"] > 0), key=lambda r: r["step"])
         first = points[0]
-        ax.plot([r["step"] for r in points], [r["heldout_perplexity"] for r in points], marker="o", ms=2, lw=1,
-                color=colours(widths.index(first["width"]) / max(1, len(widths) - 1)), ls=styles[first["depth"]], label=run)
+        ax.plot(
+            [r["step"] for r in points],
+            [r["heldout_perplexity"] for r in points],
+            marker="o",
+            ms=2,
+            lw=1,
+            color=colours(widths.index(first["width"]) / max(1, len(widths) - 1)),
+            ls=styles[first["depth"]],
+            label=run,
+        )
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("held-out perplexity")
@@ -445,6 +572,7 @@ def plot_losses(losses: list[dict], path: Path) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------- page
+
 
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
     lines = ["| " + " | ".join(title for title, _ in columns) + " |", "|" + "---|" * len(columns)]
@@ -462,8 +590,7 @@ def _cell(value) -> str:
 
 
 def pga_configs(pga: list[dict]) -> list[dict]:
-    found = sorted({(r["k_per_d"], r["k"] if not r["k_per_d"] else None, r["r"]) for r in pga},
-                   key=lambda c: (c[0] == 0, c[2]))
+    found = sorted({(r["k_per_d"], r["k"] if not r["k_per_d"] else None, r["r"]) for r in pga}, key=lambda c: (c[0] == 0, c[2]))
     return [{"k_per_d": k_per_d, "r": r} if k_per_d else {"k_per_d": 0.0, "k": k, "r": r} for k_per_d, k, r in found]
 
 
@@ -500,15 +627,23 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
     first = job.trains[0]
     train = {k: v for k, v in asdict(first.settings).items() if k not in ("hidden_size", "n_layers", "seed", "n_heads")}
     meta = {
-        "job": job.name, "store": f"runs/{Path(job.out).name}", "train": train,
+        "job": job.name,
+        "store": f"runs/{Path(job.out).name}",
+        "train": train,
         "head_dim": first.settings.hidden_size // first.settings.n_heads,
         "checkpoint_steps": list(first.plan().steps),
         "runs": [{"run": r.name, "width": r.d, "depth": r.depth, "seed": r.seed} for r in ladder(job)],
-        "n_samples": job.n_samples, "pool": job.extraction.pool,
+        "n_samples": job.n_samples,
+        "pool": job.extraction.pool,
         "width": {"collapse_z": job.width.collapse_z, "positive_z": job.width.positive_z, "seed": job.width.seed},
-        "trajectory": ({k: getattr(job.trajectory, k) for k in ("gap_layer", "domain_tokens", "chunks_per_domain",
-                                                                  "chunk_len", "late_from", "bootstrap", "seed")}
-                       if job.trajectory is not None and gaps else None),
+        "trajectory": (
+            {
+                k: getattr(job.trajectory, k)
+                for k in ("gap_layer", "domain_tokens", "chunks_per_domain", "chunk_len", "late_from", "bootstrap", "seed")
+            }
+            if job.trajectory is not None and gaps
+            else None
+        ),
         "wall": wall,
     }
     save_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
@@ -559,39 +694,87 @@ def render_page(page: Path) -> str:
     ladder_config = next((c for c in configs if c["k_per_d"] and c["r"] == 1), configs[0] if configs else {})
     losses = tables["evaluations"]
     paths = {
-        "heatmaps": plot_heatmaps(pga, ladder_config, data / "heatmaps.png",
-                                  f"Subspace PGA z over step x layer ({_describe(ladder_config)})"),
-        "depth": plot_depth(pga, ladder_config, last, data / "z_vs_depth.png",
-                            f"z at the last checkpoint by depth ({_describe(ladder_config)})"),
+        "heatmaps": plot_heatmaps(
+            pga, ladder_config, data / "heatmaps.png", f"Subspace PGA z over step x layer ({_describe(ladder_config)})"
+        ),
+        "depth": plot_depth(
+            pga, ladder_config, last, data / "z_vs_depth.png", f"z at the last checkpoint by depth ({_describe(ladder_config)})"
+        ),
         "losses": plot_losses(losses, data / "losses.png"),
     }
     trajectory = SimpleNamespace(**meta["trajectory"]) if meta.get("trajectory") else None
     summaries = gap_summaries(tables["gap"], trajectory) if tables["gap"] and trajectory else []
 
     def at_last(shape, layer):
-        return sorted((r for r in _at(probe, shape) if r["layer"] == layer and r["step"] == last[r["run"]]),
-                      key=lambda r: r["run_seed"])
+        return sorted(
+            (r for r in _at(probe, shape) if r["layer"] == layer and r["step"] == last[r["run"]]), key=lambda r: r["run_seed"]
+        )
 
-    probes = [{"width": shape[0], "depth": shape[1], "layer": layer,
-               "seeds": "; ".join(with_interval(r, "accuracy", 3) for r in at_last(shape, layer)),
-               "accuracy": _seed_mean([r["accuracy"] for r in at_last(shape, layer)], 3,
-                                      [interval_bounds(r, "accuracy") or (None, None) for r in at_last(shape, layer)], "accuracy"),
-               "chance": next((r["chance"] for r in _at(probe, shape) if r["layer"] == layer), None)}
-              for shape in shapes(probe) for layer in ("block_01", "final_norm")]
-    return _page(meta, page, paths, losses, collapse_table(pga, configs, settings),
-                 restoration(pga, ladder_config.get("k_per_d", 0.0), settings), pc1_by_shape(pc1, last),
-                 spectral_against_z(pga, spectral, ladder_config, settings.seed),
-                 seed_agreement(pga, ladder_config, last, settings), probes, configs, ladder_config,
-                 sum(len(v) for v in tables.values()), summaries, dispersion_by_shape(spread, last), pc1_reading(pc1, last),
-                 settings, trajectory, sorted({r["n_null"] for r in pga if r.get("n_null")}))
+    probes = [
+        {
+            "width": shape[0],
+            "depth": shape[1],
+            "layer": layer,
+            "seeds": "; ".join(with_interval(r, "accuracy", 3) for r in at_last(shape, layer)),
+            "accuracy": _seed_mean(
+                [r["accuracy"] for r in at_last(shape, layer)],
+                3,
+                [interval_bounds(r, "accuracy") or (None, None) for r in at_last(shape, layer)],
+                "accuracy",
+            ),
+            "chance": next((r["chance"] for r in _at(probe, shape) if r["layer"] == layer), None),
+        }
+        for shape in shapes(probe)
+        for layer in ("block_01", "final_norm")
+    ]
+    return _page(
+        meta,
+        page,
+        paths,
+        losses,
+        collapse_table(pga, configs, settings),
+        restoration(pga, ladder_config.get("k_per_d", 0.0), settings),
+        pc1_by_shape(pc1, last),
+        spectral_against_z(pga, spectral, ladder_config, settings.seed),
+        seed_agreement(pga, ladder_config, last, settings),
+        probes,
+        configs,
+        ladder_config,
+        sum(len(v) for v in tables.values()),
+        summaries,
+        dispersion_by_shape(spread, last),
+        pc1_reading(pc1, last),
+        settings,
+        trajectory,
+        sorted({r["n_null"] for r in pga if r.get("n_null")}),
+    )
 
 
 def _verdict(kind: str, why: str) -> str:
     return f"**{kind}** ({why})"
 
 
-def _page(meta, page, paths, losses, collapse, restored, pc1_rows, flat, seeds, probes, configs, ladder_config, n_rows,
-          summaries, spread, pc1_counts, settings, trajectory, n_nulls) -> str:
+def _page(
+    meta,
+    page,
+    paths,
+    losses,
+    collapse,
+    restored,
+    pc1_rows,
+    flat,
+    seeds,
+    probes,
+    configs,
+    ladder_config,
+    n_rows,
+    summaries,
+    spread,
+    pc1_counts,
+    settings,
+    trajectory,
+    n_nulls,
+) -> str:
     train = SimpleNamespace(**meta["train"])
     runs = meta["runs"]
     points = sorted({(r["width"], r["depth"]) for r in runs})
@@ -628,124 +811,290 @@ def _page(meta, page, paths, losses, collapse, restored, pc1_rows, flat, seeds, 
         lines.append(f"- **This run**: {meta['note']}")
     wall = meta.get("wall")
     if wall:
-        lines.append(f"- **Wall time**: the whole job, training included, took {wall['wall_s'] / 60:.1f} min (training "
-                     f"{wall['train_wall_s'] / 60:.1f} min; finished {wall['finished']}, {wall['cpus']} CPUs shared with "
-                     f"other work, 1-minute load average {wall['load_1min_at_end']:.1f} at the end).")
+        lines.append(
+            f"- **Wall time**: the whole job, training included, took {wall['wall_s'] / 60:.1f} min (training "
+            f"{wall['train_wall_s'] / 60:.1f} min; finished {wall['finished']}, {wall['cpus']} CPUs shared with "
+            f"other work, 1-minute load average {wall['load_1min_at_end']:.1f} at the end)."
+        )
     lines += ["", "## Held-out perplexity over training: has it flattened?", ""] + _figure(paths, "losses", page, "loss curves")
-    lines += markdown_table(flat_rows, [("run", "run"), ("d", "width"), ("blocks", "depth"), ("final held-out perplexity", "final_perplexity"),
-                                        ("at step", "quarter_step"), ("perplexity there", "at_three_quarters"),
-                                        ("fall over the last quarter", "last_quarter_drop")])
+    lines += markdown_table(
+        flat_rows,
+        [
+            ("run", "run"),
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("final held-out perplexity", "final_perplexity"),
+            ("at step", "quarter_step"),
+            ("perplexity there", "at_three_quarters"),
+            ("fall over the last quarter", "last_quarter_drop"),
+        ],
+    )
     falls = [r["last_quarter_drop"] for r in flat_rows]
     if falls:
-        lines += ["", f"**Reading**: over the last quarter of training held-out perplexity still fell by "
-                      f"{min(falls):.1%} to {max(falls):.1%} (median {float(np.median(falls)):.1%}). "
-                  + ("That is flat enough to read the last checkpoint as where this schedule ends, but the learning rate "
-                     "decays to 0 over the same quarter, so part of the flattening is the schedule, not convergence."
-                     if max(falls) < 0.05 else
-                     "It has **not flattened**: these runs are short of convergence, and every reading at the last "
-                     "checkpoint is a reading of an undertrained model.")]
+        lines += [
+            "",
+            f"**Reading**: over the last quarter of training held-out perplexity still fell by "
+            f"{min(falls):.1%} to {max(falls):.1%} (median {float(np.median(falls)):.1%}). "
+            + (
+                "That is flat enough to read the last checkpoint as where this schedule ends, but the learning rate "
+                "decays to 0 over the same quarter, so part of the flattening is the schedule, not convergence."
+                if max(falls) < 0.05
+                else "It has **not flattened**: these runs are short of convergence, and every reading at the last "
+                "checkpoint is a reading of an undertrained model."
+            ),
+        ]
     lines += ["", "## z over step x layer, per run", ""] + _figure(paths, "heatmaps", page, "z heatmaps per run")
     lines += _figure(paths, "depth", page, "z by depth per (width, depth)")
-    lines += ["## The claims, read against the ladder", "",
-              "Each verdict is one of: reproduced, contradicted, undecided (what is missing), or outside the paper's "
-              f"stated range (the range). The paper's small regime is d <= {SMALL_REGIME_MAX_D}, measured on Pythia models "
-              "(d = 512 to 4096, 6 to 32 layers) after up to 300B tokens; restoration is claimed for d >= "
-              f"{RESTORATION_MIN_D}. Step 0 is the random initialisation and is counted apart.", "",
-              f"### 1. A collapse zone (late non-final layers with z below {settings.collapse_z:g} while an earlier layer is "
-              f"above {settings.positive_z:g}, whole intervals)", ""]
-    lines += markdown_table(collapse, [("k/d", "k_per_d"), ("CCR", "r"), ("d", "width"), ("blocks", "depth"),
-                                       ("trained profiles", "profiles"), ("with a collapse zone", "collapsed"),
-                                       ("at step 0 (initialisation)", "at_init"), ("where (run@checkpoint: layers)", "where")])
+    lines += [
+        "## The claims, read against the ladder",
+        "",
+        "Each verdict is one of: reproduced, contradicted, undecided (what is missing), or outside the paper's "
+        f"stated range (the range). The paper's small regime is d <= {SMALL_REGIME_MAX_D}, measured on Pythia models "
+        "(d = 512 to 4096, 6 to 32 layers) after up to 300B tokens; restoration is claimed for d >= "
+        f"{RESTORATION_MIN_D}. Step 0 is the random initialisation and is counted apart.",
+        "",
+        f"### 1. A collapse zone (late non-final layers with z below {settings.collapse_z:g} while an earlier layer is "
+        f"above {settings.positive_z:g}, whole intervals)",
+        "",
+    ]
+    lines += markdown_table(
+        collapse,
+        [
+            ("k/d", "k_per_d"),
+            ("CCR", "r"),
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("trained profiles", "profiles"),
+            ("with a collapse zone", "collapsed"),
+            ("at step 0 (initialisation)", "at_init"),
+            ("where (run@checkpoint: layers)", "where"),
+        ],
+    )
     trained_hits = [c for c in collapse if c["collapsed"]]
     init_hits = [c for c in collapse if not c["at_init"].startswith("0 ")]
-    verdict = (_verdict("reproduced", "a zone in " + ", ".join(f"{_shape((c['width'], c['depth']))} ({_describe(c)}: "
-                                                                 f"{c['collapsed']} of {c['profiles']})" for c in trained_hits))
-               if trained_hits else
-               _verdict("undecided", f"no trained profile holds a zone ({sum(c['profiles'] for c in collapse)} profiles); the "
-                        f"paper's zones are in models trained on up to 300B tokens, these saw {tokens / 1e3:.0f}k, so the "
-                        "checkpoints late in a long training, where the paper finds them, are missing"))
-    lines += ["", f"**Verdict**: {verdict}."
-              + (" At step 0 (the initialisation, before any training): "
-                 + ", ".join(f"{_shape((c['width'], c['depth']))} {_describe(c)} {c['at_init']}" for c in init_hits)
-                 + "; a zone there is random weights, not the paper's reorganisation." if init_hits else ""), ""]
+    verdict = (
+        _verdict(
+            "reproduced",
+            "a zone in "
+            + ", ".join(
+                f"{_shape((c['width'], c['depth']))} ({_describe(c)}: {c['collapsed']} of {c['profiles']})" for c in trained_hits
+            ),
+        )
+        if trained_hits
+        else _verdict(
+            "undecided",
+            f"no trained profile holds a zone ({sum(c['profiles'] for c in collapse)} profiles); the "
+            f"paper's zones are in models trained on up to 300B tokens, these saw {tokens / 1e3:.0f}k, so the "
+            "checkpoints late in a long training, where the paper finds them, are missing",
+        )
+    )
+    lines += [
+        "",
+        f"**Verdict**: {verdict}."
+        + (
+            " At step 0 (the initialisation, before any training): "
+            + ", ".join(f"{_shape((c['width'], c['depth']))} {_describe(c)} {c['at_init']}" for c in init_hits)
+            + "; a zone there is random weights, not the paper's reorganisation."
+            if init_hits
+            else ""
+        ),
+        "",
+    ]
     lines += ["### 2. Does CCR-5/10 restore z where it falls?", ""]
-    lines += markdown_table(restored, [("d", "width"), ("blocks", "depth"), ("trained (run, step, layer) points", "points"),
-                                       (f"z < {settings.collapse_z:g} at CCR-0", "low_at_ccr0"),
-                                       (f"of those, z > {settings.positive_z:g} at CCR-1", "organised_at_ccr1"),
-                                       ("at CCR-5", "organised_at_ccr5"), ("at CCR-10", "organised_at_ccr10"),
-                                       (f"d >= {RESTORATION_MIN_D}?", "scope")])
+    lines += markdown_table(
+        restored,
+        [
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("trained (run, step, layer) points", "points"),
+            (f"z < {settings.collapse_z:g} at CCR-0", "low_at_ccr0"),
+            (f"of those, z > {settings.positive_z:g} at CCR-1", "organised_at_ccr1"),
+            ("at CCR-5", "organised_at_ccr5"),
+            ("at CCR-10", "organised_at_ccr10"),
+            (f"d >= {RESTORATION_MIN_D}?", "scope"),
+        ],
+    )
     low_total = sum(r["low_at_ccr0"] for r in restored)
-    lines += ["", "**Verdict**: " + _verdict("outside the paper's stated range",
-                                              f"the paper claims restoration for d >= {RESTORATION_MIN_D}; every width here "
-                                              f"(d <= {max(widths)}) is below it")
-              + (f". For the record: {low_total} trained points fall below {settings.collapse_z:g} at CCR-0 (whole "
-                 "interval); the columns count how many each CCR rank lifts." if low_total else
-                 f". For the record: no trained point falls below {settings.collapse_z:g} at CCR-0 on its whole interval."), ""]
-    lines += ["### 3. Does PC1 migrate out of the readout subspace in late layers?", "",
-              "Share of PC1 in the top-k readout subspace (k/d fixed): seed mean [logit-scale t interval over seeds, widened "
-              "to hold the seeds' own half-sample intervals; inside [0, 1]]; chance = k/d.", ""]
-    lines += markdown_table(pc1_rows, [("d", "width"), ("blocks", "depth"), ("layer", "layer"), ("step 0 (initialisation)", "step0"),
-                                       ("last step", "last"), ("each seed at the last step [half-sample interval]", "last_runs"),
-                                       ("chance", "chance")])
+    lines += [
+        "",
+        "**Verdict**: "
+        + _verdict(
+            "outside the paper's stated range",
+            f"the paper claims restoration for d >= {RESTORATION_MIN_D}; every width here (d <= {max(widths)}) is below it",
+        )
+        + (
+            f". For the record: {low_total} trained points fall below {settings.collapse_z:g} at CCR-0 (whole "
+            "interval); the columns count how many each CCR rank lifts."
+            if low_total
+            else f". For the record: no trained point falls below {settings.collapse_z:g} at CCR-0 on its whole interval."
+        ),
+        "",
+    ]
+    lines += [
+        "### 3. Does PC1 migrate out of the readout subspace in late layers?",
+        "",
+        "Share of PC1 in the top-k readout subspace (k/d fixed): seed mean [logit-scale t interval over seeds, widened "
+        "to hold the seeds' own half-sample intervals; inside [0, 1]]; chance = k/d.",
+        "",
+    ]
+    lines += markdown_table(
+        pc1_rows,
+        [
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("layer", "layer"),
+            ("step 0 (initialisation)", "step0"),
+            ("last step", "last"),
+            ("each seed at the last step [half-sample interval]", "last_runs"),
+            ("chance", "chance"),
+        ],
+    )
     if pc1_counts:
         below = [c for c in pc1_counts if c["below"]]
-        counts = "; ".join(f"{_shape(c['shape'])}: {c['below']} of {c['points']} below chance, {c['above']} above"
-                           for c in pc1_counts)
-        lines += ["", "**Verdict** (last checkpoint, late non-final layers, each run's interval against chance k/d): "
-                  + (_verdict("reproduced", "PC1 below chance in " + ", ".join(_shape(c["shape"]) for c in below))
-                     if below else
-                     _verdict("undecided", "PC1 stays inside the readout subspace (above chance) in every late layer; the "
-                              "paper ties the migration to collapse zones of trained models, and no trained profile here "
-                              "has one"))
-                  + f". {counts}.", ""]
-    lines += ["### 4. Do spectral metrics stay flat where z moves?", "",
-              f"Spearman of z ({_describe(ladder_config)}) against each metric over every (run, checkpoint, block) point of a "
-              "(width, depth), with its 95% Fisher interval; z range is max - min over those points.", ""]
-    lines += markdown_table(flat, [("d", "width"), ("blocks", "depth"), ("points", "points"), ("z range", "z_range"),
-                                   ("RankMe", "rankme"), ("alpha-ReQ", "alpha_req"), ("isotropy", "isotropy")])
-    lines += ["", "**Verdict**: " + _verdict("undecided", "the paper's claim is about collapse zones (spectral metrics flat "
-                                             "while z swings there); with no trained collapse zone there is no zone to read "
-                                             "it in. Across all points:") + " " + "; ".join(spectral_reading(flat)) + ".", ""]
-    lines += ["### 5. Probe accuracy at the last checkpoint", "",
-              "Each seed with its Wilson 95% interval; the seed mean with the logit-scale t interval over seeds, widened to "
-              "hold the seeds' mean Wilson interval (inside [0, 1], never zero width).", ""]
-    lines += markdown_table(probes, [("d", "width"), ("blocks", "depth"), ("layer", "layer"), ("each seed [Wilson 95%]", "seeds"),
-                                     ("seed mean [95%]", "accuracy"), ("chance", "chance")])
+        counts = "; ".join(
+            f"{_shape(c['shape'])}: {c['below']} of {c['points']} below chance, {c['above']} above" for c in pc1_counts
+        )
+        lines += [
+            "",
+            "**Verdict** (last checkpoint, late non-final layers, each run's interval against chance k/d): "
+            + (
+                _verdict("reproduced", "PC1 below chance in " + ", ".join(_shape(c["shape"]) for c in below))
+                if below
+                else _verdict(
+                    "undecided",
+                    "PC1 stays inside the readout subspace (above chance) in every late layer; the "
+                    "paper ties the migration to collapse zones of trained models, and no trained profile here "
+                    "has one",
+                )
+            )
+            + f". {counts}.",
+            "",
+        ]
+    lines += [
+        "### 4. Do spectral metrics stay flat where z moves?",
+        "",
+        f"Spearman of z ({_describe(ladder_config)}) against each metric over every (run, checkpoint, block) point of a "
+        "(width, depth), with its 95% Fisher interval; z range is max - min over those points.",
+        "",
+    ]
+    lines += markdown_table(
+        flat,
+        [
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("points", "points"),
+            ("z range", "z_range"),
+            ("RankMe", "rankme"),
+            ("alpha-ReQ", "alpha_req"),
+            ("isotropy", "isotropy"),
+        ],
+    )
+    lines += [
+        "",
+        "**Verdict**: "
+        + _verdict(
+            "undecided",
+            "the paper's claim is about collapse zones (spectral metrics flat "
+            "while z swings there); with no trained collapse zone there is no zone to read "
+            "it in. Across all points:",
+        )
+        + " "
+        + "; ".join(spectral_reading(flat))
+        + ".",
+        "",
+    ]
+    lines += [
+        "### 5. Probe accuracy at the last checkpoint",
+        "",
+        "Each seed with its Wilson 95% interval; the seed mean with the logit-scale t interval over seeds, widened to "
+        "hold the seeds' mean Wilson interval (inside [0, 1], never zero width).",
+        "",
+    ]
+    lines += markdown_table(
+        probes,
+        [
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("layer", "layer"),
+            ("each seed [Wilson 95%]", "seeds"),
+            ("seed mean [95%]", "accuracy"),
+            ("chance", "chance"),
+        ],
+    )
     if spread:
-        lines += ["", "### 6. Sample-level dispersion at the last checkpoint", "",
-                  "Mean pairwise cosine distance of the pooled held-out vectors: each seed [jackknife 95% over texts], and the "
-                  "seed mean [95%, as above, inside [0, 2]].", ""]
-        lines += markdown_table(spread, [("d", "width"), ("blocks", "depth"), ("layer", "layer"), ("each seed", "seeds"),
-                                         ("seed mean", "mean")])
+        lines += [
+            "",
+            "### 6. Sample-level dispersion at the last checkpoint",
+            "",
+            "Mean pairwise cosine distance of the pooled held-out vectors: each seed [jackknife 95% over texts], and the "
+            "seed mean [95%, as above, inside [0, 2]].",
+            "",
+        ]
+        lines += markdown_table(
+            spread, [("d", "width"), ("blocks", "depth"), ("layer", "layer"), ("each seed", "seeds"), ("seed mean", "mean")]
+        )
     if summaries:
-        lines += ["", "### 7. Does the dispersion gap G track held-out perplexity over training?", "",
-                  f"G at `{trajectory.gap_layer}` ({trajectory.domain_tokens} tokens against the rest; "
-                  f"{trajectory.chunks_per_domain} chunks of {trajectory.chunk_len} tokens per topic), ranked against the "
-                  "trainer's held-out perplexity over each run's checkpoints: Spearman(G, -perplexity), positive where the "
-                  "dispersion paper expects it. With fewer than 10 checkpoints no interval is honest, so each carries its "
-                  "exact permutation p-value instead.", ""]
-        lines += markdown_table(gap_table(summaries), [("d", "width"), ("blocks", "depth"), ("seed", "seed"),
-                                                       ("checkpoints", "subset"), ("n", "n"), ("Spearman", "spearman"),
-                                                       ("95% Fisher, or why none", "interval"), ("G picks", "pick")])
+        lines += [
+            "",
+            "### 7. Does the dispersion gap G track held-out perplexity over training?",
+            "",
+            f"G at `{trajectory.gap_layer}` ({trajectory.domain_tokens} tokens against the rest; "
+            f"{trajectory.chunks_per_domain} chunks of {trajectory.chunk_len} tokens per topic), ranked against the "
+            "trainer's held-out perplexity over each run's checkpoints: Spearman(G, -perplexity), positive where the "
+            "dispersion paper expects it. With fewer than 10 checkpoints no interval is honest, so each carries its "
+            "exact permutation p-value instead.",
+            "",
+        ]
+        lines += markdown_table(
+            gap_table(summaries),
+            [
+                ("d", "width"),
+                ("blocks", "depth"),
+                ("seed", "seed"),
+                ("checkpoints", "subset"),
+                ("n", "n"),
+                ("Spearman", "spearman"),
+                ("95% Fisher, or why none", "interval"),
+                ("G picks", "pick"),
+            ],
+        )
         readings = gap_reading(summaries)
         if readings:
             lines += ["", "**Verdict per run** (over all checkpoints, step 0 included): " + "; ".join(readings) + ".", ""]
-    lines += ["", "### 8. Does it hold across seeds?", "",
-              f"z at the last checkpoint ({_describe(ladder_config)}): each seed with its within-run interval, and the seed "
-              "mean with the seed-to-seed 95% t interval (1 degree of freedom with 2 seeds: t = 12.7), widened to hold the "
-              "seeds' own intervals.", ""]
-    lines += markdown_table(seeds, [("d", "width"), ("blocks", "depth"), ("layer", "layer"), ("each seed [within-run 95%]", "seeds"),
-                                    ("seed mean [95%]", "mean"), ("same decision (sign, z > 2)", "same_decision")])
+    lines += [
+        "",
+        "### 8. Does it hold across seeds?",
+        "",
+        f"z at the last checkpoint ({_describe(ladder_config)}): each seed with its within-run interval, and the seed "
+        "mean with the seed-to-seed 95% t interval (1 degree of freedom with 2 seeds: t = 12.7), widened to hold the "
+        "seeds' own intervals.",
+        "",
+    ]
+    lines += markdown_table(
+        seeds,
+        [
+            ("d", "width"),
+            ("blocks", "depth"),
+            ("layer", "layer"),
+            ("each seed [within-run 95%]", "seeds"),
+            ("seed mean [95%]", "mean"),
+            ("same decision (sign, z > 2)", "same_decision"),
+        ],
+    )
     agree = sum(1 for s in seeds if s["same_decision"])
     lines += ["", f"**Reading**: the seeds make the same decision at {agree} of {len(seeds)} (width, depth, layer) points.", ""]
-    lines += ["## What this ladder can and cannot show", "",
-              f"- It can show whether width and depth change the *shape* of readout organisation when nothing else changes, "
-              f"from d = {widths[0]} to d = {widths[-1]} and {min(d for _, d in points)} to {max(d for _, d in points)} blocks, "
-              "with the seeds' spread beside each within-run interval.",
-              f"- It cannot reach the paper's regimes: these runs see {tokens / 1e3:.0f}k tokens each (Pythia saw 300B), so "
-              "'late in training' does not exist here; every width is in the paper's small regime (d <= 1024) and below the "
-              f"d >= {RESTORATION_MIN_D} of its restoration claim. A null result here is about this scale, not about the "
-              "paper's claims.",
-              "- Two seeds give a seed-to-seed interval with one degree of freedom: it flags disagreement, it cannot bound a "
-              "small effect.", ""]
+    lines += [
+        "## What this ladder can and cannot show",
+        "",
+        f"- It can show whether width and depth change the *shape* of readout organisation when nothing else changes, "
+        f"from d = {widths[0]} to d = {widths[-1]} and {min(d for _, d in points)} to {max(d for _, d in points)} blocks, "
+        "with the seeds' spread beside each within-run interval.",
+        f"- It cannot reach the paper's regimes: these runs see {tokens / 1e3:.0f}k tokens each (Pythia saw 300B), so "
+        "'late in training' does not exist here; every width is in the paper's small regime (d <= 1024) and below the "
+        f"d >= {RESTORATION_MIN_D} of its restoration claim. A null result here is about this scale, not about the "
+        "paper's claims.",
+        "- Two seeds give a seed-to-seed interval with one degree of freedom: it flags disagreement, it cannot bound a "
+        "small effect.",
+        "",
+    ]
     return "\n".join(lines)

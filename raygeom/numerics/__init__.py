@@ -6,12 +6,41 @@ The names below load their module on first use (PEP 562), so importing one torch
 from importlib import import_module
 
 _FROM = {
-    "pga": ("PGAResult", "PreparedLayer", "average_ranks", "ccr", "null_rhos", "pairwise_cosine_distances", "prepare_layer",
-            "random_subspace", "readout_basis", "readout_basis_from_gram", "subspace_pga", "subspace_rho"),
+    "pga": (
+        "PGAResult",
+        "PreparedLayer",
+        "average_ranks",
+        "ccr",
+        "null_rhos",
+        "pairwise_cosine_distances",
+        "prepare_layer",
+        "random_subspace",
+        "readout_basis",
+        "readout_basis_from_gram",
+        "subspace_pga",
+        "subspace_rho",
+    ),
     "pga_texts": ("half_sample_spread", "pga_text_interval"),
-    "uncertainty": ("auto_null_count", "auto_nulls", "bootstrap_ci", "empirical_p_values", "holds_threshold", "jackknife_se",
-                    "normal_interval", "null_blocks", "null_target_reached", "paired_t", "spearman_with_ci", "summarize_null", "text_subsample",
-                    "text_subsamples", "token_blocks", "wilson_interval", "z_delta_se", "z_uncertainty"),
+    "uncertainty": (
+        "auto_null_count",
+        "auto_nulls",
+        "bootstrap_ci",
+        "empirical_p_values",
+        "holds_threshold",
+        "jackknife_se",
+        "normal_interval",
+        "null_blocks",
+        "null_target_reached",
+        "paired_t",
+        "spearman_with_ci",
+        "summarize_null",
+        "text_subsample",
+        "text_subsamples",
+        "token_blocks",
+        "wilson_interval",
+        "z_delta_se",
+        "z_uncertainty",
+    ),
 }
 _MODULE_OF = {name: module for module, names in _FROM.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -192,9 +192,7 @@ def _check_basis(name: str, basis: np.ndarray, d: int, k: int) -> np.ndarray:
     return basis[:, :k]
 
 
-def convergence_null_rhos(
-    pair: PreparedPair, k: int, seed: int, indices: Iterable[int], device: str | None = None
-) -> np.ndarray:
+def convergence_null_rhos(pair: PreparedPair, k: int, seed: int, indices: Iterable[int], device: str | None = None) -> np.ndarray:
     """Convergence rho in the null subspaces with the given indices; null ``i`` depends only on (seed, i)."""
     _check_k(k, pair.dim_a)
     _check_k(k, pair.dim_b)

@@ -86,8 +86,14 @@ def _check_layers(name: str, layers: Sequence[np.ndarray], k: int) -> tuple[int,
     return n, d
 
 
-def observed_grid(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], basis_a: np.ndarray,
-                  basis_b: np.ndarray, k: int, device: str = "cpu") -> dict[str, np.ndarray]:
+def observed_grid(
+    layers_a: Sequence[np.ndarray],
+    layers_b: Sequence[np.ndarray],
+    basis_a: np.ndarray,
+    basis_b: np.ndarray,
+    k: int,
+    device: str = "cpu",
+) -> dict[str, np.ndarray]:
     """``rho_full`` and ``rho_readout`` (``L_a x L_b``) from prepared (corrected) layers.
 
     ``basis_a`` (``d_a x >=k``) and ``basis_b`` are the readout bases; their first ``k`` columns are used.
@@ -107,8 +113,9 @@ def observed_grid(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray]
     return {"rho_full": full, "rho_readout": readout}
 
 
-def null_grids(layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], k: int, seed: int,
-               indices: Iterable[int], device: str = "cpu") -> np.ndarray:
+def null_grids(
+    layers_a: Sequence[np.ndarray], layers_b: Sequence[np.ndarray], k: int, seed: int, indices: Iterable[int], device: str = "cpu"
+) -> np.ndarray:
     """Null rho grids (``len(indices) x L_a x L_b``); draw ``i`` depends only on (seed, i)."""
     n_a, d_a = _check_layers("A", layers_a, k)
     n_b, d_b = _check_layers("B", layers_b, k)
@@ -141,9 +148,18 @@ def grid_uncertainty(rho_readout: np.ndarray, nulls: np.ndarray, seed: int = 0) 
     return out
 
 
-def grid_text_spread(raw_a: Sequence[np.ndarray], raw_b: Sequence[np.ndarray], basis_a: np.ndarray, basis_b: np.ndarray,
-                     k: int, r: int, seed: int = 0, n_half: int = 10, n_null: int = 10,
-                     device: str = "cpu") -> dict[str, np.ndarray]:
+def grid_text_spread(
+    raw_a: Sequence[np.ndarray],
+    raw_b: Sequence[np.ndarray],
+    basis_a: np.ndarray,
+    basis_b: np.ndarray,
+    k: int,
+    r: int,
+    seed: int = 0,
+    n_half: int = 10,
+    n_null: int = 10,
+    device: str = "cpu",
+) -> dict[str, np.ndarray]:
     """Standard errors over texts, per cell, of ``rho_full``, ``rho_readout``, the readout's excess over full
     space ``rho_readout - rho_full`` and the margin ``rho_readout - mean(null rhos)``: the delete-half
     jackknife of :func:`raygeom.numerics.pga_texts.half_sample_spread`, on the same seeded subsets for

@@ -401,10 +401,17 @@ def gap_interval(sums, diagonal, counts, seed: int = 0, n_boot: int = 1000, leve
     counts = np.asarray(counts)
     domain, generic = side_dispersions(sums, diagonal, counts)[0]
     rng = np.random.default_rng([int(seed), GAP_STREAM])
-    boot = _percentile_interval(gap_of_parts(sums, diagonal, counts, rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)),
-                                level)
-    return {"gap": float(domain - generic), "domain_dispersion": float(domain), "generic_dispersion": float(generic),
-            "gap_se": boot["se"], "gap_lo": boot["lo"], "gap_hi": boot["hi"], "n_domain": int(counts[:, 0].sum()), "n_generic": int(counts[:, 1].sum())}
+    boot = _percentile_interval(gap_of_parts(sums, diagonal, counts, rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)), level)
+    return {
+        "gap": float(domain - generic),
+        "domain_dispersion": float(domain),
+        "generic_dispersion": float(generic),
+        "gap_se": boot["se"],
+        "gap_lo": boot["lo"],
+        "gap_hi": boot["hi"],
+        "n_domain": int(counts[:, 0].sum()),
+        "n_generic": int(counts[:, 1].sum()),
+    }
 
 
 def gap_warning(n_domain: int, minimum: int = MIN_GAP_POSITIONS) -> str:
@@ -418,8 +425,9 @@ def _rank_rows(a: np.ndarray) -> np.ndarray:
     return rank_rows(a)
 
 
-def slice_agreement_interval(labels, perplexity, token_dispersion, pooled, seed: int = 0, n_boot: int = 1000,
-                             level: float = 0.95) -> dict[str, float]:
+def slice_agreement_interval(
+    labels, perplexity, token_dispersion, pooled, seed: int = 0, n_boot: int = 1000, level: float = 0.95
+) -> dict[str, float]:
     """Bootstrap intervals of the slice rank agreements (token and sample level) over chunks.
 
     Chunks are resampled within their slice (the slicing is held fixed), and per draw each slice's

@@ -64,8 +64,9 @@ class ExactIndex:
     Keys are kept in float64 if given so, else float32.
     """
 
-    def __init__(self, keys, *, device=None, dtype: torch.dtype | None = None,
-                 query_chunk: int = 1024, key_chunk: int = DEFAULT_KEY_CHUNK):
+    def __init__(
+        self, keys, *, device=None, dtype: torch.dtype | None = None, query_chunk: int = 1024, key_chunk: int = DEFAULT_KEY_CHUNK
+    ):
         if query_chunk < 1 or key_chunk < 1:
             raise InputError("query_chunk and key_chunk must be positive")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -107,8 +108,9 @@ class ExactIndex:
         return best_d, best_i
 
 
-def knn_log_probs(queries, keys, values, vocab_size: int, k: int = 1024, temperature: float = 1.0,
-                  chunk_size: int = 1024, targets=None) -> np.ndarray:
+def knn_log_probs(
+    queries, keys, values, vocab_size: int, k: int = 1024, temperature: float = 1.0, chunk_size: int = 1024, targets=None
+) -> np.ndarray:
     """log p_knn (float64) for each query.
 
     ``keys`` is the datastore's (n_keys, d) key matrix, or an index (anything

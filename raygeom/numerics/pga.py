@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from threading import Lock
 from typing import Iterable
 
@@ -264,12 +264,12 @@ class PairLayout:
         n = self.n
         for start, stop, offset in self.rectangles:
             size = (stop - start) * (n - stop)
-            torch.matmul(left[start:stop], right[stop:].T, out=out[offset:offset + size].view(stop - start, n - stop))
+            torch.matmul(left[start:stop], right[stop:].T, out=out[offset : offset + size].view(stop - start, n - stop))
         square, upper = self._diagonal_scratch(out.dtype, out.device)
         for start, stop, offset in self.diagonals:
             size = stop - start
             block = torch.matmul(left[start:stop], right[start:stop].T, out=square[: size * size].view(size, size))
-            torch.index_select(block.view(-1), 0, upper[size], out=out[offset:offset + upper[size].numel()])
+            torch.index_select(block.view(-1), 0, upper[size], out=out[offset : offset + upper[size].numel()])
         return out
 
     def _diagonal_scratch(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:

@@ -12,8 +12,9 @@ from raygeom.numerics.pga import _check_k, _check_matrix, null_rhos, prepare_lay
 from raygeom.numerics.uncertainty import LEVEL, _quantile, jackknife_se, text_subsamples
 
 
-def _subsample_scores(h: np.ndarray, basis: np.ndarray, k: int, r: int, seed: int, count: int, size: int,
-                      n_null: int, device: str | None) -> tuple[np.ndarray, np.ndarray]:
+def _subsample_scores(
+    h: np.ndarray, basis: np.ndarray, k: int, r: int, seed: int, count: int, size: int, n_null: int, device: str | None
+) -> tuple[np.ndarray, np.ndarray]:
     """rho_readout and the margin ``rho - mean(null rhos)`` on each of ``count`` subsamples of ``size`` texts.
 
     Each subset is prepared afresh (its own centring, CCR and full-space ranks). Every subset uses the
@@ -34,8 +35,9 @@ def _check_subsampling(h: np.ndarray, r: int, count: int, size: int, n_null: int
         raise InputError(f"N={h.shape[0]} texts are too few for {count} subsamples of {size} with CCR-{r}")
 
 
-def half_sample_spread(h, basis, r: int, k: int, seed: int = 0, n_half: int = 10, n_null: int = 10,
-                       device: str | None = None) -> dict[str, float]:
+def half_sample_spread(
+    h, basis, r: int, k: int, seed: int = 0, n_half: int = 10, n_null: int = 10, device: str | None = None
+) -> dict[str, float]:
     """Standard errors over texts of the readout rho and of the PGA margin (rho - mean of nulls), by the
     delete-d jackknife with d about N/2: ``n_half`` seeded subsets of ``N // 2`` texts
     (:func:`text_subsamples`: without replacement, so a duplicated text never meets itself), each
@@ -45,14 +47,28 @@ def half_sample_spread(h, basis, r: int, k: int, seed: int = 0, n_half: int = 10
     size = h.shape[0] // 2
     _check_subsampling(h, r, n_half, size, n_null)
     rhos, margins = _subsample_scores(h, basis, k, r, seed, n_half, size, n_null, device)
-    return {"rho_texts_se": jackknife_se(rhos, h.shape[0], size),
-            "margin_texts_se": jackknife_se(margins, h.shape[0], size), "n_half_samples": n_half}
+    return {
+        "rho_texts_se": jackknife_se(rhos, h.shape[0], size),
+        "margin_texts_se": jackknife_se(margins, h.shape[0], size),
+        "n_half_samples": n_half,
+    }
 
 
-def pga_text_interval(h: np.ndarray, readout: np.ndarray, k: int, r: int = 1, seed: int = 0, *,
-                      n_subsamples: int = 30, fraction: float = 0.5, n_null: int = 30,
-                      z: float | None = None, null_std: float | None = None, level: float = LEVEL,
-                      device: str | None = None) -> dict[str, float]:
+def pga_text_interval(
+    h: np.ndarray,
+    readout: np.ndarray,
+    k: int,
+    r: int = 1,
+    seed: int = 0,
+    *,
+    n_subsamples: int = 30,
+    fraction: float = 0.5,
+    n_null: int = 30,
+    z: float | None = None,
+    null_std: float | None = None,
+    level: float = LEVEL,
+    device: str | None = None,
+) -> dict[str, float]:
     """How much rho_readout and z depend on which N texts were sampled: intervals over texts.
 
     Delete-d jackknife by seeded subsampling without replacement: ``n_subsamples`` subsets of
@@ -95,10 +111,23 @@ def pga_text_interval(h: np.ndarray, readout: np.ndarray, k: int, r: int = 1, se
     rho_se = jackknife_se(rhos, n, size)
     margin_se = jackknife_se(margins, n, size)
     z_se = margin_se / null_std if null_std > 0 else float("nan")
-    return {"rho_readout": float(rho_full), "rho_texts_se": rho_se, "rho_texts_lo": rho_full - q * rho_se,
-            "rho_texts_hi": rho_full + q * rho_se, "margin_texts_se": margin_se, "z": float(z), "z_texts_se": z_se,
-            "z_texts_lo": z - q * z_se, "z_texts_hi": z + q * z_se, "n": n, "subsample_size": size,
-            "n_subsamples": n_subsamples, "n_null_per_subsample": n_null, "level": level, "seed": int(seed)}
+    return {
+        "rho_readout": float(rho_full),
+        "rho_texts_se": rho_se,
+        "rho_texts_lo": rho_full - q * rho_se,
+        "rho_texts_hi": rho_full + q * rho_se,
+        "margin_texts_se": margin_se,
+        "z": float(z),
+        "z_texts_se": z_se,
+        "z_texts_lo": z - q * z_se,
+        "z_texts_hi": z + q * z_se,
+        "n": n,
+        "subsample_size": size,
+        "n_subsamples": n_subsamples,
+        "n_null_per_subsample": n_null,
+        "level": level,
+        "seed": int(seed),
+    }
 
 
 # ----------------------------------------------------------------------------- other decisions

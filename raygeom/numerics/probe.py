@@ -70,7 +70,7 @@ def linear_probe_accuracy(
         if issubclass(warning.category, ConvergenceWarning):
             converged = False
         else:
-            warnings.warn(warning.message, warning.category)
+            warnings.warn(warning.message, warning.category, stacklevel=2)
     train_classes, train_counts = np.unique(y_train, return_counts=True)
     majority = train_classes[train_counts.argmax()]
     return {

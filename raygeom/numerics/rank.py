@@ -67,8 +67,10 @@ def check_rank(info: LayerRank, r: int, k: int) -> None:
     spans at most k + 1 directions cannot be told from a random one, and the rest is rounding noise."""
     left = info.after_ccr(r)
     if left < k + 2:
-        raise InputError(f"rank {left} after CCR-{r}, below k + 2 = {k + 2} (centred rank {info.rank}, "
-                         f"{info.distinct_rows} distinct of {info.n} rows)")
+        raise InputError(
+            f"rank {left} after CCR-{r}, below k + 2 = {k + 2} (centred rank {info.rank}, "
+            f"{info.distinct_rows} distinct of {info.n} rows)"
+        )
 
 
 def distinct_per_100_pairs(values: np.ndarray, n_pairs: int) -> float:
@@ -81,6 +83,8 @@ def check_distinct_distances(values: np.ndarray, n_pairs: int, info: LayerRank, 
     Spearman over a handful of values ranks ties and noise, not geometry."""
     per_100 = distinct_per_100_pairs(values, n_pairs)
     if per_100 < MIN_DISTINCT_PER_100_PAIRS:
-        raise InputError(f"rank {info.after_ccr(r)} after CCR-{r}: its cosine distances take only "
-                         f"{np.unique(np.asarray(values)).size} distinct values over {n_pairs} pairs "
-                         f"({per_100:.2g} per 100, below {MIN_DISTINCT_PER_100_PAIRS:g})")
+        raise InputError(
+            f"rank {info.after_ccr(r)} after CCR-{r}: its cosine distances take only "
+            f"{np.unique(np.asarray(values)).size} distinct values over {n_pairs} pairs "
+            f"({per_100:.2g} per 100, below {MIN_DISTINCT_PER_100_PAIRS:g})"
+        )

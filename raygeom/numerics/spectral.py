@@ -57,18 +57,16 @@ def _alpha_req_fit(s: np.ndarray, fit_range: tuple[int, int | None] | None = Non
     last = s.size if last is None else min(int(last), s.size)
     first = int(first)
     if first < 1 or last - first + 1 < 2:
-        raise InputError(f"alpha-ReQ's fit range of ranks {first}-{last} holds fewer than 2 of the "
-                         f"{s.size} nonzero eigenvalues")
+        raise InputError(f"alpha-ReQ's fit range of ranks {first}-{last} holds fewer than 2 of the {s.size} nonzero eigenvalues")
     ranks = np.arange(first, last + 1, dtype=np.float64)
-    x, y, w = np.log(ranks), np.log(s[first - 1:last] ** 2), 1.0 / ranks
+    x, y, w = np.log(ranks), np.log(s[first - 1 : last] ** 2), 1.0 / ranks
     # Closed-form weighted regression: slope = weighted cov(x, y) / weighted var(x).
     x_bar, y_bar = np.average(x, weights=w), np.average(y, weights=w)
     slope = np.sum(w * (x - x_bar) * (y - y_bar)) / np.sum(w * (x - x_bar) ** 2)
     residual = y - (y_bar + slope * (x - x_bar))
     total = np.sum((y - y.mean()) ** 2)
     r2 = 1.0 - np.sum(residual**2) / total if total > 0 else float("nan")
-    return {"alpha_req": float(-slope), "alpha_req_r2": float(r2), "alpha_req_first_rank": first,
-            "alpha_req_last_rank": last}
+    return {"alpha_req": float(-slope), "alpha_req_r2": float(r2), "alpha_req_first_rank": first, "alpha_req_last_rank": last}
 
 
 def _condition_number(s: np.ndarray) -> float:
@@ -172,8 +170,9 @@ def pc1_readout_share(h: np.ndarray, readout_basis: np.ndarray) -> dict[str, flo
     return _pc1_readout_share(_centred(h), readout_basis)
 
 
-def spectral_summary(h: np.ndarray, readout_basis: np.ndarray | None = None,
-                     alpha_fit_range: tuple[int, int | None] | None = None) -> dict[str, float]:
+def spectral_summary(
+    h: np.ndarray, readout_basis: np.ndarray | None = None, alpha_fit_range: tuple[int, int | None] | None = None
+) -> dict[str, float]:
     """All spectral metrics of ``H``, plus the PC1 readout share when a basis is given.
 
     ``rankme`` is uncentred (Garrido et al.), ``rankme_centred`` its centred variant. alpha-ReQ comes
@@ -185,8 +184,7 @@ def spectral_summary(h: np.ndarray, readout_basis: np.ndarray | None = None,
     try:
         alpha = _alpha_req_fit(s, alpha_fit_range)
     except InputError:
-        alpha = {"alpha_req": float("nan"), "alpha_req_r2": float("nan"), "alpha_req_first_rank": -1,
-                 "alpha_req_last_rank": -1}
+        alpha = {"alpha_req": float("nan"), "alpha_req_r2": float("nan"), "alpha_req_first_rank": -1, "alpha_req_last_rank": -1}
     summary = {
         "rankme": _rankme(np.linalg.svd(_checked(h), compute_uv=False)),
         "rankme_centred": _rankme(s),
@@ -211,9 +209,13 @@ def pc1_readout_share_interval(h: np.ndarray, readout_basis: np.ndarray, seed: i
     h = _checked(h)
     full = pc1_readout_share(h, readout_basis)
     n, size = h.shape[0], h.shape[0] // 2
-    shares = [pc1_readout_share(h[rows], readout_basis)["pc1_readout_share"]
-              for rows in text_subsamples(n, size, seed, n_half)]
+    shares = [pc1_readout_share(h[rows], readout_basis)["pc1_readout_share"] for rows in text_subsamples(n, size, seed, n_half)]
     se = jackknife_se(shares, n, size)
     low, high = bounded_normal_interval(full["pc1_readout_share"], se, 0.0, 1.0)
-    return {**full, "pc1_readout_share_se": se, "pc1_readout_share_lo": low, "pc1_readout_share_hi": high,
-            "n_half_samples": n_half}
+    return {
+        **full,
+        "pc1_readout_share_se": se,
+        "pc1_readout_share_lo": low,
+        "pc1_readout_share_hi": high,
+        "n_half_samples": n_half,
+    }

@@ -68,5 +68,9 @@ def twonn_mle(h: np.ndarray, level: float = LEVEL) -> dict[str, float]:
         raise InputError("TwoNN: every neighbour ratio is 1, so the dimension is undefined")
     n = mu.size
     tail = (1.0 - level) / 2.0
-    return {"twonn_mle": n / total, "twonn_mle_lo": chi2_quantile(tail, 2 * n) / (2 * total),
-            "twonn_mle_hi": chi2_quantile(1.0 - tail, 2 * n) / (2 * total), "twonn_points": n}
+    return {
+        "twonn_mle": n / total,
+        "twonn_mle_lo": chi2_quantile(tail, 2 * n) / (2 * total),
+        "twonn_mle_hi": chi2_quantile(1.0 - tail, 2 * n) / (2 * total),
+        "twonn_points": n,
+    }

@@ -85,8 +85,10 @@ def empirical_p_values(rho: float, nulls: Sequence[float]) -> dict[str, float]:
     """
     nulls = _finite_1d("nulls", nulls)
     n = nulls.size
-    return {"p_upper": float((1 + np.count_nonzero(nulls >= rho)) / (1 + n)),
-            "p_lower": float((1 + np.count_nonzero(nulls <= rho)) / (1 + n))}
+    return {
+        "p_upper": float((1 + np.count_nonzero(nulls >= rho)) / (1 + n)),
+        "p_lower": float((1 + np.count_nonzero(nulls <= rho)) / (1 + n)),
+    }
 
 
 def summarize_null(rho_readout: float, rhos: Sequence[float]) -> dict[str, float]:
@@ -135,8 +137,9 @@ def _no_interval() -> dict[str, float]:
     return {"z_se": nan, "z_lo": nan, "z_hi": nan, "z_half_width": nan}
 
 
-def z_uncertainty(rho: float, nulls: Sequence[float], seed: int = 0, n_boot: int = N_BOOT,
-                  level: float = LEVEL) -> dict[str, float]:
+def z_uncertainty(
+    rho: float, nulls: Sequence[float], seed: int = 0, n_boot: int = N_BOOT, level: float = LEVEL
+) -> dict[str, float]:
     """z and its Monte-Carlo error from the finite null, including z's small-sample bias.
 
     ``z_se``: the root-mean-square error of z as an estimate of the true z, ``sqrt(sd_boot^2 + bias^2)``.
@@ -203,10 +206,19 @@ def null_blocks(cap: int = NULL_CAP, block: int = NULL_BLOCK, start: int = 0) ->
     return [range(s, min(s + block, cap)) for s in range(start, cap, block)]
 
 
-def null_target_reached(rho: float, nulls: Sequence[float], target_half_width: float = TARGET_HALF_WIDTH,
-                        cap: int = NULL_CAP, *, seed: int = 0, min_null: int = NULL_MIN,
-                        relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL,
-                        decide_cap: int = 0) -> bool:
+def null_target_reached(
+    rho: float,
+    nulls: Sequence[float],
+    target_half_width: float = TARGET_HALF_WIDTH,
+    cap: int = NULL_CAP,
+    *,
+    seed: int = 0,
+    min_null: int = NULL_MIN,
+    relative_target: float | None = None,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
+    decide_cap: int = 0,
+) -> bool:
     """Whether ``--n-null auto`` may stop with these nulls: at least ``min_null`` (and ``Z_MIN_NULL``)
     of them and the 95 % half-width of z (:func:`z_uncertainty`) at most
     :func:`stop_half_width` ``(z, target_half_width, relative_target)``, or ``cap`` reached. Below
@@ -237,8 +249,7 @@ def holds_threshold(z_lo: float, z_hi: float, thresholds: Sequence[float] = DECI
     return any(z_lo <= t <= z_hi for t in thresholds)
 
 
-def stop_half_width(z: float, target_half_width: float = TARGET_HALF_WIDTH,
-                    relative_target: float | None = None) -> float:
+def stop_half_width(z: float, target_half_width: float = TARGET_HALF_WIDTH, relative_target: float | None = None) -> float:
     """The half-width at which ``--n-null auto`` stops a layer: ``max(target_half_width,
     relative_target * |z|)`` (``target_half_width`` alone without ``relative_target``). Absolute near
     the decision thresholds (|z| <= 5 at the defaults 0.25 and 0.05), relative far out."""
@@ -247,9 +258,17 @@ def stop_half_width(z: float, target_half_width: float = TARGET_HALF_WIDTH,
     return float(max(target_half_width, relative_target * abs(z)))
 
 
-def expected_auto_nulls(z, target_half_width: float = TARGET_HALF_WIDTH, relative_target: float | None = None,
-                        cap: int = NULL_CAP, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
-                        level: float = LEVEL, inflation: float = 1.0, decide_cap: int = 0):
+def expected_auto_nulls(
+    z,
+    target_half_width: float = TARGET_HALF_WIDTH,
+    relative_target: float | None = None,
+    cap: int = NULL_CAP,
+    block: int = NULL_BLOCK,
+    min_null: int = NULL_MIN,
+    level: float = LEVEL,
+    inflation: float = 1.0,
+    decide_cap: int = 0,
+):
     """Nulls ``--n-null auto`` is expected to draw for a layer whose z is ``z`` (array or scalar): the
     delta method's need ``(q / h)^2 (1 + z^2 / 2)`` at the stop half-width ``h`` of
     :func:`stop_half_width`, times ``inflation`` (the null's measured ``(z_se / delta se)^2``; 1 for
@@ -259,8 +278,11 @@ def expected_auto_nulls(z, target_half_width: float = TARGET_HALF_WIDTH, relativ
     count still holds a decision threshold goes on to the count whose half-width is its distance to
     the nearest one, up to ``decide_cap``."""
     z = np.abs(np.asarray(z, dtype=np.float64))
-    h = np.full_like(z, float(target_half_width)) if relative_target is None else np.maximum(target_half_width,
-                                                                                             relative_target * z)
+    h = (
+        np.full_like(z, float(target_half_width))
+        if relative_target is None
+        else np.maximum(target_half_width, relative_target * z)
+    )
     per_null = (_quantile(level) ** 2) * (1.0 + z * z / 2.0) * inflation
     need = per_null / h**2
     if decide_cap:
@@ -271,10 +293,20 @@ def expected_auto_nulls(z, target_half_width: float = TARGET_HALF_WIDTH, relativ
     return np.minimum(blocks, cap)
 
 
-def auto_null_count(rho: float, nulls: Sequence[float], target_half_width: float = TARGET_HALF_WIDTH,
-                    cap: int = NULL_CAP, *, seed: int = 0, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
-                    relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL,
-                    decide_cap: int = 0) -> int | None:
+def auto_null_count(
+    rho: float,
+    nulls: Sequence[float],
+    target_half_width: float = TARGET_HALF_WIDTH,
+    cap: int = NULL_CAP,
+    *,
+    seed: int = 0,
+    block: int = NULL_BLOCK,
+    min_null: int = NULL_MIN,
+    relative_target: float | None = None,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
+    decide_cap: int = 0,
+) -> int | None:
     """How many nulls ``--n-null auto`` keeps, given the first ``len(nulls)`` draws in index order.
 
     The rule is checked only at the ends of the fixed blocks (100, 200, ...; and ``cap``), each time
@@ -288,24 +320,55 @@ def auto_null_count(rho: float, nulls: Sequence[float], target_half_width: float
         end = part.stop
         if end > nulls.size:
             return None
-        if null_target_reached(rho, nulls[:end], target_half_width, cap, seed=seed, min_null=min_null,
-                               relative_target=relative_target, n_boot=n_boot, level=level, decide_cap=decide_cap):
+        if null_target_reached(
+            rho,
+            nulls[:end],
+            target_half_width,
+            cap,
+            seed=seed,
+            min_null=min_null,
+            relative_target=relative_target,
+            n_boot=n_boot,
+            level=level,
+            decide_cap=decide_cap,
+        ):
             return end
     return cap
 
 
-def auto_nulls(rho: float, draw: Callable[[range], Sequence[float]], target_half_width: float = TARGET_HALF_WIDTH,
-               cap: int = NULL_CAP, *, seed: int = 0, block: int = NULL_BLOCK, min_null: int = NULL_MIN,
-               relative_target: float | None = None, n_boot: int = N_BOOT, level: float = LEVEL,
-               decide_cap: int = 0) -> np.ndarray:
+def auto_nulls(
+    rho: float,
+    draw: Callable[[range], Sequence[float]],
+    target_half_width: float = TARGET_HALF_WIDTH,
+    cap: int = NULL_CAP,
+    *,
+    seed: int = 0,
+    block: int = NULL_BLOCK,
+    min_null: int = NULL_MIN,
+    relative_target: float | None = None,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
+    decide_cap: int = 0,
+) -> np.ndarray:
     """Draw null blocks in order with ``draw(indices) -> rhos`` until :func:`auto_null_count` settles;
     returns the kept draws. A serial driver; a parallel one may draw blocks ahead and call
     :func:`auto_null_count` on what has arrived, in index order."""
     nulls = np.empty(0)
     for part in null_blocks(cap, block):
         nulls = np.concatenate([nulls, np.asarray(draw(part), dtype=np.float64)])
-        count = auto_null_count(rho, nulls, target_half_width, cap, seed=seed, block=block, min_null=min_null,
-                                relative_target=relative_target, n_boot=n_boot, level=level, decide_cap=decide_cap)
+        count = auto_null_count(
+            rho,
+            nulls,
+            target_half_width,
+            cap,
+            seed=seed,
+            block=block,
+            min_null=min_null,
+            relative_target=relative_target,
+            n_boot=n_boot,
+            level=level,
+            decide_cap=decide_cap,
+        )
         if count is not None:
             return nulls[:count]
     return nulls
@@ -348,8 +411,7 @@ def normal_interval(value: float, se: float, level: float = LEVEL) -> tuple[floa
     return value - half, value + half
 
 
-def bounded_normal_interval(value: float, se: float, low: float, high: float,
-                            level: float = LEVEL) -> tuple[float, float]:
+def bounded_normal_interval(value: float, se: float, low: float, high: float, level: float = LEVEL) -> tuple[float, float]:
     """A normal interval for an estimate that lives in ``[low, high]`` (a share, a mean cosine distance): ``value -+
     q se`` taken on the logit scale of ``(value - low) / (high - low)`` with the delta-method standard error
     ``se / ((value - low)(high - value) / (high - low))``, mapped back, so it stays strictly inside the bounds and
@@ -385,8 +447,14 @@ def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float
     return low, high
 
 
-def bootstrap_ci(data, statistic: Callable[..., float] = np.mean, seed: int = 0, n_boot: int = N_BOOT,
-                 level: float = LEVEL, clusters: Sequence | None = None) -> dict[str, float]:
+def bootstrap_ci(
+    data,
+    statistic: Callable[..., float] = np.mean,
+    seed: int = 0,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
+    clusters: Sequence | None = None,
+) -> dict[str, float]:
     """Percentile bootstrap interval of ``statistic`` (Efron & Tibshirani 1993, ch. 13).
 
     ``data``: one array of ``n`` values, or a tuple of equal-length arrays that are resampled
@@ -415,8 +483,7 @@ def bootstrap_ci(data, statistic: Callable[..., float] = np.mean, seed: int = 0,
         n_clusters = len(members)
         if n_clusters < 2:
             raise InputError("a cluster bootstrap needs at least 2 clusters")
-        draws = (np.concatenate([members[c] for c in rng.integers(0, n_clusters, size=n_clusters)])
-                 for _ in range(n_boot))
+        draws = (np.concatenate([members[c] for c in rng.integers(0, n_clusters, size=n_clusters)]) for _ in range(n_boot))
     values = np.array([statistic(*(a[index] for a in arrays)) for index in draws], dtype=np.float64)
     return {"estimate": estimate, **_percentile_interval(values, level), "n": n, "n_boot": n_boot, "level": level}
 
@@ -431,8 +498,7 @@ def _percentile_interval(values: np.ndarray, level: float) -> dict[str, float]:
     return {"lo": float(lo), "hi": float(hi), "se": float(values.std(ddof=1))}
 
 
-def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "fisher",
-                     n_boot: int = N_BOOT) -> dict[str, float]:
+def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "fisher", n_boot: int = N_BOOT) -> dict[str, float]:
     """Spearman correlation with an interval, or with an exact permutation p-value where no interval is honest.
 
     ``method="fisher"`` (default): Fisher's z = atanh(rho) with the Bonett & Wright (2000) variance
@@ -456,9 +522,14 @@ def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "f
     base = {"rho": rho, "n": n, "level": level, "method": method}
     if n < RANK_INTERVAL_MIN_N or not np.isfinite(rho) or abs(rho) >= 1.0 - 1e-12:
         permutation = permutation_spearman_p(x, y, seed=seed)
-        return {**base, "lo": float("nan"), "hi": float("nan"),
-                "note": (CONSTANT if not np.isfinite(rho) else TOO_FEW_POINTS if n < RANK_INTERVAL_MIN_N else AT_THE_BOUND),
-                "p_perm": permutation["p"], "p_method": permutation["method"]}
+        return {
+            **base,
+            "lo": float("nan"),
+            "hi": float("nan"),
+            "note": (CONSTANT if not np.isfinite(rho) else TOO_FEW_POINTS if n < RANK_INTERVAL_MIN_N else AT_THE_BOUND),
+            "p_perm": permutation["p"],
+            "p_method": permutation["method"],
+        }
     none = {"note": "", "p_perm": float("nan"), "p_method": ""}
     if method == "fisher":
         half = _quantile(level) * np.sqrt((1.0 + rho * rho / 2.0) / (n - 3))
@@ -502,8 +573,7 @@ def permutation_spearman_p(x, y, seed: int = 0) -> dict:
     rng = np.random.default_rng([int(seed), _PERM_TAG])
     orders = np.argsort(rng.random((MONTE_CARLO_PERMUTATIONS, n)), axis=1)
     hits = int(np.sum(np.abs(ry[orders] @ rx) / scale >= observed - tolerance))
-    return {"p": (1 + hits) / (1 + MONTE_CARLO_PERMUTATIONS), "method": "Monte Carlo",
-            "permutations": MONTE_CARLO_PERMUTATIONS}
+    return {"p": (1 + hits) / (1 + MONTE_CARLO_PERMUTATIONS), "method": "Monte Carlo", "permutations": MONTE_CARLO_PERMUTATIONS}
 
 
 def bounds_of(column: str) -> tuple[float, float] | None:
@@ -513,8 +583,7 @@ def bounds_of(column: str) -> tuple[float, float] | None:
     name = column.removesuffix("_texts")
     if name in ("excess", "margin") or name.endswith("_excess"):
         return (-2.0, 2.0)
-    if (name.startswith("rho") or name.endswith(("spearman", "pearson")) or "agreement" in name
-            or name in ("fisher", "boot")):
+    if name.startswith("rho") or name.endswith(("spearman", "pearson")) or "agreement" in name or name in ("fisher", "boot"):
         return (-1.0, 1.0)
     if name.endswith(("share", "accuracy", "chance", "isotropy", "fraction")):
         return (0.0, 1.0)
@@ -523,8 +592,9 @@ def bounds_of(column: str) -> tuple[float, float] | None:
     return None
 
 
-def bounded_mean_interval(values, within: Sequence[tuple[float, float]] = (), bounds: tuple[float, float] | None = None,
-                          level: float = LEVEL) -> dict[str, float]:
+def bounded_mean_interval(
+    values, within: Sequence[tuple[float, float]] = (), bounds: tuple[float, float] | None = None, level: float = LEVEL
+) -> dict[str, float]:
     """The mean of replicates (training seeds, chunks) with an interval that respects the quantity's ``bounds``.
 
     The seed-to-seed Student-t interval (:func:`mean_t_interval`), taken on the logit scale of ``bounds`` when the
@@ -560,8 +630,17 @@ def bounded_mean_interval(values, within: Sequence[tuple[float, float]] = (), bo
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
     if np.isfinite(lo) and hi <= lo:
         lo = hi = float("nan")
-    return {"mean": mean, "lo": lo, "hi": hi, "n": int(x.size), "how": ", ".join(how) if np.isfinite(lo) else
-            "no interval (seeds agree and carry none of their own)" if x.size > 1 else "one seed"}
+    return {
+        "mean": mean,
+        "lo": lo,
+        "hi": hi,
+        "n": int(x.size),
+        "how": ", ".join(how)
+        if np.isfinite(lo)
+        else "no interval (seeds agree and carry none of their own)"
+        if x.size > 1
+        else "one seed",
+    }
 
 
 def mean_t_interval(values, level: float = LEVEL) -> dict[str, float]:

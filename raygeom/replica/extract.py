@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
-from raygeom.replica.settings import POOLS, ExtractionSettings  # noqa: F401 - re-exported
 from raygeom.replica import tokenize
+from raygeom.replica.settings import POOLS, ExtractionSettings  # noqa: F401 - re-exported
+from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
 
 # Upper bound on one slice of logits (elements), so a 262k vocabulary stays near 256 MB.
@@ -60,6 +60,7 @@ def own_hook(module: nn.Module, function, owner: int, pre: bool = False):
     """``function`` as a forward (pre-, with kwargs) hook of ``module`` that serves only thread ``owner``: several
     threads may run forward passes of one model at once (:func:`one_thread_each`). Hooks are added and removed one
     thread at a time."""
+
     def mine(*args):
         return function(*args) if threading.get_ident() == owner else None
 
@@ -179,8 +180,15 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
-                  encoded: dict | None = None, nll: bool = True) -> BatchActivations:
+def extract_batch(
+    model: nn.Module,
+    tokenizer,
+    texts: list[str],
+    settings: ExtractionSettings,
+    layers: list[str] | None = None,
+    encoded: dict | None = None,
+    nll: bool = True,
+) -> BatchActivations:
     """Pooled vectors of ``layers`` (all when None) and, only when ``nll``, the per-sample NLL (NaN otherwise):
     the full-vocabulary LM head is a large share of a forward pass (about half of Gemma's).
 
@@ -210,8 +218,15 @@ def extract_batch(model: nn.Module, tokenizer, texts: list[str], settings: Extra
     return BatchActivations(pooled, losses, mask.sum(1).cpu().numpy())
 
 
-def extract_batches(model: nn.Module, tokenizer, parts: list[list[str]], settings: ExtractionSettings,
-                    layers: list[str] | None = None, nll: bool = True, threads: int | None = None) -> list[BatchActivations]:
+def extract_batches(
+    model: nn.Module,
+    tokenizer,
+    parts: list[list[str]],
+    settings: ExtractionSettings,
+    layers: list[str] | None = None,
+    nll: bool = True,
+    threads: int | None = None,
+) -> list[BatchActivations]:
     """:func:`extract_batch` of each part, by :func:`one_thread_each`."""
     return one_thread_each(model, lambda part: extract_batch(model, tokenizer, part, settings, layers, nll=nll), parts, threads)
 
@@ -226,8 +241,9 @@ def one_thread_each(model: nn.Module, function, items: list, threads: int | None
     previous = torch.get_num_threads()
     workers = max(1, min(int(threads or previous), len(items)))
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="raygeom-forward", initializer=torch.set_num_threads,
-                                initargs=(1,)) as pool:
+        with ThreadPoolExecutor(
+            workers, thread_name_prefix="raygeom-forward", initializer=torch.set_num_threads, initargs=(1,)
+        ) as pool:
             return list(pool.map(function, items))
     finally:
         # The pool's threads set torch's process-wide default, which threads started later would inherit.

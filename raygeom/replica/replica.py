@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raygeom.sources import layers as layer_position
 from raygeom.errors import RaygeomError
 from raygeom.replica import tokenize
 from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources import download
+from raygeom.sources import layers as layer_position
 from raygeom.sources.models import ModelSpec, load_model, weight_fingerprint
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded, not by a driver that only names replicas
@@ -127,13 +127,20 @@ class Replica:
         from raygeom.sources import model_surgery
 
         self._ready()
-        return {"layers": model_surgery.layer_names(self.model), "token_layers": token_layer_names(self.model),
-                "d": model_surgery.hidden_size(self.model), "n_blocks": model_surgery.n_blocks(self.model),
-                "tied": model_surgery.is_tied(self.model), "model_type": self.model.config.model_type,
-                "vocab_size": int(self.model.get_output_embeddings().weight.shape[0]),
-                "params": int(sum(p.numel() for p in self.model.parameters())),
-                "fingerprint": self.fingerprint(), "threads": self.threads, "device": self.device,
-                "special_prefix": tokenize.special_prefix(self.tokenizer)}
+        return {
+            "layers": model_surgery.layer_names(self.model),
+            "token_layers": token_layer_names(self.model),
+            "d": model_surgery.hidden_size(self.model),
+            "n_blocks": model_surgery.n_blocks(self.model),
+            "tied": model_surgery.is_tied(self.model),
+            "model_type": self.model.config.model_type,
+            "vocab_size": int(self.model.get_output_embeddings().weight.shape[0]),
+            "params": int(sum(p.numel() for p in self.model.parameters())),
+            "fingerprint": self.fingerprint(),
+            "threads": self.threads,
+            "device": self.device,
+            "special_prefix": tokenize.special_prefix(self.tokenizer),
+        }
 
     def fingerprint(self) -> str:
         self._ready()
@@ -153,7 +160,7 @@ class Replica:
         w_u = model_surgery.unembedding(self.model).detach()
         # W_U^T W_U summed over fixed blocks of the vocabulary, each on one thread, in order: a multi-threaded GEMM
         # splits the long vocabulary axis by thread count, and the basis would change in its last bits with the CPUs.
-        blocks = [w_u[start:start + READOUT_BLOCK_ROWS] for start in range(0, w_u.shape[0], READOUT_BLOCK_ROWS)]
+        blocks = [w_u[start : start + READOUT_BLOCK_ROWS] for start in range(0, w_u.shape[0], READOUT_BLOCK_ROWS)]
         partial = one_thread_each(self.model, lambda block: block.double().T @ block.double(), blocks, self.threads)
         gram = functools.reduce(torch.add, partial)  # in block order
         return pga.readout_basis_from_gram(gram.cpu().numpy(), min(gram.shape[0] - 1, components))
@@ -163,13 +170,15 @@ class Replica:
         self._ready()
         return tokenize.encode(self.tokenizer, texts, seq_len)
 
-    def pooled(self, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None,
-               nll: bool = False) -> BatchActivations:
+    def pooled(
+        self, texts: list[str], settings: ExtractionSettings, layers: list[str] | None = None, nll: bool = False
+    ) -> BatchActivations:
         """Pooled vectors of one batch of texts; NLL only when asked (NaN otherwise)."""
         return self.pooled_batches([texts], settings, layers, nll)[0]
 
-    def pooled_batches(self, parts: list[list[str]], settings: ExtractionSettings, layers: list[str] | None = None,
-                       nll: bool = False) -> list[BatchActivations]:
+    def pooled_batches(
+        self, parts: list[list[str]], settings: ExtractionSettings, layers: list[str] | None = None, nll: bool = False
+    ) -> list[BatchActivations]:
         """``pooled`` of several batches, ``threads`` of them at once on CPU, each on one torch thread, so that the
         numbers do not depend on the CPUs this replica was given (:func:`raygeom.replica.extract.extract_batches`)."""
         from raygeom.replica.extract import extract_batches
@@ -181,8 +190,7 @@ class Replica:
         return out
 
     @serving
-    def run_batches(self, first: int, parts: list[list[str]], settings: ExtractionSettings, layers: list[str],
-                    nll: bool) -> int:
+    def run_batches(self, first: int, parts: list[list[str]], settings: ExtractionSettings, layers: list[str], nll: bool) -> int:
         """Batches ``first``, ``first + 1``, ... at once (``pooled_batches``), kept for ``write_extraction``; returns
         the number of texts."""
         for offset, batch in enumerate(self.pooled_batches(parts, settings, layers, nll)):
@@ -190,9 +198,19 @@ class Replica:
         return sum(len(part) for part in parts)
 
     @serving
-    def write_extraction(self, root: str, key: str, texts: list[str], labels: list[str] | None, corpus_name: str,
-                         settings: ExtractionSettings, layers: list[str], readout_components: int, nll: bool,
-                         extra: dict | None = None) -> dict:
+    def write_extraction(
+        self,
+        root: str,
+        key: str,
+        texts: list[str],
+        labels: list[str] | None,
+        corpus_name: str,
+        settings: ExtractionSettings,
+        layers: list[str],
+        readout_components: int,
+        nll: bool,
+        extra: dict | None = None,
+    ) -> dict:
         """Layers, readout basis and per-sample data of this revision into the store, the completion marker last.
 
         Batches not held (never run here, or lost with a restarted actor) are computed first."""
@@ -204,7 +222,7 @@ class Replica:
         size = settings.batch_size
         starts = list(range(0, len(texts), size))
         missing = [index for index in range(len(starts)) if index not in self.held]
-        parts = [texts[starts[index]:starts[index] + size] for index in missing]
+        parts = [texts[starts[index] : starts[index] + size] for index in missing]
         self.held.update(zip(missing, self.pooled_batches(parts, settings, layers, nll)))
         ordered = [self.held[i] for i in range(len(starts))]
         store, slug, revision = Store(root), self.spec.slug, self.spec.revision
@@ -220,20 +238,41 @@ class Replica:
             basis, singular_values = self.readout_basis(readout_components)
             store.write_readout(slug, revision, basis, singular_values, self.fingerprint())
         n_tokens = np.concatenate([b.n_tokens for b in ordered])
-        columns = {"sample_id": sample_ids.astype(np.int32),
-                   "nll": np.concatenate([b.nll for b in ordered]).astype(np.float64),
-                   "n_tokens": n_tokens.astype(np.int32), "text_sha1": [text_sha1(t) for t in texts]}
+        columns = {
+            "sample_id": sample_ids.astype(np.int32),
+            "nll": np.concatenate([b.nll for b in ordered]).astype(np.float64),
+            "n_tokens": n_tokens.astype(np.int32),
+            "text_sha1": [text_sha1(t) for t in texts],
+        }
         if labels is not None:
             columns["label"] = list(labels)
         store.write_samples(slug, revision, columns, key=key)
         described = self.describe()
-        info = {"key": key, "all_layers": all_layers, "n_samples": len(texts), "fingerprint": described["fingerprint"],
-                "tensor_fingerprints": tensor_digests(self.model), "params": described["params"], "d": described["d"],
-                "n_blocks": described["n_blocks"], "tied": described["tied"], "model_type": described["model_type"],
-                "model": self.spec.name, "revision": revision, "corpus": corpus_name, "settings": _settings_dict(settings),
-                "device": self.device, "gpus": _gpu_count(self.device), "threads": self.threads, "nll": bool(nll),
-                "load_seconds": self.load_seconds, "forward_seconds": self.forward_seconds, "tokens": int(n_tokens.sum()),
-                **(extra or {}), "layers": layers}
+        info = {
+            "key": key,
+            "all_layers": all_layers,
+            "n_samples": len(texts),
+            "fingerprint": described["fingerprint"],
+            "tensor_fingerprints": tensor_digests(self.model),
+            "params": described["params"],
+            "d": described["d"],
+            "n_blocks": described["n_blocks"],
+            "tied": described["tied"],
+            "model_type": described["model_type"],
+            "model": self.spec.name,
+            "revision": revision,
+            "corpus": corpus_name,
+            "settings": _settings_dict(settings),
+            "device": self.device,
+            "gpus": _gpu_count(self.device),
+            "threads": self.threads,
+            "nll": bool(nll),
+            "load_seconds": self.load_seconds,
+            "forward_seconds": self.forward_seconds,
+            "tokens": int(n_tokens.sum()),
+            **(extra or {}),
+            "layers": layers,
+        }
         store.mark_complete(slug, revision, info)
         self.held.clear()
         self._release_cache()
@@ -247,7 +286,7 @@ class Replica:
         self._ready()
         store, slug, revision = Store(root), self.spec.slug, self.spec.revision
         size = settings.batch_size
-        parts = [texts[s:s + size] for s in range(0, len(texts), size)]
+        parts = [texts[s : s + size] for s in range(0, len(texts), size)]
         losses = np.concatenate([batch.nll for batch in self.pooled_batches(parts, settings, [], nll=True)])
         import pyarrow as pa
 
@@ -265,8 +304,9 @@ class Replica:
 
     # ------------------------------------------------------------------ token level
     @serving
-    def chunks(self, texts: list[str], labels: list[str] | None, chunk_len: int, per_domain: int,
-               seed: int) -> tuple[np.ndarray, list[str]]:
+    def chunks(
+        self, texts: list[str], labels: list[str] | None, chunk_len: int, per_domain: int, seed: int
+    ) -> tuple[np.ndarray, list[str]]:
         self._ready()
         return tokenize.make_chunks(self.tokenizer, texts, labels, chunk_len, per_domain, seed)
 
@@ -334,4 +374,3 @@ def _gpu_count(device: str) -> int:
     import torch
 
     return torch.cuda.device_count() if device == "cuda" else 0
-

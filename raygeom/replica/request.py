@@ -14,10 +14,20 @@ EXTRACTION_VERSION = 2  # 2: one replica and one tokenize (BOS as trained, posit
 READOUT_COMPONENTS = 256
 
 
-def extraction_key(spec: ModelSpec, corpus_fingerprint: str, settings: ExtractionSettings, layer_selection: str,
-                   readout_components: int) -> str:
-    return content_key("extract", EXTRACTION_VERSION, spec.kind, spec.source, spec.revision, corpus_fingerprint,
-                       asdict(settings), layer_selection, readout_components)
+def extraction_key(
+    spec: ModelSpec, corpus_fingerprint: str, settings: ExtractionSettings, layer_selection: str, readout_components: int
+) -> str:
+    return content_key(
+        "extract",
+        EXTRACTION_VERSION,
+        spec.kind,
+        spec.source,
+        spec.revision,
+        corpus_fingerprint,
+        asdict(settings),
+        layer_selection,
+        readout_components,
+    )
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def special_prefix(tokenizer) -> list[int]:
     plain = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
     full = tokenizer(_PROBE, add_special_tokens=True)["input_ids"]
     for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
+        if full[start : start + len(plain)] == plain:
             return list(full[:start])
     return []
 
@@ -51,12 +51,15 @@ def encode(tokenizer, texts: list[str], seq_len: int, padding_side: str | None =
     try:
         if padding_side is not None:
             prepare(tokenizer, padding_side)
-        encoded = tokenizer(list(texts), add_special_tokens=True, padding=True, truncation=True, max_length=seq_len,
-                            return_tensors="np")
+        encoded = tokenizer(
+            list(texts), add_special_tokens=True, padding=True, truncation=True, max_length=seq_len, return_tensors="np"
+        )
     finally:
         tokenizer.padding_side = side
-    return {"input_ids": np.asarray(encoded["input_ids"], dtype=np.int64),
-            "attention_mask": np.asarray(encoded["attention_mask"], dtype=np.int64)}
+    return {
+        "input_ids": np.asarray(encoded["input_ids"], dtype=np.int64),
+        "attention_mask": np.asarray(encoded["attention_mask"], dtype=np.int64),
+    }
 
 
 def text_ids(tokenizer, text: str) -> list[int]:
@@ -64,8 +67,9 @@ def text_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def make_chunks(tokenizer, texts: list[str], labels: list[str] | None, chunk_len: int, chunks_per_domain: int,
-                seed: int) -> tuple[np.ndarray, list[str]]:
+def make_chunks(
+    tokenizer, texts: list[str], labels: list[str] | None, chunk_len: int, chunks_per_domain: int, seed: int
+) -> tuple[np.ndarray, list[str]]:
     """(n, chunk_len) int64 token chunks and their domain labels.
 
     Per domain (one domain ``all`` without labels), texts in a seeded order are
@@ -80,7 +84,9 @@ def make_chunks(tokenizer, texts: list[str], labels: list[str] | None, chunk_len
     prefix = special_prefix(tokenizer)
     body = chunk_len - len(prefix)
     if body < 2:
-        raise RaygeomError(f"chunk-len {chunk_len} leaves fewer than 2 text tokens after the tokenizer's {len(prefix)} special tokens")
+        raise RaygeomError(
+            f"chunk-len {chunk_len} leaves fewer than 2 text tokens after the tokenizer's {len(prefix)} special tokens"
+        )
     labels = labels if labels is not None else ["all"] * len(texts)
     separator = text_ids(tokenizer, SEPARATOR)
     chunks, domains = [], []
@@ -96,7 +102,9 @@ def make_chunks(tokenizer, texts: list[str], labels: list[str] | None, chunk_len
             stream.extend(separator)
         have = min(chunks_per_domain, len(stream) // body)
         if have < chunks_per_domain:
-            raise RaygeomError(f"domain '{domain}' yields {have} chunks of {chunk_len} tokens, fewer than the {chunks_per_domain} asked for")
+            raise RaygeomError(
+                f"domain '{domain}' yields {have} chunks of {chunk_len} tokens, fewer than the {chunks_per_domain} asked for"
+            )
         pieces = np.asarray(stream[:need], dtype=np.int64).reshape(chunks_per_domain, body)
         head = np.tile(np.asarray(prefix, dtype=np.int64), (chunks_per_domain, 1))
         chunks.append(np.concatenate([head, pieces], axis=1))
@@ -109,6 +117,14 @@ def predicted_bytes(tokenizer, chunks: np.ndarray) -> np.ndarray:
 
     Decoded without special tokens. A character cut at a chunk's edge decodes as the replacement character,
     and a SentencePiece decoder drops a leading space: a few bytes in a chunk of thousands."""
-    return np.array([len(tokenizer.decode([int(t) for t in row[1:]], skip_special_tokens=True,
-                                          clean_up_tokenization_spaces=False).encode("utf-8"))
-                     for row in np.asarray(chunks)], dtype=np.int64)
+    return np.array(
+        [
+            len(
+                tokenizer.decode([int(t) for t in row[1:]], skip_special_tokens=True, clean_up_tokenization_spaces=False).encode(
+                    "utf-8"
+                )
+            )
+            for row in np.asarray(chunks)
+        ],
+        dtype=np.int64,
+    )

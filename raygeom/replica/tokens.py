@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
+from raygeom.numerics.dispersion import DispersionGap, token_dispersion
 from raygeom.replica.extract import LOGIT_CHUNK_ELEMENTS, capture_layers, own_hook, remove_hooks
 from raygeom.replica.tokenize import SEPARATOR, make_chunks  # noqa: F401 - chunking lives with the one tokenizer path
-from raygeom.numerics.dispersion import DispersionGap, token_dispersion
+from raygeom.sources import model_surgery
 
 ATTENTION_LAYER = "attn_last"
 
@@ -55,8 +55,8 @@ def per_token_nll(model: nn.Module, final_hidden: torch.Tensor, input_ids: torch
     step = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
     losses = torch.empty(targets.shape[0], dtype=torch.float32, device=final_hidden.device)
     for start in range(0, targets.shape[0], step):
-        logits = model_surgery.logits_from_final_hidden(model, hidden[start:start + step]).float()
-        losses[start:start + step] = nn.functional.cross_entropy(logits, targets[start:start + step], reduction="none")
+        logits = model_surgery.logits_from_final_hidden(model, hidden[start : start + step]).float()
+        losses[start : start + step] = nn.functional.cross_entropy(logits, targets[start : start + step], reduction="none")
     return losses.reshape(b, length - 1)
 
 
@@ -153,8 +153,13 @@ class ChunkStatistics:
 
 
 @torch.inference_mode()
-def chunk_statistics(model: nn.Module, input_ids: torch.Tensor, layers: list[str], gaps: dict[str, GapAccumulator] | None = None,
-                     skip_first: bool = True) -> ChunkStatistics:
+def chunk_statistics(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    layers: list[str],
+    gaps: dict[str, GapAccumulator] | None = None,
+    skip_first: bool = True,
+) -> ChunkStatistics:
     """Per-chunk token dispersion and pooled vector of every layer, and per-chunk NLL, from one forward pass.
 
     ``gaps`` (layer -> accumulator) are updated in place with each position and its next token.
@@ -184,7 +189,9 @@ def chunk_statistics(model: nn.Module, input_ids: torch.Tensor, layers: list[str
 
 
 @torch.inference_mode()
-def token_features(model: nn.Module, input_ids: torch.Tensor, layers: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+def token_features(
+    model: nn.Module, input_ids: torch.Tensor, layers: list[str]
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """kNN-LM features of full chunks: per layer the (B*(T-1), d) float32 vectors at every position
     that has a next token, those next tokens, and the LM's log-probability of each."""
     device = next(model.parameters()).device

@@ -22,7 +22,9 @@ def plot_groups(groups: list[dict], layers_rows: list[dict], model: str, layers:
         pts = [g for g in groups if g["model"] == model and g["layer"] == layer]
         ax.plot([g["mean_perplexity"] for g in pts], [g["mean_dispersion"] for g in pts], "o", ms=4)
         s = stats.get(layer, {})
-        ax.set_title(f"{layer}\nSpearman {format_interval(s, 'group_spearman')}\nPearson {format_interval(s, 'group_pearson')}", fontsize=7)
+        ax.set_title(
+            f"{layer}\nSpearman {format_interval(s, 'group_spearman')}\nPearson {format_interval(s, 'group_pearson')}", fontsize=7
+        )
         ax.set_xlabel("group mean perplexity", fontsize=8)
     axes[0][0].set_ylabel("group mean token dispersion", fontsize=8)
     fig.suptitle(model, fontsize=9)
@@ -39,12 +41,18 @@ def plot_layer_profile(rows: list[dict], path: Path) -> Path:
         part = sorted((r for r in rows if r["model"] == model and r["layer"] != "attn_last"), key=lambda r: r["relative_depth"])
         x = [r["relative_depth"] for r in part]
         for ax, field_name in zip(axes, ("token_dispersion", "sample_dispersion", "group_spearman")):
-            line, = ax.plot(x, [r[field_name] for r in part], marker="o", ms=3, label=model)
+            (line,) = ax.plot(x, [r[field_name] for r in part], marker="o", ms=3, label=model)
         lo = [r.get("group_spearman_lo", float("nan")) for r in part]
         hi = [r.get("group_spearman_hi", float("nan")) for r in part]
         axes[2].fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
-    for ax, title in zip(axes, ("token-level dispersion (mean over chunks)", "sample-level dispersion (pooled chunks)",
-                                "Spearman(group perplexity, group dispersion), 95 % band")):
+    for ax, title in zip(
+        axes,
+        (
+            "token-level dispersion (mean over chunks)",
+            "sample-level dispersion (pooled chunks)",
+            "Spearman(group perplexity, group dispersion), 95 % band",
+        ),
+    ):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("relative depth (embed = 0, final norm = 1)", fontsize=8)
     axes[2].axhline(0, color="black", lw=0.7)
@@ -58,14 +66,17 @@ def plot_models(points: list[dict], path: Path) -> Path:
     """Per domain, dispersion against perplexity and against bits per byte (comparable across tokenizers)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
-    for ax, x_name, label in ((axes[0], "perplexity", "perplexity (exp mean token NLL)"),
-                              (axes[1], "bits_per_byte", "bits per byte (tokenizer-free)")):
+    for ax, x_name, label in (
+        (axes[0], "perplexity", "perplexity (exp mean token NLL)"),
+        (axes[1], "bits_per_byte", "bits per byte (tokenizer-free)"),
+    ):
         for model in dict.fromkeys(p["model"] for p in points):
             part = [p for p in points if p["model"] == model]
             sc = ax.scatter([p.get(x_name, float("nan")) for p in part], [p["token_dispersion"] for p in part], label=model, s=25)
             for p in part:
-                ax.annotate(p["domain"], (p.get(x_name, float("nan")), p["token_dispersion"]), fontsize=6,
-                            color=sc.get_facecolor()[0])
+                ax.annotate(
+                    p["domain"], (p.get(x_name, float("nan")), p["token_dispersion"]), fontsize=6, color=sc.get_facecolor()[0]
+                )
         ax.set_xlabel(label)
         ax.set_ylabel(f"token dispersion at {points[0]['layer'] if points else ''}")
     axes[0].legend(fontsize=7)
@@ -110,8 +121,16 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> Path:
     known = np.isfinite(low) & np.isfinite(high)
     ax.plot(x, ppl, "o-", color="tab:blue", label="kNN-LM perplexity (held-out)")
     if known.any():
-        ax.errorbar(x[known], ppl[known], yerr=[ppl[known] - low[known], high[known] - ppl[known]], fmt="none",
-                    ecolor="tab:blue", elinewidth=0.8, capsize=2, label="95 % bootstrap interval (base + difference)")
+        ax.errorbar(
+            x[known],
+            ppl[known],
+            yerr=[ppl[known] - low[known], high[known] - ppl[known]],
+            fmt="none",
+            ecolor="tab:blue",
+            elinewidth=0.8,
+            capsize=2,
+            label="95 % bootstrap interval (base + difference)",
+        )
     ax.axhline(rows[0]["base_perplexity"], color="tab:blue", ls="--", lw=0.8, label="base LM perplexity")
     ax.set_ylabel("perplexity", color="tab:blue")
     ax.set_xticks(x, names, rotation=60, fontsize=7)
@@ -136,9 +155,14 @@ def knn_figures(rows: list[dict], directory: Path) -> list[Path]:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["model"], row["revision"]), []).append(row)
-    return [plot_layers(sorted(group, key=lambda r: r["layer_index"]),
-                        directory / f"knn_{model.replace('/', '--')}@{revision}.png", f"{model}@{revision}")
-            for (model, revision), group in groups.items()]
+    return [
+        plot_layers(
+            sorted(group, key=lambda r: r["layer_index"]),
+            directory / f"knn_{model.replace('/', '--')}@{revision}.png",
+            f"{model}@{revision}",
+        )
+        for (model, revision), group in groups.items()
+    ]
 
 
 @drawn_once
@@ -159,15 +183,33 @@ def plot_training(rows: list[dict], summary: list[dict], path: Path) -> Path | N
         axes[0].plot(steps, [h["lm_loss"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8, label=label)
         axes[1].plot(steps, [h["dispersion"] for h in history], color=colours[r["lam"]], lw=0.6, alpha=0.8)
         evals = [h for h in history if h.get("heldout_perplexity") is not None]
-        axes[2].plot([h["step"] for h in evals], [h["heldout_perplexity"] for h in evals], "o-", ms=2, color=colours[r["lam"]], lw=0.8)
+        axes[2].plot(
+            [h["step"] for h in evals], [h["heldout_perplexity"] for h in evals], "o-", ms=2, color=colours[r["lam"]], lw=0.8
+        )
     plain = {r["seed"]: r["heldout_perplexity"] for r in rows if r["lam"] == 0.0}
     for i, line in enumerate(s for s in summary if s["lam"] != 0.0):
         seeds = [r for r in rows if r["lam"] == line["lam"] and r["seed"] in plain]
-        axes[3].plot([i] * len(seeds), [r["heldout_perplexity"] - plain[r["seed"]] for r in seeds], "o", ms=3,
-                     color=colours[line["lam"]], alpha=0.6)
+        axes[3].plot(
+            [i] * len(seeds),
+            [r["heldout_perplexity"] - plain[r["seed"]] for r in seeds],
+            "o",
+            ms=3,
+            color=colours[line["lam"]],
+            alpha=0.6,
+        )
         if np.isfinite(line["paired_delta_lo"]):
-            axes[3].errorbar([i + 0.15], [line["paired_delta_mean"]], yerr=[[line["paired_delta_mean"] - line["paired_delta_lo"]],
-                             [line["paired_delta_hi"] - line["paired_delta_mean"]]], fmt="s", color="black", ms=4, capsize=3)
+            axes[3].errorbar(
+                [i + 0.15],
+                [line["paired_delta_mean"]],
+                yerr=[
+                    [line["paired_delta_mean"] - line["paired_delta_lo"]],
+                    [line["paired_delta_hi"] - line["paired_delta_mean"]],
+                ],
+                fmt="s",
+                color="black",
+                ms=4,
+                capsize=3,
+            )
     differences = [s for s in summary if s["lam"] != 0.0]
     axes[3].axhline(0, color="grey", lw=0.8)
     axes[3].set_xticks(range(len(differences)), [f"lambda={s['lam']:g}\np={s['paired_p']:.2g}" for s in differences], fontsize=7)

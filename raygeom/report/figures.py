@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from raygeom.report.figure_keys import FIGURE_KEY, drawing_key, drawn_key, drawn_once, figure_key, figure_to_draw  # noqa: F401
 from raygeom.extras import need
+from raygeom.report.figure_keys import FIGURE_KEY, drawing_key, drawn_key, drawn_once, figure_key, figure_to_draw  # noqa: F401
 from raygeom.store.tree import atomic_write_table, write_rows  # noqa: F401 - where the report's callers find it
 
 
@@ -59,8 +59,15 @@ def pga_table(rows: list[dict], title: str) -> Table:
         if not interval and not math.isnan(z) and row.get("n_null") is not None:
             text += f" ({interval_note(int(row['n_null']))})"
         p = row.get("p_upper")
-        table.add_row(row["layer"], f"{row['rho_readout']:.4f}", f"{row['null_mean']:.4f}", f"{row['null_std']:.4f}",
-                      f"[{style}]{text}[/]" if style else text, "" if p is None else f"{p:.3g}", str(row.get("n_null", "")))
+        table.add_row(
+            row["layer"],
+            f"{row['rho_readout']:.4f}",
+            f"{row['null_mean']:.4f}",
+            f"{row['null_std']:.4f}",
+            f"[{style}]{text}[/]" if style else text,
+            "" if p is None else f"{p:.3g}",
+            str(row.get("n_null", "")),
+        )
     return table
 
 
@@ -87,8 +94,17 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
         group = groups[key]
         high, low = max(group, key=lambda r: r["z"]), min(group, key=lambda r: r["z"])
         step = group[0].get("step")
-        table.add_row(escape(key[0]), escape(key[1]), "" if step is None else str(step), str(len(group)), cell(high),
-                      high["layer"], cell(low), low["layer"], "yes" if collapsed.get(key) else "")
+        table.add_row(
+            escape(key[0]),
+            escape(key[1]),
+            "" if step is None else str(step),
+            str(len(group)),
+            cell(high),
+            high["layer"],
+            cell(low),
+            low["layer"],
+            "yes" if collapsed.get(key) else "",
+        )
     if len(shown) < len(keys):
         table.caption = f"{len(shown)} of {len(keys)} revisions shown, evenly spaced; all are in the tidy table"
     return table
@@ -119,7 +135,7 @@ def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by 
     for label, group in sorted(groups.items()):
         group = sorted(group, key=lambda r: r["relative_depth"])
         depth = [r["relative_depth"] for r in group]
-        line, = ax.plot(depth, [r["z"] for r in group], marker="o", ms=3, label=label)
+        (line,) = ax.plot(depth, [r["z"] for r in group], marker="o", ms=3, label=label)
         intervals = [interval_bounds(r) for r in group]
         if all(intervals):
             ax.fill_between(depth, [i[0] for i in intervals], [i[1] for i in intervals], color=line.get_color(), alpha=0.2, lw=0)
@@ -157,7 +173,6 @@ def save_text(text: str, path: Path) -> Path:
     temporary.write_text(text)
     temporary.replace(path)
     return path
-
 
 
 def write_csv(rows: list[dict], path: Path, columns: list[str] | None = None) -> Path:

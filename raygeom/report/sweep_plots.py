@@ -69,8 +69,9 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         bound = max(1e-6, float(np.abs(finite).max())) if finite.size else 1.0
         fig, ax = plt.subplots(figsize=(9, max(3.0, 0.22 * len(layers) + 1.5)), dpi=110)
         edges = step_edges(columns) if by_step else np.arange(len(columns) + 1) - 0.5
-        mesh = ax.pcolormesh(edges, np.arange(len(layers) + 1) - 0.5, grid, cmap="RdBu_r",
-                             norm=TwoSlopeNorm(0.0, -bound, bound), shading="flat")
+        mesh = ax.pcolormesh(
+            edges, np.arange(len(layers) + 1) - 0.5, grid, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -bound, bound), shading="flat"
+        )
         if by_step:
             ax.set_xscale("log")
             ticks = step_ticks(columns)
@@ -87,10 +88,21 @@ def plot_heatmaps(table: pa.Table, directory: Path) -> list[Path]:
         # A dot marks a cell whose 95 % interval of z crosses 0: its sign is not established.
         unsure = [r for r in group if r.get("z_lo") is not None and r.get("z_hi") is not None and r["z_lo"] <= 0 <= r["z_hi"]]
         if unsure:
-            centres = [(edges[columns.index(column_of(r))] * edges[columns.index(column_of(r)) + 1]) ** 0.5 if by_step
-                       else columns.index(column_of(r)) for r in unsure]
-            ax.scatter(centres, [layers.index((r["layer_index"], r["layer"])) for r in unsure], s=4, c="black",
-                       marker="o", lw=0, label="95 % interval of z crosses 0")
+            centres = [
+                (edges[columns.index(column_of(r))] * edges[columns.index(column_of(r)) + 1]) ** 0.5
+                if by_step
+                else columns.index(column_of(r))
+                for r in unsure
+            ]
+            ax.scatter(
+                centres,
+                [layers.index((r["layer_index"], r["layer"])) for r in unsure],
+                s=4,
+                c="black",
+                marker="o",
+                lw=0,
+                label="95 % interval of z crosses 0",
+            )
             ax.legend(loc="upper left", bbox_to_anchor=(0, -0.12), fontsize=6, frameon=False)
         ax.set_ylabel("layer")
         ax.set_title(f"Subspace PGA z over training: {model}")
@@ -124,8 +136,15 @@ def plot_depth_profiles(table: pa.Table, directory: Path) -> list[Path]:
             p = line[0]["params"] or 0
             shade = colour(params.index(p) / max(1, len(params) - 1))
             label = f"{line[0]['size'] or model} (d={line[0]['d']})" + (" [weights flagged]" if line[0]["weights_flag"] else "")
-            ax.plot([r["relative_depth"] for r in line], [r["z"] for r in line], marker="o", ms=2.5, color=shade, label=label,
-                    ls="--" if line[0]["weights_flag"] else "-")
+            ax.plot(
+                [r["relative_depth"] for r in line],
+                [r["z"] for r in line],
+                marker="o",
+                ms=2.5,
+                color=shade,
+                label=label,
+                ls="--" if line[0]["weights_flag"] else "-",
+            )
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
         ax.set_ylabel("z")

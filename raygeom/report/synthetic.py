@@ -14,8 +14,9 @@ from raygeom.sources import revisions as pythia
 from raygeom.store.tree import atomic_write_table, atomic_write_text
 
 
-def pythia_grid_rows(sizes: list[str] | None = None, revisions: list[str] | None = None, seed: int = 0,
-                     intervals: bool = True) -> list[dict]:
+def pythia_grid_rows(
+    sizes: list[str] | None = None, revisions: list[str] | None = None, seed: int = 0, intervals: bool = True
+) -> list[dict]:
     rng = np.random.default_rng(seed)
     sizes = sizes or list(pythia.PYTHIA_SIZES)
     revisions = revisions or list(pythia.PYTHIA_REVISIONS)
@@ -29,16 +30,36 @@ def pythia_grid_rows(sizes: list[str] | None = None, revisions: list[str] | None
             progress = np.log1p(step) / np.log1p(143_000)
             depth = np.linspace(0.0, 1.0, len(names))
             # Readout alignment grows with training, dips late in the network (a "collapse zone"), recovers at the end.
-            z = progress * (12 * np.sin(np.pi * depth) - 18 * np.exp(-((depth - 0.8) / 0.08) ** 2) + 10 * depth ** 8)
+            z = progress * (12 * np.sin(np.pi * depth) - 18 * np.exp(-(((depth - 0.8) / 0.08) ** 2)) + 10 * depth**8)
             z = z + rng.normal(0.0, 1.0, len(names))
-            se = np.sqrt((1 + z ** 2 / 2) / 100)
+            se = np.sqrt((1 + z**2 / 2) / 100)
             for index, (layer, value, error) in enumerate(zip(names, z, se)):
-                row = {"model": repo.replace("/", "--"), "repo": repo, "size": size_name, "deduped": False,
-                       "params": size.params, "d": size.d, "revision": revision, "step": step, "layer": layer,
-                       "layer_index": index, "relative_depth": float(depth[index]), "k": 100, "r": 1, "n": 2000,
-                       "n_null": 100, "seed": 0, "rho_readout": float(0.3 + 0.01 * value), "null_mean": 0.3, "null_std": 0.01,
-                       "z": float(value), "fingerprint": f"{size_name}-{revision}", "weights_flag": None,
-                       "known_bad_note": None, "unit_key": f"{size_name}-{revision}-{layer}"}
+                row = {
+                    "model": repo.replace("/", "--"),
+                    "repo": repo,
+                    "size": size_name,
+                    "deduped": False,
+                    "params": size.params,
+                    "d": size.d,
+                    "revision": revision,
+                    "step": step,
+                    "layer": layer,
+                    "layer_index": index,
+                    "relative_depth": float(depth[index]),
+                    "k": 100,
+                    "r": 1,
+                    "n": 2000,
+                    "n_null": 100,
+                    "seed": 0,
+                    "rho_readout": float(0.3 + 0.01 * value),
+                    "null_mean": 0.3,
+                    "null_std": 0.01,
+                    "z": float(value),
+                    "fingerprint": f"{size_name}-{revision}",
+                    "weights_flag": None,
+                    "known_bad_note": None,
+                    "unit_key": f"{size_name}-{revision}-{layer}",
+                }
                 if intervals:
                     row.update(z_lo=float(value - 1.96 * error), z_hi=float(value + 1.96 * error), z_se=float(error))
                 if size_name == "2.8b" and 0 < (step or 0) <= 512:
@@ -52,14 +73,19 @@ def write_pythia_grid_store(root: str | Path, **kwargs) -> Path:
     root = Path(root)
     rows = pythia_grid_rows(**kwargs)
     atomic_write_table(pa.Table.from_pylist(rows), root / "results" / "sweep_pga.parquet")
-    atomic_write_text('{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, "fingerprint": "synthetic"}',
-                      root / "sweep" / "manifest.json")
+    atomic_write_text(
+        '{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, "fingerprint": "synthetic"}',
+        root / "sweep" / "manifest.json",
+    )
     return root
 
 
-def job_store_rows(models: tuple[str, ...] = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"),
-                   revisions: tuple[str, ...] = ("step1000", "step143000"), ranks: tuple[int, ...] = (0, 1, 5),
-                   seed: int = 0) -> dict[str, list[dict]]:
+def job_store_rows(
+    models: tuple[str, ...] = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"),
+    revisions: tuple[str, ...] = ("step1000", "step143000"),
+    ranks: tuple[int, ...] = (0, 1, 5),
+    seed: int = 0,
+) -> dict[str, list[dict]]:
     """Rows a job over ``models`` x ``revisions`` leaves (PGA at each CCR rank, spectral metrics, linear probes), by
     analysis, each row with its ``unit_key``. The values are made up; only the shape is real."""
     rng = np.random.default_rng(seed)
@@ -68,23 +94,64 @@ def job_store_rows(models: tuple[str, ...] = ("EleutherAI--pythia-14m", "Eleuthe
         names = ["embed", *[f"block_{i:02d}" for i in range(3 + m)], "final_norm"]
         depth = np.linspace(0.0, 1.0, len(names))
         for revision in revisions:
-            base = {"model": model, "revision": revision, "step": pythia.step_of(revision), "n": 40, "d": 64 + 32 * m,
-                    "corpus": "bbc", "pool": "last", "seq_len": 32}
+            base = {
+                "model": model,
+                "revision": revision,
+                "step": pythia.step_of(revision),
+                "n": 40,
+                "d": 64 + 32 * m,
+                "corpus": "bbc",
+                "pool": "last",
+                "seq_len": 32,
+            }
             for index, layer in enumerate(names):
                 where = {**base, "layer": layer, "layer_index": index, "relative_depth": float(depth[index])}
                 for r in ranks:
                     z = float(rng.normal(2.0 - r * 0.5, 1.0))
-                    out["pga"].append({**where, "k": 8, "k_per_d": 0.0, "r": r, "n_null": 20, "seed": 0,
-                                       "rho_readout": 0.3 + 0.01 * z, "null_mean": 0.3, "null_std": 0.01, "z": z,
-                                       "z_lo": z - 0.5, "z_hi": z + 0.5, "unit_key": f"pga-{model}-{revision}-{layer}-r{r}"})
-                out["spectral"].append({**where, "k": 8, "k_per_d": 0.0, "rankme": float(20 + index + rng.random()),
-                                        "alpha_req": float(1 + rng.random()), "isotropy": float(rng.random()),
-                                        "condition_number": float(10 + 10 * rng.random()),
-                                        "unit_key": f"spectral-{model}-{revision}-{layer}"})
+                    out["pga"].append(
+                        {
+                            **where,
+                            "k": 8,
+                            "k_per_d": 0.0,
+                            "r": r,
+                            "n_null": 20,
+                            "seed": 0,
+                            "rho_readout": 0.3 + 0.01 * z,
+                            "null_mean": 0.3,
+                            "null_std": 0.01,
+                            "z": z,
+                            "z_lo": z - 0.5,
+                            "z_hi": z + 0.5,
+                            "unit_key": f"pga-{model}-{revision}-{layer}-r{r}",
+                        }
+                    )
+                out["spectral"].append(
+                    {
+                        **where,
+                        "k": 8,
+                        "k_per_d": 0.0,
+                        "rankme": float(20 + index + rng.random()),
+                        "alpha_req": float(1 + rng.random()),
+                        "isotropy": float(rng.random()),
+                        "condition_number": float(10 + 10 * rng.random()),
+                        "unit_key": f"spectral-{model}-{revision}-{layer}",
+                    }
+                )
                 accuracy = float(rng.uniform(0.3, 0.9))
-                out["probe"].append({**where, "seed": 0, "test_fraction": 0.25, "c": 1.0, "accuracy": accuracy,
-                                     "accuracy_lo": accuracy - 0.1, "accuracy_hi": accuracy + 0.1, "chance": 0.3,
-                                     "n_test": 10, "unit_key": f"probe-{model}-{revision}-{layer}"})
+                out["probe"].append(
+                    {
+                        **where,
+                        "seed": 0,
+                        "test_fraction": 0.25,
+                        "c": 1.0,
+                        "accuracy": accuracy,
+                        "accuracy_lo": accuracy - 0.1,
+                        "accuracy_hi": accuracy + 0.1,
+                        "chance": 0.3,
+                        "n_test": 10,
+                        "unit_key": f"probe-{model}-{revision}-{layer}",
+                    }
+                )
     return out
 
 

@@ -38,8 +38,12 @@ def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
     for (model, revision, setting), group in _groups(rows, analysis.series).items():
         first = group[0]
         size = f"N={first['n']}" if first.get("n") is not None else f"{first.get('n_chunks')} chunks"
-        table = Table(title=f"{analysis.title}  {escape(model)}@{escape(revision)}  ({size}, d={first.get('d')}"
-                            + (f", {escape(setting)}" if setting else "") + ")", title_justify="left")
+        table = Table(
+            title=f"{analysis.title}  {escape(model)}@{escape(revision)}  ({size}, d={first.get('d')}"
+            + (f", {escape(setting)}" if setting else "")
+            + ")",
+            title_justify="left",
+        )
         table.add_column("layer", no_wrap=True)
         for metric in analysis.metrics:
             table.add_column(metric.title + (" [95 %]" if metric.lo else ""), justify="right")
@@ -59,15 +63,25 @@ def print_ranked(console: Console, analysis, rows: list[dict], most: int = 30) -
     """An analysis whose rows are not per layer (one per model and revision, e.g. the gap G): one table of its
     declared columns, in the rows' order, each value with its interval where the row carries ``<column>_lo/_hi``;
     the first ``most`` rows (the table under results/ has them all)."""
-    table = Table(title=analysis.title + (f" (first {most} of {len(rows)} rows)" if len(rows) > most else ""),
-                  title_justify="left")
-    shown = [c for c in ("rank", "model", "revision", *analysis.columns) if not c.endswith(("_lo", "_hi", "_se"))
-             and any(c in row for row in rows)]
+    table = Table(
+        title=analysis.title + (f" (first {most} of {len(rows)} rows)" if len(rows) > most else ""), title_justify="left"
+    )
+    shown = [
+        c
+        for c in ("rank", "model", "revision", *analysis.columns)
+        if not c.endswith(("_lo", "_hi", "_se")) and any(c in row for row in rows)
+    ]
     for column in shown:
         table.add_column(column, justify="left" if column in ("model", "revision", "layer") else "right")
     for row in rows[:most]:
-        table.add_row(*(escape(str(row.get(c))) if isinstance(row.get(c), str) or row.get(c) is None
-                        else _value(row, c, f"{c}_lo", f"{c}_hi") for c in shown))
+        table.add_row(
+            *(
+                escape(str(row.get(c)))
+                if isinstance(row.get(c), str) or row.get(c) is None
+                else _value(row, c, f"{c}_lo", f"{c}_hi")
+                for c in shown
+            )
+        )
     console.print(table)
 
 
@@ -83,8 +97,9 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
     plt = pyplot()
 
     paths = []
-    groups = [(name, sorted(group, key=lambda r: r["relative_depth"]))
-              for name, group in sorted(_groups(rows, analysis.series).items())]
+    groups = [
+        (name, sorted(group, key=lambda r: r["relative_depth"])) for name, group in sorted(_groups(rows, analysis.series).items())
+    ]
     for metric in analysis.metrics:
         path = Path(directory) / f"{analysis.name}_{metric.column}_vs_depth.png"
         # keyed on the columns this plot draws, not the whole rows: another metric's change does not redraw it
@@ -98,10 +113,16 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
         for (model, revision, setting), group in groups:
             x = [r["relative_depth"] for r in group]
             label = f"{model}@{revision}" + (f" ({setting})" if setting else "")
-            line, = ax.plot(x, [_finite(r.get(metric.column)) for r in group], marker="o", ms=3, label=label)
+            (line,) = ax.plot(x, [_finite(r.get(metric.column)) for r in group], marker="o", ms=3, label=label)
             if metric.lo and metric.hi:
-                ax.fill_between(x, [_finite(r.get(metric.lo)) for r in group], [_finite(r.get(metric.hi)) for r in group],
-                                color=line.get_color(), alpha=0.2, lw=0)
+                ax.fill_between(
+                    x,
+                    [_finite(r.get(metric.lo)) for r in group],
+                    [_finite(r.get(metric.hi)) for r in group],
+                    color=line.get_color(),
+                    alpha=0.2,
+                    lw=0,
+                )
             if metric.chance:
                 ax.plot(x, [_finite(r.get(metric.chance)) for r in group], color=line.get_color(), ls=":", lw=0.8)
         ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")

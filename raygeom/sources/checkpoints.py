@@ -105,9 +105,13 @@ def discover(path: str | Path) -> RunDirectory:
     if not found:
         loose = sorted(p.name for p in root.glob("*.safetensors") if _LOOSE_WEIGHTS.search(p.stem))
         if loose:
-            raise RaygeomError(f"{path} holds {len(loose)} weight files with a step in the name ({loose[0]}, ...) but no "
-                               "checkpoint directories; raygeom needs each checkpoint as a directory with config.json, "
-                               "e.g. save each with model.save_pretrained(f'{path}/step{step}')")
+            raise RaygeomError(
+                f"{path} holds {len(loose)} weight files with a step in the name ({loose[0]}, ...) but no "
+                "checkpoint directories; raygeom needs each checkpoint as a directory with config.json, "
+                "e.g. save each with model.save_pretrained(f'{path}/step{step}')"
+            )
         why = f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""
-        raise RaygeomError(f"{path} holds no checkpoints: expected sub-directories checkpoint-N/ or stepN/ with a config.json{why}")
+        raise RaygeomError(
+            f"{path} holds no checkpoints: expected sub-directories checkpoint-N/ or stepN/ with a config.json{why}"
+        )
     return RunDirectory(root, tuple(found[s] for s in sorted(found)), tuple(skipped))

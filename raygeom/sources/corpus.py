@@ -40,8 +40,10 @@ class Corpus:
         texts = [self.texts[i] for i in order]
         distinct = len(set(texts))
         if distinct < MIN_SAMPLES:
-            raise RaygeomError(f"the {n} texts sampled from corpus '{self.name}' hold only {distinct} distinct text(s); "
-                               f"pairwise geometry needs at least {MIN_SAMPLES} different texts")
+            raise RaygeomError(
+                f"the {n} texts sampled from corpus '{self.name}' hold only {distinct} distinct text(s); "
+                f"pairwise geometry needs at least {MIN_SAMPLES} different texts"
+            )
         return Corpus(self.name, texts, labels)
 
 
@@ -71,8 +73,9 @@ def _read_lines(path: Path) -> list[str]:
         return data.decode("utf-8").splitlines()
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise RaygeomError(f"{path}: line {line} is not valid UTF-8 text (byte {error.start}); "
-                           "re-encode the file as UTF-8") from None
+        raise RaygeomError(
+            f"{path}: line {line} is not valid UTF-8 text (byte {error.start}); re-encode the file as UTF-8"
+        ) from None
 
 
 def _strings(values: list, path: Path, field: str, where: str) -> list[str]:
@@ -158,7 +161,7 @@ def load_corpus(source: str) -> Corpus:
     if source in BUILTIN_CORPORA:
         corpus = _bbc()
     elif source.startswith(HF_PREFIX):
-        corpus = _from_hub(source[len(HF_PREFIX):])
+        corpus = _from_hub(source[len(HF_PREFIX) :])
     elif Path(source).expanduser().exists():
         corpus = _from_file(Path(source).expanduser())
     else:

@@ -97,8 +97,7 @@ def _api():
 def transient(error: BaseException) -> bool:
     """A failure that another try may not meet: a 5xx/408/429, a connection refused, reset or cut, a read timeout."""
     import httpx2
-    from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     if isinstance(error, (_Transient, httpx2.TransportError)):
         return True
@@ -126,8 +125,13 @@ def reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:240] if not isinstance(error, _Transient) else text[:240]
 
 
-def with_retries(call: Callable, what: str, retries: int = DEFAULT_RETRIES, backoff_s: float = DEFAULT_BACKOFF_S,
-                 sleep: Callable[[float], None] = time.sleep):
+def with_retries(
+    call: Callable,
+    what: str,
+    retries: int = DEFAULT_RETRIES,
+    backoff_s: float = DEFAULT_BACKOFF_S,
+    sleep: Callable[[float], None] = time.sleep,
+):
     """``call()``, tried again after ``backoff_s``, 2 x, 4 x ... on transient failures, ``retries`` times at most;
     a DownloadError naming ``what`` and the last reason when it still fails."""
     for attempt in range(retries + 1):
@@ -140,15 +144,19 @@ def with_retries(call: Callable, what: str, retries: int = DEFAULT_RETRIES, back
                 raise DownloadError(f"{what}: {reason(error)}") from None
             if attempt == retries:
                 raise DownloadError(f"{what}: {reason(error)} (after {retries + 1} tries)") from None
-            sleep(backoff_s * 2 ** attempt)
+            sleep(backoff_s * 2**attempt)
 
 
 def listing(repo: str, revision: str, retries: int = DEFAULT_RETRIES, backoff_s: float = DEFAULT_BACKOFF_S) -> Listing:
     """The files of ``repo`` at ``revision`` (its commit, sizes and checksums) that a replica loads."""
-    info = with_retries(lambda: _api().model_info(repo, revision=revision, files_metadata=True),
-                        f"{repo}@{revision}", retries, backoff_s)
-    files = tuple(HubFile(s.rfilename, int(s.size or 0), s.blob_id, s.lfs.sha256 if s.lfs else None)
-                  for s in info.siblings or () if any(fnmatch.fnmatch(s.rfilename, p) for p in ALLOW_PATTERNS))
+    info = with_retries(
+        lambda: _api().model_info(repo, revision=revision, files_metadata=True), f"{repo}@{revision}", retries, backoff_s
+    )
+    files = tuple(
+        HubFile(s.rfilename, int(s.size or 0), s.blob_id, s.lfs.sha256 if s.lfs else None)
+        for s in info.siblings or ()
+        if any(fnmatch.fnmatch(s.rfilename, p) for p in ALLOW_PATTERNS)
+    )
     return Listing(repo, revision, info.sha, files)
 
 
@@ -251,6 +259,7 @@ def fetch_outcome(repo: str, revision: str, retries: int = DEFAULT_RETRIES, back
 
 # ------------------------------------------------------------------------------------------ the cache
 
+
 def cached_revisions() -> set[tuple[str, str]]:
     """(repo, ref name) of every model revision in the cache now."""
     root = cache_root()
@@ -258,7 +267,7 @@ def cached_revisions() -> set[tuple[str, str]]:
     if not root.is_dir():
         return out
     for folder in root.glob("models--*"):
-        repo = folder.name[len("models--"):].replace("--", "/")
+        repo = folder.name[len("models--") :].replace("--", "/")
         refs = folder / "refs"
         if refs.is_dir():
             out |= {(repo, p.relative_to(refs).as_posix()) for p in refs.rglob("*") if p.is_file() and not p.name.startswith(".")}
@@ -268,8 +277,14 @@ def cached_revisions() -> set[tuple[str, str]]:
 def cached_commits() -> set[tuple[str, str]]:
     """(repo, commit) of every model snapshot in the cache now."""
     root = cache_root()
-    return {(folder.parent.parent.name[len("models--"):].replace("--", "/"), folder.name)
-            for folder in root.glob("models--*/snapshots/*")} if root.is_dir() else set()
+    return (
+        {
+            (folder.parent.parent.name[len("models--") :].replace("--", "/"), folder.name)
+            for folder in root.glob("models--*/snapshots/*")
+        }
+        if root.is_dir()
+        else set()
+    )
 
 
 def cache_bytes() -> int:
@@ -296,8 +311,13 @@ def release(repo: str, revision: str) -> int:
     if not root.is_dir():
         return 0
     info = scan_cache_dir(root)
-    commits = [r.commit_hash for cached in info.repos if cached.repo_id == repo and cached.repo_type == "model"
-               for r in cached.revisions if revision in r.refs or r.commit_hash == revision]
+    commits = [
+        r.commit_hash
+        for cached in info.repos
+        if cached.repo_id == repo and cached.repo_type == "model"
+        for r in cached.revisions
+        if revision in r.refs or r.commit_hash == revision
+    ]
     if not commits:
         return 0
     strategy = info.delete_revisions(*commits)

@@ -70,7 +70,7 @@ def select_layers(all_layers: list[str], selection: str) -> list[str]:
     if selection.strip() in ("", "all"):
         return [name for name in all_layers if split(name)[1] is None]
     blocks = [name for name in all_layers if _BLOCK.fullmatch(name)]
-    by_number = {int(name[len("block_"):]): name for name in blocks}
+    by_number = {int(name[len("block_") :]): name for name in blocks}
     chosen: list[str] = []
     for part in (p.strip() for p in selection.split(",")):
         inside = _INSIDE.fullmatch(part)
@@ -84,9 +84,11 @@ def select_layers(all_layers: list[str], selection: str) -> list[str]:
         except (ValueError, IndexError, KeyError):
             names = ", ".join(name for name in all_layers if name not in blocks and split(name)[1] is None)
             span = f"{len(blocks)} blocks (block numbers 0 to {len(blocks) - 1})" if blocks else "no blocks"
-            raise RaygeomError(f"layer '{part}' not found: integers count blocks (5 = block_05, -1 = the last block, "
-                               f"a:b = blocks a to b-1) and this model has {span}; other layers by name: {names}; "
-                               f"inside a block: 5.attn_out, 5.resid_mid, 5.mlp_out") from None
+            raise RaygeomError(
+                f"layer '{part}' not found: integers count blocks (5 = block_05, -1 = the last block, "
+                f"a:b = blocks a to b-1) and this model has {span}; other layers by name: {names}; "
+                f"inside a block: 5.attn_out, 5.resid_mid, 5.mlp_out"
+            ) from None
         chosen.extend(p for p in picks if p not in chosen)
     if not chosen:
         raise RaygeomError(f"layer selection '{selection}' picks none of this model's {len(all_layers)} layers")

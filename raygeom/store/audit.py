@@ -28,8 +28,12 @@ def audit(root: str | Path) -> Audit:
         raise RaygeomError(f"store {root} not found")
     result = Audit()
     recorded: dict[Path, tuple[str, dict]] = {}  # an extraction's files: the marker's hash is the one that counts
-    for marker in sorted([*root.glob(f"activations/model=*/revision=*/{COMPLETE_MARKER}"),
-                          *root.glob(f"activations/model=*/revision=*/{EXTRACTION}=*/{COMPLETE_MARKER}")]):
+    for marker in sorted(
+        [
+            *root.glob(f"activations/model=*/revision=*/{COMPLETE_MARKER}"),
+            *root.glob(f"activations/model=*/revision=*/{EXTRACTION}=*/{COMPLETE_MARKER}"),
+        ]
+    ):
         keyed = marker.parent.name.startswith(f"{EXTRACTION}=")
         revision_dir = marker.parent.parent if keyed else marker.parent
         model, revision = _value(revision_dir.parent.name), _value(revision_dir.name)
@@ -69,8 +73,9 @@ def audit(root: str | Path) -> Audit:
             problem = None
             if layer:
                 table = _decode(data, path, ["layer_index"])
-                problem = Store.layer_problem(table, _value(parts[1]), _value(parts[2]), _value(parts[-2]), path, marker,
-                                              extraction)
+                problem = Store.layer_problem(
+                    table, _value(parts[1]), _value(parts[2]), _value(parts[-2]), path, marker, extraction
+                )
             elif unit:
                 store.read_unit_file(path)
         except RaygeomError as error:
@@ -94,7 +99,7 @@ def _missing_listed(recorded: dict[Path, tuple[str, dict]]) -> list[tuple[Path, 
         by_extraction.setdefault(id(marker), []).append(path)
         markers[id(marker)] = marker
     missing = []
-    for key, paths in by_extraction.items():
+    for _key, paths in by_extraction.items():
         layers = [p for p in paths if p.parent.name.startswith("layer=")]
         freed = bool(layers) and not any(p.exists() for p in layers)
         for path in sorted(paths):
@@ -147,7 +152,8 @@ def _table_problem(store: Store, table: Path, units: Path) -> str | None:
         columns = sorted(set(given[0]) & set(stored[0]))
         if sorted(_canonical(r, columns) for r in given) != sorted(_canonical(r, columns) for r in stored):
             layer = given[0].get("layer", "?")
-            return (f"{table} does not match its unit files: the rows of unit {key} ({layer}) differ from "
-                    f"{units.name}/ (edited?); rerun the job to rewrite it")
+            return (
+                f"{table} does not match its unit files: the rows of unit {key} ({layer}) differ from "
+                f"{units.name}/ (edited?); rerun the job to rewrite it"
+            )
     return None
-

@@ -19,8 +19,7 @@ def corpus_manifest(job) -> dict:
 
 
 def write_manifest(store: Store, job, corpus: Corpus) -> None:
-    atomic_write_text(json.dumps({**corpus_manifest(job), "fingerprint": corpus.fingerprint()}, indent=2),
-                      store.root / MANIFEST)
+    atomic_write_text(json.dumps({**corpus_manifest(job), "fingerprint": corpus.fingerprint()}, indent=2), store.root / MANIFEST)
 
 
 def corpus_fingerprint(job, store: Store) -> str:
@@ -59,7 +58,7 @@ class IntegrityReport:
         out = []
         for model in sorted(set(self.duplicates) | set(self.partial)):
             revisions = {r for g in self.duplicates.get(model, []) for r in g} | set(self.partial.get(model, {}))
-            step = lambda r: self.steps.get((model, r), pythia.step_of(r))  # noqa: E731
+            step = lambda r, model=model: self.steps.get((model, r), pythia.step_of(r))  # noqa: E731
             for revision in sorted(revisions, key=lambda r: (step(r) if step(r) is not None else -1, r)):
                 out.append((model, revision, self.flag(model, revision)))
         return out
@@ -76,8 +75,9 @@ def integrity(plan) -> IntegrityReport:
         groups = pythia.duplicate_groups({rev: m["fingerprint"] for rev, m in markers.items() if m.get("fingerprint")}, steps)
         if groups:
             duplicates[model] = groups
-        shared = pythia.shared_tensors({rev: m["tensor_fingerprints"] for rev, m in markers.items() if m.get("tensor_fingerprints")},
-                                       steps=steps)
+        shared = pythia.shared_tensors(
+            {rev: m["tensor_fingerprints"] for rev, m in markers.items() if m.get("tensor_fingerprints")}, steps=steps
+        )
         if shared:
             partial[model] = shared
         for r in revisions:

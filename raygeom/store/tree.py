@@ -51,8 +51,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raygeom.names import check_path, check_segment
 from raygeom.errors import RaygeomError
+from raygeom.names import check_path, check_segment
 
 COMPLETE_MARKER = "_COMPLETE.json"
 UNITS_RECORD = "_UNITS.json"
@@ -159,7 +159,9 @@ IDENTITY = b"raygeom.identity"  # Parquet schema metadata: what a stored file is
 
 
 def with_identity(table: pa.Table, identity: dict) -> pa.Table:
-    return table.replace_schema_metadata({**(table.schema.metadata or {}), IDENTITY: json.dumps(identity, sort_keys=True).encode()})
+    return table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), IDENTITY: json.dumps(identity, sort_keys=True).encode()}
+    )
 
 
 def identity_of(table: pa.Table) -> dict | None:
@@ -306,8 +308,10 @@ def lock_store(root: Path) -> None:
                 break
             time.sleep(0.1)
         os.close(fd)
-        raise RaygeomError(f"store {root} is in use by another raygeom run ({holder or 'another process'}); wait for it "
-                           f"to finish or choose another --out") from None
+        raise RaygeomError(
+            f"store {root} is in use by another raygeom run ({holder or 'another process'}); wait for it "
+            f"to finish or choose another --out"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()}: {' '.join(command.split())[:300]}".encode(), 0)
     _held_locks[name] = fd
@@ -381,8 +385,10 @@ class Store:
         if key is None:
             if len(places) > 1:
                 keys = ", ".join(str((self._marker_at(model, revision, place)[0] or {}).get("key", "?")) for place in places)
-                raise RaygeomError(f"{model}@{revision} in {self.root} holds {len(places)} extractions (settings keys {keys}); "
-                                   "say which one to read by its key")
+                raise RaygeomError(
+                    f"{model}@{revision} in {self.root} holds {len(places)} extractions (settings keys {keys}); "
+                    "say which one to read by its key"
+                )
             if places:
                 return places[0]
             partial = sorted(p.name for p in self._partition("activations", model, revision).glob(f"{EXTRACTION}=*"))
@@ -411,7 +417,9 @@ class Store:
                 places.append(None)
             for place in places:
                 marker, problem = self._marker_at(slug, rev, place)
-                found.append(StoredExtraction(slug, rev, place, self._directory("activations", slug, rev, place), marker, problem))
+                found.append(
+                    StoredExtraction(slug, rev, place, self._directory("activations", slug, rev, place), marker, problem)
+                )
         return found
 
     # activations
@@ -421,8 +429,9 @@ class Store:
     def layer_path(self, model: str, revision: str, layer: str, key: str | None = None) -> Path:
         return self._layer_file(model, revision, self._place(model, revision, key), layer)
 
-    def write_layer(self, model: str, revision: str, layer: str, layer_index: int, sample_ids: np.ndarray, vectors: np.ndarray,
-                    *, key: str) -> None:
+    def write_layer(
+        self, model: str, revision: str, layer: str, layer_index: int, sample_ids: np.ndarray, vectors: np.ndarray, *, key: str
+    ) -> None:
         table = pa.table(
             {
                 "sample_id": pa.array(np.asarray(sample_ids, dtype=np.int32)),
@@ -431,18 +440,28 @@ class Store:
             }
         )
         place = self._place(model, revision, key)
-        identity = {"kind": "layer", "model": model, "revision": revision, "layer": layer, "layer_index": int(layer_index),
-                    **({EXTRACTION: _place_key(place)} if place else {})}
+        identity = {
+            "kind": "layer",
+            "model": model,
+            "revision": revision,
+            "layer": layer,
+            "layer_index": int(layer_index),
+            **({EXTRACTION: _place_key(place)} if place else {}),
+        }
         self._write(with_identity(table, identity), self._layer_file(model, revision, place, layer))
 
-    def _expected(self, model: str, revision: str, place: str | None, path: Path, key: str | None) -> tuple[str | None, dict | None]:
+    def _expected(
+        self, model: str, revision: str, place: str | None, path: Path, key: str | None
+    ) -> tuple[str | None, dict | None]:
         """The hash the completion marker recorded for ``path``, and the marker; with ``key``, the marker must be
         that extraction's, so an analysis never reads activations made for other settings."""
         marker = self._marker_at(model, revision, place)[0]
         if key is not None and (marker is None or marker.get("key") != key):
             found = "none" if marker is None else f"settings key {marker.get('key')}"
-            raise RaygeomError(f"the stored extraction of {model}@{revision} in {self.root} is not the one this run "
-                               f"made (expected settings key {key}, found {found}); another run may be writing this store")
+            raise RaygeomError(
+                f"the stored extraction of {model}@{revision} in {self.root} is not the one this run "
+                f"made (expected settings key {key}, found {found}); another run may be writing this store"
+            )
         if marker is None:
             return None, None
         return marker.get("files", {}).get(self._relative(path)), marker
@@ -451,8 +470,9 @@ class Store:
         return path.relative_to(self.root).as_posix()
 
     @staticmethod
-    def layer_problem(table: pa.Table, model: str, revision: str, layer: str, path: Path, marker: dict | None,
-                      extraction: str | None = None) -> str | None:
+    def layer_problem(
+        table: pa.Table, model: str, revision: str, layer: str, path: Path, marker: dict | None, extraction: str | None = None
+    ) -> str | None:
         """Why a layer file's content is not the layer its path names (e.g. another layer's file copied over it).
         ``extraction``: the key of the extraction directory it is in (None: an older store's revision directory)."""
         identity = identity_of(table) or {}
@@ -461,8 +481,10 @@ class Store:
             what = f"{stated['model']}@{stated['revision']} layer {stated['layer']}" if identity else "no stated layer"
             return f"{path} holds {what}, not {model}@{revision} layer {layer} (copied or moved over it)"
         if identity.get(EXTRACTION) != extraction:
-            return (f"{path} holds layer {layer} of extraction {identity.get(EXTRACTION) or '(none stated)'}, not of "
-                    f"extraction {extraction or '(none stated)'} (copied or moved over it)")
+            return (
+                f"{path} holds layer {layer} of extraction {identity.get(EXTRACTION) or '(none stated)'}, not of "
+                f"extraction {extraction or '(none stated)'} (copied or moved over it)"
+            )
         indices = set(table["layer_index"].to_pylist()) if "layer_index" in table.column_names else set()
         names = (marker or {}).get("all_layers")
         expected = names.index(layer) if isinstance(names, list) and layer in names else identity.get("layer_index")
@@ -508,8 +530,10 @@ class Store:
                 where = f"{location.get('model')}@{location.get('revision')}"
             else:
                 where = f"extraction {location.get(EXTRACTION) or '(none stated)'}"
-                return None, (f"{path} is the completion marker of {where}, not of extraction "
-                              f"{_place_key(place) or '(none stated)'} of {model}@{revision} (copied or moved here)")
+                return None, (
+                    f"{path} is the completion marker of {where}, not of extraction "
+                    f"{_place_key(place) or '(none stated)'} of {model}@{revision} (copied or moved here)"
+                )
             return None, f"{path} is the completion marker of {where}, not of {model}@{revision} (copied or moved here)"
         return info, None
 
@@ -589,8 +613,9 @@ class Store:
             files[self._relative(path)] = digest
         location = {"model": model, "revision": revision, **({EXTRACTION: _place_key(place)} if place else {})}
         record = {**info, "files": files, "location": location}
-        atomic_write_text(json.dumps(record, indent=2, sort_keys=True),
-                          self._directory("activations", model, revision, place) / COMPLETE_MARKER)
+        atomic_write_text(
+            json.dumps(record, indent=2, sort_keys=True), self._directory("activations", model, revision, place) / COMPLETE_MARKER
+        )
 
     def drop_activations(self, model: str, revision: str, key: str | None = None) -> None:
         """Delete the layer files of one extraction once its units are done; its marker, readout and samples stay, so
@@ -606,8 +631,12 @@ class Store:
         found = []
         for extraction in self.extractions():
             pair = (extraction.model, extraction.revision)
-            if extraction.marker is None and extraction.problem is None and pair not in found \
-                    and any(extraction.directory.glob("layer=*")):
+            if (
+                extraction.marker is None
+                and extraction.problem is None
+                and pair not in found
+                and any(extraction.directory.glob("layer=*"))
+            ):
                 found.append(pair)
         return found
 
@@ -656,8 +685,11 @@ class Store:
         except (RaygeomError, json.JSONDecodeError, UnicodeDecodeError):
             return None
         units = record.get("units") if isinstance(record, dict) else None
-        if record.get("lost") or not isinstance(units, dict) or not all(
-                isinstance(keys, list) and all(isinstance(k, str) for k in keys) for keys in units.values()):
+        if (
+            record.get("lost")
+            or not isinstance(units, dict)
+            or not all(isinstance(keys, list) and all(isinstance(k, str) for k in keys) for keys in units.values())
+        ):
             return None
         return units
 
@@ -685,8 +717,9 @@ class Store:
     def readout_path(self, model: str, revision: str) -> Path:
         return self._partition("readout", model, revision) / "part-0.parquet"
 
-    def write_readout(self, model: str, revision: str, basis: np.ndarray, singular_values: np.ndarray,
-                      fingerprint: str | None = None) -> None:
+    def write_readout(
+        self, model: str, revision: str, basis: np.ndarray, singular_values: np.ndarray, fingerprint: str | None = None
+    ) -> None:
         """``fingerprint``: of the weights it was computed from, so a later extraction of the same weights reuses it."""
         table = pa.table(
             {
@@ -713,12 +746,19 @@ class Store:
             return None
         identity = identity_of(table)
         if identity is not None:
-            same = (identity.get("kind"), identity.get("model"), identity.get("revision"), identity.get("fingerprint")) \
-                == ("readout", model, revision, fingerprint)
+            same = (identity.get("kind"), identity.get("model"), identity.get("revision"), identity.get("fingerprint")) == (
+                "readout",
+                model,
+                revision,
+                fingerprint,
+            )
         else:
             digest, name = file_digest(data), self._relative(path)
-            same = any(e.marker.get("fingerprint") == fingerprint and (e.marker.get("files") or {}).get(name) == digest
-                       for e in self.extractions(model, revision) if e.marker)
+            same = any(
+                e.marker.get("fingerprint") == fingerprint and (e.marker.get("files") or {}).get(name) == digest
+                for e in self.extractions(model, revision)
+                if e.marker
+            )
         return table.num_rows if same else None
 
     def read_readout(self, model: str, revision: str, key: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -773,7 +813,11 @@ class Store:
     def _read_result(self, path: Path, metric: str, key: str, strict: bool = True) -> pa.Table:
         table = read_table(path)
         identity = identity_of(table) or {}
-        if (strict or identity) and (identity.get("kind"), identity.get("analysis"), identity.get("unit_key")) != ("result", metric, key):
+        if (strict or identity) and (identity.get("kind"), identity.get("analysis"), identity.get("unit_key")) != (
+            "result",
+            metric,
+            key,
+        ):
             what = f"{identity.get('analysis')} unit {identity.get('unit_key')}" if identity else "no stated unit"
             raise CorruptFile(f"{path} holds {what}, not {metric} unit {key} (copied or moved over it)")
         problem = _row_keys_problem(table, key, path)

@@ -17,14 +17,27 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--seq-len", "16", "--n-null", "2",
-        "--null-chunks", "1", "--k", "8"]
+TINY = [
+    "--model",
+    "EleutherAI/pythia-14m",
+    "--revision",
+    "step1000",
+    "--seq-len",
+    "16",
+    "--n-null",
+    "2",
+    "--null-chunks",
+    "1",
+    "--k",
+    "8",
+]
 
 
 def run_cli(*args, env=None, timeout=300, cwd=ROOT):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
 def assert_one_line(result, *fragments):
@@ -40,8 +53,11 @@ def assert_one_line(result, *fragments):
 
 # ------------------------------------------------------------------------------------------- corpora
 
-@pytest.mark.parametrize("record, kind", [({"text": None}, "null"), ({"text": 3}, "int"), ({"text": ["a", "b"]}, "list"),
-                                          ({"text": "fine", "label": None}, "null")])
+
+@pytest.mark.parametrize(
+    "record, kind",
+    [({"text": None}, "null"), ({"text": 3}, "int"), ({"text": ["a", "b"]}, "list"), ({"text": "fine", "label": None}, "null")],
+)
 def test_jsonl_fields_must_be_strings(tmp_path, record, kind):
     corpus = tmp_path / "c.jsonl"
     lines = [json.dumps({"text": f"text number {i}"}) for i in range(5)] + [json.dumps(record)]
@@ -49,13 +65,20 @@ def test_jsonl_fields_must_be_strings(tmp_path, record, kind):
     assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "c.jsonl: line 6", f"got {kind}")
 
 
-@pytest.mark.parametrize("column, kind", [(pa.array([1, 2, 3, 4]), "int"), (pa.array(["a", None, "c", "d"]), "null"),
-                                          (pa.array([["a"], ["b"], ["c"], ["d"]]), "list")])
+@pytest.mark.parametrize(
+    "column, kind",
+    [
+        (pa.array([1, 2, 3, 4]), "int"),
+        (pa.array(["a", None, "c", "d"]), "null"),
+        (pa.array([["a"], ["b"], ["c"], ["d"]]), "list"),
+    ],
+)
 def test_parquet_text_must_be_strings(tmp_path, column, kind):
     corpus = tmp_path / "c.parquet"
     pq.write_table(pa.table({"text": column}), corpus)
-    assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "c.parquet", "'text' must be a string",
-                    f"got {kind}")
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "c.parquet", "'text' must be a string", f"got {kind}"
+    )
 
 
 def test_undecodable_text_names_the_file_and_line(tmp_path):
@@ -76,12 +99,14 @@ def test_corrupt_parquet_corpus(tmp_path, damage):
 def test_a_corpus_of_identical_lines_is_refused_before_work(tmp_path):
     corpus = tmp_path / "same.txt"
     corpus.write_text("the same line again\n" * 60)
-    assert_one_line(run_cli("pga", *TINY, "--n-samples", "40", "--corpus", corpus, "--out", tmp_path / "out"),
-                    "only 1 distinct text")
+    assert_one_line(
+        run_cli("pga", *TINY, "--n-samples", "40", "--corpus", corpus, "--out", tmp_path / "out"), "only 1 distinct text"
+    )
     assert not (tmp_path / "out" / "activations").exists()
 
 
 # -------------------------------------------------------------------------------------------- models
+
 
 def _smollm2_gguf() -> Path | None:
     import importlib.util
@@ -90,8 +115,15 @@ def _smollm2_gguf() -> Path | None:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
 
 
-@pytest.mark.parametrize("damage, message", [("empty", "not a valid GGUF file"), ("random", "not a valid GGUF file"),
-                                             ("header", "not a valid GGUF file"), ("truncated", "truncated GGUF file")])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("empty", "not a valid GGUF file"),
+        ("random", "not a valid GGUF file"),
+        ("header", "not a valid GGUF file"),
+        ("truncated", "truncated GGUF file"),
+    ],
+)
 def test_broken_gguf_files(tmp_path, tiny_corpus, damage, message):
     path = tmp_path / "model.gguf"
     if damage in ("header", "truncated"):
@@ -124,8 +156,11 @@ def test_a_revision_for_a_model_without_revisions_is_refused(tmp_path, tiny_corp
         (tmp_path / "m").mkdir()
         (tmp_path / "m" / "config.json").write_text('{"hidden_size": 64}')
         model = str(tmp_path / "m")
-    assert_one_line(run_cli("pga", "--model", model, "--revision", "step1000", "--corpus", tiny_corpus, "--out", tmp_path / "out"),
-                    "has no revisions", "--revision step1000")
+    assert_one_line(
+        run_cli("pga", "--model", model, "--revision", "step1000", "--corpus", tiny_corpus, "--out", tmp_path / "out"),
+        "has no revisions",
+        "--revision step1000",
+    )
 
 
 # Settings the tiny corpus and a 64-wide model pass, so that only the case itself can refuse the run.
@@ -143,8 +178,13 @@ def assert_refused_at_once(args, *fragments, out, cwd=ROOT):
     assert not out.exists(), sorted(p.name for p in out.rglob("*"))
 
 
-@pytest.mark.parametrize("config, fragments", [("{}", ["config.json does not describe a model", "hidden_size"]),
-                                               ('{"hidden_size": 64, "num_hidden_layers": 2}', ["but no weights"])])
+@pytest.mark.parametrize(
+    "config, fragments",
+    [
+        ("{}", ["config.json does not describe a model", "hidden_size"]),
+        ('{"hidden_size": 64, "num_hidden_layers": 2}', ["but no weights"]),
+    ],
+)
 def test_a_model_folder_that_cannot_load_is_refused_at_once(tmp_path, tiny_corpus, config, fragments):
     model = tmp_path / "model"
     model.mkdir()
@@ -153,22 +193,30 @@ def test_a_model_folder_that_cannot_load_is_refused_at_once(tmp_path, tiny_corpu
 
 
 def test_a_layer_the_model_lacks_is_refused_from_its_config(tmp_path, tiny_corpus):
-    assert_refused_at_once(["pga", "--model", "smollm2", "--layers", "99", *SMALL, "--corpus", tiny_corpus],
-                           "layer '99' not found", "30 blocks", out=tmp_path / "out")
+    assert_refused_at_once(
+        ["pga", "--model", "smollm2", "--layers", "99", *SMALL, "--corpus", tiny_corpus],
+        "layer '99' not found",
+        "30 blocks",
+        out=tmp_path / "out",
+    )
 
 
 # ----------------------------------------------------------------------------------------- settings
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--layers", "10:5"], ["10:5", "selects no layer"]),
-    (["--layers", "-1:-3"], ["selects no layer"]),
-    (["--layers", "7:9"], ["layer '7:9' not found"]),
-    (["--num-cpus", "0"], ["--num-cpus must be an integer >= 1"]),
-    (["--num-cpus", "-2"], ["--num-cpus must be an integer >= 1"]),
-    (["--ccr", "40", "--n-samples", "40"], ["--ccr 40", "N=40"]),
-    (["--ccr", "64", "--n-samples", "50"], ["--ccr 64", "d=64"]),
-    (["--k", "64", "--n-samples", "20"], ["k=64, d=64"]),
-])
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--layers", "10:5"], ["10:5", "selects no layer"]),
+        (["--layers", "-1:-3"], ["selects no layer"]),
+        (["--layers", "7:9"], ["layer '7:9' not found"]),
+        (["--num-cpus", "0"], ["--num-cpus must be an integer >= 1"]),
+        (["--num-cpus", "-2"], ["--num-cpus must be an integer >= 1"]),
+        (["--ccr", "40", "--n-samples", "40"], ["--ccr 40", "N=40"]),
+        (["--ccr", "64", "--n-samples", "50"], ["--ccr 64", "d=64"]),
+        (["--k", "64", "--n-samples", "20"], ["k=64, d=64"]),
+    ],
+)
 def test_settings_that_cannot_work_are_refused_up_front(hub_cache, ray_address, tiny_corpus, tmp_path, args, fragments):
     base = [a for a in TINY if a not in ("--k", "8")] if "--k" in args else TINY
     # '7:9' is refused from the model's cached config before Ray starts; were it let through, it would run on the session's
@@ -181,15 +229,21 @@ def test_settings_that_cannot_work_are_refused_up_front(hub_cache, ray_address, 
 
 @pytest.mark.parametrize("value", ["0", "nan", "-3"])
 def test_plan_checks_gpu_memory_by_its_declaration(value):
-    assert_one_line(run_cli("plan", ROOT / "jobs" / "laptop.toml", "--gpu-memory-gib", value),
-                    "--gpu-memory-gib must be a number > 0", f"got {float(value)}")
+    assert_one_line(
+        run_cli("plan", ROOT / "jobs" / "laptop.toml", "--gpu-memory-gib", value),
+        "--gpu-memory-gib must be a number > 0",
+        f"got {float(value)}",
+    )
 
 
 @pytest.mark.parametrize("value", ["-1", "nan"])
 def test_knn_checks_gpus_per_task_by_its_declaration(tmp_path, value):
     # A missing corpus: a value let through stops there instead, at once, rather than running kNN-LM.
-    assert_refused_at_once(["knn", "--gpus-per-task", value, "--corpus", tmp_path / "missing.txt"],
-                           "--gpus-per-task must be a number >= 0", out=tmp_path / "out")
+    assert_refused_at_once(
+        ["knn", "--gpus-per-task", value, "--corpus", tmp_path / "missing.txt"],
+        "--gpus-per-task must be a number >= 0",
+        out=tmp_path / "out",
+    )
 
 
 # A corpus that is not there: were the empty selection taken as "all", the run would stop at the corpus instead.
@@ -199,8 +253,11 @@ def test_an_empty_layer_selection_is_refused_not_taken_as_all(tmp_path, where):
     body = {"flag": "", "job string": '[extract]\nlayers = ""\n', "job list": "[extract]\nlayers = []\n"}[where]
     job.write_text(f"[[models]]\nid = 'smollm2'\n[corpus]\nname = '{tmp_path / 'missing.txt'}'\n{body}")
     args = ["run", job, *(["--layers", ""] if where == "flag" else [])]
-    expected = {"flag": "--layers must be a string not empty", "job string": "layers is empty",
-                "job list": "[extract] layers is an empty list"}[where]
+    expected = {
+        "flag": "--layers must be a string not empty",
+        "job string": "layers is empty",
+        "job list": "[extract] layers is an empty list",
+    }[where]
     assert_refused_at_once(args, expected, out=tmp_path / "out")
 
 
@@ -226,14 +283,17 @@ def test_dispersion_group_and_slice_sizes(tmp_path):
     defaults = AnalysisSettings()
     defaults.check_against(5 * 40)
     assert 5 * 40 // defaults.group_size >= 3
-    for args, fragment in [(["--group-size", "0"], "--group-size must be an integer >= 1"),
-                           (["--group-size", "100"], "--group-size 100 makes 2 full group(s)"),
-                           (["--n-slices", "0"], "--n-slices must be an integer >= 3"),
-                           (["--n-groups", "2"], "--n-groups must be an integer >= 3")]:
+    for args, fragment in [
+        (["--group-size", "0"], "--group-size must be an integer >= 1"),
+        (["--group-size", "100"], "--group-size 100 makes 2 full group(s)"),
+        (["--n-slices", "0"], "--n-slices must be an integer >= 3"),
+        (["--n-groups", "2"], "--n-groups must be an integer >= 3"),
+    ]:
         assert_one_line(run_cli("dispersion", *args, "--out", tmp_path / "out"), fragment)
 
 
 # ---------------------------------------------------------------------------------------- job files
+
 
 @pytest.mark.parametrize("command", [["run"], ["status"], ["plan"], ["select", "--job"]])
 @pytest.mark.parametrize("kind", ["binary", "directory"])
@@ -249,10 +309,22 @@ def test_binary_file_or_directory_as_job_file(tmp_path, command, kind):
 
 # ----------------------------------------------------------------------------------------- addresses
 
+
 def test_unreachable_address_fails_fast_with_one_line(tiny_corpus, tmp_path):
     start = time.time()
-    result = run_cli("pga", *TINY, "--n-samples", "12", "--corpus", tiny_corpus, "--out", tmp_path / "out",
-                     "--address", "127.0.0.1:1", timeout=120)
+    result = run_cli(
+        "pga",
+        *TINY,
+        "--n-samples",
+        "12",
+        "--corpus",
+        tiny_corpus,
+        "--out",
+        tmp_path / "out",
+        "--address",
+        "127.0.0.1:1",
+        timeout=120,
+    )
     assert time.time() - start < 60
     assert_one_line(result, "cannot reach Ray at 127.0.0.1:1")
 
@@ -263,29 +335,48 @@ def test_an_address_that_never_answers_times_out_with_one_line(tiny_corpus, tmp_
         silent.listen(16)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         start = time.time()
-        result = run_cli("pga", *TINY, "--n-samples", "12", "--corpus", tiny_corpus, "--out", tmp_path / "out",
-                         "--address", address, env={"RAYGEOM_CONNECT_TIMEOUT": "4"}, timeout=120)
+        result = run_cli(
+            "pga",
+            *TINY,
+            "--n-samples",
+            "12",
+            "--corpus",
+            tiny_corpus,
+            "--out",
+            tmp_path / "out",
+            "--address",
+            address,
+            env={"RAYGEOM_CONNECT_TIMEOUT": "4"},
+            timeout=120,
+        )
         elapsed = time.time() - start
     assert elapsed < 45, elapsed
     assert_one_line(result, f"could not connect to Ray at {address} within 4 s")
 
 
 def test_a_loopback_address_gets_the_loopback_environment_before_ray_is_imported():
-    code = ("import os, sys\n"
-            "for name in ('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', 'RAY_TMPDIR'):\n"
-            "    os.environ.pop(name, None)\n"
-            "from raygeom.engine.ray_env import prepare_ray_environment, is_loopback\n"
-            "prepare_ray_environment(sys.argv[1])\n"
-            "print(os.environ.get('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'), 'ray' in sys.modules, is_loopback(sys.argv[1]))\n")
+    code = (
+        "import os, sys\n"
+        "for name in ('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER', 'RAY_TMPDIR'):\n"
+        "    os.environ.pop(name, None)\n"
+        "from raygeom.engine.ray_env import prepare_ray_environment, is_loopback\n"
+        "prepare_ray_environment(sys.argv[1])\n"
+        "print(os.environ.get('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'), 'ray' in sys.modules, is_loopback(sys.argv[1]))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
     env["PYTHONPATH"] = str(ROOT)
-    for address, expected in [("127.0.0.1:6379", "0 False True"), ("localhost:6379", "0 False True"),
-                              ("ray://127.0.0.1:10001", "0 False True"), ("10.1.2.3:6379", "None False False")]:
+    for address, expected in [
+        ("127.0.0.1:6379", "0 False True"),
+        ("localhost:6379", "0 False True"),
+        ("ray://127.0.0.1:10001", "0 False True"),
+        ("10.1.2.3:6379", "None False False"),
+    ]:
         done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, env=env, timeout=60)
         assert done.stdout.strip() == expected, (address, done.stdout, done.stderr)
 
 
 # ------------------------------------------------------------------------------------- rich escaping
+
 
 def _terminal_sigint() -> None:
     """SIGINT as a terminal's child has it: default and unblocked. A suite started in the background by a
@@ -305,10 +396,27 @@ def test_ctrl_c_while_connecting_ends_the_run_at_once(tiny_corpus, tmp_path):
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), RAYGEOM_CONNECT_TIMEOUT="300")
-        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY, "--n-samples", "12", "--corpus",
-                                    tiny_corpus, "--out", tmp_path / "out", "--address", f"127.0.0.1:{silent.getsockname()[1]}"],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   preexec_fn=_terminal_sigint)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "pga",
+                *TINY,
+                "--n-samples",
+                "12",
+                "--corpus",
+                tiny_corpus,
+                "--out",
+                tmp_path / "out",
+                "--address",
+                f"127.0.0.1:{silent.getsockname()[1]}",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_terminal_sigint,
+        )
         silent.settimeout(180)
         connection, _ = silent.accept()  # the CLI reached the connect stage
         time.sleep(1.0)
@@ -349,11 +457,27 @@ main()
 
 
 def test_a_full_disk_is_one_line_leaves_no_partial_result_and_markup_in_names_is_printed_not_parsed(
-        hub_cache, ray_address, tiny_corpus, tmp_path):
+    hub_cache, ray_address, tiny_corpus, tmp_path
+):
     out = tmp_path / "a[/red]b[bold]"  # rich markup in the --out path: printed as it is, never parsed
-    args = ["pga", *TINY, "--n-samples", "12", "--layers", "0,-1", "--corpus", tiny_corpus, "--out", out, "--address", ray_address]
+    args = [
+        "pga",
+        *TINY,
+        "--n-samples",
+        "12",
+        "--layers",
+        "0,-1",
+        "--corpus",
+        tiny_corpus,
+        "--out",
+        out,
+        "--address",
+        ray_address,
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    full = subprocess.run([sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True, env=env, timeout=600)
+    full = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert_one_line(full, "the disk is full")
     results = out / "results"
     assert not [p for p in results.rglob("*") if p.is_file()] if results.exists() else True  # no unit, no temporary
@@ -368,12 +492,19 @@ def test_a_full_disk_is_one_line_leaves_no_partial_result_and_markup_in_names_is
     # Issue 41 item 5: the disk fills while the report is written (was: said on stdout, exit 0): one line, exit 2.
     for written in (out / "report.html", out / ".report.html.sha256"):
         written.unlink()
-    full = subprocess.run([sys.executable, "-c", FULL_DISK, *map(str, args)], capture_output=True, text=True,
-                          env=dict(env, FULL_AT="report.html"), timeout=600)
+    full = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=dict(env, FULL_AT="report.html"),
+        timeout=600,
+    )
     assert_one_line(full, "report not written", "the disk is full")
     assert not (out / "report.html").exists() and not list(out.glob(".report.html*"))
-    assert_one_line(run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
-                    "unknown model 'org[/red]x/name'")
+    assert_one_line(
+        run_cli("pga", "--model", "org[/red]x/name", "--corpus", tiny_corpus, "--out", tmp_path / "o2"),
+        "unknown model 'org[/red]x/name'",
+    )
 
 
 def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, ray_address, tmp_path):
@@ -381,8 +512,9 @@ def test_a_degenerate_layer_is_one_line_and_never_stored(hub_cache, ray_address,
     corpus = tmp_path / "short.txt"
     corpus.write_text("\n".join(f"the team won {i} games ." for i in range(20)) + "\n")
     out = tmp_path / "out"
-    result = run_cli("pga", *TINY, "--n-samples", "12", "--layers", "embed,0", "--corpus", corpus, "--out", out,
-                     "--address", ray_address)
+    result = run_cli(
+        "pga", *TINY, "--n-samples", "12", "--layers", "embed,0", "--corpus", corpus, "--out", out, "--address", ray_address
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("not scored") and " embed: " in lines[0], result.stderr[-3000:]
@@ -399,12 +531,20 @@ def test_a_refusal_imports_neither_torch_nor_ray_and_leaves_nothing(tmp_path, ti
     model.mkdir()
     (model / "config.json").write_text('{"hidden_size": 64,')
     args = ["--model", str(model), "--corpus", str(tiny_corpus)] if case == "config" else ["--k", "0"]
-    wrapper = ("import atexit, sys\natexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in "
-               "('torch', 'transformers', 'ray') if m in sys.modules) + '\\n'))\nsys.argv = ['raygeom', *sys.argv[1:]]\n"
-               "from raygeom.cli.root import main\nmain()\n")
+    wrapper = (
+        "import atexit, sys\natexit.register(lambda: sys.stderr.write('HEAVY=' + ','.join(m for m in "
+        "('torch', 'transformers', 'ray') if m in sys.modules) + '\\n'))\nsys.argv = ['raygeom', *sys.argv[1:]]\n"
+        "from raygeom.cli.root import main\nmain()\n"
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", wrapper, "pga", *args, "--out", str(tmp_path / "out")], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", wrapper, "pga", *args, "--out", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and lines[-1] == "HEAVY=", done.stderr
     assert len(lines) == 2 and lines[0].startswith("error:"), done.stderr
@@ -438,8 +578,14 @@ def test_the_cli_ends_after_python_exit_handlers_and_before_static_destructors(t
     assert entry_points(group="console_scripts")["raygeom"].load() is run_as_process
     (tmp_path / "store").mkdir()
     args = {"done": ["gc", "store", "--dry-run"], "refused": ["gc", "no-such-store"], "usage": ["gc", "--no-such-flag"]}
-    done = subprocess.run([sys.executable, "-c", EXIT_WRAPPER, entry, *args[case]], cwd=tmp_path, capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WRAPPER, entry, *args[case]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
     assert done.returncode == (0 if case == "done" else 2), (done.returncode, done.stderr)
     assert done.stderr.splitlines()[-1] == "PYTHON EXIT HANDLERS RAN", done.stderr
     if case == "done":
@@ -481,7 +627,7 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path):
         "halves.toml": ("[analyses.pc1]\ntext_halves = 100000000\n", "text_halves must be an integer >= 2 and <= 1,000"),
         "long_out.toml": (f"[job]\nout = '{'o' * 5000}'\n", "[job] out is 5,000 bytes long"),
         "long_id.toml": (f"[[models]]\nid = '{'m' * 5000}'\n", "[[models]] id is 5,000 bytes long"),
-        "nul.toml": ("[job]\nout = \"a\\u0000b\"\n", "contains a NUL character"),
+        "nul.toml": ('[job]\nout = "a\\u0000b"\n', "contains a NUL character"),
     }
     work = tmp_path / "empty"
     work.mkdir()
@@ -491,22 +637,32 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path):
         models = "" if "[[models]]" in body else "[[models]]\nid = 'smollm2'\n"
         (folder / name).write_text(body.replace("analysis = 3\n", "") if name != "top.toml" else body + models)
         if name != "top.toml":
-            (folder / name).write_text((body if body.startswith("[job]") or "[[models]]" in body else "") +
-                                       models + ("" if body.startswith("[job]") or "[[models]]" in body else body))
+            (folder / name).write_text(
+                (body if body.startswith("[job]") or "[[models]]" in body else "")
+                + models
+                + ("" if body.startswith("[job]") or "[[models]]" in body else body)
+            )
     same = tmp_path / "same.txt"
     same.write_text("the same text every time, word for word.\n" * 50)
     cases = [(["plan", str(folder / name)], fragment) for name, (_, fragment) in jobs.items()]
-    cases += [(["pga", "--model", "m" * 300, "--out", "o"], "has a component of 300 bytes"),
-              (["pga", "--model", "EleutherAI/pythia-14m", "--out", "x" * 5000], "a path can be at most 4,095"),
-              (["pga", "--n-null", "5000000000000", "--out", "o"], "--n-null"),
-              (["analyze", "gap", "--n-boot", "9223372036854775807", "--out", "o"], "--n-boot"),
-              (["analyze", "knn_lm", "--k", "100000000", "--out", "o"], "--k must be an integer >= 1 and <= 65,536"),
-              (["dispersion", "--chunk-len", "100000000", "--out", "o"], "--chunk-len"),
-              (["dispersion", "--model", "EleutherAI/pythia-14m", "--corpus", str(same), "--out", "o"],
-               "1 distinct text(s) of 50")]
+    cases += [
+        (["pga", "--model", "m" * 300, "--out", "o"], "has a component of 300 bytes"),
+        (["pga", "--model", "EleutherAI/pythia-14m", "--out", "x" * 5000], "a path can be at most 4,095"),
+        (["pga", "--n-null", "5000000000000", "--out", "o"], "--n-null"),
+        (["analyze", "gap", "--n-boot", "9223372036854775807", "--out", "o"], "--n-boot"),
+        (["analyze", "knn_lm", "--k", "100000000", "--out", "o"], "--k must be an integer >= 1 and <= 65,536"),
+        (["dispersion", "--chunk-len", "100000000", "--out", "o"], "--chunk-len"),
+        (["dispersion", "--model", "EleutherAI/pythia-14m", "--corpus", str(same), "--out", "o"], "1 distinct text(s) of 50"),
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-c", BATCH, json.dumps([argv for argv, _ in cases])], capture_output=True,
-                            text=True, env=env, cwd=work, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", BATCH, json.dumps([argv for argv, _ in cases])],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for (argv, fragment), got in zip(cases, json.loads(result.stdout.splitlines()[-1])):
         assert got["code"] == 2 and len(got["lines"]) == 1 and fragment in got["lines"][0], (argv[:3], got)

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from raygeom.jobs.pipeline import run_pga_job
 from raygeom.errors import RaygeomError
+from raygeom.jobs.pipeline import run_pga_job
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams
 from raygeom.replica.extract import ExtractionSettings
@@ -31,9 +31,16 @@ NUMBERS = ("rho_readout", "null_mean", "null_std", "z")
 
 def job(out, corpus) -> JobSpec:
     # embed is degenerate here (every text ends in '.'): it is reported each run and never stored.
-    return JobSpec(name="flips", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),), corpus=str(corpus),
-                   n_samples=16, layers="embed,0,final_norm", extraction=ExtractionSettings(seq_len=16, batch_size=16),
-                   pga=PGAParams(k=8, n_null=4, null_chunks=1))
+    return JobSpec(
+        name="flips",
+        out=str(out),
+        models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
+        corpus=str(corpus),
+        n_samples=16,
+        layers="embed,0,final_norm",
+        extraction=ExtractionSettings(seq_len=16, batch_size=16),
+        pga=PGAParams(k=8, n_null=4, null_chunks=1),
+    )
 
 
 def numbers(rows) -> dict:

@@ -37,8 +37,15 @@ def write_trainer_run(root):
 def write_job(directory, run_dir, out, corpus, extra: str = ""):
     from raygeom.testing import write_tiny_job
 
-    return write_tiny_job(directory / "trajectory.toml", "own-run", out, corpus, sweep="pga_threads = 2\n",
-                          models=f'[[models]]\nrun_dir = "{run_dir}"\n', extra=extra)
+    return write_tiny_job(
+        directory / "trajectory.toml",
+        "own-run",
+        out,
+        corpus,
+        sweep="pga_threads = 2\n",
+        models=f'[[models]]\nrun_dir = "{run_dir}"\n',
+        extra=extra,
+    )
 
 
 _TRAJECTORY: dict = {}
@@ -56,18 +63,34 @@ def trajectory_run(tmp_path_factory) -> dict:
         sentences = [s for s in TINY_TEXT.split(" . ") if s]
         corpus = root / "heldout.jsonl"
         # A varied start: without it the first 32 tokens gave the embedding rank 8 to 10 in 40 texts, too few to be scored.
-        corpus.write_text("".join(json.dumps({"text": f"{varied_text(i)} {sentences[i % 5]} in {1990 + i} about {i * 7} "
-                                                      f"{sentences[(i + 2) % 5]} . " * 3,
-                                              "label": f"topic{i % 3}"}) + "\n" for i in range(45)))
-        job_file = write_job(root, run, root / "out", corpus, extra=f"""
+        corpus.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "text": f"{varied_text(i)} {sentences[i % 5]} in {1990 + i} about {i * 7} "
+                        f"{sentences[(i + 2) % 5]} . " * 3,
+                        "label": f"topic{i % 3}",
+                    }
+                )
+                + "\n"
+                for i in range(45)
+            )
+        )
+        job_file = write_job(
+            root,
+            run,
+            root / "out",
+            corpus,
+            extra=f"""
 [trajectory]
 chunk_len = 32
 chunks_per_domain = 3
 batch_size = 3
 late_from = 20
 bootstrap = 200
-report = "{root / 'docs' / 'trajectory.md'}"
-""")
+report = "{root / "docs" / "trajectory.md"}"
+""",
+        )
         _TRAJECTORY.update(root=root, job_file=job_file, outputs=run_trajectory_job(load_job(job_file), Console(quiet=True)))
     return _TRAJECTORY
 
@@ -93,8 +116,12 @@ def test_every_checkpoint_is_a_revision_with_its_step(swept):
 def test_a_copied_checkpoint_is_flagged_and_the_others_are_not(swept):
     _, outputs = swept
     flags = {r["revision"]: r["weights_flag"] for r in pq.read_table(outputs.table).to_pylist()}
-    assert flags == {"checkpoint-10": None, "checkpoint-20": None, "checkpoint-30": "same weights as checkpoint-40",
-                     "checkpoint-40": "same weights as checkpoint-30"}
+    assert flags == {
+        "checkpoint-10": None,
+        "checkpoint-20": None,
+        "checkpoint-30": "same weights as checkpoint-40",
+        "checkpoint-40": "same weights as checkpoint-30",
+    }
     assert [f[1] for f in outputs.flagged] == ["checkpoint-30", "checkpoint-40"]
 
 

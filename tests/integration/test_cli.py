@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_cli(*args, cwd=ROOT):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +50,15 @@ def assert_clean_failure(result, message, out: Path | None = None):
 TINY = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--n-samples", "12", "--seq-len", "16", "--n-null", "4"]
 
 
-@pytest.mark.parametrize("args, message", [
-    # --k 8: with the default k = 100, 12 texts are refused before any model is loaded (PGA needs k + r + 3 of them)
-    (["--model", "EleutherAI/pythia-9000b", "--n-samples", "12", "--k", "8"], "cannot load model 'EleutherAI/pythia-9000b'"),
-    (["--model", "EleutherAI/pythia-14m", "--revision", "step2000", "--n-samples", "12", "--k", "8"], "revision 'step2000'"),
-    ([*TINY, "--k", "64"], "k must satisfy 0 < k < d; got k=64, d=64"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # --k 8: with the default k = 100, 12 texts are refused before any model is loaded (PGA needs k + r + 3 of them)
+        (["--model", "EleutherAI/pythia-9000b", "--n-samples", "12", "--k", "8"], "cannot load model 'EleutherAI/pythia-9000b'"),
+        (["--model", "EleutherAI/pythia-14m", "--revision", "step2000", "--n-samples", "12", "--k", "8"], "revision 'step2000'"),
+        ([*TINY, "--k", "64"], "k must satisfy 0 < k < d; got k=64, d=64"),
+    ],
+)
 def test_errors_found_by_the_ray_workers(hub_cache, ray_address, tiny_corpus, tmp_path, args, message):
     out = tmp_path / "out"
     assert_clean_failure(run_cli("pga", *args, "--corpus", tiny_corpus, "--out", out, "--address", ray_address), message, out)
@@ -62,19 +66,35 @@ def test_errors_found_by_the_ray_workers(hub_cache, ray_address, tiny_corpus, tm
 
 def test_nan_activations(nan_model, ray_address, tiny_corpus, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("pga", "--model", nan_model, "--n-samples", "12", "--k", "8", "--corpus", tiny_corpus, "--out", out,
-                     "--address", ray_address)
+    result = run_cli(
+        "pga",
+        "--model",
+        nan_model,
+        "--n-samples",
+        "12",
+        "--k",
+        "8",
+        "--corpus",
+        tiny_corpus,
+        "--out",
+        out,
+        "--address",
+        ray_address,
+    )
     assert_clean_failure(result, "produced NaN or inf activations", out)
     assert not list(out.glob("activations/**/_COMPLETE.json"))
 
 
-@pytest.mark.parametrize("args, message", [
-    ([*TINY[:6], "--n-samples", "2"], "--n-samples must be an integer >= 3"),
-    ([*TINY[:6], "--seq-len", "0"], "--seq-len must be an integer >= 1, got 0"),
-    (["--corpus", "no-such-corpus"], "unknown corpus 'no-such-corpus'"),
-    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-    (["--pool", "max"], "pool must be one of last, mean"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([*TINY[:6], "--n-samples", "2"], "--n-samples must be an integer >= 3"),
+        ([*TINY[:6], "--seq-len", "0"], "--seq-len must be an integer >= 1, got 0"),
+        (["--corpus", "no-such-corpus"], "unknown corpus 'no-such-corpus'"),
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--pool", "max"], "pool must be one of last, mean"),
+    ],
+)
 def test_errors_found_before_ray_starts(hub_cache, tiny_corpus, tmp_path, args, message):
     extra = [] if "--corpus" in args else ["--corpus", tiny_corpus]
     assert_clean_failure(run_cli("pga", *args, *extra, "--out", tmp_path / "out"), message, tmp_path / "out")
@@ -92,12 +112,15 @@ def test_unwritable_output_directory(tiny_corpus, tmp_path):
     assert_clean_failure(run_cli("pga", "--corpus", tiny_corpus, "--out", blocker / "out"), "is not writable")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[job\nname = 1", "malformed TOML"),
-    ("[job]\nname = 'x'\n", "needs at least one [[models]]"),
-    ("[[models]]\nid = 'smollm2'\n[pga]\nkk = 3\n", "unknown key(s) in [pga]: kk"),
-    ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be an integer >= 1, got 'many'"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[job\nname = 1", "malformed TOML"),
+        ("[job]\nname = 'x'\n", "needs at least one [[models]]"),
+        ("[[models]]\nid = 'smollm2'\n[pga]\nkk = 3\n", "unknown key(s) in [pga]: kk"),
+        ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be an integer >= 1, got 'many'"),
+    ],
+)
 def test_malformed_job_file(tmp_path, text, message):
     job = tmp_path / "job.toml"
     job.write_text(text)
@@ -118,9 +141,28 @@ def test_sigterm_ends_a_run_like_ctrl_c_with_exit_143_and_stops_the_local_ray_it
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     out = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "pga", *TINY[:-2], "--n-null", "100000", "--k", "8",
-                                "--corpus", tiny_corpus, "--out", out, "--num-cpus", "1"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "pga",
+            *TINY[:-2],
+            "--n-null",
+            "100000",
+            "--k",
+            "8",
+            "--corpus",
+            tiny_corpus,
+            "--out",
+            out,
+            "--num-cpus",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     parent = psutil.Process(process.pid)
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None and not list(out.glob("activations/**/_COMPLETE.json")):
@@ -155,16 +197,27 @@ def test_a_group_sigterm_in_a_registered_analysis_and_a_sigkill_leave_no_ray_beh
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     job = tmp_path / "job.toml"
-    job.write_text(f"[job]\nout = 'out'\n[corpus]\nname = '{tiny_corpus}'\nn_samples = 40\n[extract]\nseq_len = 16\n"
-                   "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step1000']\n[analyses.twonn]\n")
+    job.write_text(
+        f"[job]\nout = 'out'\n[corpus]\nname = '{tiny_corpus}'\nn_samples = 40\n[extract]\nseq_len = 16\n"
+        "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step1000']\n[analyses.twonn]\n"
+    )
 
     def start():
-        process = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--num-cpus", "1"], env=env,
-                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "cli.py"), "run", str(job), "--num-cpus", "1"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.time() + 180
-        while time.time() < deadline and process.poll() is None and not any(
-                "raylet" in " ".join(_cmdline(c)) for c in psutil.Process(process.pid).children(recursive=True)):
+        while (
+            time.time() < deadline
+            and process.poll() is None
+            and not any("raylet" in " ".join(_cmdline(c)) for c in psutil.Process(process.pid).children(recursive=True))
+        ):
             time.sleep(0.2)
         time.sleep(1.0)
         assert process.poll() is None, process.communicate()

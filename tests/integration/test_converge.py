@@ -30,11 +30,29 @@ def write_model(store, name, layers, by_text, texts, basis, all_layers=None):
     for index, layer in enumerate(layers):
         store.write_layer(name, "main", layer, index, ids, by_text[layer][texts], key=f"{name}-key")
     store.write_readout(name, "main", basis, np.linspace(5, 1, basis.shape[1]))
-    store.write_samples(name, "main", {"sample_id": ids.astype(np.int32), "nll": np.ones(len(texts)),
-                                       "n_tokens": np.ones(len(texts), dtype=np.int32), "text_sha1": [sha(t) for t in texts]},
-                        key=f"{name}-key")
-    store.mark_complete(name, "main", {"key": f"{name}-key", "layers": layers, "all_layers": all_layers or layers,
-                                       "n_samples": len(texts), "fingerprint": name, "d": basis.shape[0]})
+    store.write_samples(
+        name,
+        "main",
+        {
+            "sample_id": ids.astype(np.int32),
+            "nll": np.ones(len(texts)),
+            "n_tokens": np.ones(len(texts), dtype=np.int32),
+            "text_sha1": [sha(t) for t in texts],
+        },
+        key=f"{name}-key",
+    )
+    store.mark_complete(
+        name,
+        "main",
+        {
+            "key": f"{name}-key",
+            "layers": layers,
+            "all_layers": all_layers or layers,
+            "n_samples": len(texts),
+            "fingerprint": name,
+            "d": basis.shape[0],
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +63,13 @@ def planted(ray_local, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("converge"))
     by_text_a = {layer: rng.standard_normal((N + 5, D_A)) @ rng.standard_normal((D_A, D_A)) for layer in LAYERS_A}
     embedding = np.linalg.qr(rng.standard_normal((D_B, D_A)))[0].T  # D_A x D_B, orthonormal rows
-    by_text_b = {"embed": by_text_a["embed"] @ embedding, "block_00": by_text_a["block_00"] @ embedding,
-                 "block_01": rng.standard_normal((N + 5, D_B)), "block_02": by_text_a["block_01"] @ embedding,
-                 "final_norm": by_text_a["final_norm"] @ embedding}
+    by_text_b = {
+        "embed": by_text_a["embed"] @ embedding,
+        "block_00": by_text_a["block_00"] @ embedding,
+        "block_01": rng.standard_normal((N + 5, D_B)),
+        "block_02": by_text_a["block_01"] @ embedding,
+        "final_norm": by_text_a["final_norm"] @ embedding,
+    }
     basis_a = np.linalg.qr(rng.standard_normal((D_A, 6)))[0]
     write_model(store, "a", LAYERS_A, by_text_a, np.arange(N), basis_a)
     write_model(store, "b", LAYERS_B, by_text_b, rng.permutation(N + 5), embedding.T @ basis_a)
@@ -65,7 +87,12 @@ def test_isometric_copy_converges_to_one_at_matching_layers(planted):
     *_, rows = planted
     assert len(rows) == len(LAYERS_A) * len(LAYERS_B)
     assert {r["n"] for r in rows} == {N}  # aligned by text: B's 5 extra texts are dropped
-    for layer_a, layer_b in [("embed", "embed"), ("block_00", "block_00"), ("block_01", "block_02"), ("final_norm", "final_norm")]:
+    for layer_a, layer_b in [
+        ("embed", "embed"),
+        ("block_00", "block_00"),
+        ("block_01", "block_02"),
+        ("final_norm", "final_norm"),
+    ]:
         assert cell(rows, layer_a, layer_b)["rho_full"] == pytest.approx(1.0, abs=1e-6)
         assert cell(rows, layer_a, layer_b)["rho_readout"] == pytest.approx(1.0, abs=1e-6)
         assert cell(rows, layer_a, layer_b)["null_mean"] < 0.99
@@ -77,8 +104,7 @@ def test_cells_equal_the_pairwise_numerics_on_text_aligned_rows(planted):
     got = cell(rows, "block_00", "block_01")
     # The store keeps float32 vectors.
     h_a, h_b = by_text_a["block_00"][:N].astype(np.float32), by_text_b["block_01"][:N].astype(np.float32)
-    expected = convergence(h_a, h_b, basis_a, embedding.T @ basis_a, K,
-                           r=1, n_null=20, seed=2)
+    expected = convergence(h_a, h_b, basis_a, embedding.T @ basis_a, K, r=1, n_null=20, seed=2)
     for name in ("rho_full", "rho_readout", "null_mean", "null_std", "z"):
         assert got[name] == pytest.approx(expected[name], rel=1e-9, abs=1e-12), name
 
@@ -86,8 +112,9 @@ def test_cells_equal_the_pairwise_numerics_on_text_aligned_rows(planted):
 def test_result_does_not_depend_on_null_chunks(planted):
     store, *_, params, rows = planted
     shutil.rmtree(store.root / "results" / "converge")
-    again = converge.run_converge(store, [("a", "main"), ("b", "main")],
-                                  converge.ConvergeParams(k=K, r=1, n_null=20, null_chunks=8, seed=2))
+    again = converge.run_converge(
+        store, [("a", "main"), ("b", "main")], converge.ConvergeParams(k=K, r=1, n_null=20, null_chunks=8, seed=2)
+    )
     assert [r["z"] for r in again] == [r["z"] for r in rows]
     assert [r["null_std"] for r in again] == [r["null_std"] for r in rows]
     for name in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower"):  # the interval does not depend on the split either
@@ -102,15 +129,21 @@ def test_result_does_not_depend_on_null_chunks(planted):
 
 def test_depths_restrict_the_grid_and_bad_requests_fail_clearly(planted, tmp_path):
     store, *_ = planted
-    rows = converge.run_converge(store, [("a", "main"), ("b", "main")], converge.ConvergeParams(k=K, n_null=4, null_chunks=2, depths=2))
-    assert {(r["layer_a"], r["layer_b"]) for r in rows} == {(a, b) for a in ("embed", "final_norm") for b in ("embed", "final_norm")}
+    rows = converge.run_converge(
+        store, [("a", "main"), ("b", "main")], converge.ConvergeParams(k=K, n_null=4, null_chunks=2, depths=2)
+    )
+    assert {(r["layer_a"], r["layer_b"]) for r in rows} == {
+        (a, b) for a in ("embed", "final_norm") for b in ("embed", "final_norm")
+    }
     with pytest.raises(RaygeomError, match="at least two models"):
         converge.run_converge(store, [("a", "main")], converge.ConvergeParams(k=K))
     with pytest.raises(RaygeomError, match="0 < k < d"):
         converge.run_converge(store, [("a", "main"), ("b", "main")], converge.ConvergeParams(k=D_A))
     stranger = Store(tmp_path)
     write_model(stranger, "a", ["embed"], {"embed": np.ones((5, D_A)) + np.eye(5, D_A)}, np.arange(5), np.eye(D_A)[:, :6])
-    write_model(stranger, "c", ["embed"], {"embed": np.ones((105, D_A)) + np.eye(105, D_A)}, np.arange(100, 105), np.eye(D_A)[:, :6])
+    write_model(
+        stranger, "c", ["embed"], {"embed": np.ones((105, D_A)) + np.eye(105, D_A)}, np.arange(100, 105), np.eye(D_A)[:, :6]
+    )
     with pytest.raises(RaygeomError, match="share only 0 texts"):
         converge.run_converge(stranger, [("a", "main"), ("c", "main")], converge.ConvergeParams(k=K))
 
@@ -122,9 +155,34 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
     # A repo id no other test writes, so its width cannot depend on which test ran first.
     write_tiny_pythia(hub_cache, "raygeom-tests/narrow-neox", ["step0"], hidden_size=48, layers=2)
     out, report = tmp_path / "out", tmp_path / "report"
-    result = CliRunner().invoke(app, ["converge", "-m", "EleutherAI/pythia-14m@step1000", "-m", "raygeom-tests/narrow-neox@step0",
-                                      "-c", str(tiny_corpus), "-n", "30", "--max-words", "12", "--seq-len", "32", "--k", "8", "--n-null", "6",
-                                      "--null-chunks", "2", "--out", str(out), "--report", str(report)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "converge",
+            "-m",
+            "EleutherAI/pythia-14m@step1000",
+            "-m",
+            "raygeom-tests/narrow-neox@step0",
+            "-c",
+            str(tiny_corpus),
+            "-n",
+            "30",
+            "--max-words",
+            "12",
+            "--seq-len",
+            "32",
+            "--k",
+            "8",
+            "--n-null",
+            "6",
+            "--null-chunks",
+            "2",
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out / "results" / "converge.parquet").to_pylist()
     assert len(rows) == 5 * 4 and {r["n"] for r in rows} == {30}
@@ -140,6 +198,8 @@ def test_tiny_pythia_models_of_different_width_through_the_cli(hub_cache, ray_lo
 def test_cli_needs_two_models(hub_cache, tiny_corpus, tmp_path):
     from raygeom.cli.root import app
 
-    result = CliRunner().invoke(app, ["converge", "-m", "EleutherAI/pythia-14m", "-c", str(tiny_corpus), "--out", str(tmp_path / "o")])
+    result = CliRunner().invoke(
+        app, ["converge", "-m", "EleutherAI/pythia-14m", "-c", str(tiny_corpus), "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "at least two models" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()

@@ -9,12 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from raygeom.analyses import diagnostics
-from raygeom.sources.corpus import load_corpus
 from raygeom.errors import RaygeomError
-from raygeom.replica.extract import ExtractionSettings
-from raygeom.sources.models import resolve_model
 from raygeom.numerics import layer_geometry, pga, probe, spectral
+from raygeom.replica.extract import ExtractionSettings
 from raygeom.replica.request import ExtractionRequest
+from raygeom.sources.corpus import load_corpus
+from raygeom.sources.models import resolve_model
 from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
@@ -50,12 +50,23 @@ def planted_store(root, seed=0):
         store.write_layer("planted", "main", name, index, np.arange(N), layers[name], key="planted-1")
     store.write_readout("planted", "main", q[:, :8], np.linspace(8, 1, 8))
     nll = 2.0 + rng.uniform(size=N)
-    store.write_samples("planted", "main", {"sample_id": np.arange(N, dtype=np.int32), "nll": nll,
-                                            "n_tokens": np.full(N, 10, dtype=np.int32), "label": list(labels),
-                                            "text_sha1": [hashlib.sha1(str(i).encode()).hexdigest() for i in range(N)]},
-                         key="planted-1")
-    store.mark_complete("planted", "main", {"key": "planted-1", "layers": LAYERS, "all_layers": LAYERS, "n_samples": N,
-                                            "fingerprint": "f", "d": D})
+    store.write_samples(
+        "planted",
+        "main",
+        {
+            "sample_id": np.arange(N, dtype=np.int32),
+            "nll": nll,
+            "n_tokens": np.full(N, 10, dtype=np.int32),
+            "label": list(labels),
+            "text_sha1": [hashlib.sha1(str(i).encode()).hexdigest() for i in range(N)],
+        },
+        key="planted-1",
+    )
+    store.mark_complete(
+        "planted",
+        "main",
+        {"key": "planted-1", "layers": LAYERS, "all_layers": LAYERS, "n_samples": N, "fingerprint": "f", "d": D},
+    )
     return store, layers, readout, labels, nll
 
 
@@ -140,8 +151,7 @@ def labelled_corpus(tmp_path):
 
     topics = ["markets", "politics", "sport", "film", "tech"]
     path = tmp_path / "labelled.jsonl"
-    path.write_text("\n".join(json.dumps({"text": f"number {i} {varied_text(i)}",
-                                          "label": topics[i % 5]}) for i in range(60)))
+    path.write_text("\n".join(json.dumps({"text": f"number {i} {varied_text(i)}", "label": topics[i % 5]}) for i in range(60)))
     return path
 
 
@@ -149,9 +159,34 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
     from raygeom.cli.root import app
 
     out, report = tmp_path / "out", tmp_path / "report"
-    result = CliRunner().invoke(app, ["diagnose", "-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(labelled_corpus),
-                                      "-n", "40", "--seq-len", "32", "--k", "8", "--ccr-ranks", "0,1,5,10", "--n-null", "8",
-                                      "--null-chunks", "2", "--out", str(out), "--report", str(report)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "-m",
+            "EleutherAI/pythia-14m",
+            "-r",
+            "step1000",
+            "-c",
+            str(labelled_corpus),
+            "-n",
+            "40",
+            "--seq-len",
+            "32",
+            "--k",
+            "8",
+            "--ccr-ranks",
+            "0,1,5,10",
+            "--n-null",
+            "8",
+            "--null-chunks",
+            "2",
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out / "results" / "diagnostics_layers.parquet").to_pylist()
     assert [r["layer"] for r in rows] == ["embed", "block_00", "block_01", "block_02", "final_norm"]
@@ -160,32 +195,56 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
         assert 0.0 <= row["probe_accuracy"] <= 1.0 and row["pc1_readout_chance"] == pytest.approx(8 / 64)
     # The CLI's extraction is the pipeline's: same stored layer as a direct extraction request would key.
     corpus = load_corpus(str(labelled_corpus)).sample(40, 0)
-    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), corpus,
-                                ExtractionSettings(seq_len=32), "all")
+    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), corpus, ExtractionSettings(seq_len=32), "all")
     assert Store(out).is_complete("EleutherAI--pythia-14m", "step1000", request.key())
-    for name in ("diagnostics_EleutherAI--pythia-14m@step1000.png", "ccr_restoration.png", "diagnostics.md",
-                 "diagnostics_layers.parquet", "diagnostics_samples.parquet"):
+    for name in (
+        "diagnostics_EleutherAI--pythia-14m@step1000.png",
+        "ccr_restoration.png",
+        "diagnostics.md",
+        "diagnostics_layers.parquet",
+        "diagnostics_samples.parquet",
+    ):
         assert (report / name).stat().st_size > 1000, name
     assert "z CCR-10" in (report / "diagnostics.md").read_text()
     # `probe` on the same store reuses the extraction and the probe units diagnose wrote.
-    probed = CliRunner().invoke(app, ["probe", "-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(labelled_corpus),
-                                      "-n", "40", "--seq-len", "32", "--out", str(out)])
+    probed = CliRunner().invoke(
+        app,
+        [
+            "probe",
+            "-m",
+            "EleutherAI/pythia-14m",
+            "-r",
+            "step1000",
+            "-c",
+            str(labelled_corpus),
+            "-n",
+            "40",
+            "--seq-len",
+            "32",
+            "--out",
+            str(out),
+        ],
+    )
     assert probed.exit_code == 0, probed.output
     accuracies = {r["layer"]: r["accuracy"] for r in pq.read_table(out / "results" / "probe.parquet").to_pylist()}
     assert accuracies == {r["layer"]: r["probe_accuracy"] for r in rows}
     assert (out / "plots" / "probe_accuracy.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--ccr-ranks", "1,x"], "--ccr-ranks must be comma-separated integers"),
-    (["--k", "0"], "--k must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ccr-ranks", "1,x"], "--ccr-ranks must be comma-separated integers"),
+        (["--k", "0"], "--k must be an integer >= 1"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_writes_nothing(hub_cache, labelled_corpus, tmp_path, args, message):
     from raygeom.cli.root import app
 
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["diagnose", "-m", "EleutherAI/pythia-14m", "-c", str(labelled_corpus), "-n", "20",
-                                      "--out", str(out), *args])
+    result = CliRunner().invoke(
+        app, ["diagnose", "-m", "EleutherAI/pythia-14m", "-c", str(labelled_corpus), "-n", "20", "--out", str(out), *args]
+    )
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     assert not (out / "results").exists()
@@ -196,5 +255,7 @@ def test_probe_needs_labels(hub_cache, tmp_path):
 
     corpus = tmp_path / "plain.txt"
     corpus.write_text("\n".join(f"line {i} of text" for i in range(30)))
-    result = CliRunner().invoke(app, ["probe", "-m", "EleutherAI/pythia-14m", "-c", str(corpus), "-n", "20", "--out", str(tmp_path / "o")])
+    result = CliRunner().invoke(
+        app, ["probe", "-m", "EleutherAI/pythia-14m", "-c", str(corpus), "-n", "20", "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "no labels" in result.output

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from raygeom.analyses import dispersion as dp
+from raygeom.numerics.dispersion import dispersion, dispersion_gap
+from raygeom.replica.tokens import domain_token_ids, make_chunks, token_features
 from raygeom.report import dispersion_plots
 from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import load_model, resolve_model
-from raygeom.numerics.dispersion import dispersion, dispersion_gap
 from raygeom.store.tree import Store
-from raygeom.replica.tokens import domain_token_ids, make_chunks, token_features
 
 # Its runs reload the same tiny models: they share loaded replicas (tests/conftest.py warm_replicas).
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_replicas")]
@@ -72,12 +72,16 @@ def test_ray_results_equal_an_in_process_computation(finished, labelled_corpus):
     assert final["domain"].tolist() == domains
     np.testing.assert_allclose(final["nll"].to_numpy(), -logprob.reshape(18, 31).mean(1), atol=1e-5)
     per_chunk = features["final_norm"].reshape(18, 31, -1)
-    last_position = model(input_ids=torch.from_numpy(chunks), output_hidden_states=True).hidden_states[-1][:, -1:].detach().numpy()
+    last_position = (
+        model(input_ids=torch.from_numpy(chunks), output_hidden_states=True).hidden_states[-1][:, -1:].detach().numpy()
+    )
     full = np.concatenate([per_chunk, last_position], axis=1)
     expected = [dispersion(c) for c in full]
     np.testing.assert_allclose(final["token_dispersion"].to_numpy(), expected, atol=1e-6)
     np.testing.assert_allclose(unit["pooled"]["final_norm"], full[:, 1:].mean(1), atol=1e-5)
-    row = next(r for r in result["layers"] if r["model"] == spec.name and r["revision"] == "step1000" and r["layer"] == "final_norm")
+    row = next(
+        r for r in result["layers"] if r["model"] == spec.name and r["revision"] == "step1000" and r["layer"] == "final_norm"
+    )
     assert row["sample_dispersion"] == pytest.approx(dispersion(full[:, 1:].mean(1)), abs=1e-6)
     assert row["perplexity"] == pytest.approx(float(np.exp(-logprob.mean())), rel=1e-5)
     gap = dispersion_gap(features["final_norm"], next_tokens, domain_token_ids(tokenizer))
@@ -100,16 +104,26 @@ def test_rerun_reads_the_store_and_select_ranks_by_gap(finished, labelled_corpus
 def test_plots_are_written(finished, tmp_path):
     _, _, result = finished
     name = result["layers"][0]["model"]
-    paths = [dispersion_plots.plot_groups(result["groups"], result["layers"], name, ["block_01", "final_norm", "attn_last"], tmp_path / "g.png"),
-             dispersion_plots.plot_layer_profile(result["layers"], tmp_path / "p.png"), dispersion_plots.plot_models(result["domains"], tmp_path / "m.png")]
+    paths = [
+        dispersion_plots.plot_groups(
+            result["groups"], result["layers"], name, ["block_01", "final_norm", "attn_last"], tmp_path / "g.png"
+        ),
+        dispersion_plots.plot_layer_profile(result["layers"], tmp_path / "p.png"),
+        dispersion_plots.plot_models(result["domains"], tmp_path / "m.png"),
+    ]
     assert all(p.stat().st_size > 5_000 for p in paths)
 
 
 def test_bad_input_fails_with_one_line_and_no_output(tmp_path, hub_cache):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", "--chunk-len", "1", "-o", str(out)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "dispersion", "--chunk-len", "1", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "--chunk-len must be an integer >= 2" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -131,8 +145,21 @@ def test_intervals_bits_per_byte_and_provenance_in_every_row(finished, labelled_
             assert row[f"{name}_lo"] <= row[name] + 1e-9 and row[name] - 1e-9 <= row[f"{name}_hi"], (row["layer"], name)
         assert row["gap_n_domain"] + row["gap_n_generic"] == 18 * 31
         assert row["gap_warning"]  # 18 tiny chunks hold far fewer than 200 digit positions
-        for name in ("model", "revision", "step", "corpus", "corpus_fingerprint", "chunk_len", "group_size", "n_boot", "seed",
-                     "domain_tokens", "raygeom_version", "unit_key", "key"):
+        for name in (
+            "model",
+            "revision",
+            "step",
+            "corpus",
+            "corpus_fingerprint",
+            "chunk_len",
+            "group_size",
+            "n_boot",
+            "seed",
+            "domain_tokens",
+            "raygeom_version",
+            "unit_key",
+            "key",
+        ):
             assert row[name] is not None, name
     first = [r for r in result["layers"] if r["revision"] == specs[0].revision]
     assert first[0]["bits_per_byte"] == pytest.approx(bpb, rel=1e-9)
@@ -164,10 +191,33 @@ def test_cli_dispersion_and_select_write_tables_plots_and_the_report(hub_cache, 
     out, report, corpus = tmp_path / "store", tmp_path / "report", tmp_path / "topics.jsonl"
     pairs = zip(labelled_corpus.texts, labelled_corpus.labels)
     corpus.write_text("".join(json.dumps({"text": text, "label": label}) + "\n" for text, label in pairs))
-    common = ["-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", str(corpus), "--chunk-len", "32",
-              "--chunks-per-domain", "6", "--n-boot", "50", "--address", ray_address, "-o", str(out), "--report", str(report)]
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "dispersion", *common, "--group-size", "3", "--n-groups", "5",
-                           "--n-slices", "3"], capture_output=True, text=True, env=env, timeout=600)
+    common = [
+        "-m",
+        "EleutherAI/pythia-14m",
+        "-r",
+        "step1000",
+        "-c",
+        str(corpus),
+        "--chunk-len",
+        "32",
+        "--chunks-per-domain",
+        "6",
+        "--n-boot",
+        "50",
+        "--address",
+        ray_address,
+        "-o",
+        str(out),
+        "--report",
+        str(report),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "dispersion", *common, "--group-size", "3", "--n-groups", "5", "--n-slices", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for column in ("domain token", "domain sample", "kmeans token", "kmeans sample", "bits per byte"):
         assert column in done.stdout, column
@@ -176,8 +226,9 @@ def test_cli_dispersion_and_select_write_tables_plots_and_the_report(hub_cache, 
         assert (out / "results" / f"dispersion_{name}.parquet").is_file()
         assert (report / f"{name}.csv").read_text().count("\n") > 1
     assert (report / "layer_profile.png").is_file() and (report / "models_dispersion_vs_perplexity.png").is_file()
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "select", *common], capture_output=True, text=True, env=env,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "select", *common], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "warning:" in done.stdout and "domain positions" in done.stdout
     assert (out / "plots" / "select_gap.png").stat().st_size > 5_000
@@ -199,10 +250,16 @@ def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(
     corpus_file.write_text("\n".join(labelled_corpus.texts) + "\n")
 
     def pga_job(out):
-        return JobSpec(name="shared", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
-                       corpus=str(corpus_file), n_samples=30, layers="embed,1,final_norm",
-                       extraction=ExtractionSettings(seq_len=32, batch_size=8, pool="mean"),  # the last tokens: 6 values
-                       pga=PGAParams(k=8, n_null=20, null_chunks=2))
+        return JobSpec(
+            name="shared",
+            out=str(out),
+            models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
+            corpus=str(corpus_file),
+            n_samples=30,
+            layers="embed,1,final_norm",
+            extraction=ExtractionSettings(seq_len=32, batch_size=8, pool="mean"),  # the last tokens: 6 values
+            pga=PGAParams(k=8, n_null=20, null_chunks=2),
+        )
 
     key = ("model", "revision", "layer", "rho_readout", "z", "z_lo", "z_hi")
     pga_alone = sorted(tuple(r[k] for k in key) for r in run_pga_job(pga_job(tmp_path / "pga_alone"), Console(quiet=True)).rows)

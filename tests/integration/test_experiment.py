@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.figures import decode as _decode, figures_of
+from tests.figures import decode as _decode
+from tests.figures import figures_of
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +23,9 @@ REVISIONS = ("step0", "step1000", "step143000")
 
 def run_cli(*args, cwd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+    )
 
 
 JOB = """[job]
@@ -72,9 +74,15 @@ def experiment(tmp_path_factory, hub_cache, ray_address):
     first = run_cli("run", "job.toml", "--address", ray_address, cwd=workdir)
     assert first.returncode == 0, first.stdout + first.stderr
     store = workdir / "store"
-    written = {p: p.stat().st_mtime_ns for p in [*(store / "results").rglob("*.parquet"), *store.rglob("_COMPLETE.json"),
-                                                 *(store / "dispersion").rglob("*.parquet")]
-               if p.parent.name != "results"}
+    written = {
+        p: p.stat().st_mtime_ns
+        for p in [
+            *(store / "results").rglob("*.parquet"),
+            *store.rglob("_COMPLETE.json"),
+            *(store / "dispersion").rglob("*.parquet"),
+        ]
+        if p.parent.name != "results"
+    }
     second = run_cli("run", "job.toml", "--address", ray_address, cwd=workdir)
     assert second.returncode == 0, second.stdout + second.stderr
     return store, first, second, written
@@ -83,8 +91,14 @@ def experiment(tmp_path_factory, hub_cache, ray_address):
 def test_every_analysis_writes_its_table_once_per_unit(experiment):
     store, first, _, _ = experiment
     layers = 5  # embed, 3 blocks, final_norm
-    expected = {"pga": 3 * 3 * layers, "spectral": 3 * layers, "pc1": 3 * layers, "probe": 3 * layers, "twonn": 3 * layers,
-                "sample_dispersion": 3 * layers}
+    expected = {
+        "pga": 3 * 3 * layers,
+        "spectral": 3 * layers,
+        "pc1": 3 * layers,
+        "probe": 3 * layers,
+        "twonn": 3 * layers,
+        "sample_dispersion": 3 * layers,
+    }
     for name, count in expected.items():
         table = pq.read_table(store / "results" / f"{name}.parquet").to_pylist()
         assert len(table) == count, name
@@ -116,7 +130,9 @@ def test_token_dispersion_slices_and_gap_share_one_chunk_extraction_per_checkpoi
     assert sorted(r["revision"] for r in gap) == sorted(REVISIONS)
     assert all(r["gap_lo"] <= r["gap"] <= r["gap_hi"] and r["layer"] == "final_norm" for r in gap)
     ranked = pq.read_table(store / "results" / "dispersion_select.parquet").to_pylist()
-    assert [r["rank"] for r in ranked] == [1, 2, 3] and [r["gap"] for r in ranked] == sorted((r["gap"] for r in gap), reverse=True)
+    assert [r["rank"] for r in ranked] == [1, 2, 3] and [r["gap"] for r in ranked] == sorted(
+        (r["gap"] for r in gap), reverse=True
+    )
     for title in ("Token-level dispersion", "Difficulty slices", "Dispersion gap G"):
         assert title in first.stdout, title
 
@@ -139,14 +155,22 @@ def test_the_report_never_joins_two_settings_in_one_line(experiment):
     figures = figures_of(html)
     assert len(figures) >= 8
     titles = [str(f["layout"].get("title", {}).get("text", "")) for f in figures]
-    for wanted in ("RankMe over training", "PC1 readout share over training", "TwoNN dimension (MLE) over training",
-                   "probe accuracy over training", "token dispersion over training",
-                   "domain slices: Spearman(token dispersion, perplexity) over training"):
+    for wanted in (
+        "RankMe over training",
+        "PC1 readout share over training",
+        "TwoNN dimension (MLE) over training",
+        "probe accuracy over training",
+        "token dispersion over training",
+        "domain slices: Spearman(token dispersion, perplexity) over training",
+    ):
         assert any(wanted in t for t in titles), (wanted, titles)
     checked = 0
     for figure, title in zip(figures, titles):
-        lines = [t for t in figure["data"] if t.get("type", "scatter") == "scatter" and "lines" in str(t.get("mode", ""))
-                 and t.get("fill") != "toself"]
+        lines = [
+            t
+            for t in figure["data"]
+            if t.get("type", "scatter") == "scatter" and "lines" in str(t.get("mode", "")) and t.get("fill") != "toself"
+        ]
         seen = set()
         for trace in lines:
             x = _decode(trace.get("x"))

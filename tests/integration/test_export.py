@@ -16,8 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_cli(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "raygeom.cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
 
 
 def read_events(directory: Path):
@@ -32,10 +39,14 @@ def test_every_per_layer_metric_reads_back_from_the_event_files(tmp_path):
     store = tmp_path / "store"
     rng = np.random.default_rng(0)
     base = rng.standard_normal((30, 16))
-    layers = {"block_00": base + 0.1 * rng.standard_normal((30, 16)), "block_01.mlp_out": rng.standard_normal((30, 16)),
-              "block_01": base + 0.5 * rng.standard_normal((30, 16))}
-    raygeom.write_activations(store, model="org/tiny", revision="step5", vectors=layers, readout=rng.standard_normal((50, 16)),
-                              n_blocks=2)
+    layers = {
+        "block_00": base + 0.1 * rng.standard_normal((30, 16)),
+        "block_01.mlp_out": rng.standard_normal((30, 16)),
+        "block_01": base + 0.5 * rng.standard_normal((30, 16)),
+    }
+    raygeom.write_activations(
+        store, model="org/tiny", revision="step5", vectors=layers, readout=rng.standard_normal((50, 16)), n_blocks=2
+    )
     expected = raygeom.store_pga(store, "org/tiny", "step5", k=4, n_null=8, text_halves=4)
     expected += raygeom.store_pga(store, "org/tiny", "step5", layers="1", k=6, n_null=8, text_halves=0)  # other settings
     work = tmp_path / "cwd"
@@ -76,9 +87,11 @@ def test_a_store_without_results_or_without_a_format_is_one_line_exit_2(tmp_path
     work = tmp_path / "cwd"
     work.mkdir()
     (tmp_path / "empty").mkdir()
-    for args, message in ((["export", tmp_path / "empty", "--tensorboard", tmp_path / "b"], "holds no per-layer results"),
-                          (["export", tmp_path / "missing", "--tensorboard", tmp_path / "b"], "is not a directory"),
-                          (["export", tmp_path / "empty"], "choose what to export: --tensorboard DIR")):
+    for args, message in (
+        (["export", tmp_path / "empty", "--tensorboard", tmp_path / "b"], "holds no per-layer results"),
+        (["export", tmp_path / "missing", "--tensorboard", tmp_path / "b"], "is not a directory"),
+        (["export", tmp_path / "empty"], "choose what to export: --tensorboard DIR"),
+    ):
         done = run_cli(*args, cwd=work)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1

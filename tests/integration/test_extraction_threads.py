@@ -20,9 +20,10 @@ def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("threads")
     made = {}
     for family, tokenizer, model in [
-            ("gpt_neox", tiny_tokenizer(), lambda n: tiny_gpt_neox(n, 11, hidden_size=32, layers=2)),
-            ("llama", tiny_bos_tokenizer("left"), lambda n: tiny_causal_lm("llama", n, seed=1)),
-            ("gemma3_text", tiny_bos_tokenizer("left"), lambda n: tiny_causal_lm("gemma3_text", n, seed=1))]:
+        ("gpt_neox", tiny_tokenizer(), lambda n: tiny_gpt_neox(n, 11, hidden_size=32, layers=2)),
+        ("llama", tiny_bos_tokenizer("left"), lambda n: tiny_causal_lm("llama", n, seed=1)),
+        ("gemma3_text", tiny_bos_tokenizer("left"), lambda n: tiny_causal_lm("gemma3_text", n, seed=1)),
+    ]:
         model(len(tokenizer)).save_pretrained(root / family)
         tokenizer.save_pretrained(root / family)
         made[family] = root / family
@@ -34,7 +35,8 @@ def texts():
 
     # the sweep tests' lines (on which a tiny GPT-NeoX's z moved), and longer ones
     return [f"number {i} {varied_text(i)}" for i in range(N_TEXTS // 2)] + [
-        f"number {i} {varied_text(i)} " * (1 + i % 3) for i in range(N_TEXTS // 2)]
+        f"number {i} {varied_text(i)} " * (1 + i % 3) for i in range(N_TEXTS // 2)
+    ]
 
 
 def pooled_with(directory, threads: int):
@@ -44,7 +46,7 @@ def pooled_with(directory, threads: int):
 
     replica = Replica(resolve_model(str(directory)), threads=threads)
     settings = ExtractionSettings(seq_len=32, batch_size=TEXTS_PER_BATCH)
-    parts = [texts()[i:i + TEXTS_PER_BATCH] for i in range(0, N_TEXTS, TEXTS_PER_BATCH)]
+    parts = [texts()[i : i + TEXTS_PER_BATCH] for i in range(0, N_TEXTS, TEXTS_PER_BATCH)]
     one_by_one = [replica.pooled(part, settings, None, nll=True) for part in parts]
     assert replica.run_batches(0, parts, settings, replica.describe()["layers"], True) == N_TEXTS
     return one_by_one, [replica.held[i] for i in range(len(parts))]
@@ -62,8 +64,9 @@ def test_a_replica_extracts_the_same_bits_with_any_number_of_threads(model_dirs,
             for got in (one_by_one, together):
                 for index, (batch, want) in enumerate(zip(got, reference)):
                     for layer in want.pooled:
-                        np.testing.assert_array_equal(batch.pooled[layer], want.pooled[layer],
-                                                      err_msg=f"{threads} threads, batch {index}, {layer}")
+                        np.testing.assert_array_equal(
+                            batch.pooled[layer], want.pooled[layer], err_msg=f"{threads} threads, batch {index}, {layer}"
+                        )
                     np.testing.assert_array_equal(batch.nll, want.nll)
     finally:
         torch.set_num_threads(before)
@@ -97,10 +100,14 @@ def token_work_with(directory, threads: int):
     replica = Replica(resolve_model(str(directory)), threads=threads)
     layers = replica.describe()["token_layers"]
     chunks = np.random.default_rng(0).integers(1, replica.describe()["vocab_size"], (4 * TEXTS_PER_BATCH, 24))
-    parts = [chunks[i:i + TEXTS_PER_BATCH] for i in range(0, len(chunks), TEXTS_PER_BATCH)]
+    parts = [chunks[i : i + TEXTS_PER_BATCH] for i in range(0, len(chunks), TEXTS_PER_BATCH)]
     statistics = replica.statistics_batches(parts, layers, None)
-    return (statistics, [replica.statistics_batches([part], layers, None)[0] for part in parts[:2]],
-            replica.features_batches(parts, layers), [replica.features_batches([part], layers)[0] for part in parts[:2]])
+    return (
+        statistics,
+        [replica.statistics_batches([part], layers, None)[0] for part in parts[:2]],
+        replica.features_batches(parts, layers),
+        [replica.features_batches([part], layers)[0] for part in parts[:2]],
+    )
 
 
 def assert_same(got, want, where: str) -> None:

@@ -13,9 +13,9 @@ Each separate cluster runs in a subprocess, because this process already holds t
 import json
 import os
 import re
-import socket
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from test_sweep import UNITS, first_run, tidy, write_sweep_job
 
 from raygeom.jobspec import load_job
 from raygeom.testing import write_tiny_job
-from test_sweep import UNITS, first_run, tidy, write_sweep_job
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
-CLUSTER_SCRIPT = textwrap.dedent('''
+CLUSTER_SCRIPT = textwrap.dedent("""
     import json, subprocess, sys, threading, time
     from pathlib import Path
     from raygeom.engine.ray_env import prepare_local_ray_environment
@@ -148,7 +148,7 @@ CLUSTER_SCRIPT = textwrap.dedent('''
     Path(report_path).write_text(json.dumps(report))
     ray.shutdown()
     cluster.shutdown()
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +189,13 @@ def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, r
     script = tmp_path / "cluster_sweep.py"
     script.write_text(CLUSTER_SCRIPT)
     report_path = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, str(script), str(job_file), str(report_path)], env=subprocess_env(ray_tmp),
-                          capture_output=True, text=True, timeout=420)
+    done = subprocess.run(
+        [sys.executable, str(script), str(job_file), str(report_path)],
+        env=subprocess_env(ray_tmp),
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["nodes"] == 3 and report["node_ips"] == ["127.0.0.1"]
@@ -215,9 +220,13 @@ def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep
     out = tmp_path / "out"
     job_file = write_sweep_job(tmp_path, out, corpus)
     results = out / "results" / "pga"
-    driver = subprocess.Popen([sys.executable, "-m", "raygeom.cli", "run", str(job_file), "--num-cpus", "2"],
-                              env=subprocess_env(ray_tmp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "raygeom.cli", "run", str(job_file), "--num-cpus", "2"],
+        env=subprocess_env(ray_tmp),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while len(list(results.glob("*.parquet"))) < 4 and driver.poll() is None and time.time() < deadline:
@@ -274,37 +283,56 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
     out = tmp_path / "out"
     # One checkpoint of the session's sweep (4 units, one model load; its lowest z is at final_norm, the longest
     # layer name in the log's table): the recipe is under test here, not the sweep.
-    job_file = write_tiny_job(tmp_path / "sweep.toml", "tiny-sweep", out, corpus,
-                              sweep='sizes = ["31m"]\nrevisions = ["step1000"]\n')
+    job_file = write_tiny_job(
+        tmp_path / "sweep.toml", "tiny-sweep", out, corpus, sweep='sizes = ["31m"]\nrevisions = ["step1000"]\n'
+    )
     reference = [row for row in reference if (row["repo"], row["revision"]) == ("EleutherAI/pythia-31m", "step1000")]
     units = len(reference)
     assert units == 4
     recipe = documented_recipe()
     # What a test must change: this checkout's venv, free ports (this session's own Ray holds the defaults), the
     # offline hub cache of tiny models, the tiny sweep in place of the Pythia one, and the output directory.
-    agent_ports = " ".join(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                                  "runtime-env-agent-port", "metrics-export-port",
-                                                                  "ray-client-server-port"))
-    script = (recipe.replace("VENV=$PWD/.venv", f"VENV={sys.prefix}")
-              .replace("--port=6390", f"--port={free_port()}").replace("8266", str(free_port()))
-              .replace("--disable-usage-stats", f"--disable-usage-stats {agent_ports}")
-              .replace('"HF_HUB_OFFLINE": "1"', f'"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": {json.dumps(os.environ["HF_HUB_CACHE"])}')
-              .replace("jobs/pythia-sweep.toml", str(job_file)).replace("/tmp/js/out", str(out)))
-    script = script.replace("RAY_TEMP=$(mktemp -d /tmp/rayhead-XXXXXX)", 'RAY_TEMP=$(mktemp -d /tmp/rayhead-XXXXXX); echo "head temp dir $RAY_TEMP"', 1)
+    agent_ports = " ".join(
+        f"--{name}={free_port()}"
+        for name in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+            "ray-client-server-port",
+        )
+    )
+    script = (
+        recipe.replace("VENV=$PWD/.venv", f"VENV={sys.prefix}")
+        .replace("--port=6390", f"--port={free_port()}")
+        .replace("8266", str(free_port()))
+        .replace("--disable-usage-stats", f"--disable-usage-stats {agent_ports}")
+        .replace('"HF_HUB_OFFLINE": "1"', f'"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": {json.dumps(os.environ["HF_HUB_CACHE"])}')
+        .replace("jobs/pythia-sweep.toml", str(job_file))
+        .replace("/tmp/js/out", str(out))
+    )
+    script = script.replace(
+        "RAY_TEMP=$(mktemp -d /tmp/rayhead-XXXXXX)",
+        'RAY_TEMP=$(mktemp -d /tmp/rayhead-XXXXXX); echo "head temp dir $RAY_TEMP"',
+        1,
+    )
     submit_start = script.index('"$VENV/bin/ray" job submit')
     submit_end = script.index(f"--out {out}") + len(f"--out {out}")
     submit = script[submit_start:submit_end]
     # Right after `ray start` the head may answer 'No available agent to submit job, please try again later'. While
     # the head is up, its processes and sockets are listed; then the same line is submitted again.
-    script = (script[:submit_start]
-              + f'for try in $(seq 10); do {submit} > "$RAY_TEMP/first.log" 2>&1; rc=$?; '
-              'grep -q "No available agent" "$RAY_TEMP/first.log" || break; sleep 2; done; '
-              'cat "$RAY_TEMP/first.log"; echo "first submit exit $rc"\n'
-              f'pgrep -f -- "$RAY_TEMP" > {tmp_path}/head_pids; ss -tanpH > {tmp_path}/sockets\n'
-              f'echo "second submit:"; {submit}; echo "second submit exit $?"'
-              + script[submit_end:])
-    outside = {key: value for key, value in os.environ.items()
-               if not key.startswith(("VIRTUAL_ENV", "PYTHON", "RAY_", "COLUMNS", "LINES"))}
+    script = (
+        script[:submit_start] + f'for try in $(seq 10); do {submit} > "$RAY_TEMP/first.log" 2>&1; rc=$?; '
+        'grep -q "No available agent" "$RAY_TEMP/first.log" || break; sleep 2; done; '
+        'cat "$RAY_TEMP/first.log"; echo "first submit exit $rc"\n'
+        f'pgrep -f -- "$RAY_TEMP" > {tmp_path}/head_pids; ss -tanpH > {tmp_path}/sockets\n'
+        f'echo "second submit:"; {submit}; echo "second submit exit $?"' + script[submit_end:]
+    )
+    outside = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("VIRTUAL_ENV", "PYTHON", "RAY_", "COLUMNS", "LINES"))
+    }
     outside.update(PATH="/usr/local/bin:/usr/bin:/bin", RAYGEOM=str(ROOT), HOME=str(tmp_path))
     # this session's own Ray (started by this process, so its GCS server and raylet are our children)
     import psutil
@@ -324,12 +352,14 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
         assert "second submit exit 0" in second and f"{units} already done, 0 to" in " ".join(second.split()), second[-3000:]
         assert tidy(out / "results" / "sweep_pga.parquet") == reference
         head = set((tmp_path / "head_pids").read_text().split())
-        ours = [line.split() for line in (tmp_path / "sockets").read_text().splitlines()
-                if any(f"pid={pid}," in line for pid in head)]
+        ours = [
+            line.split() for line in (tmp_path / "sockets").read_text().splitlines() if any(f"pid={pid}," in line for pid in head)
+        ]
         assert ours, "the head's processes should hold sockets"
         loopback = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
-        assert all(fields[3].startswith(loopback) and (fields[0] == "LISTEN" or fields[4].startswith(loopback))
-                   for fields in ours), ours
+        assert all(
+            fields[3].startswith(loopback) and (fields[0] == "LISTEN" or fields[4].startswith(loopback)) for fields in ours
+        ), ours
         # the recipe's last lines stopped its head ...
         assert temp, printed[-2000:]
         deadline = time.time() + 30

@@ -10,15 +10,17 @@ TEXTS = [f"text number {i} about {'cats' if i % 2 else 'ships'} and {i * 7} more
 
 
 def test_a_handed_on_replica_serves_the_next_revision_as_a_new_one_would(hub_cache):
+    from raygeom.errors import RaygeomError
     from raygeom.replica.extract import ExtractionSettings
     from raygeom.replica.replica import Replica
-    from raygeom.errors import RaygeomError
     from raygeom.sources.models import ModelSpec, resolve_model
 
     specs = [resolve_model("EleutherAI/pythia-14m", revision) for revision in REVISIONS]
     settings = ExtractionSettings(seq_len=16, batch_size=4)
     fresh = {spec.revision: Replica(spec, threads=1) for spec in specs}
-    expected = {revision: (r.describe()["fingerprint"], r.pooled(TEXTS, settings, None, nll=True)) for revision, r in fresh.items()}
+    expected = {
+        revision: (r.describe()["fingerprint"], r.pooled(TEXTS, settings, None, nll=True)) for revision, r in fresh.items()
+    }
     assert len({fingerprint for fingerprint, _ in expected.values()}) == 3  # three different weights
 
     handed = Replica(specs[0], threads=1)
@@ -35,8 +37,9 @@ def test_a_handed_on_replica_serves_the_next_revision_as_a_new_one_would(hub_cac
     assert handed.describe(spec=specs[1])["fingerprint"] == expected["step1000"][0]
 
 
-def test_a_sweep_hands_its_replicas_on_and_stores_what_one_replica_per_revision_stores(hub_cache, ray_local, tmp_path,
-                                                                                       monkeypatch):
+def test_a_sweep_hands_its_replicas_on_and_stores_what_one_replica_per_revision_stores(
+    hub_cache, ray_local, tmp_path, monkeypatch
+):
     from raygeom.engine import orchestrate, replica_actor
     from raygeom.replica.extract import ExtractionSettings
     from raygeom.replica.request import ExtractionRequest
@@ -53,8 +56,10 @@ def test_a_sweep_hands_its_replicas_on_and_stores_what_one_replica_per_revision_
     for in_flight in (1, 2):  # one replica handed on from the first revision to the second; a replica per revision
         created.clear()
         store = Store(tmp_path / f"out{in_flight}")
-        items = [orchestrate.SweepItem(ExtractionRequest(spec, corpus, ExtractionSettings(seq_len=16, batch_size=4), nll=True))
-                 for spec in specs]
+        items = [
+            orchestrate.SweepItem(ExtractionRequest(spec, corpus, ExtractionSettings(seq_len=16, batch_size=4), nll=True))
+            for spec in specs
+        ]
         orchestrate.run_sweep(store, items, lambda item, info: [], max_in_flight=in_flight)
         found = {}
         for spec, item in zip(specs, items):

@@ -22,8 +22,20 @@ from tests.hub import LoopbackHub
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "EleutherAI/pythia-14m"
 # 12 real Pythia names, each its own weights; the hub lists only these (revisions = "all" then takes them).
-REVISIONS = ["step0", "step1", "step2", "step4", "step8", "step16", "step32", "step64", "step128", "step256", "step512",
-             "step1000"]
+REVISIONS = [
+    "step0",
+    "step1",
+    "step2",
+    "step4",
+    "step8",
+    "step16",
+    "step32",
+    "step64",
+    "step128",
+    "step256",
+    "step512",
+    "step1000",
+]
 SHAPE = {"hidden_size": 32, "layers": 1}
 
 
@@ -62,16 +74,32 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def run_cli(hub: LoopbackHub, home: Path, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_HUB_OFFLINE="0",
-               HF_ENDPOINT=hub.url, HF_HUB_DOWNLOAD_TIMEOUT="2", COLUMNS="200", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=home.parent, timeout=timeout)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HF_HOME=str(home),
+        HF_HUB_CACHE=str(home / "hub"),
+        HF_HUB_OFFLINE="0",
+        HF_ENDPOINT=hub.url,
+        HF_HUB_DOWNLOAD_TIMEOUT="2",
+        COLUMNS="200",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+    )
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=home.parent,
+        timeout=timeout,
+    )
 
 
 def job(directory: Path, name: str, corpus: Path, sweep: str) -> Path:
     # One replica: each run starts one worker that imports torch, and the budget's second revision is fetched ahead of it.
-    return write_tiny_job(directory / f"{name}.toml", name, directory / name, corpus,
-                          sweep=f'sizes = ["14m"]\nmax_in_flight = 1\n{sweep}')
+    return write_tiny_job(
+        directory / f"{name}.toml", name, directory / name, corpus, sweep=f'sizes = ["14m"]\nmax_in_flight = 1\n{sweep}'
+    )
 
 
 def layer_files(store: Path, revision: str) -> dict[str, bytes]:
@@ -80,7 +108,12 @@ def layer_files(store: Path, revision: str) -> dict[str, bytes]:
     found = {}
     for path in sorted(store.rglob("*")):
         parts = path.relative_to(store).parts
-        if path.is_file() and f"revision={revision}" in parts and parts[0] in ("activations", "samples", "readout") and path.suffix == ".parquet":
+        if (
+            path.is_file()
+            and f"revision={revision}" in parts
+            and parts[0] in ("activations", "samples", "readout")
+            and path.suffix == ".parquet"
+        ):
             found[str(path.relative_to(store))] = path.read_bytes()
     return found
 
@@ -112,8 +145,18 @@ def budget_run(hub, corpus, tmp_path_factory):
         sampler.join()
     requests = list(hub.requests)
     status = run_cli(hub, home, "status", path)
-    return {"result": result, "status": status, "home": home, "store": directory / "budget", "budget": budget,
-            "biggest": biggest, "samples": samples, "before": before, "requests": requests, "job": path}
+    return {
+        "result": result,
+        "status": status,
+        "home": home,
+        "store": directory / "budget",
+        "budget": budget,
+        "biggest": biggest,
+        "samples": samples,
+        "before": before,
+        "requests": requests,
+        "job": path,
+    }
 
 
 def test_budget_sweep_stores_every_unit_within_the_budget(budget_run):
@@ -139,7 +182,8 @@ def test_budget_sweep_leaves_only_what_was_cached_before(budget_run):
     refs = {ref for repo in info.repos for revision in repo.revisions for ref in revision.refs}
     assert refs == {"step0"}
     assert {k: v for k, v in cache_files(cache).items() if "snapshots" in k or "refs" in k} == {
-        k: v for k, v in budget_run["before"].items() if "snapshots" in k or "refs" in k}
+        k: v for k, v in budget_run["before"].items() if "snapshots" in k or "refs" in k
+    }
     commit_of_step0 = (cache / f"models--{REPO.replace('/', '--')}" / "refs" / "step0").read_text()
     assert not [r for r in budget_run["requests"] if commit_of_step0 in r[1] or "/revision/step0" in r[1]]
     assert "HF cache: 0.000 GiB in use" in budget_run["status"].stdout
@@ -163,8 +207,15 @@ def fault_runs(hub, corpus, tmp_path_factory, budget_run):
     hub.clear()
     again = run_cli(hub, home, "run", path)
     status_again = run_cli(hub, home, "status", path)
-    return {"first": first, "status": status, "again": again, "status_again": status_again, "requests": requests,
-            "store": directory / "faults", "home": home}
+    return {
+        "first": first,
+        "status": status,
+        "again": again,
+        "status_again": status_again,
+        "requests": requests,
+        "store": directory / "faults",
+        "home": home,
+    }
 
 
 def test_500_twice_then_ok(fault_runs):
@@ -177,8 +228,11 @@ def test_500_twice_then_ok(fault_runs):
 
 def test_cut_mid_file_resumes_to_the_same_bytes(fault_runs, budget_run):
     commit = __import__("hashlib").sha1(f"{REPO}@step2".encode()).hexdigest()
-    mine = [status for method, path, status in fault_runs["requests"] if method == "GET" and commit in path
-            and path.endswith("model.safetensors")]
+    mine = [
+        status
+        for method, path, status in fault_runs["requests"]
+        if method == "GET" and commit in path and path.endswith("model.safetensors")
+    ]
     assert mine == [200, 206], mine  # cut, then resumed with a Range request
     resumed, clean = layer_files(fault_runs["store"], "step2"), layer_files(budget_run["store"], "step2")
     assert resumed and {Path(k).name for k in resumed} == {Path(k).name for k in clean}

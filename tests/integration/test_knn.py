@@ -5,8 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raygeom.analyses import knn
-from raygeom.sources.corpus import Corpus, load_corpus
 from raygeom.errors import RaygeomError
+from raygeom.sources.corpus import Corpus, load_corpus
 from raygeom.sources.models import resolve_model
 from raygeom.store.tree import Store
 

@@ -16,8 +16,18 @@ from raygeom.sources.models import resolve_model
 from raygeom.store.tree import Store, atomic_write_table
 
 pytestmark = pytest.mark.integration
-PROVENANCE = ("model", "revision", "step", "corpus", "corpus_fingerprint", "chunk_len", "k", "settings", "seed",
-              "raygeom_version")
+PROVENANCE = (
+    "model",
+    "revision",
+    "step",
+    "corpus",
+    "corpus_fingerprint",
+    "chunk_len",
+    "k",
+    "settings",
+    "seed",
+    "raygeom_version",
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +52,17 @@ def invoke(*args):
 def test_layers_are_engine_units_with_intervals_provenance_and_a_stable_table(hub_cache, ray_local, text, tmp_path):
     spec = resolve_model("EleutherAI/pythia-14m", "step1000")
     corpus = load_corpus(str(text))
-    settings = knn.KnnSettings(chunk_len=48, train_chunks=6, test_chunks=4, k=8, lams="0.25,0.5,0.75", batch_size=4, seed=1,
-                               bootstrap_block=8, n_boot=500)
+    settings = knn.KnnSettings(
+        chunk_len=48,
+        train_chunks=6,
+        test_chunks=4,
+        k=8,
+        lams="0.25,0.5,0.75",
+        batch_size=4,
+        seed=1,
+        bootstrap_block=8,
+        n_boot=500,
+    )
     store = Store(tmp_path / "store")
     # The held-out chunks are in the datastore: every layer beats the base LM, and the interval says so.
     result = knn.run_knn(store, spec, corpus, settings, test_corpus=corpus)
@@ -74,9 +93,33 @@ def test_layers_are_engine_units_with_intervals_provenance_and_a_stable_table(hu
 
 def test_knn_command_prints_the_intervals_and_writes_its_report(hub_cache, ray_local, text, tmp_path):
     report = tmp_path / "docs"
-    output = invoke("knn", "-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", text, "--chunk-len", 48, "--train-chunks", 6,
-                    "--test-chunks", 4, "--k", 8, "--lam", "0.01,0.02", "--bootstrap-block", 8, "--n-boot", 200,
-                    "-o", tmp_path / "store", "--report", report)
+    output = invoke(
+        "knn",
+        "-m",
+        "EleutherAI/pythia-14m",
+        "-r",
+        "step1000",
+        "-c",
+        text,
+        "--chunk-len",
+        48,
+        "--train-chunks",
+        6,
+        "--test-chunks",
+        4,
+        "--k",
+        8,
+        "--lam",
+        "0.01,0.02",
+        "--bootstrap-block",
+        8,
+        "--n-boot",
+        200,
+        "-o",
+        tmp_path / "store",
+        "--report",
+        report,
+    )
     assert "ppl difference [95% CI]" in output and "runner-up" in output and "target-among-neighbours" in output
     assert "lambda sits at the upper edge of its grid (0.01,0.02)" in " ".join(output.split())
     rows = list(csv_rows(report / "knn.csv"))
@@ -98,23 +141,41 @@ def test_train_command_prints_the_paired_test_and_writes_its_report(ray_local, t
     from scipy.stats import ttest_rel
 
     history = tmp_path / "history.parquet"
-    atomic_write_table(pa.Table.from_pylist(
-        [{"step": s, "lm_loss": 5.0 - s / 10, "dispersion": 0.5, "heldout_perplexity": 100.0 - s} for s in (1, 2, 3)]), history)
+    atomic_write_table(
+        pa.Table.from_pylist(
+            [{"step": s, "lm_loss": 5.0 - s / 10, "dispersion": 0.5, "heldout_perplexity": 100.0 - s} for s in (1, 2, 3)]
+        ),
+        history,
+    )
     ppl = {(0.0, 0): 103.27, (0.0, 1): 102.61, (0.0, 2): 102.85, (0.1, 0): 101.77, (0.1, 1): 101.67, (0.1, 2): 101.10}
 
     def fake_run(store, settings, plan=None):
-        row = {"key": f"k{settings.lam}-{settings.seed}", "unit_key": f"k{settings.lam}-{settings.seed}", "lam": settings.lam,
-               "seed": settings.seed, "steps": settings.steps, "workers": 1, "push_layer": "final_norm", "over": "tokens",
-               "final_train_loss": 4.6, "heldout_perplexity": ppl[(settings.lam, settings.seed)], "heldout_dispersion": 0.87,
-               "n_train_sequences": 10, "n_heldout_sequences": 2, "wall_s": 1.0, "history": str(history),
-               **train_job.provenance_columns(settings, "f" * 20)}
+        row = {
+            "key": f"k{settings.lam}-{settings.seed}",
+            "unit_key": f"k{settings.lam}-{settings.seed}",
+            "lam": settings.lam,
+            "seed": settings.seed,
+            "steps": settings.steps,
+            "workers": 1,
+            "push_layer": "final_norm",
+            "over": "tokens",
+            "final_train_loss": 4.6,
+            "heldout_perplexity": ppl[(settings.lam, settings.seed)],
+            "heldout_dispersion": 0.87,
+            "n_train_sequences": 10,
+            "n_heldout_sequences": 2,
+            "wall_s": 1.0,
+            "history": str(history),
+            **train_job.provenance_columns(settings, "f" * 20),
+        }
         store.write_result("train_runs", row["key"], row)
         return row
 
     monkeypatch.setattr(train_job, "run_training", fake_run)
     report = tmp_path / "docs"
-    output = invoke("train", "--lam", 0, "--lam", 0.1, "--seeds", "0,1,2", "--steps", 4, "-o", tmp_path / "store",
-                    "--report", report)
+    output = invoke(
+        "train", "--lam", 0, "--lam", 0.1, "--seeds", "0,1,2", "--steps", 4, "-o", tmp_path / "store", "--report", report
+    )
     t = ttest_rel([101.77, 101.67, 101.10], [103.27, 102.61, 102.85])
     assert f"{t.statistic:+.2f}" in output and f"{t.pvalue:.3g}" in output and "3/0" in output
     summary = list(csv_rows(report / "train_summary.csv"))
@@ -128,11 +189,14 @@ def test_train_command_prints_the_paired_test_and_writes_its_report(ray_local, t
     assert len(stored) == 6 and all(r["settings"] and r["raygeom_version"] for r in stored)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["knn", "--bootstrap-block", "0"], "--bootstrap-block must be an integer >= 1"),
-    (["knn", "--n-boot", "10"], "--n-boot must be an integer >= 100"),
-    (["train", "--report", "{file}"], "report directory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["knn", "--bootstrap-block", "0"], "--bootstrap-block must be an integer >= 1"),
+        (["knn", "--n-boot", "10"], "--n-boot must be an integer >= 100"),
+        (["train", "--report", "{file}"], "report directory"),
+    ],
+)
 def test_bad_interval_and_report_options_fail_with_one_line(tmp_path, args, message):
     import os
     import subprocess
@@ -141,7 +205,12 @@ def test_bad_interval_and_report_options_fail_with_one_line(tmp_path, args, mess
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     args = [a.replace("{file}", str(blocker / "sub")) for a in args]
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", *args, "-o", str(tmp_path / "out")], capture_output=True,
-                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", *args, "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

@@ -18,8 +18,7 @@ from raygeom.errors import InputError
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["shares", "goal", "film", "chips", "report", "week", "minister", "phones"]
-TEXTS = [f"the market rose {i} times as investors bought {i * 7 % 13} {WORDS[i % 8]} and {WORDS[(i * 3) % 8]}"
-         for i in range(24)]
+TEXTS = [f"the market rose {i} times as investors bought {i * 7 % 13} {WORDS[i % 8]} and {WORDS[(i * 3) % 8]}" for i in range(24)]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +32,7 @@ def test_every_public_name_is_documented_and_listed():
         value = getattr(raygeom, name)
         assert (value.__doc__ or "").strip(), f"raygeom.{name} has no docstring"
         assert name in dir(raygeom)
-    for name in ("load_model", "readout_basis", "write_activations", "select_layers", "PGAResult", "store_pga",
-                 "store_analysis"):
+    for name in ("load_model", "readout_basis", "write_activations", "select_layers", "PGAResult", "store_pga", "store_analysis"):
         assert name in raygeom.__all__
     for field in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower", "rho_texts_lo", "margin_texts_hi"):
         assert field in raygeom.PGAResult.__doc__
@@ -49,7 +47,7 @@ def test_the_quickstart_imports_and_uses_only_public_names():
             assert not (node.module or "").startswith("raygeom"), f"quickstart imports from {node.module}"
         if isinstance(node, ast.Import):
             for alias in node.names:
-                assert not alias.name.startswith("raygeom.") , f"quickstart imports {alias.name}"
+                assert not alias.name.startswith("raygeom."), f"quickstart imports {alias.name}"
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "raygeom":
             assert node.attr in raygeom.__all__, f"quickstart uses raygeom.{node.attr}, which is not public"
     assert "raygeom.write_activations" in code or "raygeom.select_layers" in code
@@ -76,8 +74,9 @@ def same(a, b) -> bool:
 
 def test_torch_inputs_of_any_dtype_with_grad_give_the_numpy_numbers(pythia):
     model, tokenizer = pythia
-    activations, _ = raygeom.layer_activations(model, tokenizer, TEXTS, raygeom.ExtractionSettings(seq_len=32), layers="1",
-                                               nll=False)
+    activations, _ = raygeom.layer_activations(
+        model, tokenizer, TEXTS, raygeom.ExtractionSettings(seq_len=32), layers="1", nll=False
+    )
     h = activations["block_01"]
     w_u = model.get_output_embeddings().weight  # a Parameter: requires_grad
     assert w_u.requires_grad
@@ -93,8 +92,17 @@ def test_torch_inputs_of_any_dtype_with_grad_give_the_numpy_numbers(pythia):
     assert raygeom.dispersion(h_bf16) == pytest.approx(raygeom.dispersion(h_bf16.float().numpy()))
     # the intervals the CLI stores, and the interval over texts
     row = reference.to_dict()
-    for column in ("z_se", "z_lo", "z_hi", "p_upper", "p_lower", "rho_texts_lo", "rho_texts_hi", "margin_texts_lo",
-                   "margin_texts_hi"):
+    for column in (
+        "z_se",
+        "z_lo",
+        "z_hi",
+        "p_upper",
+        "p_lower",
+        "rho_texts_lo",
+        "rho_texts_hi",
+        "margin_texts_lo",
+        "margin_texts_hi",
+    ):
         assert np.isfinite(row[column]), column
     assert row["rho_texts_lo"] < row["rho_readout"] < row["rho_texts_hi"] and row["n_half_samples"] == 4
     assert np.isnan(raygeom.subspace_pga(h, w_u, k=6, n_null=20, text_halves=0).rho_texts_lo)
@@ -123,8 +131,8 @@ def hook_capture(model, tokenizer, texts, block_index):
 
 
 def test_hook_captured_vectors_written_to_a_store_give_raygeoms_pga_and_a_report(pythia, tmp_path):
-    from raygeom.replica.request import ExtractionRequest
     from raygeom.replica.replica import Replica
+    from raygeom.replica.request import ExtractionRequest
     from raygeom.sources.corpus import Corpus
     from raygeom.sources.models import resolve_model
 
@@ -134,17 +142,24 @@ def test_hook_captured_vectors_written_to_a_store_give_raygeoms_pga_and_a_report
     settings = raygeom.ExtractionSettings(seq_len=32, batch_size=8)
     request = ExtractionRequest(spec, Corpus("tiny", TEXTS, None), settings, "1,2")
     own = tmp_path / "own"
-    Replica(spec).write_extraction(str(own), request.key(), TEXTS, None, "tiny", settings, ["block_01", "block_02"], 256,
-                                   False)
+    Replica(spec).write_extraction(str(own), request.key(), TEXTS, None, "tiny", settings, ["block_01", "block_02"], 256, False)
     expected = raygeom.store_pga(own, spec.slug, "step143000", k=6, n_null=20, seed=3, text_halves=4)
 
     # the same texts captured with a plain forward hook, one text at a time, handed over with requires_grad
     mine = tmp_path / "mine"
     for index in (1, 2):
         vectors = hook_capture(model, tokenizer, TEXTS, index)
-        info = raygeom.write_activations(mine, model="pythia-14m-hooked", revision="step143000", layer=f"block_{index:02d}",
-                                         vectors=vectors.requires_grad_(), texts=TEXTS, readout=model.get_output_embeddings().weight,
-                                         n_blocks=3, source="torch forward hook on gpt_neox.layers")
+        info = raygeom.write_activations(
+            mine,
+            model="pythia-14m-hooked",
+            revision="step143000",
+            layer=f"block_{index:02d}",
+            vectors=vectors.requires_grad_(),
+            texts=TEXTS,
+            readout=model.get_output_embeddings().weight,
+            n_blocks=3,
+            source="torch forward hook on gpt_neox.layers",
+        )
     assert info["layers"] == ["block_01", "block_02"] and info["source"] == "torch forward hook on gpt_neox.layers"
     assert info["n_samples"] == len(TEXTS) and info["step"] == 143000
     got = raygeom.store_pga(mine, "pythia-14m-hooked", "step143000", k=6, n_null=20, seed=3, text_halves=4)
@@ -159,26 +174,35 @@ def test_hook_captured_vectors_written_to_a_store_give_raygeoms_pga_and_a_report
     assert raygeom.store_pga(mine, "pythia-14m-hooked", "step143000", k=6, n_null=20, seed=3, text_halves=4) == got
 
     # rewriting a layer with other vectors changes the key: the old rows are not read back as the new vectors'
-    raygeom.write_activations(mine, model="pythia-14m-hooked", revision="step143000", layer="block_02",
-                              vectors=torch.randn(len(TEXTS), 64))
-    again = raygeom.store_pga(mine, "pythia-14m-hooked", "step143000", layers="block_02", k=6, n_null=20, seed=3,
-                              text_halves=4)
+    raygeom.write_activations(
+        mine, model="pythia-14m-hooked", revision="step143000", layer="block_02", vectors=torch.randn(len(TEXTS), 64)
+    )
+    again = raygeom.store_pga(mine, "pythia-14m-hooked", "step143000", layers="block_02", k=6, n_null=20, seed=3, text_halves=4)
     assert again[0]["z"] != got[1]["z"]
     with pytest.raises(raygeom.RaygeomError, match="raygeom's own extraction"):
-        raygeom.write_activations(own, model=spec.slug, revision="step143000", layer="block_00",
-                                  vectors=np.ones((24, 64)), readout=np.ones((10, 64)))
+        raygeom.write_activations(
+            own, model=spec.slug, revision="step143000", layer="block_00", vectors=np.ones((24, 64)), readout=np.ones((10, 64))
+        )
     with pytest.raises(InputError, match="needs readout=W_U"):
         raygeom.write_activations(tmp_path / "other", model="m", layer="block_00", vectors=np.ones((4, 8)))
     with pytest.raises(InputError, match="23 texts for 24 vectors"):
-        raygeom.write_activations(mine, model="pythia-14m-hooked", revision="step143000", layer="block_00",
-                                  vectors=np.ones((24, 64)), texts=TEXTS[:23])
+        raygeom.write_activations(
+            mine, model="pythia-14m-hooked", revision="step143000", layer="block_00", vectors=np.ones((24, 64)), texts=TEXTS[:23]
+        )
 
     # raygeom report renders that store, run as a user runs it, from an empty working directory
     work = tmp_path / "cwd"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "report", str(mine)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "report", str(mine)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     html = (mine / "report.html").read_text()
     assert "pythia-14m-hooked" in html and "torch forward hook" not in done.stderr
@@ -193,10 +217,17 @@ def test_every_registered_analysis_runs_on_hook_captured_vectors(pythia, tmp_pat
 
     model, tokenizer = pythia
     for index in (1, 2):
-        raygeom.write_activations(tmp_path, model="pythia-14m-hooked", revision="step143000", layer=f"block_{index:02d}",
-                                  vectors=hook_capture(model, tokenizer, TEXTS, index), texts=TEXTS,
-                                  labels=["business" if i % 2 else "sport" for i in range(len(TEXTS))],
-                                  readout=model.get_output_embeddings().weight, n_blocks=3)
+        raygeom.write_activations(
+            tmp_path,
+            model="pythia-14m-hooked",
+            revision="step143000",
+            layer=f"block_{index:02d}",
+            vectors=hook_capture(model, tokenizer, TEXTS, index),
+            texts=TEXTS,
+            labels=["business" if i % 2 else "sport" for i in range(len(TEXTS))],
+            readout=model.get_output_embeddings().weight,
+            n_blocks=3,
+        )
     small = {"k": 6, "n_null": 20, "text_halves": 4}  # d = 64 and 24 texts: the defaults (k = 100) do not fit
     for name, spec in analyses().items():
         if spec.extraction != "pooled":  # made from the model (token chunks, kNN features, aligned texts): refused

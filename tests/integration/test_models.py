@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from raygeom.sources import model_surgery
 from raygeom.errors import RaygeomError
 from raygeom.replica.extract import ExtractionSettings, extract_batch
+from raygeom.sources import model_surgery
 from raygeom.sources.models import load_model, resolve_model, weight_fingerprint
 from tests.conftest import TINY_REVISIONS
 
@@ -29,10 +29,13 @@ def test_revisions_serve_different_weights(hub_cache):
     assert len(set(prints.values())) == len(TINY_REVISIONS)
 
 
-@pytest.mark.parametrize("source, revision, message", [
-    ("EleutherAI/pythia-14m", "step2000", "revision 'step2000'"),
-    ("EleutherAI/pythia-9000b", "main", "cannot load model 'EleutherAI/pythia-9000b'"),
-])
+@pytest.mark.parametrize(
+    "source, revision, message",
+    [
+        ("EleutherAI/pythia-14m", "step2000", "revision 'step2000'"),
+        ("EleutherAI/pythia-9000b", "main", "cannot load model 'EleutherAI/pythia-9000b'"),
+    ],
+)
 def test_missing_model_or_revision_offline_is_one_clear_error(hub_cache, source, revision, message):
     with pytest.raises(RaygeomError, match=message):
         load_model(resolve_model(source, revision))

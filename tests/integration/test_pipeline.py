@@ -13,13 +13,13 @@ import pytest
 from rich.console import Console
 
 from raygeom.engine import orchestrate
-from raygeom.sources.corpus import load_corpus
-from raygeom.replica.extract import ExtractionSettings
-from raygeom.jobspec import JobSpec, ModelEntry
-from raygeom.sources.models import resolve_model
-from raygeom.params import PGAParams
 from raygeom.jobs.pipeline import run_pga_job
+from raygeom.jobspec import JobSpec, ModelEntry
+from raygeom.params import PGAParams
+from raygeom.replica.extract import ExtractionSettings
 from raygeom.replica.request import ExtractionRequest
+from raygeom.sources.corpus import load_corpus
+from raygeom.sources.models import resolve_model
 from raygeom.store.tree import Store
 
 
@@ -30,15 +30,22 @@ def run_pga(store, model, revision, layers, params):
 
     return run_units(store, pga.units(store, model, revision, layers, params))
 
+
 # Its runs reload the same tiny models: they share loaded replicas (tests/conftest.py warm_replicas).
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_replicas")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_job(out, corpus, **pga):
-    return JobSpec(name="tiny", out=str(out), models=(ModelEntry("EleutherAI/pythia-14m", ("step0", "step1000")),),
-                   corpus=str(corpus), n_samples=40, extraction=ExtractionSettings(seq_len=32, batch_size=8),
-                   pga=PGAParams(k=8, n_null=12, null_chunks=3, **pga))
+    return JobSpec(
+        name="tiny",
+        out=str(out),
+        models=(ModelEntry("EleutherAI/pythia-14m", ("step0", "step1000")),),
+        corpus=str(corpus),
+        n_samples=40,
+        extraction=ExtractionSettings(seq_len=32, batch_size=8),
+        pga=PGAParams(k=8, n_null=12, null_chunks=3, **pga),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +64,8 @@ def test_results_cover_every_layer_of_every_revision(finished_job):
     _, _, outputs = finished_job
     assert len(outputs.rows) == 2 * 5
     assert {(r["revision"], r["layer"]) for r in outputs.rows} == {
-        (rev, layer) for rev in ("step0", "step1000") for layer in ("embed", "block_00", "block_01", "block_02", "final_norm")}
+        (rev, layer) for rev in ("step0", "step1000") for layer in ("embed", "block_00", "block_01", "block_02", "final_norm")
+    }
     assert all(np.isfinite(r["z"]) and r["null_std"] > 0 for r in outputs.rows)
     assert outputs.plot.stat().st_size > 10_000
     assert pq.read_table(outputs.table).num_rows == 10
@@ -75,8 +83,10 @@ def test_activation_store_reads_in_pandas_polars_duckdb_and_ray_data(finished_jo
     frame = pd.read_parquet(layer_dir)
     assert len(frame) == 40 and len(frame["vector"].iloc[0]) == 64
     assert pl.read_parquet(layer_dir / "part-0.parquet")["vector"].dtype == pl.Array(pl.Float32, 64)
-    count = duckdb.sql(f"select count(*) from read_parquet('{root}/**/*.parquet', hive_partitioning=true) "
-                       "where revision = 'step0' and layer = 'final_norm'").fetchall()[0][0]
+    count = duckdb.sql(
+        f"select count(*) from read_parquet('{root}/**/*.parquet', hive_partitioning=true) "
+        "where revision = 'step0' and layer = 'final_norm'"
+    ).fetchall()[0][0]
     assert count == 40
     dataset = ds.dataset(root, format="parquet", partitioning="hive")
     assert dataset.to_table(filter=ds.field("layer") == "embed").num_rows == 80
@@ -112,8 +122,13 @@ def test_a_pga_run_skips_nll_and_a_later_request_adds_it_without_touching_layers
     layer_time = layer_file.stat().st_mtime_ns
     job = tiny_job(root / "out", corpus)
     texts = load_corpus(str(corpus)).sample(40, 0).texts
-    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step1000"), load_corpus(str(corpus)).sample(40, 0),
-                                job.extraction, job.layers, nll=True)
+    request = ExtractionRequest(
+        resolve_model("EleutherAI/pythia-14m", "step1000"),
+        load_corpus(str(corpus)).sample(40, 0),
+        job.extraction,
+        job.layers,
+        nll=True,
+    )
     assert request.key() == before["key"]
     info = orchestrate.extract(store, request)
     assert info["nll"] is True and info["key"] == before["key"] and info["layers"] == before["layers"]
@@ -160,8 +175,9 @@ def test_truncated_layer_file_is_detected_and_recomputed(finished_job):
     root, corpus, _ = finished_job
     store = Store(root / "out")
     job = tiny_job(root / "out", corpus)
-    request = ExtractionRequest(resolve_model("EleutherAI/pythia-14m", "step0"),
-                                load_corpus(str(corpus)).sample(40, 0), job.extraction, job.layers)
+    request = ExtractionRequest(
+        resolve_model("EleutherAI/pythia-14m", "step0"), load_corpus(str(corpus)).sample(40, 0), job.extraction, job.layers
+    )
     path = store.layer_path("EleutherAI--pythia-14m", "step0", "block_00")
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])
@@ -220,6 +236,7 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
     leaves its worker without it. The job has no runtime environment, so Ray starts its workers directly, not through
     a second Python (setup_worker.py)."""
     import ray
+
     from raygeom.engine.units import _remote_call
 
     def threads_in_this_task() -> tuple[int, list[int], dict, int]:  # defined here: pickled by value, not by module
@@ -228,8 +245,12 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
         import torch
         from threadpoolctl import threadpool_info
 
-        return (torch.get_num_threads(), sorted({pool["num_threads"] for pool in threadpool_info()}),
-                dict(ray.get_runtime_context().runtime_env), os.getpid())
+        return (
+            torch.get_num_threads(),
+            sorted({pool["num_threads"] for pool in threadpool_info()}),
+            dict(ray.get_runtime_context().runtime_env),
+            os.getpid(),
+        )
 
     def two_torch_threads() -> tuple[int, int]:  # what a training task leaves in its worker
         import os
@@ -248,7 +269,9 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
     def fresh_worker(name: str) -> dict:  # a runtime env of its own: a worker no earlier task has used
         return {"num_cpus": 2, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2", "RAYGEOM_TEST_WORKER": name}}}
 
-    torch_threads, pool_threads, _, _ = ray.get(_remote_call.options(**fresh_worker("import-in-task")).remote(threads_in_this_task))
+    torch_threads, pool_threads, _, _ = ray.get(
+        _remote_call.options(**fresh_worker("import-in-task")).remote(threads_in_this_task)
+    )
     assert torch_threads == 1 and pool_threads == [1], (torch_threads, pool_threads)
     # One worker (the one idle worker of its runtime env, two CPUs of two) runs a unit task, a training task, then a
     # unit task. Ray may still replace an idle worker between tasks: then the sequence is tried again in a new one.
@@ -269,9 +292,15 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
 def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub_cache, ray_local, tmp_path):
     corpus = tmp_path / "same-ending.txt"
     corpus.write_text("\n".join(f"the market rose {i} times as investors bought shares" for i in range(30)))
-    job = JobSpec(name="same-ending", out=str(tmp_path / "out"), models=(ModelEntry("EleutherAI/pythia-14m", ("step0",)),),
-                  corpus=str(corpus), n_samples=20, extraction=ExtractionSettings(seq_len=32, batch_size=10),
-                  pga=PGAParams(k=8, n_null=6, null_chunks=2))
+    job = JobSpec(
+        name="same-ending",
+        out=str(tmp_path / "out"),
+        models=(ModelEntry("EleutherAI/pythia-14m", ("step0",)),),
+        corpus=str(corpus),
+        n_samples=20,
+        extraction=ExtractionSettings(seq_len=32, batch_size=10),
+        pga=PGAParams(k=8, n_null=6, null_chunks=2),
+    )
     rows = {r["layer"]: r for r in run_pga_job(job, Console(quiet=True)).rows}
     assert np.isnan(rows["embed"]["z"]) and "same vector" in rows["embed"]["note"]
     assert all(np.isfinite(rows[name]["z"]) and rows[name]["note"] == "" for name in rows if name != "embed")
@@ -281,12 +310,12 @@ def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub
 
 def run_cli(*args, cwd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+    )
 
 
-def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_needs(hub_cache, ray_address, tiny_corpus,
-                                                                                    tmp_path):
+def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_needs(hub_cache, ray_address, tiny_corpus, tmp_path):
     """`raygeom pga --pool last`, then `--pool mean`, then `--pool last` on the default store of an empty working
     directory: the third run makes no forward pass, both extractions stay readable (the README's duckdb glob tells
     them apart), then `raygeom gc` frees the layers of the one whose units are all stored, and a rerun of it still
@@ -296,9 +325,31 @@ def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_nee
     workdir = tmp_path / "empty"
     workdir.mkdir()
     slug = "EleutherAI--pythia-14m"
-    args = ["pga", "--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--corpus", tiny_corpus, "--n-samples", 40,
-            "--seq-len", 16, "--batch-size", 8, "--layers", "embed,block_00,block_01", "--k", 8, "--n-null", 12,
-            "--null-chunks", 2, "--address", ray_address]
+    args = [
+        "pga",
+        "--model",
+        "EleutherAI/pythia-14m",
+        "--revision",
+        "step1000",
+        "--corpus",
+        tiny_corpus,
+        "--n-samples",
+        40,
+        "--seq-len",
+        16,
+        "--batch-size",
+        8,
+        "--layers",
+        "embed,block_00,block_01",
+        "--k",
+        8,
+        "--n-null",
+        12,
+        "--null-chunks",
+        2,
+        "--address",
+        ray_address,
+    ]
 
     def pga(pool: str):
         result = run_cli(*args, "--pool", pool, cwd=workdir)
@@ -309,9 +360,15 @@ def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_nee
     out = workdir / "runs" / "default"
     store = Store(out)
     (last,) = [e.marker for e in store.extractions()]
-    written = {p: p.stat().st_mtime_ns for p in [*store.extraction_dir(slug, "step1000", last["key"]).rglob("*"),
-                                                  store.samples_path(slug, "step1000", last["key"]),
-                                                  *(out / "results" / "pga").glob("*.parquet")] if p.is_file()}
+    written = {
+        p: p.stat().st_mtime_ns
+        for p in [
+            *store.extraction_dir(slug, "step1000", last["key"]).rglob("*"),
+            store.samples_path(slug, "step1000", last["key"]),
+            *(out / "results" / "pga").glob("*.parquet"),
+        ]
+        if p.is_file()
+    }
     assert "forward passes: 1 of 1 (model, revision)" in pga("mean")
     third = pga("last")
     assert "forward passes: 0 of 1 (model, revision) at these settings; 1 read back from the store" in third
@@ -322,12 +379,15 @@ def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_nee
     assert all(store.is_complete(slug, "step1000", m["key"]) for m in markers.values())
     vectors = {pool: store.read_layer(slug, "step1000", "block_01", key=m["key"])[1] for pool, m in markers.items()}
     assert vectors["last"].shape == vectors["mean"].shape == (40, 64) and not np.allclose(vectors["last"], vectors["mean"])
-    counts = duckdb.sql(f"select extraction, layer, count(*) from read_parquet('{out}/activations/**/*.parquet', "
-                        "hive_partitioning=true) group by all order by all").fetchall()
+    counts = duckdb.sql(
+        f"select extraction, layer, count(*) from read_parquet('{out}/activations/**/*.parquet', "
+        "hive_partitioning=true) group by all order by all"
+    ).fetchall()
     assert counts == sorted((m["key"], layer, 40) for m in markers.values() for layer in ("block_00", "block_01", "embed"))
     table = pq.read_table(out / "results" / "pga.parquet").to_pylist()
     assert sorted((r["pool"], r["layer"]) for r in table) == sorted(
-        (pool, layer) for pool in ("last", "mean") for layer in ("embed", "block_00", "block_01"))  # both PGA tables
+        (pool, layer) for pool in ("last", "mean") for layer in ("embed", "block_00", "block_01")
+    )  # both PGA tables
     from raygeom.report.html import extraction_section
 
     settings = extraction_section(out).tables[-1]  # the report's settings table: one row per extraction
@@ -359,8 +419,9 @@ def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_change
     runs = []
     for chunks in (1, 3, 7):
         # z_rel_width=0: the absolute target alone (test_null_rule.py covers the relative one)
-        params = PGAParams(k=8, n_null=100, n_null_auto=True, z_half_width=0.15, z_rel_width=0.0, n_null_cap=400,
-                           null_chunks=chunks, seed=1)
+        params = PGAParams(
+            k=8, n_null=100, n_null_auto=True, z_half_width=0.15, z_rel_width=0.0, n_null_cap=400, null_chunks=chunks, seed=1
+        )
         for path in (root / "results" / "pga").glob("*.parquet"):
             path.unlink()
         runs.append(run_pga(store, "EleutherAI--pythia-14m", "step1000", layers, params))
@@ -373,4 +434,5 @@ def test_n_null_auto_adds_blocks_until_the_half_width_target_and_chunking_change
     assert max(row["n_null"] for row in runs[0]) > 100  # the target took more than the first block
     for other in runs[1:]:
         assert [(r["n_null"], r["z"], r["z_lo"], r["z_hi"]) for r in other] == [
-            (r["n_null"], r["z"], r["z_lo"], r["z_hi"]) for r in runs[0]]
+            (r["n_null"], r["z"], r["z_lo"], r["z_hi"]) for r in runs[0]
+        ]

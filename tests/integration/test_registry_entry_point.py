@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
-MODULE = '''
+MODULE = """
 from dataclasses import dataclass
 
 from raygeom.analyses.provenance import layer_row
@@ -51,7 +51,7 @@ class ParticipationRatio(Analysis):
         return layer_units(self, params, store, model, revision, layers, info, pr_task, (params.centred,),
                            lambda layer, value: {**layer_row(model, revision, layer, info), "centred": params.centred,
                                                  "participation_ratio": value})
-'''
+"""
 
 JOB = """[job]
 name = "outside"
@@ -86,8 +86,9 @@ def test_an_analysis_from_another_package_runs_from_a_job_file(tmp_path, hub_cac
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{site}{os.pathsep}{ROOT}", COLUMNS="200")
 
     def cli(*args):
-        return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, env=env,
-                              cwd=workdir, timeout=600)
+        return subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True, env=env, cwd=workdir, timeout=600
+        )
 
     helped = cli("analyze", "participation_ratio", "--help")
     assert helped.returncode == 0 and "--centred" in helped.stdout, helped.stdout + helped.stderr
@@ -97,7 +98,8 @@ def test_an_analysis_from_another_package_runs_from_a_job_file(tmp_path, hub_cac
     assert "Participation ratio" in done.stdout
     rows = pq.read_table(workdir / "store" / "results" / "participation_ratio.parquet").to_pylist()
     assert sorted((r["layer"], r["centred"]) for r in rows) == sorted(
-        (layer, centred) for layer in ("embed", "block_01", "final_norm") for centred in (True, False))
+        (layer, centred) for layer in ("embed", "block_01", "final_norm") for centred in (True, False)
+    )
     from raygeom.store.tree import Store
 
     store = Store(workdir / "store")
@@ -106,7 +108,7 @@ def test_an_analysis_from_another_package_runs_from_a_job_file(tmp_path, hub_cac
         if row["centred"]:
             h = h - h.mean(axis=0)
         eigen = np.linalg.eigvalsh(h.T @ h)  # the same ratio from the Gram matrix's eigenvalues, not the SVD
-        assert row["participation_ratio"] == pytest.approx(eigen.sum() ** 2 / (eigen ** 2).sum(), rel=1e-6)
+        assert row["participation_ratio"] == pytest.approx(eigen.sum() ** 2 / (eigen**2).sum(), rel=1e-6)
     refused = cli("participation_ratio", "--n-samples", "1.5", "--out", "refused")
     assert refused.returncode == 2 and len([line for line in refused.stderr.splitlines() if line.strip()]) == 1, refused.stderr
     assert not (workdir / "refused").exists()

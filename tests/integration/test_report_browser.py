@@ -48,8 +48,10 @@ def corpus(path: Path) -> Path:
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     with path.open("w") as handle:
         for i in range(60):
-            text = (f"{varied_text(i)} {sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]} . "
-                    f"{sentences[(i + 3) % 5]}")
+            text = (
+                f"{varied_text(i)} {sentences[i % 5]} {i} {sentences[(2 * i + 1) % 6]} {3 * i} {sentences[(i + 2) % 5]} . "
+                f"{sentences[(i + 3) % 5]}"
+            )
             handle.write(json.dumps({"text": text, "label": ["markets", "politics", "sport"][i % 3]}) + "\n")
     return path
 
@@ -70,8 +72,24 @@ def every_command_store(hub_cache, ray_local, warm_replicas, tmp_path_factory):
     model = "EleutherAI/pythia-14m"
     extract = ["-c", text, "-n", 24, "--seq-len", 16, "--out", out]
     started = time.perf_counter()
-    printed = invoke("pga", "-m", model, "-r", "step0", "-r", "step1000", "-r", "step143000", *extract, "--k", 8, "--n-null", 6,
-                     "--null-chunks", 2)
+    printed = invoke(
+        "pga",
+        "-m",
+        model,
+        "-r",
+        "step0",
+        "-r",
+        "step1000",
+        "-r",
+        "step143000",
+        *extract,
+        "--k",
+        8,
+        "--n-null",
+        6,
+        "--null-chunks",
+        2,
+    )
     assert f"report:  {out / 'report.html'}" in " ".join(printed.split("\n"))
     invoke("diagnose", "-m", model, "-r", "step1000", *extract, "--k", 8, "--ccr-ranks", "0,1", "--n-null", 6, "--null-chunks", 2)
     invoke("probe", "-m", model, "-r", "step1000", *extract)
@@ -79,10 +97,50 @@ def every_command_store(hub_cache, ray_local, warm_replicas, tmp_path_factory):
     chunks = ["-c", text, "--chunk-len", 32, "--chunks-per-domain", 6, "--batch-size", 4, "--out", out]
     invoke("dispersion", "-m", model, "-r", "step1000", *chunks, "--group-size", 3, "--n-groups", 5, "--n-slices", 3)
     invoke("select", "-m", model, "-r", "step0", "-r", "step1000", *chunks)
-    invoke("knn", "-m", model, "-r", "step1000", "-c", text, "--chunk-len", 48, "--train-chunks", 6, "--test-chunks", 4,
-           "--k", 8, "--lam", "0.25,0.5", "--out", out)
-    printed = invoke("train", "-c", text, "--lam", 0.5, "--steps", 8, "--batch-size", 8, "--seq-len", 32,
-                     "--hidden-size", 32, "--n-layers", 2, "--vocab-size", 300, "--eval-every", 4, "--out", out)
+    invoke(
+        "knn",
+        "-m",
+        model,
+        "-r",
+        "step1000",
+        "-c",
+        text,
+        "--chunk-len",
+        48,
+        "--train-chunks",
+        6,
+        "--test-chunks",
+        4,
+        "--k",
+        8,
+        "--lam",
+        "0.25,0.5",
+        "--out",
+        out,
+    )
+    printed = invoke(
+        "train",
+        "-c",
+        text,
+        "--lam",
+        0.5,
+        "--steps",
+        8,
+        "--batch-size",
+        8,
+        "--seq-len",
+        32,
+        "--hidden-size",
+        32,
+        "--n-layers",
+        2,
+        "--vocab-size",
+        300,
+        "--eval-every",
+        4,
+        "--out",
+        out,
+    )
     assert "report:" in printed
     print(f"every-command store built in {time.perf_counter() - started:.0f} s, replicas started: {warm_replicas.started}")
     return out

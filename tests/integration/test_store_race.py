@@ -28,10 +28,31 @@ SETTINGS = dict(layers="1,-1", seq_len=16, k=8, n_null=2, null_chunks=1)
 
 
 def cli_args(n: int, corpus: Path, out: Path, address: str) -> list[str]:
-    return ["pga", "--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--n-samples", str(n), "--corpus", str(corpus),
-            "--layers", SETTINGS["layers"], "--seq-len", str(SETTINGS["seq_len"]), "--k", str(SETTINGS["k"]),
-            "--n-null", str(SETTINGS["n_null"]), "--null-chunks", str(SETTINGS["null_chunks"]), "--out", str(out),
-            "--address", address]
+    return [
+        "pga",
+        "--model",
+        "EleutherAI/pythia-14m",
+        "--revision",
+        "step1000",
+        "--n-samples",
+        str(n),
+        "--corpus",
+        str(corpus),
+        "--layers",
+        SETTINGS["layers"],
+        "--seq-len",
+        str(SETTINGS["seq_len"]),
+        "--k",
+        str(SETTINGS["k"]),
+        "--n-null",
+        str(SETTINGS["n_null"]),
+        "--null-chunks",
+        str(SETTINGS["null_chunks"]),
+        "--out",
+        str(out),
+        "--address",
+        address,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +66,16 @@ def references(hub_cache, ray_local, warm_replicas, tmp_path_factory):
     corpus.write_text("\n".join(f"item {i} {varied_text(i)} {i % 7}" for i in range(60)) + "\n")
     expected = {}
     for n in SIZES:
-        spec = JobSpec(name="race", out=str(root / f"ref{n}"), models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
-                       corpus=str(corpus), n_samples=n, layers=SETTINGS["layers"],
-                       extraction=ExtractionSettings(seq_len=SETTINGS["seq_len"]),
-                       pga=PGAParams(k=SETTINGS["k"], n_null=SETTINGS["n_null"], null_chunks=SETTINGS["null_chunks"]))
+        spec = JobSpec(
+            name="race",
+            out=str(root / f"ref{n}"),
+            models=(ModelEntry("EleutherAI/pythia-14m", ("step1000",)),),
+            corpus=str(corpus),
+            n_samples=n,
+            layers=SETTINGS["layers"],
+            extraction=ExtractionSettings(seq_len=SETTINGS["seq_len"]),
+            pga=PGAParams(k=SETTINGS["k"], n_null=SETTINGS["n_null"], null_chunks=SETTINGS["null_chunks"]),
+        )
         for row in run_pga_job(spec, Console(quiet=True)).rows:
             assert math.isfinite(row["z"]), row
             expected[(n, row["layer"])] = (row["rho_readout"], row["z"])
@@ -62,9 +89,16 @@ def test_two_settings_racing_on_one_store_never_mix(references, ray_address, tmp
     outcomes = []
     for trial in range(TRIALS):
         out = tmp_path / "shared"  # one store across trials, as a user would reuse it
-        runs = {n: subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *cli_args(n, corpus, out, ray_address)], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for n in (SIZES if trial % 2 == 0 else SIZES[::-1])}
+        runs = {
+            n: subprocess.Popen(
+                [sys.executable, str(ROOT / "cli.py"), *cli_args(n, corpus, out, ray_address)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for n in (SIZES if trial % 2 == 0 else SIZES[::-1])
+        }
         finished = {}
         for n, process in runs.items():
             stdout, stderr = process.communicate(timeout=600)
@@ -78,11 +112,18 @@ def test_two_settings_racing_on_one_store_never_mix(references, ray_address, tmp
                 assert len(lines) == 1 and "in use by another raygeom run" in lines[0] and f"pid {other.pid}" in lines[0], stderr
         for path in (out / "results" / "pga").glob("*.parquet"):
             for row in pq.read_table(path).to_pylist():
-                assert (row["rho_readout"], row["z"]) == pytest.approx(expected[(row["n"], row["layer"])], rel=1e-9, abs=1e-12), \
-                    (trial, row["n"], row["layer"])
+                assert (row["rho_readout"], row["z"]) == pytest.approx(expected[(row["n"], row["layer"])], rel=1e-9, abs=1e-12), (
+                    trial,
+                    row["n"],
+                    row["layer"],
+                )
         # The tidy table gathers every unit on the store (each row says its settings): none may be mixed either.
         for row in pq.read_table(out / "results" / "pga.parquet").to_pylist():
-            assert (row["rho_readout"], row["z"]) == pytest.approx(expected[(row["n"], row["layer"])], rel=1e-9, abs=1e-12), \
-                (trial, "table", row["n"], row["layer"])
+            assert (row["rho_readout"], row["z"]) == pytest.approx(expected[(row["n"], row["layer"])], rel=1e-9, abs=1e-12), (
+                trial,
+                "table",
+                row["n"],
+                row["layer"],
+            )
         outcomes.append(tuple(codes))
     print(f"{TRIALS} trials: {outcomes.count((0, 2))} with one run refused, {outcomes.count((0, 0))} ran one after the other")

@@ -29,9 +29,17 @@ def add_sweep_models(cache):
 def write_sweep_job(directory, out, corpus, **sweep_keys):
     from raygeom.testing import write_tiny_job
 
-    sweep = 'sizes = ["14m", "31m"]\nrevisions = ["step0", "step1", "step1000"]\n' + "".join(f"{k} = {v}\n" for k, v in sweep_keys.items())
-    return write_tiny_job(directory / "sweep.toml", "tiny-sweep", out, corpus, sweep=sweep,
-                          models='[[models]]\nid = "EleutherAI/pythia-31m"\nrevisions = ["step0", "step1000"]\n')
+    sweep = 'sizes = ["14m", "31m"]\nrevisions = ["step0", "step1", "step1000"]\n' + "".join(
+        f"{k} = {v}\n" for k, v in sweep_keys.items()
+    )
+    return write_tiny_job(
+        directory / "sweep.toml",
+        "tiny-sweep",
+        out,
+        corpus,
+        sweep=sweep,
+        models='[[models]]\nid = "EleutherAI/pythia-31m"\nrevisions = ["step0", "step1000"]\n',
+    )
 
 
 def write_corpus(path):
@@ -47,8 +55,10 @@ _FIRST_RUN: dict = {}
 
 
 def tidy(path):
-    return sorted(({k: r[k] for k in ("repo", "revision", "layer", *METRICS)} for r in pq.read_table(path).to_pylist()),
-                  key=lambda r: (r["repo"], r["revision"], r["layer"]))
+    return sorted(
+        ({k: r[k] for k in ("repo", "revision", "layer", *METRICS)} for r in pq.read_table(path).to_pylist()),
+        key=lambda r: (r["repo"], r["revision"], r["layer"]),
+    )
 
 
 def first_run(hub_cache, tmp_path_factory):
@@ -85,7 +95,11 @@ def test_sweep_fills_the_tidy_table_once_per_unit(swept):
     assert {r["size"] for r in table} == {"14m", "31m"} and {r["step"] for r in table} == {0, 1, 1000}
     assert all(np.isfinite(r["z"]) for r in table)
     assert [r["layer"] for r in table if r["repo"] == "EleutherAI/pythia-31m" and r["step"] == 0] == [
-        "embed", "block_00", "block_01", "final_norm"]
+        "embed",
+        "block_00",
+        "block_01",
+        "final_norm",
+    ]
 
 
 def test_duplicate_weights_are_flagged_and_distinct_ones_are_not(swept):
@@ -104,8 +118,13 @@ def test_duplicate_weights_are_flagged_and_distinct_ones_are_not(swept):
 def test_plots_and_collapse_table(swept):
     root, _, outputs = swept
     names = sorted(p.name for p in outputs.plots)
-    assert names == ["heatmap_EleutherAI--pythia-14m.png", "heatmap_EleutherAI--pythia-31m.png",
-                     "z_vs_depth_step0.png", "z_vs_depth_step1.png", "z_vs_depth_step1000.png"]
+    assert names == [
+        "heatmap_EleutherAI--pythia-14m.png",
+        "heatmap_EleutherAI--pythia-31m.png",
+        "z_vs_depth_step0.png",
+        "z_vs_depth_step1.png",
+        "z_vs_depth_step1000.png",
+    ]
     assert all(p.stat().st_size > 10_000 for p in outputs.plots)
     zones = pq.read_table(outputs.collapse).to_pylist()
     assert len(zones) == 5 and {"collapsed", "zone_layers", "early_max_z"} <= set(zones[0])
@@ -139,7 +158,9 @@ def test_rerun_recomputes_nothing(swept):
     from raygeom.jobs.pipeline import run_sweep_job
 
     root, job_file, _ = swept
-    files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted((root / "out" / "activations").rglob("_COMPLETE.json"))
+    files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted(
+        (root / "out" / "activations").rglob("_COMPLETE.json")
+    )
     before = {p: p.stat().st_mtime_ns for p in files}
     console = Console(record=True, width=200)
     outputs = run_sweep_job(load_job(job_file), console)
@@ -181,8 +202,11 @@ def test_dropped_activations_do_not_force_recomputation(swept):
 def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
     root, job_file, _ = swept
     broken = root / "missing.toml"
-    broken.write_text(job_file.read_text().replace('revisions = ["step0", "step1", "step1000"]',
-                                                   'revisions = ["step0", "step1", "step1000", "step2000"]'))
+    broken.write_text(
+        job_file.read_text().replace(
+            'revisions = ["step0", "step1", "step1000"]', 'revisions = ["step0", "step1", "step1000", "step2000"]'
+        )
+    )
     result = invoke("run", str(broken))
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "1 of 6 revisions failed, the others are stored" in result.output
@@ -200,15 +224,22 @@ def test_sweep_replicas_and_the_laptop_replica_extract_the_same_activations(swep
     root, job_file, _ = swept
     job = load_job(job_file)
     laptop = Store(tmp_path / "laptop")
-    request = ExtractionRequest(resolve_model("EleutherAI/pythia-31m", "step1000"),
-                                load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), job.extraction)
+    request = ExtractionRequest(
+        resolve_model("EleutherAI/pythia-31m", "step1000"),
+        load_corpus(job.corpus).sample(job.n_samples, job.sample_seed),
+        job.extraction,
+    )
     info = orchestrate.extract(laptop, request)
     swept_info = Store(root / "out").completion("EleutherAI--pythia-31m", "step1000")
     assert info["key"] == swept_info["key"] and info["fingerprint"] == swept_info["fingerprint"]
     # The lone laptop replica runs torch on every CPU, the sweep's on one each: float32 sums may differ in the last bits.
     for layer in info["layers"]:
-        np.testing.assert_allclose(laptop.read_layer("EleutherAI--pythia-31m", "step1000", layer)[1],
-                                   Store(root / "out").read_layer("EleutherAI--pythia-31m", "step1000", layer)[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            laptop.read_layer("EleutherAI--pythia-31m", "step1000", layer)[1],
+            Store(root / "out").read_layer("EleutherAI--pythia-31m", "step1000", layer)[1],
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_bad_sweep_jobs_fail_with_one_line(tmp_path):
@@ -238,8 +269,9 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
     # 2 x 24.6e9 parameters x 2000 x 128 tokens x 154 revisions at 124.8 TFLOPS, plus loading 2 bytes/parameter at 2 GB/s
     assert gpu_seconds / 3600 == pytest.approx((2 * 24.5876e9 * 256_000 / 124.8e12 + 24.5876e9 * 2 / 2e9) * 154 / 3600, rel=1e-3)
     rates = sweep.REFERENCE_PGA_UNIT_SECONDS
-    per_revision = sum((s.n_blocks + 2) * np.interp(s.d, sorted(rates), [rates[w] for w in sorted(rates)])
-                       for s in pythia.PYTHIA_SIZES.values())
+    per_revision = sum(
+        (s.n_blocks + 2) * np.interp(s.d, sorted(rates), [rates[w] for w in sorted(rates)]) for s in pythia.PYTHIA_SIZES.values()
+    )
     assert cpu_seconds == pytest.approx(154 * per_revision, rel=1e-9)
     assert job.sweep.gpu_memory_gib == 80 and job.n_samples == 2000
 
@@ -247,10 +279,17 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
 def test_deduped_variants_are_an_option(tmp_path):
     job_file = write_sweep_job(tmp_path, tmp_path / "out", tmp_path / "corpus.txt", deduped="true")
     assert [m.source for m in load_job(job_file).models] == [
-        "EleutherAI/pythia-31m", "EleutherAI/pythia-14m", "EleutherAI/pythia-14m-deduped", "EleutherAI/pythia-31m-deduped"]
+        "EleutherAI/pythia-31m",
+        "EleutherAI/pythia-14m",
+        "EleutherAI/pythia-14m-deduped",
+        "EleutherAI/pythia-31m-deduped",
+    ]
     job_file.write_text(job_file.read_text().replace("deduped = true", 'deduped = "only"'))
     assert [m.source for m in load_job(job_file).models] == [
-        "EleutherAI/pythia-31m", "EleutherAI/pythia-14m-deduped", "EleutherAI/pythia-31m-deduped"]
+        "EleutherAI/pythia-31m",
+        "EleutherAI/pythia-14m-deduped",
+        "EleutherAI/pythia-31m-deduped",
+    ]
 
 
 def test_plan_counts_the_layers_of_a_built_in_model_before_it_is_ever_loaded(tmp_path, monkeypatch):

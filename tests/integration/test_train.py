@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raygeom.analyses import train
-from raygeom.jobs import train as train_job
 from raygeom.errors import RaygeomError
+from raygeom.jobs import train as train_job
 from raygeom.store.tree import Store
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,12 @@ def data():
     rng = np.random.default_rng(0)
     texts = [" . ".join(sentences[j] for j in rng.permutation(len(sentences))) for _ in range(60)]
     tokenizer = train.train_tokenizer(texts[:50], 300)
-    return train.TrainData(train.sequences(tokenizer, texts[:50], 32), train.sequences(tokenizer, texts[50:], 32)[:8],
-                           len(tokenizer), tokenizer.eos_token_id)
+    return train.TrainData(
+        train.sequences(tokenizer, texts[:50], 32),
+        train.sequences(tokenizer, texts[50:], 32)[:8],
+        len(tokenizer),
+        tokenizer.eos_token_id,
+    )
 
 
 SMALL = dict(steps=25, batch_size=8, seq_len=32, hidden_size=32, n_layers=2, n_heads=4, vocab_size=300, eval_every=25, warmup=5)
@@ -81,8 +85,13 @@ def test_settings_are_validated_and_the_cli_fails_cleanly(tmp_path):
         train.TrainSettings(batch_size=10, workers=3)
     with pytest.raises(RaygeomError, match="lam must be a number >= 0"):
         train.TrainSettings(lam=-1.0)
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "train", "--over", "median", "-o", str(tmp_path / "out")],
-                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "train", "--over", "median", "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
     assert done.returncode == 2 and "over must be one of tokens, last, mean" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from raygeom.analyses import train
-from raygeom.jobs import train as train_job
 from raygeom.errors import RaygeomError
+from raygeom.jobs import train as train_job
 from raygeom.jobspec import load_job
 
 pytestmark = pytest.mark.integration
@@ -27,8 +27,14 @@ def data():
     rng = np.random.default_rng(0)
     texts = [" . ".join(sentences[j] for j in rng.permutation(len(sentences))) for _ in range(40)]
     tokenizer = train.train_tokenizer(texts[:30], 300)
-    return train.TrainData(train.sequences(tokenizer, texts[:30], 32), train.sequences(tokenizer, texts[30:], 32)[:4],
-                           len(tokenizer), tokenizer.eos_token_id, tokenizer, tuple(texts[30:]))
+    return train.TrainData(
+        train.sequences(tokenizer, texts[:30], 32),
+        train.sequences(tokenizer, texts[30:], 32)[:4],
+        len(tokenizer),
+        tokenizer.eos_token_id,
+        tokenizer,
+        tuple(texts[30:]),
+    )
 
 
 def test_training_saves_loadable_checkpoints_on_its_schedule(data, tmp_path):
@@ -55,7 +61,9 @@ def test_training_saves_loadable_checkpoints_on_its_schedule(data, tmp_path):
         same = all(torch.equal(model.state_dict()[name], tensor) for name, tensor in initial.items())
         assert same == (step == 0)  # step0 is the initial weights, every later checkpoint has trained
     logged = {h["step"]: h["heldout_perplexity"] for h in history if h["heldout_perplexity"] is not None}
-    assert logged[4] == pytest.approx(json.loads((tmp_path / "run" / "step4" / train.CHECKPOINT_INFO).read_text())["heldout_perplexity"])
+    assert logged[4] == pytest.approx(
+        json.loads((tmp_path / "run" / "step4" / train.CHECKPOINT_INFO).read_text())["heldout_perplexity"]
+    )
     assert [e["step"] for e in train.checkpoint_evaluations(tmp_path / "run")] == list(plan.steps)
 
 
@@ -69,17 +77,21 @@ def test_another_runs_checkpoints_are_never_overwritten(tmp_path):
 
 def test_train_and_trajectory_sections_are_checked(tmp_path):
     job_file = tmp_path / "job.toml"
-    job_file.write_text('[train]\nrun_dir = "r"\nsave_every = 100\nsteps = 400\n[corpus]\nname = "heldout"\n[trajectory]\nlate_from = 64\n')
+    job_file.write_text(
+        '[train]\nrun_dir = "r"\nsave_every = 100\nsteps = 400\n[corpus]\nname = "heldout"\n[trajectory]\nlate_from = 64\n'
+    )
     job = load_job(job_file)
     run_dir = str(tmp_path / "r")  # relative paths resolve against the job file's folder
     assert job.corpus == f"{run_dir}/heldout.jsonl" and job.trajectory.late_from == 64
     assert [(e.source, e.run_dir) for e in job.models] == [(run_dir, True)]  # [train]'s run directory is swept
     assert job.train.plan().steps[-3:] == (256, 300, 400)
-    for body, message in (('[train]\nsave_every = 10\n', "needs run_dir"),
-                          ('[train]\nrun_dir = "r"\nsave_every = 10\nsteps = 0\n', "steps must be"),
-                          ('[train]\nrun_dir = "r"\nsave_every = 10\nbogus = 1\n', "unknown key"),
-                          ('[[models]]\nid = "smollm2"\n[corpus]\nname = "heldout"\n', "has no \\[train\\]"),
-                          ('[[models]]\nid = "smollm2"\n[trajectory]\nbootstrap = 5\n', "bootstrap")):
+    for body, message in (
+        ("[train]\nsave_every = 10\n", "needs run_dir"),
+        ('[train]\nrun_dir = "r"\nsave_every = 10\nsteps = 0\n', "steps must be"),
+        ('[train]\nrun_dir = "r"\nsave_every = 10\nbogus = 1\n', "unknown key"),
+        ('[[models]]\nid = "smollm2"\n[corpus]\nname = "heldout"\n', "has no \\[train\\]"),
+        ('[[models]]\nid = "smollm2"\n[trajectory]\nbootstrap = 5\n', "bootstrap"),
+    ):
         job_file.write_text(body)
         with pytest.raises(RaygeomError, match=message):
             load_job(job_file)
@@ -90,8 +102,9 @@ def test_cli_train_refuses_a_shared_run_dir_before_starting_anything(tmp_path):
 
     from raygeom.cli.root import app
 
-    result = CliRunner().invoke(app, ["train", "--lam", "0", "--lam", "1", "--save-every", "10", "--run-dir", str(tmp_path / "r"),
-                                      "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["train", "--lam", "0", "--lam", "1", "--save-every", "10", "--run-dir", str(tmp_path / "r"), "--out", str(tmp_path)]
+    )
     assert result.exit_code == 2 and "--run-dir needs" in result.output
 
 
@@ -114,11 +127,18 @@ def test_trajectory_job_ranks_checkpoints_and_writes_its_report(trajectory):
     dispersion = pq.read_table(root / "out" / "results" / "trajectory_dispersion.parquet").to_pylist()
     assert {r["step"] for r in dispersion} == {10, 20, 30, 40} and all(r["chunk_len"] == 32 for r in dispersion)
     report = (root / "docs" / "trajectory.md").read_text()
-    for needle in ("## Subspace PGA over step x layer", "![z heatmap](trajectory/heatmap.png)", "Spearman(G, -perplexity)",
-                   "## What a model this small can and cannot show", "checkpoint-30"):
+    for needle in (
+        "## Subspace PGA over step x layer",
+        "![z heatmap](trajectory/heatmap.png)",
+        "Spearman(G, -perplexity)",
+        "## What a model this small can and cannot show",
+        "checkpoint-30",
+    ):
         assert needle in report
-    assert all((root / "docs" / "trajectory" / f"{n}.png").is_file() for n in ("heatmap", "z_vs_step", "dispersion_vs_step",
-                                                                                 "gap_vs_perplexity"))
+    assert all(
+        (root / "docs" / "trajectory" / f"{n}.png").is_file()
+        for n in ("heatmap", "z_vs_step", "dispersion_vs_step", "gap_vs_perplexity")
+    )
 
 
 def test_trajectory_rerun_computes_nothing(trajectory):
@@ -140,9 +160,31 @@ def test_cli_train_saves_checkpoints_through_ray_train_and_reuses_them(ray_local
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     corpus = tmp_path / "texts.txt"
     corpus.write_text("\n".join(f"{sentences[i % 5]} . {sentences[(i + 1) % 5]} . {sentences[(i + 3) % 5]}" for i in range(60)))
-    args = ["train", "--corpus", str(corpus), "--steps", "5", "--batch-size", "4", "--seq-len", "16", "--hidden-size", "32",
-            "--n-layers", "2", "--vocab-size", "300", "--eval-every", "5", "--save-every", "2", "--log-until", "2",
-            "--out", str(tmp_path / "out")]
+    args = [
+        "train",
+        "--corpus",
+        str(corpus),
+        "--steps",
+        "5",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--hidden-size",
+        "32",
+        "--n-layers",
+        "2",
+        "--vocab-size",
+        "300",
+        "--eval-every",
+        "5",
+        "--save-every",
+        "2",
+        "--log-until",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     first = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert first.exit_code == 0, first.output
     run_dir = tmp_path / "out" / "checkpoints" / "lam0-seed0"

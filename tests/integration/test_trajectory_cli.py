@@ -19,16 +19,32 @@ ROOT = Path(__file__).resolve().parents[2]
 def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
     """jobs/trajectory.toml with every size cut down: 2 steps (checkpoints step0, step1, step2), d = 32, one block."""
     text = (ROOT / "jobs" / "trajectory.toml").read_text()
-    replacements = {'save_every = 100': 'save_every = 2', 'log_until = 512': 'log_until = 1', 'corpus = "bbc"': f'corpus = "{corpus}"',
-                    'steps = 800': 'steps = 2', 'batch_size = 16': 'batch_size = 4', 'seq_len = 128': 'seq_len = 16',
-                    'warmup = 50': 'warmup = 1', 'hidden_size = 128': 'hidden_size = 32', 'n_layers = 4': 'n_layers = 1',
-                    'vocab_size = 4096': 'vocab_size = 300', 'eval_every = 100': 'eval_every = 2',
-                    'eval_sequences = 128': 'eval_sequences = 4', 'cpus_per_worker = 2': 'cpus_per_worker = 1',
-                    'pga_threads = 2': 'pga_threads = 1', 'n_samples = 400': 'n_samples = 16', 'batch_size = 32': 'batch_size = 16',
-                    'k = 32 ': 'k = 8 ', 'n_null = 100': 'n_null = 6', 'null_chunks = 4': 'null_chunks = 1',
-                    'chunk_len = 128\nbatch_size = 8': 'chunk_len = 16\nbatch_size = 3', 'chunks_per_domain = 40': 'chunks_per_domain = 3',
-                    'late_from = 512': 'late_from = 1\nbootstrap = 100', 'pool = "last"': 'pool = "mean"',
-                    'r = [0, 1, 5, 10]': 'r = [0, 1]'}
+    replacements = {
+        "save_every = 100": "save_every = 2",
+        "log_until = 512": "log_until = 1",
+        'corpus = "bbc"': f'corpus = "{corpus}"',
+        "steps = 800": "steps = 2",
+        "batch_size = 16": "batch_size = 4",
+        "seq_len = 128": "seq_len = 16",
+        "warmup = 50": "warmup = 1",
+        "hidden_size = 128": "hidden_size = 32",
+        "n_layers = 4": "n_layers = 1",
+        "vocab_size = 4096": "vocab_size = 300",
+        "eval_every = 100": "eval_every = 2",
+        "eval_sequences = 128": "eval_sequences = 4",
+        "cpus_per_worker = 2": "cpus_per_worker = 1",
+        "pga_threads = 2": "pga_threads = 1",
+        "n_samples = 400": "n_samples = 16",
+        "batch_size = 32": "batch_size = 16",
+        "k = 32 ": "k = 8 ",
+        "n_null = 100": "n_null = 6",
+        "null_chunks = 4": "null_chunks = 1",
+        "chunk_len = 128\nbatch_size = 8": "chunk_len = 16\nbatch_size = 3",
+        "chunks_per_domain = 40": "chunks_per_domain = 3",
+        "late_from = 512": "late_from = 1\nbootstrap = 100",
+        'pool = "last"': 'pool = "mean"',
+        "r = [0, 1, 5, 10]": "r = [0, 1]",
+    }
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -46,13 +62,29 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     elsewhere = tmp_path / "elsewhere"  # the shell's directory: the job's relative paths are not resolved here
     elsewhere.mkdir()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
-    plan = subprocess.run([sys.executable, str(ROOT / "cli.py"), "plan", str(job)], cwd=elsewhere, env=env, capture_output=True, check=False,
-                          text=True, timeout=120)
-    assert plan.returncode == 0 and "then: 3 checkpoints x 3 layers x 7 planned analyses -> 63 units" in plan.stdout, plan.stdout + plan.stderr
+    plan = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", str(job)],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+    assert plan.returncode == 0 and "then: 3 checkpoints x 3 layers x 7 planned analyses -> 63 units" in plan.stdout, (
+        plan.stdout + plan.stderr
+    )
     assert not any(elsewhere.iterdir()) and [p.name for p in work.iterdir()] == ["jobs"]  # plan writes nothing
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address], cwd=elsewhere, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "run", str(job), "--address", ray_address],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     seconds = time.perf_counter() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stdout + result.stderr
@@ -64,8 +96,13 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     rows = pq.read_table(work / "runs" / "trajectory" / "results" / "trajectory_checkpoints.parquet").to_pylist()
     assert [r["step"] for r in rows] == [0, 1, 2]
     page = (work / "docs" / "results" / "trajectory.md").read_text()
-    for heading in ("## The PGA paper's mechanism over training", "### Spectral blindness", "### PC1's share of the readout",
-                    "### Restoration by CCR rank over steps", "### Probe accuracy against z"):
+    for heading in (
+        "## The PGA paper's mechanism over training",
+        "### Spectral blindness",
+        "### PC1's share of the readout",
+        "### Restoration by CCR rank over steps",
+        "### Probe accuracy against z",
+    ):
         assert heading in page, heading
     assert "| embed |" in page and "CCR-1" in page
     assert not any(elsewhere.iterdir())

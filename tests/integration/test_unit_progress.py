@@ -31,11 +31,25 @@ def steps():
 
 def test_a_degenerate_unit_and_a_unit_that_asks_for_more_are_counted_once_per_step(ray_local, tmp_path):
     value, refuse_later, finish_after_one_more = steps()
-    degenerate = Unit("probe_progress", "deg", "a degenerate layer", parts=[Step(value, (1,)), Step(refuse_later, (PREPARED,))],
-                      finish=lambda values: {"never": True}, prepare=[Step(value, (0,))],
-                      degenerate=lambda reason: {"note": reason}, store_rows=False)
-    growing = Unit("probe_progress", "grow", "an auto-null layer", parts=[Step(value, (1,)), Step(value, (2,))],
-                   finish=finish_after_one_more, prepare=[Step(value, (0,))], store_rows=False)
+    degenerate = Unit(
+        "probe_progress",
+        "deg",
+        "a degenerate layer",
+        parts=[Step(value, (1,)), Step(refuse_later, (PREPARED,))],
+        finish=lambda values: {"never": True},
+        prepare=[Step(value, (0,))],
+        degenerate=lambda reason: {"note": reason},
+        store_rows=False,
+    )
+    growing = Unit(
+        "probe_progress",
+        "grow",
+        "an auto-null layer",
+        parts=[Step(value, (1,)), Step(value, (2,))],
+        finish=finish_after_one_more,
+        prepare=[Step(value, (0,))],
+        store_rows=False,
+    )
     done, grown, warned = [], [], []
     runner = UnitRunner(Store(tmp_path / "store"), progress=done.append, grow=grown.append, warn=warned.append)
     runner.add([degenerate, growing])

@@ -19,17 +19,29 @@ def tiny_width_job(path: Path, corpus: Path) -> Path:
     """jobs/width.toml cut down: (d, blocks) = (32, 1), (32, 2), (48, 1) (head_dim 16; skip leaves out (48, 2)), one
     seed, 2 steps (checkpoints step0, step2)."""
     text = (ROOT / "jobs" / "width.toml").read_text()
-    replacements = {"hidden_size = [128, 256, 512]": "hidden_size = [32, 48]", "n_layers = [4, 8, 12]": "n_layers = [1, 2]",
-                    "skip = [{hidden_size = 512, n_layers = 8}, {hidden_size = 512, n_layers = 12}]":
-                    "skip = [{hidden_size = 48, n_layers = 2}]", "seed = [0, 1]": "seed = [0]",
-                    "save_every = 32": "save_every = 2", 'corpus = "bbc"': f'corpus = "{corpus}"',
-                    "steps = 128": "steps = 2", "batch_size = 8\nseq_len = 32": "batch_size = 4\nseq_len = 32",
-                    "warmup = 16": "warmup = 1", "vocab_size = 2048": "vocab_size = 300", "eval_every = 16": "eval_every = 2",
-                    "eval_sequences = 64": "eval_sequences = 4", "cpus_per_worker = 2": "cpus_per_worker = 1",
-                    "pga_threads = 2": "pga_threads = 1", "n_samples = 160": "n_samples = 40",
-                    "n_null = 50": "n_null = 20", "r = [0, 1, 5, 10]": "r = [0, 1]",
-                    "chunk_len = 32": "chunk_len = 16", "chunks_per_domain = 16": "chunks_per_domain = 3",
-                    "late_from = 64": "late_from = 2", "bootstrap = 2000": "bootstrap = 100"}
+    replacements = {
+        "hidden_size = [128, 256, 512]": "hidden_size = [32, 48]",
+        "n_layers = [4, 8, 12]": "n_layers = [1, 2]",
+        "skip = [{hidden_size = 512, n_layers = 8}, {hidden_size = 512, n_layers = 12}]": "skip = [{hidden_size = 48, n_layers = 2}]",
+        "seed = [0, 1]": "seed = [0]",
+        "save_every = 32": "save_every = 2",
+        'corpus = "bbc"': f'corpus = "{corpus}"',
+        "steps = 128": "steps = 2",
+        "batch_size = 8\nseq_len = 32": "batch_size = 4\nseq_len = 32",
+        "warmup = 16": "warmup = 1",
+        "vocab_size = 2048": "vocab_size = 300",
+        "eval_every = 16": "eval_every = 2",
+        "eval_sequences = 64": "eval_sequences = 4",
+        "cpus_per_worker = 2": "cpus_per_worker = 1",
+        "pga_threads = 2": "pga_threads = 1",
+        "n_samples = 160": "n_samples = 40",
+        "n_null = 50": "n_null = 20",
+        "r = [0, 1, 5, 10]": "r = [0, 1]",
+        "chunk_len = 32": "chunk_len = 16",
+        "chunks_per_domain = 16": "chunks_per_domain = 3",
+        "late_from = 64": "late_from = 2",
+        "bootstrap = 2000": "bootstrap = 100",
+    }
     for old, new in replacements.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -44,8 +56,15 @@ def html_count_of_report_writes(stdout: str) -> int:
 
 def run_cli(*args, cwd):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_directory(hub_cache, ray_address, tmp_path):
@@ -78,19 +97,39 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     assert html_count_of_report_writes(first.stdout) == 1, [l for l in first.stdout.splitlines() if "report" in l]
     gap = pq.read_table(store / "results" / "width_gap.parquet").to_pylist()
     assert sorted({(r["width"], r["depth"], r["revision"]) for r in gap}) == [
-        (32, 1, "step0"), (32, 1, "step2"), (32, 2, "step0"), (32, 2, "step2"), (48, 1, "step0"), (48, 1, "step2")]
+        (32, 1, "step0"),
+        (32, 1, "step2"),
+        (32, 2, "step0"),
+        (32, 2, "step2"),
+        (48, 1, "step0"),
+        (48, 1, "step2"),
+    ]
     page = work / "docs" / "results" / "width.md"
     text = page.read_text()
-    for heading in ("## Held-out perplexity over training", "### 1. A collapse zone", "### 2. Does CCR-5/10 restore z",
-                    "### 3. Does PC1 migrate", "### 4. Do spectral metrics stay flat", "### 6. Sample-level dispersion",
-                    "### 7. Does the dispersion gap G", "### 8. Does it hold across seeds?", "## What this ladder can and cannot show"):
+    for heading in (
+        "## Held-out perplexity over training",
+        "### 1. A collapse zone",
+        "### 2. Does CCR-5/10 restore z",
+        "### 3. Does PC1 migrate",
+        "### 4. Do spectral metrics stay flat",
+        "### 6. Sample-level dispersion",
+        "### 7. Does the dispersion gap G",
+        "### 8. Does it hold across seeds?",
+        "## What this ladder can and cannot show",
+    ):
         assert heading in text, heading
     assert "| 48 | 1 | block_00 |" in text and "k = 8, 12" in text and "outside the paper's stated range" in text
     # the page carries its rows, and one command rebuilds it from them alone, from an empty directory
     rows = work / "docs" / "results" / "width"
     assert {"pga.parquet", "evaluations.parquet", "gap.parquet", "meta.json"} <= {p.name for p in rows.iterdir()}
-    rebuilt = subprocess.run([sys.executable, "-m", "raygeom.jobs.results_pages", "--check", str(page)], cwd=elsewhere,
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "raygeom.jobs.results_pages", "--check", str(page)],
+        cwd=elsewhere,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     html = (store / "report.html").read_text()
     assert "Width ladder: Subspace PGA by width" in html

@@ -21,9 +21,24 @@ def test_laptop_job_on_smollm2_writes_finite_results_for_every_layer(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
     env.pop("HF_HUB_CACHE", None)
     result = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "run", str(ROOT / "jobs" / "laptop.toml"), "--out", str(out),
-         "--n-samples", "110", "--n-null", "6", "--seq-len", "48"],  # k=100 after CCR-1 needs rank 102: at least 104 distinct texts
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "run",
+            str(ROOT / "jobs" / "laptop.toml"),
+            "--out",
+            str(out),
+            "--n-samples",
+            "110",
+            "--n-null",
+            "6",
+            "--seq-len",
+            "48",
+        ],  # k=100 after CCR-1 needs rank 102: at least 104 distinct texts
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Subspace PGA" in result.stdout and "final_norm" in result.stdout

@@ -21,8 +21,9 @@ def word_tokenizer(words, bos=False):
 
 
 def char_tokenizer():
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}},
-                                     unk_token="[UNK]"))
+    tok = Tokenizer(
+        models.WordLevel({"[UNK]": 0, **{c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}}, unk_token="[UNK]")
+    )
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
 

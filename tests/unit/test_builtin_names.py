@@ -6,16 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from raygeom.jobs.plan import extraction_key
 from raygeom.errors import RaygeomError
+from raygeom.jobs.plan import extraction_key
 from raygeom.replica.extract import ExtractionSettings
 from raygeom.sources.models import BUILTIN_MODELS, ModelSpec, resolve_model
 
 
-@pytest.mark.parametrize("typed, name", [("smollm2", "smollm2-135m-instruct-q4_1"), ("smollm2-135m", "smollm2-135m-instruct-q4_1"),
-                                         ("SmolLM2-135M-Instruct-Q4_1", "smollm2-135m-instruct-q4_1"),
-                                         ("gemma3", "gemma3-270m-q4_k_m"), ("gemma3-270m", "gemma3-270m-q4_k_m"),
-                                         ("gemma-3-270m", "gemma3-270m-q4_k_m"), ("gemma3-270m-q4_k_m", "gemma3-270m-q4_k_m")])
+@pytest.mark.parametrize(
+    "typed, name",
+    [
+        ("smollm2", "smollm2-135m-instruct-q4_1"),
+        ("smollm2-135m", "smollm2-135m-instruct-q4_1"),
+        ("SmolLM2-135M-Instruct-Q4_1", "smollm2-135m-instruct-q4_1"),
+        ("gemma3", "gemma3-270m-q4_k_m"),
+        ("gemma3-270m", "gemma3-270m-q4_k_m"),
+        ("gemma-3-270m", "gemma3-270m-q4_k_m"),
+        ("gemma3-270m-q4_k_m", "gemma3-270m-q4_k_m"),
+    ],
+)
 def test_short_names_resolve_to_the_honest_name_used_in_tables_and_the_store(typed, name):
     spec = resolve_model(typed)
     assert (spec.kind, spec.name, spec.slug) == ("builtin", name, name)
@@ -34,8 +42,11 @@ def test_the_new_name_never_shares_a_key_with_a_store_written_under_the_old_one(
 
 
 def test_an_unknown_name_lists_the_short_and_the_full_names():
-    with pytest.raises(RaygeomError, match=r"gemma3-270m, smollm2-135m \(gemma3-270m is gemma3-270m-q4_k_m, "
-                                           r"smollm2-135m is smollm2-135m-instruct-q4_1\)"):
+    with pytest.raises(
+        RaygeomError,
+        match=r"gemma3-270m, smollm2-135m \(gemma3-270m is gemma3-270m-q4_k_m, "
+        r"smollm2-135m is smollm2-135m-instruct-q4_1\)",
+    ):
         resolve_model("smollm3")
 
 

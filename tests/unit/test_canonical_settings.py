@@ -12,9 +12,14 @@ from raygeom.params import PGAParams, canonical_rows
 # were made canonical (computed from commit ac2569b); a change here would make every existing store recompute.
 # pc1 and sample_dispersion have since moved to version 2 (bounded intervals): their keys are checked at version 1.
 VERSION_BEFORE = {"pc1": 1, "sample_dispersion": 1}
-KEYS_BEFORE = {"pc1": "6bfe910275714984957a", "pga": "c997b1ae80488007a6ac", "probe": "97e107d3a1e02b2597a9",
-               "sample_dispersion": "a0a5a4ad4b5707b38505", "spectral": "ddc7568b8f09aa41d258",
-               "twonn": "c45b3010423bca2647c9"}
+KEYS_BEFORE = {
+    "pc1": "6bfe910275714984957a",
+    "pga": "c997b1ae80488007a6ac",
+    "probe": "97e107d3a1e02b2597a9",
+    "sample_dispersion": "a0a5a4ad4b5707b38505",
+    "spectral": "ddc7568b8f09aa41d258",
+    "twonn": "c45b3010423bca2647c9",
+}
 
 
 def test_unit_keys_of_the_default_settings_are_the_ones_stores_hold(monkeypatch):
@@ -41,8 +46,12 @@ def test_r_given_as_one_value_or_a_list_of_one_is_one_setting(tmp_path):
 
     assert PGAParams(r=[1]) == PGAParams(r=1) == PGAParams.from_mapping({"r": [1]})
     jobs = {}
-    for name, section in (("scalar", "[pga]\nr = 1\n"), ("listed", "[pga]\nr = [1]\n"),
-                          ("grid", "[analyses.pga]\nr = [1]\n"), ("grid-scalar", "[analyses.pga]\nr = 1\n")):
+    for name, section in (
+        ("scalar", "[pga]\nr = 1\n"),
+        ("listed", "[pga]\nr = [1]\n"),
+        ("grid", "[analyses.pga]\nr = [1]\n"),
+        ("grid-scalar", "[analyses.pga]\nr = 1\n"),
+    ):
         path = tmp_path / f"{name}.toml"
         path.write_text(f"[[models]]\nid = 'smollm2'\n{section}")
         jobs[name] = [p.params for p in load_job(path).planned()]
@@ -61,8 +70,19 @@ def test_the_report_merges_a_sweep_table_without_k_per_d_into_the_unit_rows(tmp_
     from raygeom.report.html import pga_rows
     from raygeom.store.tree import atomic_write_table
 
-    row = {"model": "m", "revision": "step0", "layer": "block_01", "k": 8, "r": 1, "n": 40, "n_null": 20, "seed": 0,
-           "rho_readout": 0.5, "z": 3.0, "unit_key": "u1"}
+    row = {
+        "model": "m",
+        "revision": "step0",
+        "layer": "block_01",
+        "k": 8,
+        "r": 1,
+        "n": 40,
+        "n_null": 20,
+        "seed": 0,
+        "rho_readout": 0.5,
+        "z": 3.0,
+        "unit_key": "u1",
+    }
     atomic_write_table(pa.Table.from_pylist([{**row, "k_per_d": 0.0}]), tmp_path / "results" / "pga.parquet")
     atomic_write_table(pa.Table.from_pylist([{**row, "step": 0}]), tmp_path / "results" / "sweep_pga.parquet")
     merged = pga_rows(tmp_path)

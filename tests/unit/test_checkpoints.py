@@ -31,7 +31,11 @@ def test_discover_orders_by_step_and_skips_interrupted_saves(tmp_path):
     (run / "checkpoint-4000").mkdir()  # a save that never finished
     (run / "runs").mkdir()  # TensorBoard logs, not a checkpoint
     found = checkpoints.discover(run)
-    assert [(c.label, c.step) for c in found.checkpoints] == [("checkpoint-3", 3), ("checkpoint-20", 20), ("checkpoint-1000", 1000)]
+    assert [(c.label, c.step) for c in found.checkpoints] == [
+        ("checkpoint-3", 3),
+        ("checkpoint-20", 20),
+        ("checkpoint-1000", 1000),
+    ]
     assert [name for name, _ in found.skipped] == ["checkpoint-4000"]
     assert found.name == "my-run" and checkpoints.is_run_directory(run)
     assert not checkpoints.is_run_directory(run / "checkpoint-3")  # a checkpoint is a model, not a run
@@ -95,9 +99,9 @@ def test_a_job_names_a_run_directory_by_id_or_run_dir(tmp_path):
     job_file.write_text(f"""
 [sweep]
 [[models]]
-id = "{tmp_path / 'run'}"
+id = "{tmp_path / "run"}"
 [[models]]
-run_dir = "{tmp_path / 'later'}"
+run_dir = "{tmp_path / "later"}"
 revisions = "step100"
 """)
     job = load_job(job_file)

@@ -12,9 +12,13 @@ from scipy.spatial.distance import pdist
 
 from raygeom.analyses import registry
 
-OWN = {"token_dispersion": ("chunks", "dispersion_layers", "dispersion"), "slices": ("chunks", "dispersion_layers", "dispersion"),
-       "gap": ("chunks", "dispersion_gap", "select"), "knn_lm": ("knn", "knn", "knn"),
-       "convergence": ("aligned", "converge", "converge")}
+OWN = {
+    "token_dispersion": ("chunks", "dispersion_layers", "dispersion"),
+    "slices": ("chunks", "dispersion_layers", "dispersion"),
+    "gap": ("chunks", "dispersion_gap", "select"),
+    "knn_lm": ("knn", "knn", "knn"),
+    "convergence": ("aligned", "converge", "converge"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(OWN))
@@ -41,8 +45,10 @@ def test_chunk_analyses_share_one_extraction_declaration():
 
 
 def test_declaring_them_imports_no_torch():
-    code = ("import sys; from raygeom.analyses import registry; registry.analyses(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
+    code = (
+        "import sys; from raygeom.analyses import registry; registry.analyses(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 

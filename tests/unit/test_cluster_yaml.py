@@ -51,5 +51,5 @@ def test_the_schema_check_rejects_broken_configs(config, breakage):
         broken["head_node_type"] = "no_such_type"
     else:
         broken["available_node_types"]["gpu_a10g_x4"]["resources"] = "4 GPUs"
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - ray's validator raises several types (jsonschema, ValueError, KeyError)
         _validate(broken)

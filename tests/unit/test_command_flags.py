@@ -21,18 +21,21 @@ STOP = "stopped where the work starts"
 def corpus(tmp_path) -> Path:
     path = tmp_path / "labelled.jsonl"
     topics = ["markets", "politics", "sport"]
-    path.write_text("\n".join(json.dumps({"text": f"text number {i} about {topics[i % 3]}", "label": topics[i % 3]})
-                              for i in range(60)))
+    path.write_text(
+        "\n".join(json.dumps({"text": f"text number {i} about {topics[i % 3]}", "label": topics[i % 3]}) for i in range(60))
+    )
     return path
 
 
 def write_job(tmp_path: Path, corpus: Path, models: str | None = None, extra: str = "") -> Path:
     job = tmp_path / "job.toml"
     models = models or "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step0', 'step1000']\n"
-    job.write_text(f"[job]\nname = 'from-the-job'\nout = '{tmp_path / 'job-store'}'\n{models}"
-                   f"[corpus]\nname = '{corpus}'\nn_samples = 33\nseed = 4\n"
-                   f"[extract]\nseq_len = 24\npool = 'mean'\nskip_first = false\nbatch_size = 3\nlayers = 'embed,1'\n"
-                   f"{extra}")
+    job.write_text(
+        f"[job]\nname = 'from-the-job'\nout = '{tmp_path / 'job-store'}'\n{models}"
+        f"[corpus]\nname = '{corpus}'\nn_samples = 33\nseed = 4\n"
+        f"[extract]\nseq_len = 24\npool = 'mean'\nskip_first = false\nbatch_size = 3\nlayers = 'embed,1'\n"
+        f"{extra}"
+    )
     return job
 
 
@@ -62,6 +65,7 @@ def models_of(specs) -> list[tuple[str, str]]:
 
 # ------------------------------------------------------------------ the commands that run a job (pga, registry ones)
 
+
 @pytest.fixture
 def ran(monkeypatch) -> list:
     jobs = []
@@ -69,7 +73,11 @@ def ran(monkeypatch) -> list:
     return jobs
 
 
-ANALYSIS_OF = {"converge": "convergence", "knn": "knn_lm", "select": "gap"}  # a generated command named otherwise than its analysis
+ANALYSIS_OF = {
+    "converge": "convergence",
+    "knn": "knn_lm",
+    "select": "gap",
+}  # a generated command named otherwise than its analysis
 
 
 @pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"]])
@@ -81,16 +89,38 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
     assert [(m.source, m.revisions) for m in taken.models] == [("EleutherAI/pythia-14m", ("step0", "step1000"))]
     assert (taken.corpus, taken.n_samples, taken.sample_seed, taken.layers) == (str(corpus), 33, 4, "embed,1")
     assert (taken.extraction.seq_len, taken.extraction.pool, taken.extraction.skip_first, taken.extraction.batch_size) == (
-        24, "mean", False, 3)
+        24,
+        "mean",
+        False,
+        3,
+    )
     assert [p.analysis for p in taken.planned()] == [ANALYSIS_OF.get(command[-1], command[-1])]
     if command == ["pga"]:  # the job's [pga] section, too
         assert (taken.pga.k, taken.pga.n_null) == (7, 20)
     # A flag given on the command line overrides the job's value; the others stay the job's.
-    assert invoke(*command, "--job", job, "--out", tmp_path / "mine", "-m", "EleutherAI/pythia-70m@step1", "-n", "40",
-                  "--seq-len", "16", "--keep-first", "--layers", "all").exit_code == 0
+    assert (
+        invoke(
+            *command,
+            "--job",
+            job,
+            "--out",
+            tmp_path / "mine",
+            "-m",
+            "EleutherAI/pythia-70m@step1",
+            "-n",
+            "40",
+            "--seq-len",
+            "16",
+            "--keep-first",
+            "--layers",
+            "all",
+        ).exit_code
+        == 0
+    )
     over = ran[-1]
     assert over.out == str(tmp_path / "mine") and [(m.source, m.revisions) for m in over.models] == [
-        ("EleutherAI/pythia-70m", ("step1",))]
+        ("EleutherAI/pythia-70m", ("step1",))
+    ]
     assert (over.n_samples, over.extraction.seq_len, over.extraction.skip_first, over.layers) == (40, 16, False, "all")
     assert (over.corpus, over.sample_seed, over.extraction.pool, over.extraction.batch_size) == (str(corpus), 4, "mean", 3)
     if command == ["pga"]:
@@ -99,21 +129,30 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
 
 
 def test_pga_takes_every_model_given_and_one_null_chunks_default(ran, tmp_path):
-    assert invoke("pga", "--model", "EleutherAI/pythia-14m", "--model", "EleutherAI/pythia-70m", "-r", "step0", "-r",
-                  "step1").exit_code == 0
+    assert (
+        invoke(
+            "pga", "--model", "EleutherAI/pythia-14m", "--model", "EleutherAI/pythia-70m", "-r", "step0", "-r", "step1"
+        ).exit_code
+        == 0
+    )
     job = ran[-1]
-    assert [(m.source, m.revisions) for m in job.models] == [("EleutherAI/pythia-14m", ("step0", "step1")),
-                                                            ("EleutherAI/pythia-70m", ("step0", "step1"))]
+    assert [(m.source, m.revisions) for m in job.models] == [
+        ("EleutherAI/pythia-14m", ("step0", "step1")),
+        ("EleutherAI/pythia-70m", ("step0", "step1")),
+    ]
     assert job.out == "runs/default" and job.pga.null_chunks == 10
 
 
 def test_run_takes_every_model_given(ran):
     assert invoke("run", "jobs/laptop.toml", "-m", "EleutherAI/pythia-14m", "-m", "EleutherAI/pythia-70m@step1").exit_code == 0
-    assert [(m.source, m.revisions) for m in ran[-1].models] == [("EleutherAI/pythia-14m", ("main",)),
-                                                                ("EleutherAI/pythia-70m", ("step1",))]
+    assert [(m.source, m.revisions) for m in ran[-1].models] == [
+        ("EleutherAI/pythia-14m", ("main",)),
+        ("EleutherAI/pythia-70m", ("step1",)),
+    ]
 
 
 # ------------------------------------------------------------------ diagnose, converge, probe
+
 
 @pytest.fixture
 def extracted(monkeypatch):
@@ -132,8 +171,7 @@ def test_diagnostics_commands_take_the_job_and_the_flags_given_over_it(command, 
     assert (corpus_name, n_samples, sample_seed, layers, out) == (str(corpus), 33, 4, "embed,1", tmp_path / "job-store")
     assert (settings.seq_len, settings.pool, settings.skip_first, settings.batch_size) == (24, "mean", False, 3)
     two = ["-m", "EleutherAI/pythia-14m@step1", "-m", "EleutherAI/pythia-70m@step2"]
-    stopped(invoke(command, "--job", job, *two, "--out", tmp_path / "mine", "--n-samples", "21", "--pool", "last",
-                   "--seed", "3"))
+    stopped(invoke(command, "--job", job, *two, "--out", tmp_path / "mine", "--n-samples", "21", "--pool", "last", "--seed", "3"))
     (specs, corpus_name, n_samples, sample_seed, layers, settings, out, *_), _ = extracted[-1]
     assert models_of(specs) == [("EleutherAI/pythia-14m", "step1"), ("EleutherAI/pythia-70m", "step2")]
     assert (corpus_name, n_samples, sample_seed, layers, out) == (str(corpus), 21, 3, "embed,1", tmp_path / "mine")
@@ -141,11 +179,33 @@ def test_diagnostics_commands_take_the_job_and_the_flags_given_over_it(command, 
 
 
 def test_diagnose_without_a_job_keeps_its_flags_and_defaults(extracted, tmp_path, corpus):
-    stopped(invoke("diagnose", "-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", corpus, "-n", "40", "--seed", "2",
-                   "--out", tmp_path / "o"))
+    stopped(
+        invoke(
+            "diagnose",
+            "-m",
+            "EleutherAI/pythia-14m",
+            "-r",
+            "step1000",
+            "-c",
+            corpus,
+            "-n",
+            "40",
+            "--seed",
+            "2",
+            "--out",
+            tmp_path / "o",
+        )
+    )
     (specs, corpus_name, n_samples, sample_seed, layers, settings, out, *_), _ = extracted[-1]
     assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")]
-    assert (corpus_name, n_samples, sample_seed, layers, out, settings.seq_len) == (str(corpus), 40, 2, "all", tmp_path / "o", 128)
+    assert (corpus_name, n_samples, sample_seed, layers, out, settings.seq_len) == (
+        str(corpus),
+        40,
+        2,
+        "all",
+        tmp_path / "o",
+        128,
+    )
 
 
 def test_diagnose_and_pga_share_one_null_chunks_default(monkeypatch, extracted, tmp_path, corpus):
@@ -160,6 +220,7 @@ def test_diagnose_and_pga_share_one_null_chunks_default(monkeypatch, extracted, 
 
 # ------------------------------------------------------------------ dispersion, select, knn, train
 
+
 @pytest.fixture
 def no_ray(monkeypatch):
     from raygeom.cli import dispersion
@@ -169,8 +230,7 @@ def no_ray(monkeypatch):
 
 
 @pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion")])
-def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target, name, no_ray, monkeypatch, tmp_path,
-                                                                 corpus):
+def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target, name, no_ray, monkeypatch, tmp_path, corpus):
     import importlib
 
     calls = stop_at(monkeypatch, importlib.import_module(target), name)
@@ -190,14 +250,21 @@ def test_train_takes_the_job_train_section_and_the_flags_given_over_it(no_ray, m
 
     calls = stop_at(monkeypatch, train_job, "run_training")
     job = tmp_path / "job.toml"
-    job.write_text(f"[job]\nout = '{tmp_path / 'job-store'}'\n[corpus]\nname = 'heldout'\n"
-                   f"[train]\ncorpus = '{corpus}'\nrun_dir = '{tmp_path / 'run'}'\nsave_every = 50\nsteps = 100\n"
-                   "hidden_size = 32\nn_heads = 2\nn_layers = 2\nvocab_size = 300\nseq_len = 16\n")
+    job.write_text(
+        f"[job]\nout = '{tmp_path / 'job-store'}'\n[corpus]\nname = 'heldout'\n"
+        f"[train]\ncorpus = '{corpus}'\nrun_dir = '{tmp_path / 'run'}'\nsave_every = 50\nsteps = 100\n"
+        "hidden_size = 32\nn_heads = 2\nn_layers = 2\nvocab_size = 300\nseq_len = 16\n"
+    )
     stopped(invoke("train", "--job", job))
     (store, settings, plan), _ = calls[-1]
     assert store.root == tmp_path / "job-store" and plan.run_dir == str((tmp_path / "run").resolve())
-    assert (settings.corpus, settings.steps, settings.hidden_size, settings.n_layers, settings.lr) == (str(corpus), 100, 32, 2,
-                                                                                                       2e-3)
+    assert (settings.corpus, settings.steps, settings.hidden_size, settings.n_layers, settings.lr) == (
+        str(corpus),
+        100,
+        32,
+        2,
+        2e-3,
+    )
     stopped(invoke("train", "--job", job, "--steps", "60", "--lr", "0.01", "--out", tmp_path / "mine"))
     (store, settings, plan), _ = calls[-1]
     assert store.root == tmp_path / "mine" and (settings.steps, settings.lr, settings.hidden_size) == (60, 0.01, 32)
@@ -208,13 +275,16 @@ def test_train_takes_the_job_train_section_and_the_flags_given_over_it(no_ray, m
 
 # ------------------------------------------------------------------ a bad job file: one line, exit 2
 
-BAD_JOBS = {"missing": None, "malformed": "[job\n", "bad value": "[[models]]\nid = 'smollm2'\n[corpus]\nn_samples = 1.5\n",
-            "no models": "[job]\nname = 'x'\n"}
+BAD_JOBS = {
+    "missing": None,
+    "malformed": "[job\n",
+    "bad value": "[[models]]\nid = 'smollm2'\n[corpus]\nn_samples = 1.5\n",
+    "no models": "[job]\nname = 'x'\n",
+}
 
 
 @pytest.mark.parametrize("kind", list(BAD_JOBS))
-@pytest.mark.parametrize("command", ["pga", "diagnose", "converge", "probe", "dispersion", "select", "knn", "train",
-                                     "spectral"])
+@pytest.mark.parametrize("command", ["pga", "diagnose", "converge", "probe", "dispersion", "select", "knn", "train", "spectral"])
 def test_a_bad_job_file_is_one_line_and_exit_2(command, kind, tmp_path, monkeypatch, capsys):
     import sys
 

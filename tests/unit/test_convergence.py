@@ -38,9 +38,7 @@ def test_matches_plain_pdist_spearmanr_reference(seed, n, d_a, d_b, k, r):
     assert got["rho_readout"] == pytest.approx(expected["rho_readout"], abs=2e-4)
     assert got["null_mean"] == pytest.approx(expected["null_mean"], abs=2e-4)
     assert got["null_std"] == pytest.approx(expected["null_std"], abs=2e-4)
-    np.testing.assert_allclose(
-        convergence_null_rhos(prepare_pair(h_a, h_b, r), k, seed, range(8)), expected["nulls"], atol=2e-4
-    )
+    np.testing.assert_allclose(convergence_null_rhos(prepare_pair(h_a, h_b, r), k, seed, range(8)), expected["nulls"], atol=2e-4)
     assert (got["k"], got["r"], got["n"], got["n_null"], got["seed"]) == (k, r, n, 8, seed)
 
 

@@ -3,8 +3,8 @@ import pytest
 from scipy.stats import ortho_group
 
 from raygeom.errors import InputError
-from raygeom.numerics.convergence import convergence
 from raygeom.numerics import convergence_grid
+from raygeom.numerics.convergence import convergence
 from raygeom.numerics.convergence_grid import null_grids, observed_grid, prepare_layer, summarize_grid
 
 

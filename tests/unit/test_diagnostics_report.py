@@ -1,12 +1,11 @@
 import numpy as np
 import pytest
 
-from raygeom.sources.corpus import Corpus
 from raygeom.analyses.converge import depth_matched
-from raygeom.cli.diagnostics import diagnostics_markdown
-from raygeom.sources.corpus import truncate_words
 from raygeom.analyses.diagnostics import DiagnosticsParams
+from raygeom.cli.diagnostics import diagnostics_markdown
 from raygeom.errors import RaygeomError
+from raygeom.sources.corpus import Corpus, truncate_words
 
 
 def test_truncate_words_cuts_texts_not_labels_and_changes_the_fingerprint():
@@ -20,8 +19,14 @@ def test_truncate_words_cuts_texts_not_labels_and_changes_the_fingerprint():
 
 
 def cell(a, b, depth_a, depth_b):
-    return {"layer_a": a, "layer_b": b, "relative_depth_a": depth_a, "relative_depth_b": depth_b,
-            "layer_index_a": int(depth_a * 4), "layer_index_b": int(depth_b * 2)}
+    return {
+        "layer_a": a,
+        "layer_b": b,
+        "relative_depth_a": depth_a,
+        "relative_depth_b": depth_b,
+        "layer_index_a": int(depth_a * 4),
+        "layer_index_b": int(depth_b * 2),
+    }
 
 
 def test_depth_matching_pairs_each_layer_of_the_shallower_model_with_the_nearest_depth():
@@ -34,11 +39,30 @@ def test_depth_matching_pairs_each_layer_of_the_shallower_model_with_the_nearest
 def test_markdown_counts_restoration_and_probe_split():
     rows = []
     for i, (z0, z1) in enumerate([(-5.0, 3.0), (-3.0, -4.0), (1.0, 2.5)]):
-        rows.append({"model": "m", "revision": "main", "layer": f"l{i}", "layer_index": i, "relative_depth": i / 2,
-                     "n": 10, "d": 8, "k": 2, "z_ccr0": z0, "z_ccr1": z1, "rankme": 5.0 + i, "alpha_req": 1.0,
-                     "condition_number": 10.0, "isotropy": 0.9, "pc1_readout_share": 0.5, "pc1_readout_chance": 0.25,
-                     "pc1_variance_fraction": 0.3, "probe_accuracy": [0.9, 0.8, 0.6][i], "probe_chance": 0.2,
-                     "loss_share_spearman": np.nan})
+        rows.append(
+            {
+                "model": "m",
+                "revision": "main",
+                "layer": f"l{i}",
+                "layer_index": i,
+                "relative_depth": i / 2,
+                "n": 10,
+                "d": 8,
+                "k": 2,
+                "z_ccr0": z0,
+                "z_ccr1": z1,
+                "rankme": 5.0 + i,
+                "alpha_req": 1.0,
+                "condition_number": 10.0,
+                "isotropy": 0.9,
+                "pc1_readout_share": 0.5,
+                "pc1_readout_chance": 0.25,
+                "pc1_variance_fraction": 0.3,
+                "probe_accuracy": [0.9, 0.8, 0.6][i],
+                "probe_chance": 0.2,
+                "loss_share_spearman": np.nan,
+            }
+        )
     text = diagnostics_markdown(rows, (0, 1), DiagnosticsParams(k=2, ccr_ranks=(0, 1)))
     assert "| 0 | 0 | 2 | -3.0 | -5.0 (l0) | +1.0 (l2) |" in text
     assert "| 1 | 2 | 1 | +2.5 | -4.0 (l1) | +3.0 (l0) |" in text

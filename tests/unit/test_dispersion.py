@@ -203,7 +203,7 @@ def test_perplexity_groups_follow_the_authors_protocol(seed, group_size, n_group
     expected = ref_authors_groups(list(ppl), group_size, n_groups)
     assert got.n_full_groups == n // group_size
     assert len(got.members) == len(expected) <= max(n_groups, 3)
-    for members, (ref_members, ref_mean) in zip(got.members, expected):
+    for members, (ref_members, _ref_mean) in zip(got.members, expected):
         assert list(members) == ref_members
     np.testing.assert_allclose(got.mean_perplexity, [g[1] for g in expected], rtol=1e-12)
     np.testing.assert_allclose(got.mean_dispersion, [disp[g[0]].mean() for g in expected], rtol=1e-12)

@@ -8,9 +8,15 @@ from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import resolve_model
 
 
-@pytest.mark.parametrize("name, revision, step", [("smollm2", "main", None), ("gemma3", "main", None),
-                                                  ("EleutherAI/pythia-70m", "main", 143000),
-                                                  ("EleutherAI/pythia-70m", "step1000", 1000)])
+@pytest.mark.parametrize(
+    "name, revision, step",
+    [
+        ("smollm2", "main", None),
+        ("gemma3", "main", None),
+        ("EleutherAI/pythia-70m", "main", 143000),
+        ("EleutherAI/pythia-70m", "step1000", 1000),
+    ],
+)
 def test_rows_take_the_step_of_their_model(name, revision, step):
     spec = resolve_model(name, revision)
     corpus = Corpus(name="tiny", texts=["a b c"], labels=None)

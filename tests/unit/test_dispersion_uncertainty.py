@@ -11,9 +11,18 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 
 from raygeom.errors import InputError
-from raygeom.numerics.dispersion import (GAP_STREAM, MIN_GAP_POSITIONS, SLICE_STREAM, bits_per_byte, dispersion,
-                                         dispersion_gap, gap_interval, gap_of_parts, gap_warning,
-                                         slice_agreement_interval)
+from raygeom.numerics.dispersion import (
+    GAP_STREAM,
+    MIN_GAP_POSITIONS,
+    SLICE_STREAM,
+    bits_per_byte,
+    dispersion,
+    dispersion_gap,
+    gap_interval,
+    gap_of_parts,
+    gap_warning,
+    slice_agreement_interval,
+)
 
 
 def _chunks(seed, n_chunks=9, length=20, d=6, domain_share=0.2, planted=0.0):
@@ -147,8 +156,15 @@ def test_correlation_intervals_agree_with_scipy_bootstrap():
     x = rng.normal(size=60)
     y = 0.6 * x + rng.normal(size=60)
     ours = _correlations(x, y, "chunk", n_boot=4000, seed=1)
-    theirs = bootstrap((x, y), lambda a, b: pearsonr(a, b)[0], paired=True, vectorized=False, n_resamples=4000,
-                       method="percentile", random_state=2).confidence_interval
+    theirs = bootstrap(
+        (x, y),
+        lambda a, b: pearsonr(a, b)[0],
+        paired=True,
+        vectorized=False,
+        n_resamples=4000,
+        method="percentile",
+        random_state=2,
+    ).confidence_interval
     assert ours["chunk_pearson_lo"] == pytest.approx(theirs.low, abs=0.04)
     assert ours["chunk_pearson_hi"] == pytest.approx(theirs.high, abs=0.04)
 
@@ -175,8 +191,12 @@ def test_predicted_bytes_by_hand_on_a_tiny_tokenizer():
     from raygeom.replica.tokenize import predicted_bytes
 
     tokenizer = _word_tokenizer()
-    chunks = np.array([[0, 2, 3, 4],  # BOS first: predicted "bb ccc é" = 2 + 1 + 3 + 1 + 2 bytes
-                       [1, 1, 2, 2]])  # no BOS: the first token is context, predicted "a bb bb" = 1 + 1 + 2 + 1 + 2
+    chunks = np.array(
+        [
+            [0, 2, 3, 4],  # BOS first: predicted "bb ccc é" = 2 + 1 + 3 + 1 + 2 bytes
+            [1, 1, 2, 2],
+        ]
+    )  # no BOS: the first token is context, predicted "a bb bb" = 1 + 1 + 2 + 1 + 2
     assert predicted_bytes(tokenizer, chunks).tolist() == [9, 7]
     nll = np.array([0.5, 2.0])  # mean nats per predicted token, 3 predicted tokens per chunk
     assert bits_per_byte(nll, [3, 3], predicted_bytes(tokenizer, chunks)) == pytest.approx((1.5 + 6.0) / math.log(2) / 16)

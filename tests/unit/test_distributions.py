@@ -58,7 +58,7 @@ def test_correlations_match_scipy_stats(seed, n, tied):
 
 def test_correlations_of_planted_orders():
     x = np.arange(20.0)
-    assert dist.spearman(x, np.exp(x)) == 1.0 and dist.spearman(x, -x**3) == -1.0
+    assert dist.spearman(x, np.exp(x)) == 1.0 and dist.spearman(x, -(x**3)) == -1.0
     assert dist.pearson(x, 3 * x + 1) == pytest.approx(1.0, abs=1e-15)
     assert np.isnan(dist.pearson(x, np.ones(20))) and np.isnan(dist.spearman(np.ones(20), x))
     with pytest.raises(InputError, match="equal length"):

@@ -12,8 +12,13 @@ REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
 
 
 def markdown_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return sorted(ROOT / name for name in listed if (ROOT / name).is_file())
 
 
@@ -25,8 +30,7 @@ def relative_links(text: str) -> list[str]:
 
 
 def test_the_link_finder_sees_links_and_skips_code_and_urls():
-    text = ("[a](docs/x.md) ![p](img/p.png \"t\") [w](https://e.org) [s](#top) `[c](nope.md)`\n"
-            "```\n[d](nope2.md)\n```\n[r]: ref.md")
+    text = '[a](docs/x.md) ![p](img/p.png "t") [w](https://e.org) [s](#top) `[c](nope.md)`\n```\n[d](nope2.md)\n```\n[r]: ref.md'
     assert relative_links(text) == ["docs/x.md", "img/p.png", "ref.md"]
 
 

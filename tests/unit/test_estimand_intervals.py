@@ -29,8 +29,15 @@ def wilson(k: int, n: int) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-@pytest.mark.parametrize("x, y", [(range(5), [4, 3, 2, 1, 0]), (range(6), [1, 3, 2, 6, 5, 4]),
-                                  (range(6), [2, 2, 1, 5, 4, 6]), ([1, 1, 2, 3, 5, 8], [3, 1, 4, 1, 5, 9])])
+@pytest.mark.parametrize(
+    "x, y",
+    [
+        (range(5), [4, 3, 2, 1, 0]),
+        (range(6), [1, 3, 2, 6, 5, 4]),
+        (range(6), [2, 2, 1, 5, 4, 6]),
+        ([1, 1, 2, 3, 5, 8], [3, 1, 4, 1, 5, 9]),
+    ],
+)
 @pytest.mark.parametrize("method", ["fisher", "bootstrap"])
 def test_a_rank_correlation_over_few_points_has_an_exact_p_and_no_interval(x, y, method):
     out = u.spearman_with_ci(list(x), y, method=method, n_boot=200)
@@ -41,7 +48,7 @@ def test_a_rank_correlation_over_few_points_has_an_exact_p_and_no_interval(x, y,
 
 def test_rho_of_minus_one_over_nine_and_five_checkpoints_is_no_zero_width_interval():
     for n in (9, 5):
-        out = u.spearman_with_ci(np.arange(n), -np.arange(n) ** 2, method="bootstrap")
+        out = u.spearman_with_ci(np.arange(n), -(np.arange(n) ** 2), method="bootstrap")
         assert out["rho"] == -1.0 and math.isnan(out["lo"]) and math.isnan(out["hi"])
         assert out["p_perm"] == pytest.approx(2 / math.factorial(n))  # only the order and its reverse reach |rho| = 1
 
@@ -89,6 +96,7 @@ def test_a_bounded_normal_interval_is_the_logit_delta_method_and_none_on_a_bound
 
 # ------------------------------------------------------------------ planted cases, per registered bounded metric
 
+
 def _pc1_cases():
     from raygeom.numerics.spectral import pc1_readout_share_interval
 
@@ -100,8 +108,10 @@ def _pc1_cases():
     outside = rng.normal(size=(60, d)) * 0.1
     outside[:, -1] += rng.normal(size=60) * 5  # PC1 orthogonal to it: share near 0
     middle = rng.normal(size=(60, d))
-    return [(r["pc1_readout_share"], r["pc1_readout_share_lo"], r["pc1_readout_share_hi"])
-            for r in (pc1_readout_share_interval(h, basis, seed=0, n_half=10) for h in (inside, outside, middle))]
+    return [
+        (r["pc1_readout_share"], r["pc1_readout_share_lo"], r["pc1_readout_share_hi"])
+        for r in (pc1_readout_share_interval(h, basis, seed=0, n_half=10) for h in (inside, outside, middle))
+    ]
 
 
 def _probe_cases():
@@ -115,8 +125,10 @@ def _sample_dispersion_cases():
     near = np.ones((50, 8)) + rng.normal(size=(50, 8)) * 1e-3
     near[0] += rng.normal(size=8)  # near-identical vectors and one outlier: D near 0, skewed
     opposite = np.vstack([np.ones((25, 4)), -np.ones((25, 4))]) + rng.normal(size=(50, 4)) * 1e-2  # D near 1
-    return [(r["dispersion"], r["dispersion_lo"], r["dispersion_hi"])
-            for r in (sample_dispersion_interval(h) for h in (near, opposite, rng.normal(size=(40, 16))))]
+    return [
+        (r["dispersion"], r["dispersion_lo"], r["dispersion_hi"])
+        for r in (sample_dispersion_interval(h) for h in (near, opposite, rng.normal(size=(40, 16))))
+    ]
 
 
 def _token_dispersion_cases():
@@ -163,8 +175,12 @@ PLANTED = {
 def bounded_metrics():
     from raygeom.analyses import registry
 
-    return [(name, m.column) for name, analysis in sorted(registry.analyses().items()) for m in analysis.metrics
-            if m.lo and m.hi and u.bounds_of(m.column) is not None]
+    return [
+        (name, m.column)
+        for name, analysis in sorted(registry.analyses().items())
+        for m in analysis.metrics
+        if m.lo and m.hi and u.bounds_of(m.column) is not None
+    ]
 
 
 def test_every_registered_bounded_metric_with_an_interval_has_a_planted_case():

@@ -8,8 +8,10 @@ from raygeom.report.figures import FIGURE_KEY, drawn_key, plot_z_vs_depth
 
 
 def pga_rows(z_last: float = -3.0) -> list[dict]:
-    return [{"model": "m", "revision": "main", "k": 8, "r": 1, "relative_depth": depth, "z": z, "z_lo": z - 0.5,
-             "z_hi": z + 0.5} for depth, z in ((0.0, 1.0), (0.5, 2.5), (1.0, z_last))]
+    return [
+        {"model": "m", "revision": "main", "k": 8, "r": 1, "relative_depth": depth, "z": z, "z_lo": z - 0.5, "z_hi": z + 0.5}
+        for depth, z in ((0.0, 1.0), (0.5, 2.5), (1.0, z_last))
+    ]
 
 
 def stamp(path):
@@ -58,8 +60,17 @@ def test_each_metric_plot_of_an_analysis_is_keyed_by_its_rows(tmp_path):
     from raygeom.report.tables import plot_analysis
 
     analysis = get("spectral")  # four metrics
-    rows = [{"model": "m", "revision": "main", "layer": f"block_0{i}", "relative_depth": i / 2, "k": 8,
-             **{metric.column: 0.1 * i for metric in analysis.metrics}} for i in range(3)]
+    rows = [
+        {
+            "model": "m",
+            "revision": "main",
+            "layer": f"block_0{i}",
+            "relative_depth": i / 2,
+            "k": 8,
+            **{metric.column: 0.1 * i for metric in analysis.metrics},
+        }
+        for i in range(3)
+    ]
     paths = plot_analysis(analysis, rows, tmp_path)
     assert len(paths) == 4 and all(drawn_key(p) for p in paths)
     before = [stamp(p) for p in paths]
@@ -77,8 +88,12 @@ def test_the_key_covers_the_raygeom_modules_a_plot_imports_from():
     from raygeom.report.figure_keys import _raygeom_sources
 
     sources = _raygeom_sources(width.plot_heatmaps)
-    for module in ("raygeom/jobs/width.py", "raygeom/report/figures.py", "raygeom/jobs/tidy.py",
-                   "raygeom/numerics/uncertainty.py"):
+    for module in (
+        "raygeom/jobs/width.py",
+        "raygeom/report/figures.py",
+        "raygeom/jobs/tidy.py",
+        "raygeom/numerics/uncertainty.py",
+    ):
         assert any(s.endswith(module) for s in sources), module
     assert not any("site-packages" in s for s in sources)
 
@@ -86,11 +101,26 @@ def test_the_key_covers_the_raygeom_modules_a_plot_imports_from():
 def sweep_table(z_shift: float = 0.0):
     import pyarrow as pa
 
-    rows = [{"model": model, "revision": f"step{step}", "step": step, "layer": layer, "layer_index": index,
-             "relative_depth": index / 2, "z": index - step / 1000 + z_shift, "z_lo": None, "z_hi": None,
-             "weights_flag": False, "params": params, "size": size, "d": 64}
-            for model, params, size in (("EleutherAI/pythia-14m", 14, "14m"), ("EleutherAI/pythia-31m", 31, "31m"))
-            for step in (0, 1000, 2000) for index, layer in enumerate(("embed", "block_00", "final_norm"))]
+    rows = [
+        {
+            "model": model,
+            "revision": f"step{step}",
+            "step": step,
+            "layer": layer,
+            "layer_index": index,
+            "relative_depth": index / 2,
+            "z": index - step / 1000 + z_shift,
+            "z_lo": None,
+            "z_hi": None,
+            "weights_flag": False,
+            "params": params,
+            "size": size,
+            "d": 64,
+        }
+        for model, params, size in (("EleutherAI/pythia-14m", 14, "14m"), ("EleutherAI/pythia-31m", 31, "31m"))
+        for step in (0, 1000, 2000)
+        for index, layer in enumerate(("embed", "block_00", "final_norm"))
+    ]
     return pa.Table.from_pylist(rows)
 
 
@@ -106,8 +136,11 @@ def test_a_sweep_redraws_only_the_heatmaps_and_profiles_whose_rows_changed(tmp_p
     assert plot_heatmaps(table, tmp_path) == heatmaps and plot_depth_profiles(table, tmp_path) == profiles
     assert {p: stamp(p) for p in before} == before
     # one revision of one model changes: that model's heatmap and that revision's profile are drawn again, no other
-    changed = pc.if_else(pc.and_(pc.equal(table["model"], "EleutherAI/pythia-31m"), pc.equal(table["step"], 1000)),
-                         pc.add(table["z"], 1.0), table["z"])
+    changed = pc.if_else(
+        pc.and_(pc.equal(table["model"], "EleutherAI/pythia-31m"), pc.equal(table["step"], 1000)),
+        pc.add(table["z"], 1.0),
+        table["z"],
+    )
     table = table.set_column(table.schema.get_field_index("z"), "z", changed)
     plot_heatmaps(table, tmp_path), plot_depth_profiles(table, tmp_path)
     redrawn = {p.name for p in before if stamp(p) != before[p]}

@@ -21,13 +21,22 @@ from hypothesis import strategies as st
 
 from raygeom.errors import RaygeomError
 
-COMMON = {"deadline": None, "derandomize": False, "database": None,
-          "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                                    HealthCheck.function_scoped_fixture]}
+COMMON = {
+    "deadline": None,
+    "derandomize": False,
+    "database": None,
+    "suppress_health_check": [
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+}
 settings.register_profile("short", max_examples=300, **COMMON)  # about 30 s in all here
 settings.register_profile("long", max_examples=8_000, **COMMON)  # about 10 minutes in all here
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "short")
-                               if os.environ.get("HYPOTHESIS_PROFILE") in ("short", "long") else "short")
+PROFILE = settings.get_profile(
+    os.environ.get("HYPOTHESIS_PROFILE", "short") if os.environ.get("HYPOTHESIS_PROFILE") in ("short", "long") else "short"
+)
 # The cheap properties (pure parsing) take more examples than the ones that write a store or score subspaces.
 CHEAP = settings(PROFILE, max_examples=PROFILE.max_examples * 3)
 
@@ -40,6 +49,7 @@ def one_line(error: BaseException) -> str:
 
 
 # ---- the job-file parser, over the registry's declarations -------------------------------------------------------
+
 
 def toml_key(key: str) -> str:
     return key if key and all(c.isalnum() or c in "_-" for c in key) else json.dumps(key)
@@ -77,11 +87,16 @@ def declared_keys() -> dict[str, list[str]]:
     from raygeom.params import PGAParams
     from raygeom.replica.settings import ExtractionSettings
 
-    keys = {"job": [f.name for f in fields(JobSection)], "corpus": [f.name for f in fields(CorpusSection)],
-            "extract": [f.name for f in fields(ExtractionSettings)] + ["layers"], "pga": [f.name for f in fields(PGAParams)],
-            "sweep": sorted(SWEEP_KEYS) + [f.name for f in fields(SweepSettings)],
-            "train": sorted(TRAIN_KEYS) + [f.name for f in fields(TrainSettings)],
-            "trajectory": [f.name for f in fields(TrajectorySettings)], "width": [f.name for f in fields(WidthSettings)]}
+    keys = {
+        "job": [f.name for f in fields(JobSection)],
+        "corpus": [f.name for f in fields(CorpusSection)],
+        "extract": [f.name for f in fields(ExtractionSettings)] + ["layers"],
+        "pga": [f.name for f in fields(PGAParams)],
+        "sweep": sorted(SWEEP_KEYS) + [f.name for f in fields(SweepSettings)],
+        "train": sorted(TRAIN_KEYS) + [f.name for f in fields(TrainSettings)],
+        "trajectory": [f.name for f in fields(TrajectorySettings)],
+        "width": [f.name for f in fields(WidthSettings)],
+    }
     for name, analysis in registry.analyses().items():
         keys[f"analyses.{name}"] = [f.name for f in fields(analysis.Params)]
     return keys
@@ -89,12 +104,36 @@ def declared_keys() -> dict[str, list[str]]:
 
 KEYS = declared_keys()
 SECTIONS = sorted(KEYS)
-WORDS = st.sampled_from(["k", "r", "n_null", "seed", "id", "out", "name", "foo", "analysis", "analyses", "layers",
-                         "revisions", "run_dir", "k_per_d", "x" * 300, "é", "a.b", ""])
+WORDS = st.sampled_from(
+    [
+        "k",
+        "r",
+        "n_null",
+        "seed",
+        "id",
+        "out",
+        "name",
+        "foo",
+        "analysis",
+        "analyses",
+        "layers",
+        "revisions",
+        "run_dir",
+        "k_per_d",
+        "x" * 300,
+        "é",
+        "a.b",
+        "",
+    ]
+)
 SCALARS = st.one_of(
-    st.integers(min_value=-2**63, max_value=2**63 - 1), st.sampled_from([0, 1, 2, 3, -1, 10, 100, 2**31, 2**63 - 1]),
-    st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-    st.text(max_size=12), st.sampled_from(["", "all", "auto", "0,5,-1", "10:5", "embed", "x" * 300, "a\u0000b"]))
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.sampled_from([0, 1, 2, 3, -1, 10, 100, 2**31, 2**63 - 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=12),
+    st.sampled_from(["", "all", "auto", "0,5,-1", "10:5", "embed", "x" * 300, "a\u0000b"]),
+)
 VALUES = st.one_of(SCALARS, st.lists(SCALARS, max_size=4), st.dictionaries(WORDS, SCALARS, max_size=2))
 
 
@@ -136,8 +175,9 @@ def test_any_job_file_is_read_or_refused_in_one_line(text):
 
 # ---- corpus readers --------------------------------------------------------------------------------------------
 
-JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20),
-                        st.lists(st.integers(), max_size=2))
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20), st.lists(st.integers(), max_size=2)
+)
 
 
 @st.composite
@@ -157,8 +197,12 @@ def corpus_files(draw) -> tuple[str, bytes]:
         columns = {}
         for name in draw(st.lists(st.sampled_from(["text", "label", "other"]), max_size=3, unique=True)):
             kind = draw(st.sampled_from(["str", "int", "null", "mixed"]))
-            values = {"str": st.text(max_size=20), "int": st.integers(-5, 5), "null": st.none(),
-                      "mixed": st.one_of(st.none(), st.text(max_size=5))}[kind]
+            values = {
+                "str": st.text(max_size=20),
+                "int": st.integers(-5, 5),
+                "null": st.none(),
+                "mixed": st.one_of(st.none(), st.text(max_size=5)),
+            }[kind]
             columns[name] = draw(st.lists(values, min_size=n, max_size=n))
         sink = pa.BufferOutputStream()
         try:
@@ -168,13 +212,20 @@ def corpus_files(draw) -> tuple[str, bytes]:
         data = sink.getvalue().to_pybytes()
         if draw(st.booleans()):  # truncated or with a flipped byte
             cut = draw(st.integers(0, len(data)))
-            data = data[:cut] if draw(st.booleans()) else data[:cut] + bytes([data[cut] ^ 0xFF]) + data[cut + 1:] \
-                if cut < len(data) else data
+            data = (
+                data[:cut]
+                if draw(st.booleans())
+                else data[:cut] + bytes([data[cut] ^ 0xFF]) + data[cut + 1 :]
+                if cut < len(data)
+                else data
+            )
         return suffix, data
-    records = draw(st.lists(st.one_of(JSON_VALUES, st.dictionaries(st.sampled_from(["text", "label", "x"]), JSON_VALUES,
-                                                                    max_size=3)), max_size=6))
-    body = "\n".join(json.dumps(r) for r in records) if suffix == ".jsonl" else \
-        "\n".join(str(r) for r in records)
+    records = draw(
+        st.lists(
+            st.one_of(JSON_VALUES, st.dictionaries(st.sampled_from(["text", "label", "x"]), JSON_VALUES, max_size=3)), max_size=6
+        )
+    )
+    body = "\n".join(json.dumps(r) for r in records) if suffix == ".jsonl" else "\n".join(str(r) for r in records)
     return suffix, body.encode()
 
 
@@ -190,8 +241,9 @@ def test_any_corpus_file_is_read_or_refused_in_one_line(case, n, seed):
         try:
             corpus = load_corpus(str(path))
             assert all(isinstance(t, str) and t.strip() for t in corpus.texts)
-            assert corpus.labels is None or (len(corpus.labels) == len(corpus.texts)
-                                             and all(isinstance(x, str) for x in corpus.labels))
+            assert corpus.labels is None or (
+                len(corpus.labels) == len(corpus.texts) and all(isinstance(x, str) for x in corpus.labels)
+            )
             if n >= 0:
                 corpus.sample(n, seed)
         except RaygeomError as error:
@@ -229,8 +281,7 @@ def matrices(draw, max_rows=40, max_cols=24):
 
 
 @settings(PROFILE)
-@given(h=matrices(), k=st.integers(-1, 12), r=st.integers(-1, 3), n_null=st.integers(0, 25),
-       halves=st.sampled_from([0, 1, 2, 3]))
+@given(h=matrices(), k=st.integers(-1, 12), r=st.integers(-1, 3), n_null=st.integers(0, 25), halves=st.sampled_from([0, 1, 2, 3]))
 def test_subspace_pga_scores_or_refuses_and_never_returns_a_noise_z(h, k, r, n_null, halves):
     import raygeom
 
@@ -246,9 +297,13 @@ def test_subspace_pga_scores_or_refuses_and_never_returns_a_noise_z(h, k, r, n_n
 
 
 @settings(PROFILE)
-@given(h=matrices(max_rows=12, max_cols=10), texts=st.one_of(st.none(), st.lists(st.text(max_size=8), max_size=13)),
-       model=st.sampled_from(["m", "org/m", "", "x" * 300, "a\u0000b", ".."]), layer=st.sampled_from(["embed", "block_00", "", "x" * 300]),
-       readout=st.booleans())
+@given(
+    h=matrices(max_rows=12, max_cols=10),
+    texts=st.one_of(st.none(), st.lists(st.text(max_size=8), max_size=13)),
+    model=st.sampled_from(["m", "org/m", "", "x" * 300, "a\u0000b", ".."]),
+    layer=st.sampled_from(["embed", "block_00", "", "x" * 300]),
+    readout=st.booleans(),
+)
 def test_write_activations_stores_finite_vectors_or_refuses_in_one_line(h, texts, model, layer, readout):
     from raygeom.store.activations import write_activations
     from raygeom.store.tree import Store

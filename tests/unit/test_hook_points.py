@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from raygeom.errors import RaygeomError
-from raygeom.sources.layers import relative_depth, select_layers
 from raygeom.replica.extract import capture_layers
 from raygeom.sources import model_surgery
+from raygeom.sources.layers import relative_depth, select_layers
 from raygeom.testing import tiny_causal_lm
 
 SEQUENTIAL = ["llama", "gemma3_text", "qwen2", "mistral", "olmo", "olmo2", "gemma", "gemma2", "phi3", "gpt2"]
@@ -27,8 +27,9 @@ def points(block):
     return [f"{block}.attn_out", f"{block}.resid_mid", f"{block}.mlp_out"]
 
 
-@pytest.mark.parametrize("family,extra", [(f, {}) for f in SEQUENTIAL + PARALLEL]
-                         + [("gpt_neox", {"use_parallel_residual": False})])
+@pytest.mark.parametrize(
+    "family,extra", [(f, {}) for f in SEQUENTIAL + PARALLEL] + [("gpt_neox", {"use_parallel_residual": False})]
+)
 def test_resid_mid_plus_mlp_out_is_the_block_output(family, extra):
     model = tiny_causal_lm(family, **extra)
     got = captured(model, ["block_00", "block_01", *points("block_01"), *points("block_02"), "block_02"])
@@ -57,11 +58,21 @@ def test_parallel_gpt_neox_mlp_reads_the_block_input_not_resid_mid():
 def test_the_layers_rule_names_points_inside_blocks():
     names = ["embed", "block_00", "block_01", "block_02", "final_norm"]
     assert select_layers(names, "1.mlp_out,embed,block_01.resid_mid,-1.attn_out,block_01") == [
-        "embed", "block_01.resid_mid", "block_01.mlp_out", "block_01", "block_02.attn_out"]
+        "embed",
+        "block_01.resid_mid",
+        "block_01.mlp_out",
+        "block_01",
+        "block_02.attn_out",
+    ]
     assert select_layers(names, "0:2.mlp_out") == ["block_00.mlp_out", "block_01.mlp_out"]
     assert select_layers(names, "all") == names  # never the points inside blocks unless named
-    assert relative_depth(names, "block_00") < relative_depth(names, "block_01.attn_out") \
-        < relative_depth(names, "block_01.resid_mid") < relative_depth(names, "block_01.mlp_out") < relative_depth(names, "block_01")
+    assert (
+        relative_depth(names, "block_00")
+        < relative_depth(names, "block_01.attn_out")
+        < relative_depth(names, "block_01.resid_mid")
+        < relative_depth(names, "block_01.mlp_out")
+        < relative_depth(names, "block_01")
+    )
     for bad in ("block_07.mlp_out", "1.ffn_out", "embed.mlp_out"):
         with pytest.raises(RaygeomError, match="not found"):
             select_layers(names, bad)
@@ -82,5 +93,9 @@ def test_token_level_statistics_take_points_inside_blocks():
     ids = torch.randint(1, 300, (3, 12), generator=torch.Generator().manual_seed(1))
     stats = chunk_statistics(model, ids, ["block_01.resid_mid", "block_01.mlp_out", "block_01", "attn_last"])
     assert set(stats.pooled) == {"block_01.resid_mid", "block_01.mlp_out", "block_01", "attn_last"}
-    torch.testing.assert_close(torch.from_numpy(stats.pooled["block_01.resid_mid"] + stats.pooled["block_01.mlp_out"]),
-                               torch.from_numpy(stats.pooled["block_01"]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        torch.from_numpy(stats.pooled["block_01.resid_mid"] + stats.pooled["block_01.mlp_out"]),
+        torch.from_numpy(stats.pooled["block_01"]),
+        rtol=1e-4,
+        atol=1e-4,
+    )

@@ -38,8 +38,12 @@ FORBIDDEN = {"raygeom.numerics": ("raygeom.sources",)}
 
 def layer_of(module: str) -> int:
     """The index in LAYERS of the layer holding ``module`` (the longest package name that contains it)."""
-    found = [(len(name), index) for index, names in enumerate(LAYERS) for name in names
-             if module == name or (name != "raygeom" and module.startswith(name + "."))]
+    found = [
+        (len(name), index)
+        for index, names in enumerate(LAYERS)
+        for name in names
+        if module == name or (name != "raygeom" and module.startswith(name + "."))
+    ]
     if not found:
         raise AssertionError(f"{module} is in no layer; add it to LAYERS")
     return max(found)[1]
@@ -64,7 +68,7 @@ def imported(module: str, path: Path, known: dict[str, Path]) -> set[str]:
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: from . import x, from ..y import z
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -158,8 +162,12 @@ def test_every_module_is_in_a_layer():
 
 
 def test_back_edges_are_found():
-    graph = {"raygeom.store.tree": {"raygeom.api"}, "raygeom.api": {"raygeom.store.tree"},
-             "raygeom.numerics.pga": {"raygeom.sources.layers"}, "raygeom.sources.layers": set()}
+    graph = {
+        "raygeom.store.tree": {"raygeom.api"},
+        "raygeom.api": {"raygeom.store.tree"},
+        "raygeom.numerics.pga": {"raygeom.sources.layers"},
+        "raygeom.sources.layers": set(),
+    }
     assert back_edges(graph) == ["raygeom.numerics.pga -> raygeom.sources.layers", "raygeom.store.tree -> raygeom.api"]
 
 

@@ -18,11 +18,14 @@ def test_relative_paths_are_resolved_against_the_job_files_folder(tmp_path, monk
     (checkout / "texts.jsonl").parent.mkdir(parents=True)
     (checkout / "texts.jsonl").write_text('{"text": "a"}\n')
     (checkout / "models" / "mine").mkdir(parents=True)
-    job = write_job(checkout / "jobs", '[job]\nout = "../runs/x"\n[corpus]\nname = "../texts.jsonl"\n'
-                                       '[[models]]\nid = "../models/mine"\n[[models]]\nid = "EleutherAI/pythia-14m"\n'
-                                       '[[models]]\nid = "smollm2"\n[[models]]\nid = "../weights.gguf"\n'
-                                       '[trajectory]\nreport = "../docs/t.md"\n'
-                                       '[train]\nrun_dir = "../runs/x/checkpoints"\nsave_every = 100\n')
+    job = write_job(
+        checkout / "jobs",
+        '[job]\nout = "../runs/x"\n[corpus]\nname = "../texts.jsonl"\n'
+        '[[models]]\nid = "../models/mine"\n[[models]]\nid = "EleutherAI/pythia-14m"\n'
+        '[[models]]\nid = "smollm2"\n[[models]]\nid = "../weights.gguf"\n'
+        '[trajectory]\nreport = "../docs/t.md"\n'
+        '[train]\nrun_dir = "../runs/x/checkpoints"\nsave_every = 100\n',
+    )
     shell = tmp_path / "elsewhere"
     shell.mkdir()
     monkeypatch.chdir(shell)

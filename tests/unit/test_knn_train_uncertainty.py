@@ -120,8 +120,14 @@ def test_grid_edges_and_their_warning():
 
 
 def _write_tokens(store, key, layer, lm, mixed, chunk):
-    store.write_result("knn_tokens", key, [{"layer": layer, "chunk": int(c), "lm_logprob": float(a), "mixed_logprob": float(b)}
-                                           for a, b, c in zip(lm, mixed, chunk)])
+    store.write_result(
+        "knn_tokens",
+        key,
+        [
+            {"layer": layer, "chunk": int(c), "lm_logprob": float(a), "mixed_logprob": float(b)}
+            for a, b, c in zip(lm, mixed, chunk)
+        ],
+    )
 
 
 def test_best_layer_is_separated_from_the_runner_up_only_when_the_paired_interval_excludes_zero(tmp_path):
@@ -138,8 +144,10 @@ def test_best_layer_is_separated_from_the_runner_up_only_when_the_paired_interva
     twin[[0, 100]] = twin[[100, 0]]  # same tokens' total, other blocks: the same perplexity, other resamples
     _write_tokens(store, "twin", "twin", lm, twin, chunk)
     ppl = lambda x: float(np.exp(-np.mean(x)))  # noqa: E731
-    rows = [{"layer": "noisy", "unit_key": "noisy", "layer_index": 1, "knn_perplexity": ppl(lm + noise - noise.mean())},
-            {"layer": "good", "unit_key": "good", "layer_index": 2, "knn_perplexity": ppl(lm + np.log(2))}]
+    rows = [
+        {"layer": "noisy", "unit_key": "noisy", "layer_index": 1, "knn_perplexity": ppl(lm + noise - noise.mean())},
+        {"layer": "good", "unit_key": "good", "layer_index": 2, "knn_perplexity": ppl(lm + np.log(2))},
+    ]
     result = knn.best_against_runner_up(store, rows, settings)
     assert result["best_layer"] == "good" and result["runner_up"] == "noisy"
     assert result["difference"] == pytest.approx(ppl(lm + np.log(2)) - ppl(lm + noise - noise.mean()))

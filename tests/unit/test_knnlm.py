@@ -71,8 +71,15 @@ def test_knn_probabilities_match_brute_force(seed, shape, k, temperature):
         np.testing.assert_allclose(got, np.log(expected[np.arange(n_q), targets]), atol=1e-12)
     # Torch inputs and a prebuilt index give the same numbers.
     index = ExactIndex(torch.from_numpy(keys), device="cpu", key_chunk=3)
-    again = knn_log_probs(torch.from_numpy(queries), index, torch.from_numpy(values), vocab, k=k,
-                          temperature=temperature, targets=torch.from_numpy(targets))
+    again = knn_log_probs(
+        torch.from_numpy(queries),
+        index,
+        torch.from_numpy(values),
+        vocab,
+        k=k,
+        temperature=temperature,
+        targets=torch.from_numpy(targets),
+    )
     np.testing.assert_allclose(again, got, atol=1e-12)
 
 

@@ -131,10 +131,15 @@ def test_a_corpus_with_fewer_distinct_texts_than_pga_needs_is_refused_up_front()
     three = [f"text {i % 3}" for i in range(60)]
     with pytest.raises(RaygeomError) as refused:
         check_corpus("lines.txt", three, PGAParams(k=8, r=1))
-    assert str(refused.value) == ("the 60 texts sampled from corpus 'lines.txt' hold 3 distinct texts; PGA with k=8 after CCR-1 "
-                                  "needs at least 12 (rank k + 2 after CCR-r); use more distinct texts or a smaller --k")
+    assert str(refused.value) == (
+        "the 60 texts sampled from corpus 'lines.txt' hold 3 distinct texts; PGA with k=8 after CCR-1 "
+        "needs at least 12 (rank k + 2 after CCR-r); use more distinct texts or a smaller --k"
+    )
     some = [f"text {i % 35}" for i in range(60)]
-    assert check_corpus("c", some, PGAParams(k=8, r=1)) == "corpus 'c': 60 texts sampled, 35 distinct (a duplicate adds no direction)"
+    assert (
+        check_corpus("c", some, PGAParams(k=8, r=1))
+        == "corpus 'c': 60 texts sampled, 35 distinct (a duplicate adds no direction)"
+    )
     with pytest.raises(RaygeomError, match="hold 35 distinct texts; PGA with k=8 after CCR-25 needs at least 36"):
         check_corpus("c", some, PGAParams(k=8, r=25))
     assert check_corpus("c", [f"t{i}" for i in range(12)], PGAParams(k=8, r=1)) is None  # 12 = k + r + 3: enough

@@ -2,9 +2,9 @@
 
 import pytest
 
-from raygeom.sources.layers import layer_names, select_layers
 from raygeom.errors import RaygeomError
 from raygeom.params import LAYERS_HELP
+from raygeom.sources.layers import layer_names, select_layers
 
 LAYERS = layer_names(30)  # embed, block_00 .. block_29, final_norm (SmolLM2-135M)
 

@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER_MODULES = ("raygeom.numerics.uncertainty", "raygeom.analyses.pga", "raygeom.engine.orchestrate",
-                  "raygeom.jobs.pipeline", "raygeom.report.html")
+DRIVER_MODULES = (
+    "raygeom.numerics.uncertainty",
+    "raygeom.analyses.pga",
+    "raygeom.engine.orchestrate",
+    "raygeom.jobs.pipeline",
+    "raygeom.report.html",
+)
 
 
 def test_the_driver_modules_import_no_torch():
@@ -22,11 +27,21 @@ def test_the_driver_modules_import_no_torch():
 def test_the_driver_and_the_unit_task_numerics_import_no_scipy_stats():
     """scipy.stats costs 0.8 s of import in the CLI and in every Ray worker of a job; its few functions come from
     scipy.special (raygeom.numerics.distributions). Only the probe (sklearn) and k-means slices still pull it in."""
-    task_modules = ("raygeom.numerics.pga", "raygeom.numerics.dispersion", "raygeom.numerics.layer_geometry",
-                    "raygeom.numerics.spectral", "raygeom.numerics.twonn",
-                    "raygeom.numerics.knnlm", "raygeom.analyses.dispersion", "raygeom.analyses.knn", "raygeom.analyses.train")
-    code = (f"import importlib, sys\nfor m in {DRIVER_MODULES + task_modules!r}: importlib.import_module(m)\n"
-            "print(sorted(m for m in sys.modules if m in ('scipy.stats', 'sklearn')))")
+    task_modules = (
+        "raygeom.numerics.pga",
+        "raygeom.numerics.dispersion",
+        "raygeom.numerics.layer_geometry",
+        "raygeom.numerics.spectral",
+        "raygeom.numerics.twonn",
+        "raygeom.numerics.knnlm",
+        "raygeom.analyses.dispersion",
+        "raygeom.analyses.knn",
+        "raygeom.analyses.train",
+    )
+    code = (
+        f"import importlib, sys\nfor m in {DRIVER_MODULES + task_modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m in ('scipy.stats', 'sklearn')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
@@ -45,4 +60,4 @@ def test_every_listed_name_resolves_to_its_module():
 
     assert callable(null_rhos) and summarize_null(1.0, [0.0, 1.0])["z"] == pytest.approx((1.0 - 0.5) / 0.5**0.5)  # sd = sqrt(1/2)
     with pytest.raises(AttributeError, match="no attribute 'not_a_metric'"):
-        numerics.not_a_metric
+        _ = numerics.not_a_metric

@@ -12,9 +12,16 @@ from raygeom.errors import InputError
 
 def write(root, revision="main", **kwargs):
     rng = np.random.default_rng(0)
-    return raygeom.write_activations(root, model="smollm2-hook", revision=revision, n_blocks=2,
-                                     vectors={"block_00": rng.normal(size=(16, 8)), "block_01": rng.normal(size=(16, 8))},
-                                     readout=rng.normal(size=(30, 8)), labels=["a", "b"] * 8, **kwargs)
+    return raygeom.write_activations(
+        root,
+        model="smollm2-hook",
+        revision=revision,
+        n_blocks=2,
+        vectors={"block_00": rng.normal(size=(16, 8)), "block_01": rng.normal(size=(16, 8))},
+        readout=rng.normal(size=(30, 8)),
+        labels=["a", "b"] * 8,
+        **kwargs,
+    )
 
 
 def test_imported_vectors_carry_the_step_the_caller_gives_else_none(tmp_path):
@@ -22,8 +29,9 @@ def test_imported_vectors_carry_the_step_the_caller_gives_else_none(tmp_path):
     rows = raygeom.store_pga(tmp_path / "main", "smollm2-hook", "main", k=3, n_null=10, text_halves=0)
     assert [r["step"] for r in rows] == [None, None]
     assert write(tmp_path / "given", step=5000)["step"] == 5000
-    again = raygeom.write_activations(tmp_path / "given", model="smollm2-hook", revision="main", layer="block_01",
-                                      vectors=np.ones((16, 8)) + np.eye(16, 8))
+    again = raygeom.write_activations(
+        tmp_path / "given", model="smollm2-hook", revision="main", layer="block_01", vectors=np.ones((16, 8)) + np.eye(16, 8)
+    )
     assert again["step"] == 5000  # a later write of more layers keeps it
     spectral = raygeom.store_analysis(tmp_path / "given", "smollm2-hook", "main", "spectral", k=3)
     assert {r["step"] for r in spectral} == {5000}

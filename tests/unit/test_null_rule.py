@@ -140,24 +140,26 @@ def test_auto_with_a_relative_target_stops_at_the_first_block_meeting_the_larger
     count = auto_null_count(rho, nulls, 0.25, cap=3000, relative_target=0.05, n_boot=400)
     u = z_uncertainty(rho, nulls[:count], n_boot=400)
     assert u["z_half_width"] <= max(0.25, 0.05 * abs(u["z"]))
-    before = z_uncertainty(rho, nulls[:count - 100], n_boot=400)
+    before = z_uncertainty(rho, nulls[: count - 100], n_boot=400)
     assert before["z_half_width"] > max(0.25, 0.05 * abs(before["z"]))
     # The delta method's need at h = 0.6: (1.96 / 0.6)^2 (1 + 72) = 779; at 0.25 alone it is 4,500.
     assert count == pytest.approx(779, abs=250)
-    assert not null_target_reached(rho, nulls[:2 * count], 0.25, cap=3000, n_boot=400)
+    assert not null_target_reached(rho, nulls[: 2 * count], 0.25, cap=3000, n_boot=400)
 
 
 def test_the_analysis_rule_is_split_invariant_and_is_the_numerics_rule():
     """analyses.pga.more_nulls with 1 and with 7 chunks per block (null i drawn from (seed, i) alone, as null_rhos
     draws it): the same count and the same z, equal to what auto_null_count says of the same draws."""
+
     def draw(indices):
         return np.array([np.random.default_rng([5, i]).normal(MU, SIGMA) for i in indices])
 
     rho = MU - 9 * SIGMA
     results = []
     for chunks in (1, 7):
-        params = PGAParams(n_null=100, n_null_auto=True, z_half_width=0.25, z_rel_width=0.05, n_null_cap=2000,
-                           null_chunks=chunks, seed=5)
+        params = PGAParams(
+            n_null=100, n_null_auto=True, z_half_width=0.25, z_rel_width=0.05, n_null_cap=2000, null_chunks=chunks, seed=5
+        )
         nulls = np.concatenate([draw(c) for c in pga_analysis.null_chunks(params)])
         while extra := pga_analysis.more_nulls(params, rho, nulls):
             assert len(extra) == min(chunks, 100) and sum(map(len, extra)) == 100
@@ -187,18 +189,40 @@ def test_a_degenerate_null_stops_auto_at_once():
 def test_console_says_why_a_z_has_no_interval():
     from raygeom.report.figures import pga_table
 
-    rows = [{"layer": "embed", "rho_readout": 0.3, "null_mean": 0.2, "null_std": 0.01, "z": 10.0, "z_lo": float("nan"),
-             "z_hi": float("nan"), "p_upper": 1 / 3, "n_null": 2},
-            {"layer": "block_00", "rho_readout": 0.3, "null_mean": 0.2, "null_std": 0.01, "z": 10.0, "z_lo": 9.0,
-             "z_hi": 11.0, "p_upper": 0.01, "n_null": 100}]
+    rows = [
+        {
+            "layer": "embed",
+            "rho_readout": 0.3,
+            "null_mean": 0.2,
+            "null_std": 0.01,
+            "z": 10.0,
+            "z_lo": float("nan"),
+            "z_hi": float("nan"),
+            "p_upper": 1 / 3,
+            "n_null": 2,
+        },
+        {
+            "layer": "block_00",
+            "rho_readout": 0.3,
+            "null_mean": 0.2,
+            "null_std": 0.01,
+            "z": 10.0,
+            "z_lo": 9.0,
+            "z_hi": 11.0,
+            "p_upper": 0.01,
+            "n_null": 100,
+        },
+    ]
     console = Console(width=200, record=True)
     console.print(pga_table(rows, "t"))
     text = console.export_text()
     assert f"+10.00 (no interval below {Z_MIN_NULL} nulls)" in text and "+10.00 ± 1.00" in text
 
 
-@pytest.mark.parametrize("flag, values, bad, field", [("--z-rel-width", ("0.1", "0.1"), "-1", "z_rel_width"),
-                                                       ("--n-null-decide", ("300", "0"), "x", "n_null_decide")])
+@pytest.mark.parametrize(
+    "flag, values, bad, field",
+    [("--z-rel-width", ("0.1", "0.1"), "-1", "z_rel_width"), ("--n-null-decide", ("300", "0"), "x", "n_null_decide")],
+)
 def test_the_rule_s_flags_reach_the_job(monkeypatch, flag, values, bad, field):
     from raygeom.cli import root
 
@@ -214,9 +238,18 @@ def test_the_rule_s_flags_reach_the_job(monkeypatch, flag, values, bad, field):
 # ----------------------------------------------------------------------------- decisions still open: --n-null-decide
 
 
-@pytest.mark.parametrize("interval, open_", [((1.8, 2.2), True), ((-2.3, -1.9), True), ((-0.1, 0.4), True),
-                                             ((0.1, 1.9), False), ((2.01, 3.0), False), ((-5.0, -2.5), False),
-                                             ((2.0, 2.5), True)])
+@pytest.mark.parametrize(
+    "interval, open_",
+    [
+        ((1.8, 2.2), True),
+        ((-2.3, -1.9), True),
+        ((-0.1, 0.4), True),
+        ((0.1, 1.9), False),
+        ((2.01, 3.0), False),
+        ((-5.0, -2.5), False),
+        ((2.0, 2.5), True),
+    ],
+)
 def test_an_interval_holding_0_or_2_leaves_a_decision_open(interval, open_):
     assert holds_threshold(*interval) is open_
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 from scipy.spatial.distance import pdist
-from scipy.stats import spearmanr, ortho_group
+from scipy.stats import ortho_group, spearmanr
 
 from raygeom.errors import InputError
 from raygeom.numerics import (
@@ -54,9 +54,7 @@ def test_float32_fast_path_within_dz_005_of_float64_reference_on_larger_data():
     expected = reference.pga(h, w_u, k=12, r=1, n_null=20, seed=3)
     got = subspace_pga(h, w_u, k=12, r=1, n_null=20, seed=3)
     assert abs(got.z - expected["z"]) <= 0.05
-    np.testing.assert_allclose(
-        null_rhos(prepare_layer(h, 1), 12, 3, range(20)), expected["nulls"], atol=1e-4
-    )
+    np.testing.assert_allclose(null_rhos(prepare_layer(h, 1), 12, 3, range(20)), expected["nulls"], atol=1e-4)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -141,8 +139,10 @@ def test_ties_share_their_mean_rank():
     h = np.repeat(base, 5, axis=0)
     layer = prepare_layer(h, 0)
     basis = np.eye(12)[:, :4]
-    expected = spearmanr(pairwise_cosine_distances(layer.corrected.astype(np.float64)),
-                         pairwise_cosine_distances(layer.corrected.astype(np.float64) @ basis))[0]
+    expected = spearmanr(
+        pairwise_cosine_distances(layer.corrected.astype(np.float64)),
+        pairwise_cosine_distances(layer.corrected.astype(np.float64) @ basis),
+    )[0]
     assert subspace_rho(layer, basis) == pytest.approx(expected, abs=1e-4)
 
 
@@ -245,8 +245,10 @@ def test_nulls_drawn_once_per_process_score_bit_for_bit_as_drawn_afresh(monkeypa
         np.testing.assert_array_equal(null_rhos(layer, 5, seed, range(11, -1, -1))[::-1], expected)
     assert len(pga_module._null_factor_cache) == (12 if budget is None else 1)
     corrected = reference.ccr(raw[0], 1)
-    plain = [spearmanr(pdist(corrected, "cosine"), pdist(corrected @ reference.null_subspace(24, 5, seed, i), "cosine"))[0]
-             for i in range(12)]
+    plain = [
+        spearmanr(pdist(corrected, "cosine"), pdist(corrected @ reference.null_subspace(24, 5, seed, i), "cosine"))[0]
+        for i in range(12)
+    ]
     np.testing.assert_allclose(fresh[0], plain, atol=2e-4)
 
 

@@ -31,15 +31,17 @@ def test_a_line_at_the_start_then_at_most_every_30_s_and_the_last_counts_at_the_
             if second > 40:
                 progress.advance(units, 2)
     lines = out.getvalue().splitlines()
-    assert lines == ["progress 0:00:00  extract [2 revisions]: 0/160",  # the first stage, at once
-                     "progress 0:00:30  extract [2 revisions]: 30/160",
-                     "progress 0:00:30  pga, spectral 2 revisions: 0/?",
-                     "progress 0:01:00  extract [2 revisions]: 60/160",
-                     "progress 0:01:00  pga, spectral 2 revisions: 38/308",
-                     "progress 0:01:30  extract [2 revisions]: 90/160",
-                     "progress 0:01:30  pga, spectral 2 revisions: 98/308",
-                     "progress 0:01:34  extract [2 revisions]: 94/160",  # the end: each stage's last count
-                     "progress 0:01:34  pga, spectral 2 revisions: 108/308"]
+    assert lines == [
+        "progress 0:00:00  extract [2 revisions]: 0/160",  # the first stage, at once
+        "progress 0:00:30  extract [2 revisions]: 30/160",
+        "progress 0:00:30  pga, spectral 2 revisions: 0/?",
+        "progress 0:01:00  extract [2 revisions]: 60/160",
+        "progress 0:01:00  pga, spectral 2 revisions: 38/308",
+        "progress 0:01:30  extract [2 revisions]: 90/160",
+        "progress 0:01:30  pga, spectral 2 revisions: 98/308",
+        "progress 0:01:34  extract [2 revisions]: 94/160",  # the end: each stage's last count
+        "progress 0:01:34  pga, spectral 2 revisions: 108/308",
+    ]
 
 
 def test_a_terminal_gets_bars():

@@ -19,8 +19,9 @@ def small_job(tmp_path):
     """The full Pythia job cut to pythia-14m (d = 128, 8 layers) at two revisions."""
     with open(JOB) as handle:
         text = handle.read()
-    text = text.replace('sizes = ["14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"]',
-                        'sizes = ["14m"]').replace('revisions = "all"', 'revisions = ["step1000", "step2000"]')
+    text = text.replace(
+        'sizes = ["14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"]', 'sizes = ["14m"]'
+    ).replace('revisions = "all"', 'revisions = ["step1000", "step2000"]')
     path = tmp_path / "small.toml"
     path.write_text(text.replace('out = "../runs/pythia-sweep"', f'out = "{tmp_path / "store"}"'))
     return path
@@ -64,8 +65,9 @@ def test_a_stored_pilot_gives_the_expected_count_per_unit(tmp_path, monkeypatch)
     planted = {layer: z for layer, z in zip(layers, [0.3, 2.0, -4.0, -8.0, -12.0, -34.0, 1.0, 6.0])}
     for i, (layer, z) in enumerate(planted.items()):
         se = np.sqrt((1 + z * z / 2) / 100) * (1.5 if layer == layers[5] else 1.0)  # one null with heavier tails
-        store.write_result("pga", f"pilot{i}", {"model": "EleutherAI--pythia-14m", "layer": layer, "z": z, "z_se": se,
-                                                "n_null": 100})
+        store.write_result(
+            "pga", f"pilot{i}", {"model": "EleutherAI--pythia-14m", "layer": layer, "z": z, "z_se": se, "n_null": 100}
+        )
     budget = sweep.auto_budget(plan)
     expected = 2 * sum(need(z, 2.25 if layer == layers[5] else 1.0) for layer, z in planted.items())
     assert budget.expected_nulls == pytest.approx(expected)
@@ -87,7 +89,9 @@ def test_plan_prints_the_auto_budget_where_n_null_is_auto(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "n_null=auto" in text
-    assert ("--n-null auto (stop at max(0.25, 0.05 x |z|), on while 0 or ±2 is inside, up to 500, cap 1,000) for the 16 "
-            "units to compute") in text
+    assert (
+        "--n-null auto (stop at max(0.25, 0.05 x |z|), on while 0 or ±2 is inside, up to 500, cap 1,000) for the 16 "
+        "units to compute"
+    ) in text
     assert "1,600 to 14,400 nulls (100 to 900 per unit for Gaussian nulls)" in text
     assert "no pilot in this store" in text

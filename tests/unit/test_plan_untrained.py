@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raygeom.cli.root import app
 from raygeom.analyses.train import checkpoint_steps
+from raygeom.cli.root import app
 from raygeom.errors import RaygeomError
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "trajectory.toml"
@@ -36,8 +36,10 @@ def test_plan_before_training_counts_checkpoints_and_units(tmp_path):
     from raygeom.jobspec import load_job
 
     planned = len(load_job(job).planned())
-    assert f"then: {n_checkpoints} checkpoints x 5 layers x {planned} planned analyses -> {n_checkpoints * 5 * planned:,} units" \
+    assert (
+        f"then: {n_checkpoints} checkpoints x 5 layers x {planned} planned analyses -> {n_checkpoints * 5 * planned:,} units"
         in result.output
+    )
     assert "0 done" in result.output
 
 
@@ -52,8 +54,8 @@ def test_plan_after_training_reads_the_held_out_corpus(tmp_path):
 
 def test_a_train_job_lists_the_checkpoints_it_will_write_before_its_run_directory_exists(tmp_path):
     # `raygeom run` checked the job's sizes by listing the run directory first: `run directory not found` before training.
-    from raygeom.jobs.plan import job_specs
     from raygeom.cli.root import _check_pga_sizes
+    from raygeom.jobs.plan import job_specs
     from raygeom.jobspec import load_job
 
     job = load_job(_job_into(tmp_path, steps=300, n_layers=3))

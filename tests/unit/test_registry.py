@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from raygeom.analyses import registry
 from raygeom.cli.root import app
-from raygeom.params import Params, declared_type, check_value
+from raygeom.params import Params, check_value, declared_type
 
 ANALYSES = registry.analyses()
 
@@ -56,10 +56,15 @@ def every_params_class() -> list[type]:
 
 def test_every_declared_number_has_a_range_a_run_can_meet():
     """Item 1 of issue 41: a number with no upper bound ran forever (n_boot = 2**63 - 1) or stored NaN."""
-    unbounded = [f"{cls.__module__}.{cls.__name__}.{spec.name}" for cls in every_params_class() for spec in cls.declared()
-                 if declared_type(cls, spec.name) in (int, float)
-                 and (spec.metadata.get("low") is None or spec.metadata.get("high") is None)
-                 or spec.metadata.get("rule") and "<=" not in spec.metadata["rule"][1]]
+    unbounded = [
+        f"{cls.__module__}.{cls.__name__}.{spec.name}"
+        for cls in every_params_class()
+        for spec in cls.declared()
+        if declared_type(cls, spec.name) in (int, float)
+        and (spec.metadata.get("low") is None or spec.metadata.get("high") is None)
+        or spec.metadata.get("rule")
+        and "<=" not in spec.metadata["rule"][1]
+    ]
     assert len(every_params_class()) >= 15 and not unbounded, unbounded
 
 
@@ -111,13 +116,20 @@ def test_lists_in_a_job_file_are_grids(tmp_path):
     from raygeom.jobspec import load_job
 
     job = tmp_path / "job.toml"
-    job.write_text("[[models]]\nid = 'smollm2'\n[extract]\nlayers = [0, 5, -1]\n"
-                   "[analyses.pga]\nr = [0, 1, 5]\nk = 16\n[analyses.spectral]\n[analyses.twonn]\n")
+    job.write_text(
+        "[[models]]\nid = 'smollm2'\n[extract]\nlayers = [0, 5, -1]\n"
+        "[analyses.pga]\nr = [0, 1, 5]\nk = 16\n[analyses.spectral]\n[analyses.twonn]\n"
+    )
     spec = load_job(job)
     assert spec.layers == "0,5,-1"
     planned = spec.planned()
-    assert [(p.analysis, getattr(p.params, "r", None)) for p in planned] == [("pga", 0), ("pga", 1), ("pga", 5),
-                                                                             ("spectral", None), ("twonn", None)]
+    assert [(p.analysis, getattr(p.params, "r", None)) for p in planned] == [
+        ("pga", 0),
+        ("pga", 1),
+        ("pga", 5),
+        ("spectral", None),
+        ("twonn", None),
+    ]
     assert all(p.params.k == 16 for p in planned if p.analysis == "pga")
     overridden = spec.with_overrides(k=8).planned()
     assert [getattr(p.params, "k", None) for p in overridden] == [8, 8, 8, 8, None]
@@ -125,9 +137,11 @@ def test_lists_in_a_job_file_are_grids(tmp_path):
 
 def test_unknown_analysis_and_key_are_refused_in_one_line(tmp_path):
     runner = CliRunner()
-    for body, expected in (("[analyses.nope]\n", "unknown analysis 'nope'"),
-                           ("[analyses.pga]\nkk = 3\n", "unknown key(s): kk"),
-                           ("[analyses.pga]\nr = []\n", "r is an empty list")):
+    for body, expected in (
+        ("[analyses.nope]\n", "unknown analysis 'nope'"),
+        ("[analyses.pga]\nkk = 3\n", "unknown key(s): kk"),
+        ("[analyses.pga]\nr = []\n", "r is an empty list"),
+    ):
         job = tmp_path / "job.toml"
         job.write_text(f"[job]\nout = '{tmp_path / 'out'}'\n[[models]]\nid = 'smollm2'\n" + body)
         result = runner.invoke(app, ["run", str(job)])
@@ -143,8 +157,7 @@ SECTIONS = {
     "trajectory": ("raygeom.jobspec", "TrajectorySettings", "[train]\nrun_dir = 'run'\nsave_every = 100\n"),
     "train": ("raygeom.analyses.train", "TrainSettings", ""),
     "extract": ("raygeom.replica.settings", "ExtractionSettings", "[[models]]\nid = 'smollm2'\n"),
-    "width": ("raygeom.jobspec", "WidthSettings",
-              "[train]\nrun_dir = 'run'\nsave_every = 100\nhidden_size = [32, 64]\n"),
+    "width": ("raygeom.jobspec", "WidthSettings", "[train]\nrun_dir = 'run'\nsave_every = 100\nhidden_size = [32, 64]\n"),
 }
 
 
@@ -223,6 +236,7 @@ def test_every_numeric_flag_of_every_command_refuses_text_in_one_line(path, flag
 
 # ------------------------------------------------------------------ the hand-written commands' declared flags
 
+
 def _commands():
     """(path, click command) of every command of the app, each callback once (`analyze pga` and `pga` are two)."""
     import typer
@@ -254,7 +268,7 @@ def declared_flag_cases():
             if len(registry_commands) > 1:
                 continue
         declared = getattr(command.callback, "declared", {})
-        for name, flag in declared.items():
+        for _name, flag in declared.items():
             key = (getattr(command.callback, "__wrapped__", command.callback), flag.flag)
             if key in seen:
                 continue
@@ -264,8 +278,7 @@ def declared_flag_cases():
             if spec.metadata.get("choices"):
                 cases.append(("not a choice", "no-such-choice"))
             for case, text in cases:
-                yield pytest.param(path, _arguments(command), flag.flag, text,
-                                   id=f"{' '.join(path)} {flag.flag}={text!r}:{case}")
+                yield pytest.param(path, _arguments(command), flag.flag, text, id=f"{' '.join(path)} {flag.flag}={text!r}:{case}")
 
 
 def test_every_hand_written_command_declares_its_flags():
@@ -284,11 +297,12 @@ def test_every_hand_written_command_declares_its_flags():
                 continue
             assert option.name in declared, f"{' '.join(path)} {option.opts[0]} has no declaration"
         for flag in declared.values():
-            for value in (flag.default if flag.many else [flag.default]):
+            for value in flag.default if flag.many else [flag.default]:
                 if value is not None:
                     check_value(flag.cls, flag.name, str(value) if flag.path else value)
-    assert {"pga", "run", "plan", "status", "diagnose", "converge", "probe", "dispersion", "select", "knn",
-            "train"} <= covered, covered
+    assert {"pga", "run", "plan", "status", "diagnose", "converge", "probe", "dispersion", "select", "knn", "train"} <= covered, (
+        covered
+    )
     for path, command in _commands():
         if path[0] in ("pga", "diagnose", "converge", "probe", "dispersion", "select", "knn", "train", "analyze"):
             assert "job" in {p.name for p in command.params}, path
@@ -303,8 +317,9 @@ def _by_command():
 
 
 @pytest.mark.parametrize("path,arguments,cases", _by_command())
-def test_every_declared_flag_of_every_command_is_refused_by_its_declaration(path, arguments, cases, tmp_path, monkeypatch,
-                                                                             capsys):
+def test_every_declared_flag_of_every_command_is_refused_by_its_declaration(
+    path, arguments, cases, tmp_path, monkeypatch, capsys
+):
     """For each declared flag of the command: wrong type, out of range, NaN, empty or not a choice gives one line
     naming the flag and its range, exit 2, and nothing made in the working directory (the default stores are
     relative to it). One test per command, its cases in a loop (each is a few milliseconds in process)."""
@@ -351,14 +366,20 @@ def test_a_refused_flag_imports_neither_torch_nor_transformers_nor_ray(tmp_path)
         path, arguments, cases = case.values
         _, flag, text = cases[0]
         argvs.append([*path, flag, text, *arguments])
-    done = subprocess.run([sys.executable, "-c", REFUSE_IN_A_FRESH_PROCESS, json.dumps(argvs)], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSE_IN_A_FRESH_PROCESS, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
     assert len(done.stderr.strip().splitlines()) == len(argvs)
     assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------ the registry as an interface
+
 
 def _declare(base=registry.Analysis, **attributes):
     from dataclasses import dataclass
@@ -367,8 +388,15 @@ def _declare(base=registry.Analysis, **attributes):
     class SomeParams(Params):
         k: int = registry.param(3, "A k.", low=1)
 
-    namespace = {"name": "some", "version": 1, "Params": SomeParams, "title": "Some", "columns": ("k", "value"),
-                 "series": ("k",), **attributes}
+    namespace = {
+        "name": "some",
+        "version": 1,
+        "Params": SomeParams,
+        "title": "Some",
+        "columns": ("k", "value"),
+        "series": ("k",),
+        **attributes,
+    }
     return type("Some", (base,), namespace)
 
 
@@ -386,11 +414,14 @@ def test_the_methods_an_analysis_must_implement_follow_its_extraction_kind():
     assert done().planned_units() == (0, 0)
 
 
-@pytest.mark.parametrize("attributes, message", [
-    ({"series": ("value",)}, "series name 'value' must be a parameter and a declared column (not a parameter)"),
-    ({"columns": ("value",)}, "series name 'k' must be a parameter and a declared column (not a column)"),
-    ({"metrics": (registry.Metric("nope", "nope"),)}, "metric 'nope' names undeclared column"),
-])
+@pytest.mark.parametrize(
+    "attributes, message",
+    [
+        ({"series": ("value",)}, "series name 'value' must be a parameter and a declared column (not a parameter)"),
+        ({"columns": ("value",)}, "series name 'k' must be a parameter and a declared column (not a column)"),
+        ({"metrics": (registry.Metric("nope", "nope"),)}, "metric 'nope' names undeclared column"),
+    ],
+)
 def test_registration_refuses_a_declaration_the_report_could_not_label(attributes, message):
     cls = _declare(units=lambda *a: [], **attributes)
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -426,26 +457,32 @@ def test_discovering_every_analysis_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom raygeom.analyses import registry\nregistry.analyses()\nimport raygeom.cli.root\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'sklearn', 'scipy.special') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys\nfrom raygeom.analyses import registry\nregistry.analyses()\nimport raygeom.cli.root\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'ray', 'sklearn', 'scipy.special') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2]
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("body,expected", [
-    ("[analysis.twonn]\n", "unknown top-level section '[analysis]' (did you mean [analyses.twonn]?)"),
-    ("[dispersion]\nfoo = 1\n", "unknown top-level section '[dispersion]'"),
-    ("[analyses.twnn]\n", "unknown analysis 'twnn' (did you mean twonn?)"),
-    ("[analyses.pga]\nkk = 3\n", "unknown key(s): kk (did you mean k?)"),
-    ("[corpus]\nn_sample = 3\n", "unknown key(s) in [corpus]: n_sample (did you mean n_samples?)"),
-    ("[analyses.pc1]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
-    ("[pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
-    ("[analyses.convergence]\n", "[analyses.convergence] needs at least two models"),
-    ("[pga]\nn_null = 9223372036854775807\n", "[pga] n_null must be an integer >= 2 and <= 1,000,000"),
-    ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
-])
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        ("[analysis.twonn]\n", "unknown top-level section '[analysis]' (did you mean [analyses.twonn]?)"),
+        ("[dispersion]\nfoo = 1\n", "unknown top-level section '[dispersion]'"),
+        ("[analyses.twnn]\n", "unknown analysis 'twnn' (did you mean twonn?)"),
+        ("[analyses.pga]\nkk = 3\n", "unknown key(s): kk (did you mean k?)"),
+        ("[corpus]\nn_sample = 3\n", "unknown key(s) in [corpus]: n_sample (did you mean n_samples?)"),
+        ("[analyses.pc1]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
+        ("[pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
+        ("[analyses.convergence]\n", "[analyses.convergence] needs at least two models"),
+        ("[pga]\nn_null = 9223372036854775807\n", "[pga] n_null must be an integer >= 2 and <= 1,000,000"),
+        ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
+    ],
+)
 def test_every_word_of_a_job_file_is_known_and_conflicts_are_refused(body, expected, tmp_path):
     """Issue 41 item 2: words that are not keys were dropped (the job then planned the default PGA)."""
     job = tmp_path / "job.toml"
@@ -486,8 +523,7 @@ def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tm
 
     group = typer.main.get_command(app)
     for name, analysis in ANALYSES.items():
-        own = {spec.name: spec.metadata.get("flag") or "--" + spec.name.replace("_", "-")
-               for spec in analysis.Params.declared()}
+        own = {spec.name: spec.metadata.get("flag") or "--" + spec.name.replace("_", "-") for spec in analysis.Params.declared()}
         expected = set(generated.GRID) | set(own) | set(generated.OUTPUT_OPTIONS)
         paths = [("analyze", name)]
         called = analysis.command or name

@@ -26,16 +26,23 @@ def page(tmp_path_factory):
 
 def series_traces(figure: dict) -> list[dict]:
     """The lines a reader tells apart in the legend (not bands, chance levels or heatmap marks)."""
-    return [t for t in figure["data"] if t.get("type", "scatter") == "scatter" and "lines" in str(t.get("mode", ""))
-            and t.get("fill") != "toself" and t.get("showlegend") is not False]
+    return [
+        t
+        for t in figure["data"]
+        if t.get("type", "scatter") == "scatter"
+        and "lines" in str(t.get("mode", ""))
+        and t.get("fill") != "toself"
+        and t.get("showlegend") is not False
+    ]
 
 
 def test_no_two_lines_of_a_panel_look_alike(page):
     _, _, figures = page
     checked = 0
     for figure in figures:
-        looks = [(t["line"].get("color"), t["line"].get("dash"), t.get("marker", {}).get("symbol"))
-                 for t in series_traces(figure)]
+        looks = [
+            (t["line"].get("color"), t["line"].get("dash"), t.get("marker", {}).get("symbol")) for t in series_traces(figure)
+        ]
         assert all(None not in look for look in looks), figure["layout"]["title"]
         repeated = [look for look, n in Counter(looks).items() if n > 1]
         assert not repeated, (figure["layout"]["title"]["text"], repeated)
@@ -52,15 +59,17 @@ def test_colour_is_the_revision_and_dash_and_marker_the_ccr_rank(page):
     assert sorted(t["name"] for t in lines) == sorted(f"{rev}, CCR-{r}" for rev in REVISIONS for r in RANKS)
     by_revision = {rev: {t["line"]["color"] for t in lines if t["name"].startswith(rev + ",")} for rev in REVISIONS}
     assert all(len(colours) == 1 for colours in by_revision.values()) and len(set.union(*by_revision.values())) == 2
-    by_rank = {r: {(t["line"]["dash"], t["marker"]["symbol"]) for t in lines if t["name"].endswith(f"CCR-{r}")}
-               for r in RANKS}
+    by_rank = {r: {(t["line"]["dash"], t["marker"]["symbol"]) for t in lines if t["name"].endswith(f"CCR-{r}")} for r in RANKS}
     assert all(len(styles) == 1 for styles in by_rank.values()) and len(set.union(*by_rank.values())) == 3
     # what the legend leaves out is in the hover: the model, the revision and every setting
     hover = next(t for t in lines if t["name"] == "step1000, CCR-5")["hovertemplate"]
     for setting in (MODELS[0], "step1000", "CCR-5", "k=8", "20 nulls", "pool=last", "seq_len=32", "corpus=bbc"):
         assert setting in hover, setting
-    last = next(f for f in figures if "every model at its last revision" in f["layout"]["title"]["text"]
-                and "PGA" in f["layout"]["title"]["text"])
+    last = next(
+        f
+        for f in figures
+        if "every model at its last revision" in f["layout"]["title"]["text"] and "PGA" in f["layout"]["title"]["text"]
+    )
     colours = {t["name"].split(",")[0]: t["line"]["color"] for t in series_traces(last)}
     assert set(colours) == set(MODELS) and len(set(colours.values())) == 2  # across models: colour by model
 
@@ -74,8 +83,10 @@ def test_every_line_runs_left_to_right_and_each_point_is_a_row(page):
             assert x.dtype.kind == "f" and np.all(np.diff(x) > 0), trace["name"]
     panel = next(f for f in figures if f["layout"]["title"]["text"] == f"{MODELS[1]}: Subspace PGA z by depth")
     line = next(t for t in series_traces(panel) if t["name"] == "step143000, CCR-1")
-    expected = sorted((r for r in rows if r["model"] == MODELS[1] and r["revision"] == "step143000" and r["r"] == 1),
-                      key=lambda r: r["relative_depth"])
+    expected = sorted(
+        (r for r in rows if r["model"] == MODELS[1] and r["revision"] == "step143000" and r["r"] == 1),
+        key=lambda r: r["relative_depth"],
+    )
     assert decode(line["y"]).tolist() == pytest.approx([r["z"] for r in expected])
 
 
@@ -96,12 +107,17 @@ def test_one_section_per_analysis_that_has_rows_and_one_series_per_revision(page
             continue
         assert heading in titles, heading
         analysis = titles[heading]
-        assert (root / "results" / analysis.results_dir).is_dir() or (root / "results" / f"{analysis.results_dir}.parquet").is_file()
+        assert (root / "results" / analysis.results_dir).is_dir() or (
+            root / "results" / f"{analysis.results_dir}.parquet"
+        ).is_file()
     assert [a for a, _ in headings if a not in ("settings", "files")] == ["pga", "probe", "spectral"]
     assert "Diagnostics" not in text
     # k_per_d written as 0.0 by the units and absent from the sweep's table is one setting: one heatmap per model and
     # rank, one line per revision and rank
-    heatmaps = [f["layout"]["title"]["text"] for f in figures if f["data"][0].get("type") == "heatmap"
-                and "PGA" in f["layout"]["title"]["text"]]
+    heatmaps = [
+        f["layout"]["title"]["text"]
+        for f in figures
+        if f["data"][0].get("type") == "heatmap" and "PGA" in f["layout"]["title"]["text"]
+    ]
     assert sorted(heatmaps) == sorted(f"{m}: Subspace PGA z over training (CCR-{r})" for m in MODELS for r in RANKS)
     assert "k_per_d" not in " ".join(t.get("name") or "" for f in figures for t in f["data"])

@@ -77,8 +77,14 @@ def test_depth_profiles_have_a_band_per_line_when_intervals_exist(grid):
     assert [t.name for t in lines] == REVISIONS
     assert len(bands) == len(lines) and {b.legendgroup for b in bands} == set(REVISIONS)  # one legend click hides both
     band = next(b for b in bands if b.legendgroup == "step1000")
-    rows = sorted((r for r in pythia_grid_rows(sizes=SIZES, revisions=REVISIONS, seed=3)
-                   if r["size"] == "14m" and r["revision"] == "step1000"), key=lambda r: r["relative_depth"])
+    rows = sorted(
+        (
+            r
+            for r in pythia_grid_rows(sizes=SIZES, revisions=REVISIONS, seed=3)
+            if r["size"] == "14m" and r["revision"] == "step1000"
+        ),
+        key=lambda r: r["relative_depth"],
+    )
     assert list(band.y) == pytest.approx([r["z_hi"] for r in rows] + [r["z_lo"] for r in rows][::-1])
 
 
@@ -103,11 +109,16 @@ def test_a_long_training_run_starts_with_a_few_revisions_shown_and_all_in_the_le
 
 
 def test_settings_table_has_one_run_per_distinct_setting():
-    rows = [{"model": "m", "revision": f"step{s}", "layer": "embed", "k": k, "n_null": 100, "seed": 0, "z": 1.0}
-            for k in (50, 100) for s in (0, 1000, 2000)]
+    rows = [
+        {"model": "m", "revision": f"step{s}", "layer": "embed", "k": k, "n_null": 100, "seed": 0, "z": 1.0}
+        for k in (50, 100)
+        for s in (0, 1000, 2000)
+    ]
     runs = report.settings_runs(rows)
-    assert sorted((r["k"], r["rows"], r["revision"]) for r in runs) == [(50, 3, "step0, step1000, step2000"),
-                                                                         (100, 3, "step0, step1000, step2000")]
+    assert sorted((r["k"], r["rows"], r["revision"]) for r in runs) == [
+        (50, 3, "step0, step1000, step2000"),
+        (100, 3, "step0, step1000, step2000"),
+    ]
 
 
 def test_two_settings_of_one_model_are_separate_lines(tmp_path):
@@ -168,15 +179,41 @@ def test_a_trajectory_store_gets_its_checkpoint_plots(tmp_path):
     from raygeom.jobs.trajectory import agreement, checkpoint_table, dispersion_by_step
 
     steps = {f"step{s}": s for s in (0, 1, 2, 4, 8, 16, 100, 200)}
-    ranking = [{"model": "tiny", "revision": rev, "gap": 0.01 * i, "rank": len(steps) - i, "domain_dispersion": 0.5,
-                "generic_dispersion": 0.5 - 0.01 * i, "n_domain": 9, "perplexity": 300.0 / (i + 1)}
-               for i, rev in enumerate(steps)]
+    ranking = [
+        {
+            "model": "tiny",
+            "revision": rev,
+            "gap": 0.01 * i,
+            "rank": len(steps) - i,
+            "domain_dispersion": 0.5,
+            "generic_dispersion": 0.5 - 0.01 * i,
+            "n_domain": 9,
+            "perplexity": 300.0 / (i + 1),
+        }
+        for i, rev in enumerate(steps)
+    ]
     rows = checkpoint_table(ranking, [], steps, {}, {"corpus": "c", "seed": 0})
-    layers = [{"model": "tiny", "revision": rev, "layer": layer, "layer_index": j, "relative_depth": j / 3,
-               "token_dispersion": 0.1 * j + 0.001 * s, "sample_dispersion": 0.2, "perplexity": 10.0, "n_chunks": 6, "gap": 0.0}
-              for rev, s in steps.items() for j, layer in enumerate(["embed", "block_00", "block_01", "final_norm"])]
-    for name, table in (("checkpoints", rows), ("agreement", agreement(rows, 8, 50, 0)),
-                        ("dispersion", dispersion_by_step(layers, steps))):
+    layers = [
+        {
+            "model": "tiny",
+            "revision": rev,
+            "layer": layer,
+            "layer_index": j,
+            "relative_depth": j / 3,
+            "token_dispersion": 0.1 * j + 0.001 * s,
+            "sample_dispersion": 0.2,
+            "perplexity": 10.0,
+            "n_chunks": 6,
+            "gap": 0.0,
+        }
+        for rev, s in steps.items()
+        for j, layer in enumerate(["embed", "block_00", "block_01", "final_norm"])
+    ]
+    for name, table in (
+        ("checkpoints", rows),
+        ("agreement", agreement(rows, 8, 50, 0)),
+        ("dispersion", dispersion_by_step(layers, steps)),
+    ):
         atomic_write_table(pa.Table.from_pylist(table), tmp_path / "results" / f"trajectory_{name}.parquet")
     section = figures_of(tmp_path)["trajectory"]
     dispersion_fig, gap_fig = section.figures
@@ -208,11 +245,40 @@ def test_an_unreadable_table_is_named_in_the_report_not_silently_dropped(tmp_pat
 
 
 def test_diagnostics_and_probes_draw_the_intervals_their_rows_carry(tmp_path):
-    rows = [{"model": "m", "revision": "main", "layer": f"L{i}", "layer_index": i, "relative_depth": i / 3, "n": 40, "k": 8,
-             "z_ccr1": 1.0 + i, "z_half_width_ccr1": 0.5, "z_ccr0": -1.0, "z_half_width_ccr0": None, "rankme": 3.0,
-             "probe_accuracy": 0.5, "probe_accuracy_lo": 0.4, "probe_accuracy_hi": 0.6} for i in range(4)]
-    probes = [{"model": "m", "revision": "main", "layer": f"L{i}", "layer_index": i, "relative_depth": i / 3, "accuracy": 0.5,
-               "accuracy_lo": 0.3, "accuracy_hi": 0.7, "chance": 0.2} for i in range(4)]
+    rows = [
+        {
+            "model": "m",
+            "revision": "main",
+            "layer": f"L{i}",
+            "layer_index": i,
+            "relative_depth": i / 3,
+            "n": 40,
+            "k": 8,
+            "z_ccr1": 1.0 + i,
+            "z_half_width_ccr1": 0.5,
+            "z_ccr0": -1.0,
+            "z_half_width_ccr0": None,
+            "rankme": 3.0,
+            "probe_accuracy": 0.5,
+            "probe_accuracy_lo": 0.4,
+            "probe_accuracy_hi": 0.6,
+        }
+        for i in range(4)
+    ]
+    probes = [
+        {
+            "model": "m",
+            "revision": "main",
+            "layer": f"L{i}",
+            "layer_index": i,
+            "relative_depth": i / 3,
+            "accuracy": 0.5,
+            "accuracy_lo": 0.3,
+            "accuracy_hi": 0.7,
+            "chance": 0.2,
+        }
+        for i in range(4)
+    ]
     atomic_write_table(pa.Table.from_pylist(rows), tmp_path / "results" / "diagnostics_layers.parquet")
     atomic_write_table(pa.Table.from_pylist(probes), tmp_path / "results" / "probe.parquet")
     sections = figures_of(tmp_path)
@@ -223,7 +289,7 @@ def test_diagnostics_and_probes_draw_the_intervals_their_rows_carry(tmp_path):
     assert len([t for t in restoration.data if t.fill == "toself"]) == 1  # CCR-0 has no half-width: no band
     ranks = [t for t in restoration.data if t.fill != "toself"]
     assert len({(t.line.color, t.line.dash, t.marker.symbol) for t in ranks}) == len(ranks) == 2
-    probe, = sections["probe"].figures  # from results/probe.parquet, as `raygeom probe` writes it
+    (probe,) = sections["probe"].figures  # from results/probe.parquet, as `raygeom probe` writes it
     assert list(next(t for t in probe.data if t.fill == "toself").y) == pytest.approx([0.7] * 4 + [0.3] * 4)
 
 
@@ -233,11 +299,30 @@ def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(
 
     rows = pythia_grid_rows(sizes=["14m"], revisions=["step1000", "step143000"], intervals=False)
     names = layer_names(6)
-    inside = [{**r, "layer": f"block_01.{sub}", "unit_key": f"{r['unit_key']}.{sub}",
-               "relative_depth": relative_depth(names, f"block_01.{sub}")}  # layer_index stays block_01's
-              for r in rows if r["layer"] == "block_01" for sub in ("mlp_out", "attn_out", "resid_mid")]
-    expected = ["embed", "block_00", "block_01.attn_out", "block_01.resid_mid", "block_01.mlp_out", "block_01",
-                "block_02", "block_03", "block_04", "block_05", "final_norm"]
+    inside = [
+        {
+            **r,
+            "layer": f"block_01.{sub}",
+            "unit_key": f"{r['unit_key']}.{sub}",
+            "relative_depth": relative_depth(names, f"block_01.{sub}"),
+        }  # layer_index stays block_01's
+        for r in rows
+        if r["layer"] == "block_01"
+        for sub in ("mlp_out", "attn_out", "resid_mid")
+    ]
+    expected = [
+        "embed",
+        "block_00",
+        "block_01.attn_out",
+        "block_01.resid_mid",
+        "block_01.mlp_out",
+        "block_01",
+        "block_02",
+        "block_03",
+        "block_04",
+        "block_05",
+        "final_norm",
+    ]
     atomic_write_table(pa.Table.from_pylist(rows + inside), tmp_path / "results" / "sweep_pga.parquet")
     assert list(heatmaps(figures_of(tmp_path)["pga"])[0].data[0].y) == expected
     heatmap = report._step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
@@ -246,8 +331,8 @@ def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(
 
 @pytest.mark.parametrize("default", ["plotly", "plotly_dark", None])
 def test_figures_start_from_plotly_white_and_the_callers_default_template_is_restored(grid, default):
-    import plotly.io as pio
     import plotly.graph_objects as go
+    import plotly.io as pio
 
     root, _ = grid
     white = pio.templates["plotly_white"].layout.plot_bgcolor

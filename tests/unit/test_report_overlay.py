@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from raygeom.report.synthetic import write_pythia_grid_store
-from tests.figures import decode as _decode, figures_of
+from tests.figures import decode as _decode
+from tests.figures import figures_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,8 +19,14 @@ def test_two_stores_overlay_with_each_store_a_facet(tmp_path):
     second = write_pythia_grid_store(tmp_path / "run-b", sizes=("70m",), revisions=("step1000", "step143000"), seed=2)
     out = tmp_path / "both.html"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, str(ROOT / "cli.py"), "report", str(first), str(second), "--out", str(out)],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "report", str(first), str(second), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     figures = figures_of(out.read_text())
     names = [trace.get("name") or "" for figure in figures for trace in figure["data"] if trace.get("showlegend") is not False]
@@ -39,8 +46,14 @@ def test_two_stores_overlay_with_each_store_a_facet(tmp_path):
             seen.add(trace.get("name"))
     # The overlay changes nothing in either store; each store's own report is still its own.
     assert not (first / "report.html").exists() and not (second / "report.html").exists()
-    missing = subprocess.run([sys.executable, str(ROOT / "cli.py"), "report", str(first), str(tmp_path / "nope")],
-                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "report", str(first), str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "nope is not a directory" in missing.stderr
 
 
@@ -49,8 +62,15 @@ def test_the_public_write_report_overlays_and_lists_every_stores_extractions(tmp
 
     rng = np.random.default_rng(0)
     for name in ("run-a", "run-b"):
-        raygeom.write_activations(tmp_path / name, model=f"model-{name}", layer="block_00", vectors=rng.normal(size=(6, 8)),
-                                  readout=rng.normal(size=(10, 8)), n_blocks=2, source=f"hooks of {name}")
+        raygeom.write_activations(
+            tmp_path / name,
+            model=f"model-{name}",
+            layer="block_00",
+            vectors=rng.normal(size=(6, 8)),
+            readout=rng.normal(size=(10, 8)),
+            n_blocks=2,
+            source=f"hooks of {name}",
+        )
     out = raygeom.write_report(tmp_path / "run-a", tmp_path / "both.html", overlay=[tmp_path / "run-b"])
     text = out.read_text()
     for name in ("run-a", "run-b"):

@@ -76,36 +76,113 @@ def _planted_width_rows(tmp_path: Path) -> Path:
             runs.append({"run": run, "width": width, "depth": depth, "seed": seed})
             for step in (0, 2, 4, 6, 8):
                 ppl = 2000.0 / (1 + step) + seed
-                tables["evaluations"].append({"run": run, "width": width, "depth": depth, "run_seed": seed, "step": step,
-                                              "heldout_perplexity": ppl})
-                tables["gap"].append({"run": run, "width": width, "depth": depth, "run_seed": seed, "revision": f"step{step}",
-                                      "step": step, "gap": 0.1 - 0.01 * step, "heldout_perplexity": ppl})
+                tables["evaluations"].append(
+                    {"run": run, "width": width, "depth": depth, "run_seed": seed, "step": step, "heldout_perplexity": ppl}
+                )
+                tables["gap"].append(
+                    {
+                        "run": run,
+                        "width": width,
+                        "depth": depth,
+                        "run_seed": seed,
+                        "revision": f"step{step}",
+                        "step": step,
+                        "gap": 0.1 - 0.01 * step,
+                        "heldout_perplexity": ppl,
+                    }
+                )
                 for index, layer in enumerate(layers):
-                    point = {"model": run, "run": run, "width": width, "depth": depth, "run_seed": seed, "step": step,
-                             "revision": f"step{step}", "layer": layer, "layer_index": index, "relative_depth": index / 5}
+                    point = {
+                        "model": run,
+                        "run": run,
+                        "width": width,
+                        "depth": depth,
+                        "run_seed": seed,
+                        "step": step,
+                        "revision": f"step{step}",
+                        "layer": layer,
+                        "layer_index": index,
+                        "relative_depth": index / 5,
+                    }
                     for r in (0, 1, 5, 10):
                         z = (0.1 if step == 0 else 5.0 + index) + rng.normal() * 0.1
-                        tables["pga"].append({**point, "k": width // 4, "k_per_d": 0.25, "r": r, "n_null": 50, "z": z,
-                                              "z_lo": z - 0.5, "z_hi": z + 0.5})
-                    tables["spectral"].append({**point, "k": width // 4, "k_per_d": 0.25, "rankme": 10 + rng.normal(),
-                                               "alpha_req": 1 + rng.normal() * 0.1, "isotropy": 0.5, "condition_number": 10.0})
+                        tables["pga"].append(
+                            {
+                                **point,
+                                "k": width // 4,
+                                "k_per_d": 0.25,
+                                "r": r,
+                                "n_null": 50,
+                                "z": z,
+                                "z_lo": z - 0.5,
+                                "z_hi": z + 0.5,
+                            }
+                        )
+                    tables["spectral"].append(
+                        {
+                            **point,
+                            "k": width // 4,
+                            "k_per_d": 0.25,
+                            "rankme": 10 + rng.normal(),
+                            "alpha_req": 1 + rng.normal() * 0.1,
+                            "isotropy": 0.5,
+                            "condition_number": 10.0,
+                        }
+                    )
                     share = 0.25 if step == 0 else 0.9
-                    tables["pc1"].append({**point, "k": width // 4, "k_per_d": 0.25, "pc1_readout_share": share,
-                                          "pc1_readout_share_lo": share - 0.05, "pc1_readout_share_hi": share + 0.05,
-                                          "pc1_readout_chance": 0.25})
-                    tables["probe"].append({**point, "accuracy": 0.26, "accuracy_lo": 0.159, "accuracy_hi": 0.396,
-                                            "chance": 0.22, "n_test": 50})
+                    tables["pc1"].append(
+                        {
+                            **point,
+                            "k": width // 4,
+                            "k_per_d": 0.25,
+                            "pc1_readout_share": share,
+                            "pc1_readout_share_lo": share - 0.05,
+                            "pc1_readout_share_hi": share + 0.05,
+                            "pc1_readout_chance": 0.25,
+                        }
+                    )
+                    tables["probe"].append(
+                        {**point, "accuracy": 0.26, "accuracy_lo": 0.159, "accuracy_hi": 0.396, "chance": 0.22, "n_test": 50}
+                    )
                     tables["sample_dispersion"].append({**point, "dispersion": 0.9, "dispersion_lo": 0.88, "dispersion_hi": 0.92})
     for name, rows in tables.items():
         pd.DataFrame(rows).to_parquet(data / f"{name}.parquet")
-    meta = {"job": "width", "store": "runs/width", "head_dim": 16, "checkpoint_steps": [0, 2, 4, 6, 8], "runs": runs,
-            "n_samples": 40, "pool": "last", "width": {"collapse_z": 0.0, "positive_z": 2.0, "seed": 0},
-            "train": {"steps": 8, "batch_size": 4, "seq_len": 32, "lr": 0.003, "warmup": 1, "vocab_size": 300,
-                      "corpus": "bbc", "heldout_fraction": 0.2},
-            "trajectory": {"gap_layer": "final_norm", "domain_tokens": "digits", "chunks_per_domain": 3, "chunk_len": 16,
-                           "late_from": 4, "bootstrap": 200, "seed": 0},
-            "wall": {"wall_s": 600.0, "train_wall_s": 300.0, "finished": "2026-12-05T00:00:00+00:00", "cpus": 2,
-                     "load_1min_at_end": 3.0}}
+    meta = {
+        "job": "width",
+        "store": "runs/width",
+        "head_dim": 16,
+        "checkpoint_steps": [0, 2, 4, 6, 8],
+        "runs": runs,
+        "n_samples": 40,
+        "pool": "last",
+        "width": {"collapse_z": 0.0, "positive_z": 2.0, "seed": 0},
+        "train": {
+            "steps": 8,
+            "batch_size": 4,
+            "seq_len": 32,
+            "lr": 0.003,
+            "warmup": 1,
+            "vocab_size": 300,
+            "corpus": "bbc",
+            "heldout_fraction": 0.2,
+        },
+        "trajectory": {
+            "gap_layer": "final_norm",
+            "domain_tokens": "digits",
+            "chunks_per_domain": 3,
+            "chunk_len": 16,
+            "late_from": 4,
+            "bootstrap": 200,
+            "seed": 0,
+        },
+        "wall": {
+            "wall_s": 600.0,
+            "train_wall_s": 300.0,
+            "finished": "2026-12-05T00:00:00+00:00",
+            "cpus": 2,
+            "load_1min_at_end": 3.0,
+        },
+    }
     (data / "meta.json").write_text(json.dumps(meta))
     page = tmp_path / "width.md"
     page.write_text("")
@@ -142,25 +219,85 @@ def _planted_trajectory_rows(tmp_path: Path) -> Path:
     for step in steps:
         for index, layer in enumerate(layers):
             value = 10.0 * min(1.0, (step - 50) / 150) if step >= 100 else 0.5
-            row = {"model": "m", "revision": f"step{step}", "step": step, "layer": layer, "layer_index": index,
-                   "relative_depth": index / 5, "k": 8, "r": 1, "n_null": 50, "z": value, "z_lo": value - 0.3,
-                   "z_hi": value + 0.3, "weights_flag": None}
+            row = {
+                "model": "m",
+                "revision": f"step{step}",
+                "step": step,
+                "layer": layer,
+                "layer_index": index,
+                "relative_depth": index / 5,
+                "k": 8,
+                "r": 1,
+                "n_null": 50,
+                "z": value,
+                "z_lo": value - 0.3,
+                "z_hi": value + 0.3,
+                "weights_flag": None,
+            }
             z.append(row)
             pga += [{**row, "run": "run", "width": 32, "depth": 4, "run_seed": 0, "k_per_d": 0.0, "r": r} for r in (0, 1)]
-            dispersion.append({"revision": f"step{step}", "step": step, "layer": layer, "layer_index": index,
-                               "relative_depth": index / 5, "token_dispersion": 0.8, "sample_dispersion": 0.4,
-                               "perplexity": 100.0, "n_chunks": 5, "gap": 0.0})
-        checkpoints.append({"model": "m", "revision": f"step{step}", "step": step, "gap": -0.001 * step,
-                            "select_rank": 1, "heldout_perplexity": 4000.0 / (1 + step), "perplexity_source": "trainer",
-                            "perplexity_rank": len(steps) - steps.index(step), "weights_flag": None})
+            dispersion.append(
+                {
+                    "revision": f"step{step}",
+                    "step": step,
+                    "layer": layer,
+                    "layer_index": index,
+                    "relative_depth": index / 5,
+                    "token_dispersion": 0.8,
+                    "sample_dispersion": 0.4,
+                    "perplexity": 100.0,
+                    "n_chunks": 5,
+                    "gap": 0.0,
+                }
+            )
+        checkpoints.append(
+            {
+                "model": "m",
+                "revision": f"step{step}",
+                "step": step,
+                "gap": -0.001 * step,
+                "select_rank": 1,
+                "heldout_perplexity": 4000.0 / (1 + step),
+                "perplexity_source": "trainer",
+                "perplexity_rank": len(steps) - steps.index(step),
+                "weights_flag": None,
+            }
+        )
     for name, rows in (("z", z), ("pga", pga), ("checkpoints", checkpoints), ("dispersion", dispersion)):
         pd.DataFrame(rows).to_parquet(data / f"{name}.parquet")
-    meta = {"job": "trajectory", "store": "runs/trajectory", "log_until": 64, "save_every": 50, "n_samples": 40,
-            "train": {"hidden_size": 32, "n_layers": 4, "n_heads": 2, "vocab_size": 300, "seq_len": 32, "heldout_fraction": 0.2,
-                      "steps": 400, "batch_size": 4, "lr": 0.002, "seed": 0, "workers": 1},
-            "pga": {"k": 8, "r": 1, "n_null": 50, "seed": 0}, "sweep": {"collapse_threshold": 0.0, "positive_z": 2.0},
-            "trajectory": {"gap_layer": "final_norm", "domain_tokens": "digits", "chunks_per_domain": 3, "chunk_len": 16,
-                           "late_from": 250, "bootstrap": 200, "seed": 0}, "wall": None, "rerun_note": "planted."}
+    meta = {
+        "job": "trajectory",
+        "store": "runs/trajectory",
+        "log_until": 64,
+        "save_every": 50,
+        "n_samples": 40,
+        "train": {
+            "hidden_size": 32,
+            "n_layers": 4,
+            "n_heads": 2,
+            "vocab_size": 300,
+            "seq_len": 32,
+            "heldout_fraction": 0.2,
+            "steps": 400,
+            "batch_size": 4,
+            "lr": 0.002,
+            "seed": 0,
+            "workers": 1,
+        },
+        "pga": {"k": 8, "r": 1, "n_null": 50, "seed": 0},
+        "sweep": {"collapse_threshold": 0.0, "positive_z": 2.0},
+        "trajectory": {
+            "gap_layer": "final_norm",
+            "domain_tokens": "digits",
+            "chunks_per_domain": 3,
+            "chunk_len": 16,
+            "late_from": 250,
+            "bootstrap": 200,
+            "seed": 0,
+        },
+        "wall": None,
+        "rerun_note": "planted.",
+    }
     (data / "meta.json").write_text(json.dumps(meta))
     page = tmp_path / "trajectory.md"
     page.write_text("")

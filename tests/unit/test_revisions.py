@@ -4,18 +4,30 @@ import math
 
 import pytest
 
-from raygeom.sources import revisions as pythia
 from raygeom.errors import RaygeomError
-from raygeom.report.sweep_plots import step_edges as _step_edges
 from raygeom.jobs.tidy import collapse_zones
+from raygeom.report.sweep_plots import step_edges as _step_edges
+from raygeom.sources import revisions as pythia
 from raygeom.sources.layers import layer_names, select_layers
 
 
 def test_the_154_pythia_revisions():
     revs = pythia.PYTHIA_REVISIONS
     assert len(revs) == 154 and len(set(revs)) == 154
-    assert revs[:12] == ("step0", "step1", "step2", "step4", "step8", "step16", "step32", "step64", "step128", "step256",
-                         "step512", "step1000")
+    assert revs[:12] == (
+        "step0",
+        "step1",
+        "step2",
+        "step4",
+        "step8",
+        "step16",
+        "step32",
+        "step64",
+        "step128",
+        "step256",
+        "step512",
+        "step1000",
+    )
     assert revs[-1] == "step143000" and revs[-2] == "step142000"
     steps = [pythia.step_of(r) for r in revs]
     assert steps == sorted(steps)
@@ -25,8 +37,18 @@ def test_the_154_pythia_revisions():
 
 def test_sizes_table_matches_the_pythia_architectures():
     table = {name: (s.d, s.n_blocks) for name, s in pythia.PYTHIA_SIZES.items()}
-    assert table == {"14m": (128, 6), "31m": (256, 6), "70m": (512, 6), "160m": (768, 12), "410m": (1024, 24),
-                     "1b": (2048, 16), "1.4b": (2048, 24), "2.8b": (2560, 32), "6.9b": (4096, 32), "12b": (5120, 36)}
+    assert table == {
+        "14m": (128, 6),
+        "31m": (256, 6),
+        "70m": (512, 6),
+        "160m": (768, 12),
+        "410m": (1024, 24),
+        "1b": (2048, 16),
+        "1.4b": (2048, 24),
+        "2.8b": (2560, 32),
+        "6.9b": (4096, 32),
+        "12b": (5120, 36),
+    }
     params = [s.params for s in pythia.PYTHIA_SIZES.values()]
     assert params == sorted(params)
     assert pythia.size_of("EleutherAI/pythia-1.4b-deduped").name == "1.4b"
@@ -37,10 +59,17 @@ def test_sizes_table_matches_the_pythia_architectures():
         pythia.repo_id("7b")
 
 
-@pytest.mark.parametrize("selection, count, first, last", [
-    ("all", 154, "step0", "step143000"), ("log", 11, "step0", "step512"), ("linear", 143, "step1000", "step143000"),
-    ("step1000:step3000", 3, "step1000", "step3000"), ("step0:step4", 4, "step0", "step4"), ("main", 1, "main", "main"),
-])
+@pytest.mark.parametrize(
+    "selection, count, first, last",
+    [
+        ("all", 154, "step0", "step143000"),
+        ("log", 11, "step0", "step512"),
+        ("linear", 143, "step1000", "step143000"),
+        ("step1000:step3000", 3, "step1000", "step3000"),
+        ("step0:step4", 4, "step0", "step4"),
+        ("main", 1, "main", "main"),
+    ],
+)
 def test_revision_selections(selection, count, first, last):
     chosen = pythia.expand_revisions(selection)
     assert (len(chosen), chosen[0], chosen[-1]) == (count, first, last)
@@ -100,14 +129,22 @@ def test_layer_names_and_selection_match_model_surgery():
     assert layer_names(36)[-2:] == ["block_35", "final_norm"] and len(layer_names(36)) == 38
     assert layer_names(120)[1] == "block_000"
     # Integers count blocks (embed and final_norm are named): the old index rule read "0,-1" as embed, final_norm.
-    assert select_layers(layer_names(6), "embed,0,-1,2:4,final_norm") == ["embed", "block_00", "block_02", "block_03",
-                                                                          "block_05", "final_norm"]
+    assert select_layers(layer_names(6), "embed,0,-1,2:4,final_norm") == [
+        "embed",
+        "block_00",
+        "block_02",
+        "block_03",
+        "block_05",
+        "final_norm",
+    ]
 
 
 def _profile(z_by_layer, model="m", revision="step1000"):
     n = len(z_by_layer)
-    return [{"model": model, "revision": revision, "layer": f"L{i}", "layer_index": i, "relative_depth": i / (n - 1), "z": z}
-            for i, z in enumerate(z_by_layer)]
+    return [
+        {"model": model, "revision": revision, "layer": f"L{i}", "layer_index": i, "relative_depth": i / (n - 1), "z": z}
+        for i, z in enumerate(z_by_layer)
+    ]
 
 
 def test_collapse_zone_is_late_non_final_layers_below_threshold_after_positive_early_ones():

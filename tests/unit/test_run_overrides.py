@@ -34,19 +34,67 @@ def test_run_takes_every_flag_that_pga_takes():
 
 
 def test_each_override_lands_in_the_job(captured):
-    args = ["run", "jobs/laptop.toml", "--out", "runs/x", "--model", "EleutherAI/pythia-14m", "--revision", "step1000",
-            "--corpus", "other.txt", "--n-samples", "50", "--seq-len", "64", "--pool", "mean", "--keep-first",
-            "--batch-size", "4", "--layers", "embed,3", "--k", "20", "--ccr", "2", "--n-null", "auto", "--z-half-width", "0.5",
-            "--n-null-cap", "300", "--null-chunks", "3", "--seed", "7", "--num-cpus", "2"]
+    args = [
+        "run",
+        "jobs/laptop.toml",
+        "--out",
+        "runs/x",
+        "--model",
+        "EleutherAI/pythia-14m",
+        "--revision",
+        "step1000",
+        "--corpus",
+        "other.txt",
+        "--n-samples",
+        "50",
+        "--seq-len",
+        "64",
+        "--pool",
+        "mean",
+        "--keep-first",
+        "--batch-size",
+        "4",
+        "--layers",
+        "embed,3",
+        "--k",
+        "20",
+        "--ccr",
+        "2",
+        "--n-null",
+        "auto",
+        "--z-half-width",
+        "0.5",
+        "--n-null-cap",
+        "300",
+        "--null-chunks",
+        "3",
+        "--seed",
+        "7",
+        "--num-cpus",
+        "2",
+    ]
     result = CliRunner().invoke(root.app, args)
     assert result.exit_code == 0, result.output
     job, address, num_cpus = captured[0]
     assert job.out == "runs/x" and job.corpus == "other.txt" and job.n_samples == 50 and job.sample_seed == 7
     assert [(m.source, m.revisions) for m in job.models] == [("EleutherAI/pythia-14m", ("step1000",))]
-    assert (job.extraction.seq_len, job.extraction.pool, job.extraction.skip_first, job.extraction.batch_size) == (64, "mean", False, 4)
+    assert (job.extraction.seq_len, job.extraction.pool, job.extraction.skip_first, job.extraction.batch_size) == (
+        64,
+        "mean",
+        False,
+        4,
+    )
     assert job.layers == "embed,3" and num_cpus == 2
     pga = job.pga
-    assert (pga.k, pga.r, pga.n_null_auto, pga.z_half_width, pga.n_null_cap, pga.null_chunks, pga.seed) == (20, 2, True, 0.5, 300, 3, 7)
+    assert (pga.k, pga.r, pga.n_null_auto, pga.z_half_width, pga.n_null_cap, pga.null_chunks, pga.seed) == (
+        20,
+        2,
+        True,
+        0.5,
+        300,
+        3,
+        7,
+    )
 
 
 def test_no_flag_keeps_the_job_file_and_bad_overrides_are_one_line(captured):

@@ -47,8 +47,7 @@ def test_planted_power_law_gives_exact_alpha_condition_number_and_rankme(a, n, d
     padded = np.concatenate([s, np.zeros(min(n, d) - m)])
     assert rankme(h, centred=True) == pytest.approx(reference.rankme_of_singular_values(padded), rel=1e-6)
     # H as given is the planted matrix plus an offset row; without the offset its singular values are s.
-    assert rankme(h - h.mean(axis=0), centred=False) == pytest.approx(reference.rankme_of_singular_values(padded),
-                                                                      rel=1e-6)
+    assert rankme(h - h.mean(axis=0), centred=False) == pytest.approx(reference.rankme_of_singular_values(padded), rel=1e-6)
 
 
 @pytest.mark.parametrize("m", [1, 7, 40])
@@ -201,9 +200,7 @@ def test_pc1_share_matches_plain_reference(seed):
     rng = np.random.default_rng(seed)
     h = rng.standard_normal((60, 30)) @ rng.standard_normal((30, 30))
     basis = random_basis(30, 6, rng)
-    assert pc1_readout_share(h, basis)["pc1_readout_share"] == pytest.approx(
-        reference.pc1_readout_share(h, basis), rel=1e-8
-    )
+    assert pc1_readout_share(h, basis)["pc1_readout_share"] == pytest.approx(reference.pc1_readout_share(h, basis), rel=1e-8)
 
 
 def test_summary_agrees_with_single_metrics_and_plain_reference():

@@ -58,9 +58,13 @@ def test_every_written_file_has_its_hash_and_the_marker_lists_them(tmp_path):
 @pytest.mark.parametrize("target", ["layer", "readout", "samples", "marker", "sidecar"])
 def test_a_flipped_byte_anywhere_in_an_extraction_makes_it_incomplete(tmp_path, target):
     store = build(tmp_path)
-    path = {"layer": store.layer_path("m", "main", "block_00"), "readout": store.readout_path("m", "main"),
-            "samples": store.samples_path("m", "main"), "marker": store.marker_path("m", "main"),
-            "sidecar": checksum_path(store.marker_path("m", "main"))}[target]
+    path = {
+        "layer": store.layer_path("m", "main", "block_00"),
+        "readout": store.readout_path("m", "main"),
+        "samples": store.samples_path("m", "main"),
+        "marker": store.marker_path("m", "main"),
+        "sidecar": checksum_path(store.marker_path("m", "main")),
+    }[target]
     flip(path)
     assert not store.is_complete("m", "main", "k1")
 
@@ -75,7 +79,10 @@ def test_the_marker_not_a_layer_sidecar_is_what_an_extraction_is_checked_against
 
 def test_a_truncated_readout_or_samples_file_is_noticed(tmp_path):
     store = build(tmp_path)
-    for path, read in ((store.readout_path("m", "main"), store.read_readout), (store.samples_path("m", "main"), store.read_samples)):
+    for path, read in (
+        (store.readout_path("m", "main"), store.read_readout),
+        (store.samples_path("m", "main"), store.read_samples),
+    ):
         good = path.read_bytes()
         path.write_bytes(good[: len(good) // 2])
         assert not store.is_complete("m", "main", "k1")
@@ -181,9 +188,13 @@ def test_the_units_planned_on_an_extraction_are_recorded_for_gc(tmp_path):
 
     store = build(tmp_path)
     assert store.planned_units("m", "main", "k1") is None
-    store.record_planned([Unit(analysis="pga", key="u1", store_rows=True, extractions=(("m", "main", "k1"),)),
-                          Unit(analysis="pga", key="u2", store_rows=False, extractions=(("m", "main", "k1"),)),
-                          Unit(analysis="twonn", key="u3", store_rows=True, extractions=())])
+    store.record_planned(
+        [
+            Unit(analysis="pga", key="u1", store_rows=True, extractions=(("m", "main", "k1"),)),
+            Unit(analysis="pga", key="u2", store_rows=False, extractions=(("m", "main", "k1"),)),
+            Unit(analysis="twonn", key="u3", store_rows=True, extractions=()),
+        ]
+    )
     store.record_planned([Unit(analysis="spectral", key="u4", store_rows=True, extractions=(("m", "main", "k1"),))])
     assert store.planned_units("m", "main", "k1") == {"pga": ["u1"], "spectral": ["u4"]}
     record = store.extraction_dir("m", "main", "k1") / tree.UNITS_RECORD
@@ -403,8 +414,9 @@ def test_a_full_disk_leaves_no_partial_file_and_says_so_in_one_line(tmp_path, mo
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
-@pytest.mark.parametrize("value", ["pr/1", "../", "../../escape", "..", ".", "a=b", "100%", "[/red]x", "step1000",
-                                   "refs/pr/1", ".hidden", "a b"])
+@pytest.mark.parametrize(
+    "value", ["pr/1", "../", "../../escape", "..", ".", "a=b", "100%", "[/red]x", "step1000", "refs/pr/1", ".hidden", "a b"]
+)
 def test_names_are_one_reversible_segment(value):
     segment = encode_segment(value)
     assert "/" not in segment and segment not in (".", "..") and not segment.startswith(".")
@@ -500,8 +512,10 @@ def test_verify_finds_a_deleted_layer_file_and_an_edited_results_table(tmp_path)
     rows = [{"z": 1.5, "layer": "embed", "unit_key": "key-a"}, {"z": -0.5, "layer": "block_00", "unit_key": "key-b"}]
     for row in rows:
         store.write_result("pga", row["unit_key"], row)
-    table = write_rows(store.read_results("pga").to_pylist() + [{"z": float("nan"), "layer": "block_07", "unit_key": "x"}],
-                       tmp_path / "results" / "pga.parquet")
+    table = write_rows(
+        store.read_results("pga").to_pylist() + [{"z": float("nan"), "layer": "block_07", "unit_key": "x"}],
+        tmp_path / "results" / "pga.parquet",
+    )
     assert verify_cli(tmp_path).exit_code == 0
     edited = pa.parquet.read_table(table).to_pylist()
     edited[0]["z"] = 99.0

@@ -16,7 +16,8 @@ from scipy.stats import spearmanr
 
 from raygeom.numerics import pga
 from raygeom.numerics.convergence import convergence, convergence_null_rhos, prepare_pair
-from raygeom.numerics.convergence_grid import null_grids, observed_grid, prepare_layer as prepare_grid_layer
+from raygeom.numerics.convergence_grid import null_grids, observed_grid
+from raygeom.numerics.convergence_grid import prepare_layer as prepare_grid_layer
 from raygeom.numerics.pga import null_rhos, prepare_layer, subspace_pga, subspace_rho
 from raygeom.numerics.ties import duplicate_groups
 from tests import reference
@@ -109,8 +110,9 @@ def test_a_row_order_that_puts_copies_in_different_gemm_tiles_changes_nothing():
     order = np.random.default_rng(0).permutation(600)
     layer, permuted = prepare_layer(h, 1), prepare_layer(h[order], 1)
     assert layer.full_ranks_norm == pytest.approx(permuted.full_ranks_norm, rel=1e-12)
-    expected = spearmanr(*[reference.cosine_distances(x, reference.tie_groups(h))
-                           for x in (reference.ccr(h, 1), reference.ccr(h, 1) @ basis)])[0]
+    expected = spearmanr(
+        *[reference.cosine_distances(x, reference.tie_groups(h)) for x in (reference.ccr(h, 1), reference.ccr(h, 1) @ basis)]
+    )[0]
     assert subspace_rho(layer, basis) == pytest.approx(expected, abs=1e-6)
     assert subspace_rho(permuted, basis) == pytest.approx(expected, abs=1e-6)
 
@@ -150,8 +152,7 @@ def test_convergence_with_duplicated_rows_matches_scipy_average_ranks(seed, shar
     got = convergence(h_a, h_b, basis_a, basis_b, k, r=1, n_null=6, seed=seed)
     for key in ("rho_full", "rho_readout", "null_mean", "null_std"):
         assert got[key] == pytest.approx(expected[key], abs=1e-6)
-    np.testing.assert_allclose(convergence_null_rhos(prepare_pair(h_a, h_b, 1), k, seed, range(6)),
-                               expected["nulls"], atol=1e-6)
+    np.testing.assert_allclose(convergence_null_rhos(prepare_pair(h_a, h_b, 1), k, seed, range(6)), expected["nulls"], atol=1e-6)
     # The factorised grid gives the same cell.
     grid = observed_grid([prepare_grid_layer(h_a, 1)], [prepare_grid_layer(h_b, 1)], basis_a, basis_b, k)
     assert grid["rho_full"][0, 0] == pytest.approx(expected["rho_full"], abs=1e-6)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from raygeom.sources import model_surgery
-from raygeom.replica import tokens as token_extract
 from raygeom.errors import RaygeomError
 from raygeom.numerics.dispersion import dispersion, dispersion_gap, token_dispersion
+from raygeom.replica import tokens as token_extract
+from raygeom.sources import model_surgery
 from raygeom.testing import TINY_TEXT, tiny_gpt_neox, tiny_tokenizer
 
 
@@ -37,7 +37,7 @@ def test_gap_accumulator_over_batches_equals_gap_on_all_positions(seed):
     domain = [1, 2, 3]
     accumulator = token_extract.GapAccumulator(domain)
     for start in range(0, 6, 4):
-        accumulator.update(torch.from_numpy(vectors[start:start + 4]), torch.from_numpy(next_ids[start:start + 4]))
+        accumulator.update(torch.from_numpy(vectors[start : start + 4]), torch.from_numpy(next_ids[start : start + 4]))
     streamed, direct = accumulator.result(), dispersion_gap(vectors, next_ids, domain)
     assert streamed.n_domain == direct.n_domain and streamed.n_generic == direct.n_generic
     assert streamed.gap == pytest.approx(direct.gap, abs=1e-12)
@@ -61,7 +61,9 @@ def test_domain_token_ids(tiny):
     _, tokenizer = tiny
     digits = token_extract.domain_token_ids(tokenizer, "digits")
     assert sorted(tokenizer.convert_ids_to_tokens(digits)) == [str(d) for d in range(10)]
-    words = sorted({t.lstrip("Ġ") for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if len(t.lstrip("Ġ")) > 3})[:2]
+    words = sorted(
+        {t.lstrip("Ġ") for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if len(t.lstrip("Ġ")) > 3}
+    )[:2]
     chosen = token_extract.domain_token_ids(tokenizer, ",".join(words))
     assert {tokenizer.convert_ids_to_tokens(i).lstrip("Ġ") for i in chosen} == set(words)
     with pytest.raises(RaygeomError, match="not in the vocabulary: zzzq"):
@@ -86,7 +88,13 @@ def test_chunk_statistics_match_hugging_face_hidden_states_and_loss(tiny, chunks
         model(input_ids=ids)
         handle.remove()
     hidden = out.hidden_states
-    reference = {"embed": hidden[0], "block_00": hidden[1], "block_01": hidden[2], "final_norm": hidden[-1], "attn_last": attention["h"]}
+    reference = {
+        "embed": hidden[0],
+        "block_00": hidden[1],
+        "block_01": hidden[2],
+        "final_norm": hidden[-1],
+        "attn_last": attention["h"],
+    }
     for name, h in reference.items():
         np.testing.assert_allclose(stats.token_dispersion[name], token_dispersion(h), atol=1e-5)
         np.testing.assert_allclose(stats.pooled[name], h[:, 1:].mean(1).numpy(), atol=1e-5)
@@ -113,7 +121,9 @@ def test_token_features_are_positions_with_a_next_token(tiny, chunks):
 def test_attention_sub_layer_path_for_llama_and_gemma():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    small = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
     llama = LlamaForCausalLM(LlamaConfig(**small))
     gemma = Gemma3ForCausalLM(Gemma3TextConfig(**small, head_dim=8))
     for model in (llama, gemma):

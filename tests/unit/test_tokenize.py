@@ -48,7 +48,11 @@ def test_encode_keeps_bos_on_every_row_and_pads_on_the_asked_side(side):
         assert real.tolist() == alone and real[0] == bos
         padded = np.flatnonzero(mask[row] == 0)
         if len(padded):
-            assert (padded < np.flatnonzero(mask[row])[0]).all() if side == "left" else (padded > np.flatnonzero(mask[row])[-1]).all()
+            assert (
+                (padded < np.flatnonzero(mask[row])[0]).all()
+                if side == "left"
+                else (padded > np.flatnonzero(mask[row])[-1]).all()
+            )
     assert tokenizer.padding_side == "right"  # asking for a side does not change the tokenizer
 
 

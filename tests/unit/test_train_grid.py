@@ -57,14 +57,18 @@ def _write(tmp_path: Path, extra: str = "", **replace) -> Path:
 
 
 def test_the_grid_is_one_run_per_combination_each_in_its_own_directory(tmp_path):
-    from raygeom.jobs.plan import job_specs
     from raygeom.analyses.train import checkpoint_steps
+    from raygeom.jobs.plan import job_specs
     from raygeom.jobspec import load_job
 
     job = load_job(_write(tmp_path))
     runs = [(r.variant, r.settings.hidden_size, r.settings.n_heads, r.settings.seed, Path(r.run_dir).name) for r in job.trains]
-    assert runs == [("d32-seed0", 32, 2, 0, "d32-seed0"), ("d32-seed1", 32, 2, 1, "d32-seed1"),
-                    ("d64-seed0", 64, 4, 0, "d64-seed0"), ("d64-seed1", 64, 4, 1, "d64-seed1")]
+    assert runs == [
+        ("d32-seed0", 32, 2, 0, "d32-seed0"),
+        ("d32-seed1", 32, 2, 1, "d32-seed1"),
+        ("d64-seed0", 64, 4, 0, "d64-seed0"),
+        ("d64-seed1", 64, 4, 1, "d64-seed1"),
+    ]
     shared = {(r.settings.steps, r.settings.n_layers, r.settings.data_fields(), r.plan().steps) for r in job.trains}
     assert len(shared) == 1  # everything but width and seed is the same
     assert len({r.plan().key(r.settings) for r in job.trains}) == 4
@@ -78,8 +82,10 @@ def test_the_grid_is_one_run_per_combination_each_in_its_own_directory(tmp_path)
 def test_several_grids_of_one_analysis_are_kept_apart_and_not_repeated(tmp_path):
     from raygeom.jobspec import load_job
 
-    planned = [(p.analysis, getattr(p.params, "k_per_d", None), p.params.k, getattr(p.params, "r", None))
-               for p in load_job(_write(tmp_path)).planned()]
+    planned = [
+        (p.analysis, getattr(p.params, "k_per_d", None), p.params.k, getattr(p.params, "r", None))
+        for p in load_job(_write(tmp_path)).planned()
+    ]
     assert planned == [("pga", 0.25, 100, 0), ("pga", 0.25, 100, 1), ("pga", 0.0, 4, 1), ("spectral", 0.25, 100, None)]
     doubled = load_job(_write(tmp_path, "[[analyses.pga]]\nk = 4\nr = [1, 5]", **{"[analyses.spectral]\nk_per_d = 0.25": ""}))
     again = [(p.params.k_per_d, p.params.k, p.params.r) for p in doubled.planned()]
@@ -105,19 +111,27 @@ def test_a_fixed_k_keeps_its_unit_key_and_k_per_d_gets_its_own():
     assert resolved.k == 16 and pga_unit_key("x", "block_00", resolved) != pga_unit_key("x", "block_00", PGAParams(k=16))
 
 
-@pytest.mark.parametrize("extra, replace, message", [
-    ("", {"seq_len = 16": "seq_len = [16, 32]"}, "seq_len cannot be a list: every run of a grid shares its data"),
-    ("", {"head_dim = 16": "head_dim = 24"}, "hidden_size 32 is not a multiple of head_dim 24"),
-    ("", {"seed = [0, 1]": "seed = [0, 0]"}, "seed must list distinct values"),
-    ("", {"seed = [0, 1]": "seed = []"}, "seed must list distinct values"),
-    ("[width]\nreport = 'w.md'", {"hidden_size = [32, 64]": "hidden_size = 32"}, "[train] needs hidden_size = [a list of widths]"),
-    ("[width]\npositive_z = 'x'", {}, "[width] positive_z"),
-    ("", {"k_per_d = 0.25\nr = [0, 1]": "k_per_d = 1.5\nr = [0, 1]"}, "k_per_d"),
-])
+@pytest.mark.parametrize(
+    "extra, replace, message",
+    [
+        ("", {"seq_len = 16": "seq_len = [16, 32]"}, "seq_len cannot be a list: every run of a grid shares its data"),
+        ("", {"head_dim = 16": "head_dim = 24"}, "hidden_size 32 is not a multiple of head_dim 24"),
+        ("", {"seed = [0, 1]": "seed = [0, 0]"}, "seed must list distinct values"),
+        ("", {"seed = [0, 1]": "seed = []"}, "seed must list distinct values"),
+        (
+            "[width]\nreport = 'w.md'",
+            {"hidden_size = [32, 64]": "hidden_size = 32"},
+            "[train] needs hidden_size = [a list of widths]",
+        ),
+        ("[width]\npositive_z = 'x'", {}, "[width] positive_z"),
+        ("", {"k_per_d = 0.25\nr = [0, 1]": "k_per_d = 1.5\nr = [0, 1]"}, "k_per_d"),
+    ],
+)
 def test_a_bad_grid_is_refused_in_one_line_through_the_cli(tmp_path, extra, replace, message):
     job = _write(tmp_path, extra, **replace)
-    done = subprocess.run([sys.executable, "-m", "raygeom.cli", "plan", str(job)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "plan", str(job)], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], lines
@@ -139,15 +153,18 @@ def test_mean_t_interval_is_scipys_t_interval():
         mean_t_interval([])
 
 
-@pytest.mark.parametrize("cluster, runs, expected", [
-    ({"CPU": 2.0}, [(1, 1.0, False)] * 2, 2),  # the tiny ladder: both runs at once
-    ({"CPU": 2.0}, [(1, 2.0, False)] * 8, 1),  # jobs/width.toml here: a run takes both CPUs
-    ({"CPU": 64.0}, [(2, 4.0, False)] * 8, 8),  # a cluster holds the whole grid
-    ({"CPU": 64.0}, [(2, 4.0, False)] * 9, 8),
-    ({"CPU": 64.0, "GPU": 4.0}, [(2, 1.0, True)] * 8, 2),  # GPUs are the bound
-    ({"CPU": 1.0}, [(1, 2.0, False)] * 3, 1),  # never 0: a run that does not fit waits for Ray, as before
-    ({"CPU": 8.0}, [(1, 1.0, False), (1, 4.0, False)], 2),  # the largest run decides
-])
+@pytest.mark.parametrize(
+    "cluster, runs, expected",
+    [
+        ({"CPU": 2.0}, [(1, 1.0, False)] * 2, 2),  # the tiny ladder: both runs at once
+        ({"CPU": 2.0}, [(1, 2.0, False)] * 8, 1),  # jobs/width.toml here: a run takes both CPUs
+        ({"CPU": 64.0}, [(2, 4.0, False)] * 8, 8),  # a cluster holds the whole grid
+        ({"CPU": 64.0}, [(2, 4.0, False)] * 9, 8),
+        ({"CPU": 64.0, "GPU": 4.0}, [(2, 1.0, True)] * 8, 2),  # GPUs are the bound
+        ({"CPU": 1.0}, [(1, 2.0, False)] * 3, 1),  # never 0: a run that does not fit waits for Ray, as before
+        ({"CPU": 8.0}, [(1, 1.0, False), (1, 4.0, False)], 2),  # the largest run decides
+    ],
+)
 def test_runs_at_once_is_what_the_cluster_holds(cluster, runs, expected):
     from types import SimpleNamespace
 

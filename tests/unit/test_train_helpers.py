@@ -16,7 +16,7 @@ def test_tokenizer_is_deterministic_and_sequences_are_full_and_eos_joined():
     for ids in first(texts, add_special_tokens=False)["input_ids"]:
         stream += ids + [first.eos_token_id]
     assert seqs.shape == (len(stream) // 16, 16)
-    np.testing.assert_array_equal(seqs.reshape(-1), stream[:seqs.size])
+    np.testing.assert_array_equal(seqs.reshape(-1), stream[: seqs.size])
 
 
 def test_summary_pairs_each_seed_with_its_plain_run():

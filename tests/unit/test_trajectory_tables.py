@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from raygeom.jobs.trajectory import agreement, checkpoint_table, organisation_summary, pick_layers
 from raygeom.analyses.train import checkpoint_steps
 from raygeom.errors import RaygeomError
+from raygeom.jobs.trajectory import agreement, checkpoint_table, organisation_summary, pick_layers
 from raygeom.sources.revisions import PYTHIA_STEPS
 
 
@@ -24,8 +24,18 @@ def test_schedule_of_a_short_run():
 
 
 def _ranking(gaps, perplexities):
-    rows = [{"model": "m", "revision": f"step{s}", "gap": g, "domain_dispersion": 0.5, "generic_dispersion": 0.5 - g,
-             "n_domain": 10, "perplexity": p} for s, g, p in zip((0, 1, 2, 4, 8, 600, 700), gaps, perplexities)]
+    rows = [
+        {
+            "model": "m",
+            "revision": f"step{s}",
+            "gap": g,
+            "domain_dispersion": 0.5,
+            "generic_dispersion": 0.5 - g,
+            "n_domain": 10,
+            "perplexity": p,
+        }
+        for s, g, p in zip((0, 1, 2, 4, 8, 600, 700), gaps, perplexities)
+    ]
     for rank, row in enumerate(sorted(rows, key=lambda r: -r["gap"]), 1):
         row["rank"] = rank
     return rows
@@ -34,7 +44,10 @@ def _ranking(gaps, perplexities):
 def test_checkpoint_table_ranks_by_the_trainers_perplexity_and_agreement_matches_scipy():
     gaps = [0.01, 0.05, 0.03, 0.08, 0.07, 0.10, 0.09]
     chunk_ppl = [900, 500, 300, 200, 150, 100, 110]
-    trainer = [{"revision": f"step{s}", "heldout_perplexity": p} for s, p in zip((0, 1, 2, 4, 8, 600, 700), (950, 520, 310, 190, 160, 95, 120))]
+    trainer = [
+        {"revision": f"step{s}", "heldout_perplexity": p}
+        for s, p in zip((0, 1, 2, 4, 8, 600, 700), (950, 520, 310, 190, 160, 95, 120))
+    ]
     steps = {f"step{s}": s for s in (0, 1, 2, 4, 8, 600, 700)}
     rows = checkpoint_table(_ranking(gaps, chunk_ppl), trainer, steps, {"step700": "same weights as step600"}, {"corpus": "x"})
     assert [r["step"] for r in rows] == [0, 1, 2, 4, 8, 600, 700]

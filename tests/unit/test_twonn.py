@@ -29,8 +29,11 @@ def test_planted_dimension_is_recovered(seed, dim, ambient):
 @pytest.mark.parametrize("shape", [(200, 40), (400, 576)])
 def test_equals_scikit_dimension(seed, shape):
     skdim = pytest.importorskip("skdim")
-    h = np.random.default_rng(seed).normal(size=shape) @ np.random.default_rng(seed + 1).normal(size=(shape[1], 30)) \
+    h = (
+        np.random.default_rng(seed).normal(size=shape)
+        @ np.random.default_rng(seed + 1).normal(size=(shape[1], 30))
         @ np.random.default_rng(seed + 2).normal(size=(30, shape[1]))
+    )
     expected = skdim.id.TwoNN(discard_fraction=0.1).fit(h).dimension_
     assert twonn.twonn_dimension(h, 0.1) == pytest.approx(expected, rel=1e-9)
     expected_more = skdim.id.TwoNN(discard_fraction=0.25).fit(h).dimension_

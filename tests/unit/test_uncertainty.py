@@ -148,13 +148,13 @@ def test_auto_stops_at_the_first_block_whose_half_width_meets_the_target(seed, z
     assert count is not None and count % 50 == 0 and 100 <= count <= 1000
     assert z_uncertainty(rho, all_nulls[:count], seed=seed)["z_half_width"] <= 0.25
     if count > 100:
-        assert z_uncertainty(rho, all_nulls[:count - 50], seed=seed)["z_half_width"] > 0.25
+        assert z_uncertainty(rho, all_nulls[: count - 50], seed=seed)["z_half_width"] > 0.25
     # The delta method says how many that takes: n = (1.96 / 0.25)^2 (1 + z^2/2), give or take its noise.
     assert count == pytest.approx((1.96 / 0.25) ** 2 * (1 + z_true**2 / 2), rel=0.5, abs=50)
     # The default blocks of 100 (as the CLI's) stop at a multiple of 100 that meets the target.
     hundreds = auto_null_count(rho, all_nulls, seed=seed)
     assert hundreds % 100 == 0 and z_uncertainty(rho, all_nulls[:hundreds], seed=seed)["z_half_width"] <= 0.25
-    assert auto_null_count(rho, all_nulls[:count - 1], seed=seed, block=50) is None  # not decided before the block ends
+    assert auto_null_count(rho, all_nulls[: count - 1], seed=seed, block=50) is None  # not decided before the block ends
 
 
 def test_auto_goes_to_the_cap_for_a_large_z_unless_a_relative_target_is_given():
@@ -176,8 +176,7 @@ def test_auto_nulls_are_bit_identical_however_the_blocks_are_split(seed):
     k = 3
     basis = np.linalg.qr(rng.standard_normal((12, k)))[0]
     rho = subspace_rho(layer, basis)
-    serial = auto_nulls(rho, lambda indices: null_rhos(layer, k, seed, indices), target_half_width=0.3, cap=400,
-                        seed=seed)
+    serial = auto_nulls(rho, lambda indices: null_rhos(layer, k, seed, indices), target_half_width=0.3, cap=400, seed=seed)
     # A parallel driver: chunks of other sizes, drawn ahead in any order, settled in index order.
     for sizes in ([7, 13, 130, 250], [400], [25] * 16):
         bounds = np.cumsum([0, *sizes])
@@ -226,8 +225,7 @@ def test_text_interval_matches_the_spread_over_independent_text_samples():
     # standard deviation of rho_readout across them. The jackknife sees one set only.
     n = 80
     truth = np.std([subspace_rho(prepare_layer(draw_texts(1000 + s, n), 1), BASIS) for s in range(40)], ddof=1)
-    estimates = [pga_text_interval(draw_texts(2000 + s, n), BASIS, K, 1, seed=s, n_subsamples=20, n_null=8)
-                 for s in range(5)]
+    estimates = [pga_text_interval(draw_texts(2000 + s, n), BASIS, K, 1, seed=s, n_subsamples=20, n_null=8) for s in range(5)]
     ratio = np.median([e["rho_texts_se"] for e in estimates]) / truth
     assert 0.6 < ratio < 1.6
     for e in estimates:
@@ -312,9 +310,9 @@ def test_wilson_interval_matches_statsmodels_formula_and_covers(successes, n):
     z = 1.959963984540054
     p = successes / n
     # Wilson (1927): (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), written out independently
-    denominator = 1 + z ** 2 / n
-    centre = p + z ** 2 / (2 * n)
-    spread = z * np.sqrt(p * (1 - p) / n + z ** 2 / (4 * n ** 2))
+    denominator = 1 + z**2 / n
+    centre = p + z**2 / (2 * n)
+    spread = z * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
     low, high = wilson_interval(successes, n)
     assert low == pytest.approx(max(0.0, (centre - spread) / denominator), abs=1e-12)
     assert high == pytest.approx(min(1.0, (centre + spread) / denominator), abs=1e-12)
@@ -382,8 +380,7 @@ def test_spearman_fisher_interval_is_the_bonett_wright_formula():
     half = stats.norm.ppf(0.975) * np.sqrt((1 + r**2 / 2) / 27)
     out = spearman_with_ci(x, y)
     assert out["rho"] == pytest.approx(r, abs=1e-15)
-    assert (out["lo"], out["hi"]) == pytest.approx((np.tanh(np.arctanh(r) - half), np.tanh(np.arctanh(r) + half)),
-                                                   abs=1e-12)
+    assert (out["lo"], out["hi"]) == pytest.approx((np.tanh(np.arctanh(r) - half), np.tanh(np.arctanh(r) + half)), abs=1e-12)
 
 
 @pytest.mark.parametrize("method", ["fisher", "bootstrap"])

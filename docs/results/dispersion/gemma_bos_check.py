@@ -1,14 +1,17 @@
 # Run: HF_HUB_OFFLINE=1 PYTHONPATH=. python docs/results/dispersion/gemma_bos_check.py
 """Gemma-3-270M next-token NLL on the dispersion page's first chunk of each BBC topic, the same 511 text
 tokens with and without <bos> in front (the old chunk path dropped it); perplexity and bits per byte."""
+
 import math
 import time
 
 import torch
+
+from raygeom.cli.diagnostics import _model_entries
 from raygeom.replica import tokenize
 from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import load_model
-from raygeom.cli.diagnostics import _model_entries
+
 torch.set_num_threads(2)
 t0 = time.time()
 spec = _model_entries(["gemma3"], ["main"])[0]
@@ -20,7 +23,7 @@ chunks, domains = tokenize.make_chunks(tok, corpus.texts, corpus.labels, 512, 25
 first = [domains.index(d) for d in sorted(set(domains))]
 res = []
 for i in first:
-    new = chunks[i]                      # [bos] + 511 text tokens
+    new = chunks[i]  # [bos] + 511 text tokens
     text = new[1:]
     for label, ids in (("with_bos", new), ("without_bos", text)):
         x = torch.tensor(ids[None, :])
@@ -29,13 +32,32 @@ for i in first:
         nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none").numpy()
         # score only the predictions of the same targets in both: text tokens 2..511 (the first text token
         # has no context without <bos>)
-        tail = nll[-(len(text) - 1):]
+        tail = nll[-(len(text) - 1) :]
         nbytes = len(tok.decode(list(text[1:]), skip_special_tokens=True).encode("utf-8"))
-        res.append({"chunk": int(i), "domain": domains[i], "kind": label, "nats": float(tail.sum()), "tokens": int(tail.size), "bytes": nbytes})
+        res.append(
+            {
+                "chunk": int(i),
+                "domain": domains[i],
+                "kind": label,
+                "nats": float(tail.sum()),
+                "tokens": int(tail.size),
+                "bytes": nbytes,
+            }
+        )
         print(res[-1], round(time.time() - t0), "s", flush=True)
 for kind in ("with_bos", "without_bos"):
     r = [x for x in res if x["kind"] == kind]
     nats, toks, byts = sum(x["nats"] for x in r), sum(x["tokens"] for x in r), sum(x["bytes"] for x in r)
-    print(kind, "ppl", round(math.exp(nats / toks), 2), "bits/byte", round(nats / math.log(2) / byts, 3), "tokens", toks, "bytes", byts)
+    print(
+        kind,
+        "ppl",
+        round(math.exp(nats / toks), 2),
+        "bits/byte",
+        round(nats / math.log(2) / byts, 3),
+        "tokens",
+        toks,
+        "bytes",
+        byts,
+    )
 
 print("total", round(time.time() - t0), "s")

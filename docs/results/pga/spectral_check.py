@@ -60,8 +60,10 @@ def main() -> None:
             if not files:
                 continue
             h = layer_matrix(files[0])
-            for name, ours, theirs in (("rankme", row["rankme"], rankme_garrido(h)),
-                                       ("alpha_req", row["alpha_req"], alpha_reptrix(h))):
+            for name, ours, theirs in (
+                ("rankme", row["rankme"], rankme_garrido(h)),
+                ("alpha_req", row["alpha_req"], alpha_reptrix(h)),
+            ):
                 gap = abs(ours - theirs) / abs(theirs)
                 key = (row["model"], name)
                 if gap >= worst.get(key, (-1.0,))[0]:
@@ -73,8 +75,10 @@ def main() -> None:
                 gap, layer, ours, theirs = value
                 n = worst[key + ("n",)]
                 verdict = "ok" if gap <= 1e-6 else "ABOVE 1e-6"
-                print(f"{key[0]:<16}{key[1]:<10} {n:>3} layers  max relative difference {gap:.2e} at {layer} "
-                      f"(raygeom {ours:.9g}, authors' formula {theirs:.9g})  {verdict}")
+                print(
+                    f"{key[0]:<16}{key[1]:<10} {n:>3} layers  max relative difference {gap:.2e} at {layer} "
+                    f"(raygeom {ours:.9g}, authors' formula {theirs:.9g})  {verdict}"
+                )
 
 
 if __name__ == "__main__":
