@@ -279,7 +279,7 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     Fisher's z scale (delta method) for the two correlations."""
     if not spread:
         return {}
-    from raygeom.numerics.uncertainty import LEVEL, _quantile
+    from raygeom.numerics.uncertainty import LEVEL, _quantile, bounded_normal_interval
 
     q = _quantile(LEVEL)
     centres = {
@@ -296,11 +296,9 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     }
     out = {}
     for name, centre in centres.items():
-        if name in ("rho_full", "rho"):  # correlations: Fisher's z, so the interval stays inside [-1, 1]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                half = q * ses[name] / (1.0 - np.square(centre))
-                z = np.arctanh(np.clip(centre, -1 + 1e-12, 1 - 1e-12))
-            out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = np.tanh(z - half), np.tanh(z + half)
+        if name in ("rho_full", "rho"):  # correlations: Fisher's z (the logit of (rho + 1) / 2), so the interval stays inside [-1, 1]
+            bounded = np.vectorize(lambda value, se: bounded_normal_interval(value, se, -1.0, 1.0), otypes=[float, float])
+            out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = bounded(centre, ses[name])
         else:
             out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = centre - q * ses[name], centre + q * ses[name]
     return out

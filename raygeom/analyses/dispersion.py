@@ -41,7 +41,7 @@ def _numerics():
 
 
 DISPERSION_VERSION = 3  # 2: per-chunk bytes (bits per byte) and per-chunk gap sums (G's bootstrap over chunks); chunks start with BOS where the tokenizer adds one; 3: attn_last's depth inside the last block
-ANALYSIS_VERSION = 4  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions; 4: the token-level interval inside [0, 2]
+ANALYSIS_VERSION = 5  # 2: rows take the step from the model spec (None for a non-Pythia 'main', not 143000); 3: intervals of both dispersions; 4: the token-level interval inside [0, 2]; 5: a rank correlation's note and exact permutation p where it has no interval
 TABLES = ("layers", "slices", "groups", "domains")
 
 
@@ -397,12 +397,16 @@ def _correlations(x: np.ndarray, y: np.ndarray, prefix: str, n_boot: int, seed: 
             {
                 f"{prefix}_spearman_lo": rank["lo"],
                 f"{prefix}_spearman_hi": rank["hi"],
+                # where no interval is honest (fewer than 10 pairs, |rho| = 1): why, and the exact permutation p-value
+                f"{prefix}_spearman_note": rank["note"],
+                f"{prefix}_spearman_p_perm": rank["p_perm"],
                 f"{prefix}_pearson_lo": linear["lo"],
                 f"{prefix}_pearson_hi": linear["hi"],
             }
         )
-    except InputError:
+    except InputError as error:
         out.update({**_nan_interval(f"{prefix}_spearman"), **_nan_interval(f"{prefix}_pearson")})
+        out.update({f"{prefix}_spearman_note": str(error), f"{prefix}_spearman_p_perm": float("nan")})
     return out
 
 
@@ -441,6 +445,8 @@ def analyse_layer(
             "n_groups": 0,
             **_nan_interval("group_spearman"),
             **_nan_interval("group_pearson"),
+            "group_spearman_note": "too few chunks for perplexity groups",
+            "group_spearman_p_perm": float("nan"),
         }
     finite = np.isfinite(disp)
     row.update(_dispersion_intervals(disp[finite], pooled))

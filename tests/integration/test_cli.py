@@ -89,7 +89,7 @@ def test_nan_activations(nan_model, ray_address, tiny_corpus, tmp_path):
     "args, message",
     [
         ([*TINY[:6], "--n-samples", "2"], "--n-samples must be an integer >= 3"),
-        ([*TINY[:6], "--seq-len", "0"], "--seq-len must be an integer >= 1, got 0"),
+        ([*TINY[:6], "--seq-len", "0"], "--seq-len must be an integer >= 1 and <= 1,048,576, got 0"),
         (["--corpus", "no-such-corpus"], "unknown corpus 'no-such-corpus'"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--pool", "max"], "pool must be one of last, mean"),
@@ -118,7 +118,7 @@ def test_unwritable_output_directory(tiny_corpus, tmp_path):
         ("[job\nname = 1", "malformed TOML"),
         ("[job]\nname = 'x'\n", "needs at least one [[models]]"),
         ("[[models]]\nid = 'smollm2'\n[pga]\nkk = 3\n", "unknown key(s) in [pga]: kk"),
-        ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be an integer >= 1, got 'many'"),
+        ("[[models]]\nid = 'smollm2'\n[pga]\nk = 'many'\n", "k must be an integer >= 1 and <= 65,536, got 'many'"),
     ],
 )
 def test_malformed_job_file(tmp_path, text, message):

@@ -142,6 +142,10 @@ def test_intervals_bits_per_byte_and_provenance_in_every_row(finished, labelled_
     bpb = float((final["nll"] * final["n_predicted"]).sum() / np.log(2) / final["n_bytes"].sum())
     for row in result["layers"]:
         for name in ("group_spearman", "group_pearson", "chunk_spearman", "chunk_pearson", "gap"):
+            if name == "group_spearman" and row["n_groups"] < 10:  # too few groups for an honest interval: exact p instead
+                assert np.isnan(row[f"{name}_lo"]) and np.isnan(row[f"{name}_hi"]), row["layer"]
+                assert row[f"{name}_note"] and 0 < row[f"{name}_p_perm"] <= 1, row["layer"]
+                continue
             assert row[f"{name}_lo"] <= row[name] + 1e-9 and row[name] - 1e-9 <= row[f"{name}_hi"], (row["layer"], name)
         assert row["gap_n_domain"] + row["gap_n_generic"] == 18 * 31
         assert row["gap_warning"]  # 18 tiny chunks hold far fewer than 200 digit positions
@@ -168,10 +172,15 @@ def test_intervals_bits_per_byte_and_provenance_in_every_row(finished, labelled_
         assert all(r["unit_key"] and r["corpus_fingerprint"] and r["raygeom_version"] for r in result[table])
 
 
+def _nan_as_none(rows: list[dict]) -> list[dict]:
+    return [{k: None if isinstance(v, float) and v != v else v for k, v in row.items()} for row in rows]
+
+
 def test_analysis_units_resume_and_tables_accumulate_every_job(finished, labelled_corpus):
     store, specs, result = finished
     again = dp.run_dispersion(store, specs[:1], labelled_corpus, SETTINGS, ANALYSIS)
-    assert again["layers"] == [r for r in result["layers"] if r["revision"] == specs[0].revision]  # read back, not recomputed
+    # read back, not recomputed (NaN, e.g. an interval over too few groups, compared as equal to itself)
+    assert _nan_as_none(again["layers"]) == _nan_as_none([r for r in result["layers"] if r["revision"] == specs[0].revision])
     other = dp.AnalysisSettings(group_size=2, n_groups=5, n_slices=3, gap_layer="final_norm", n_boot=50)
     third = dp.run_dispersion(store, specs[:1], labelled_corpus, SETTINGS, other)
     combined = pq.read_table(store.root / "results" / "dispersion_layers.parquet").to_pylist()

@@ -20,11 +20,11 @@ def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
     """jobs/trajectory.toml with every size cut down: 2 steps (checkpoints step0, step1, step2), d = 32, one block."""
     text = (ROOT / "jobs" / "trajectory.toml").read_text()
     replacements = {
-        "save_every = 100": "save_every = 2",
-        "log_until = 512": "log_until = 1",
+        "save_every = 50": "save_every = 2",
+        "log_until = 64": "log_until = 1",
         'corpus = "bbc"': f'corpus = "{corpus}"',
-        "steps = 800": "steps = 2",
-        "batch_size = 16": "batch_size = 4",
+        "steps = 400": "steps = 2",
+        "batch_size = 8\nseq_len = 128": "batch_size = 4\nseq_len = 128",
         "seq_len = 128": "seq_len = 16",
         "warmup = 50": "warmup = 1",
         "hidden_size = 128": "hidden_size = 32",
@@ -34,14 +34,14 @@ def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
         "eval_sequences = 128": "eval_sequences = 4",
         "cpus_per_worker = 2": "cpus_per_worker = 1",
         "pga_threads = 2": "pga_threads = 1",
-        "n_samples = 400": "n_samples = 16",
+        "n_samples = 200": "n_samples = 16",
         "batch_size = 32": "batch_size = 16",
         "k = 32 ": "k = 8 ",
         "n_null = 100": "n_null = 6",
         "null_chunks = 4": "null_chunks = 1",
         "chunk_len = 128\nbatch_size = 8": "chunk_len = 16\nbatch_size = 3",
         "chunks_per_domain = 40": "chunks_per_domain = 3",
-        "late_from = 512": "late_from = 1\nbootstrap = 100",
+        "late_from = 250": "late_from = 1\nbootstrap = 100",
         'pool = "last"': 'pool = "mean"',
         "r = [0, 1, 5, 10]": "r = [0, 1]",
     }

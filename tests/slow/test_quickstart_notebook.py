@@ -23,6 +23,8 @@ def test_quickstart_notebook_runs_and_plots(monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.get("name") == "stdout")
     assert "LlamaForCausalLM with 30 blocks; 40 texts" in printed
-    for layer in ("embed", "block_00", "block_05", "block_29", "final_norm"):
+    for layer in ("block_00", "block_05", "block_29", "final_norm"):
         assert f"{layer:>10}  depth" in printed, layer
+    # the 40 texts' last tokens: too few distinct embeddings for k = 32 after CCR-1, said in one line, not a z
+    assert "     embed  depth" in printed or "     embed  not scored: rank" in printed
     assert any("image/png" in o.get("data", {}) for o in outputs)
