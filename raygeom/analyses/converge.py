@@ -296,7 +296,8 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     }
     out = {}
     for name, centre in centres.items():
-        if name in ("rho_full", "rho"):  # correlations: Fisher's z (the logit of (rho + 1) / 2), so the interval stays inside [-1, 1]
+        # correlations: Fisher's z (the logit of (rho + 1) / 2), so the interval stays inside [-1, 1]
+        if name in ("rho_full", "rho"):
             bounded = np.vectorize(lambda value, se: bounded_normal_interval(value, se, -1.0, 1.0), otypes=[float, float])
             out[f"{name}_texts_lo"], out[f"{name}_texts_hi"] = bounded(centre, ses[name])
         else:
