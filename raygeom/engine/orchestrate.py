@@ -132,6 +132,10 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
     if address is None:
         from unittest import mock
 
+        from raygeom.engine.watchdog import watch_driver
+
+        # before ray.init: a driver killed while its Ray starts (agents come up seconds after the raylet) leaves none
+        watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
         params, node = ray._private.parameter.RayParams, ray._private.node.Node
         try:
             with (
@@ -150,9 +154,6 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
                 )
         except Exception as error:  # ray.init raises a bare Exception when the node times out
             raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
-        from raygeom.engine.watchdog import watch_driver
-
-        watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
         return
     _connect(address, connect_timeout(timeout_s))
 
