@@ -71,6 +71,9 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
     # handler is installed again: that re-registers Python's C handler with sigaction, over abseil's.
     from unittest import mock
 
+    # abseil's handler goes in while ray.init runs, before the handler can be installed again: a SIGTERM in between
+    # dumped native stacks. Ray reads this switch in its C++ core (ray/_raylet.so) and then installs none.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         with mock.patch.object(ray._private.utils, "set_sigterm_handler", lambda _: None):
             _start(address, num_cpus, timeout_s)
