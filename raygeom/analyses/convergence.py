@@ -78,7 +78,7 @@ class Convergence(Analysis):
     command = "converge"
     extraction = "aligned"
     results = "converge"
-    section = "raygeom.report.html:converge_section"
+    section = "raygeom.report.analysis_sections:converge_section"
     columns = (
         "model_a",
         "revision_a",

@@ -30,7 +30,7 @@ class DispersionGap(Analysis):
     command = "select"
     extraction = "chunks"
     results = "dispersion_gap"
-    section = "raygeom.report.html:dispersion_section"
+    section = "raygeom.report.analysis_sections:gap_section"
     # results/dispersion_gap.parquet accumulates every stored unit; the ranking of one job's candidates is
     # results/dispersion_select.parquet (rank 1 = largest G), as `raygeom select` writes it.
     columns = (

@@ -82,7 +82,7 @@ class KnnLM(Analysis):
     command = "knn"
     extraction = "knn"
     results = "knn"
-    section = "raygeom.report.html:knn_section"
+    section = "raygeom.report.analysis_sections:knn_section"
     columns = (
         "layer",
         "dispersion",

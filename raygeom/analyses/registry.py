@@ -79,8 +79,8 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     # tokenizer reads them whole), made and analysed by run(); analyses naming the same one share it.
     extraction: ClassVar[str] = "pooled"
     results: ClassVar[str | None] = None  # the results/<dir>/ its unit rows are stored in (None: its name)
-    # "module:function" drawing its report section from a store root; None: the generic section (each metric by
-    # depth, and a step x layer heatmap per setting). Analyses naming one function share that section.
+    # "module:function" of the report layer drawing its report section from a store root (this analysis's alone: the
+    # page heads it with its title); None: the generic section (each metric by depth, a step x layer heatmap per setting)
     section: ClassVar[str | None] = None
     command: ClassVar[str | None] = None  # the name of its generated command (raygeom <command>), if not its name
     # "module:function" of the report layer drawing this run's plots: function(rows, plots directory) -> [paths]; None:

@@ -152,3 +152,5 @@ class TokenDispersion(ChunkAnalysis):
         Metric("group_spearman", "Spearman(dispersion, perplexity) over groups", "group_spearman_lo", "group_spearman_hi"),
         Metric("chunk_spearman", "Spearman(dispersion, perplexity) over chunks", "chunk_spearman_lo", "chunk_spearman_hi"),
     )
+    # with the gap of each layer and the perplexity groups and domains its units write beside their rows
+    section = "raygeom.report.analysis_sections:token_dispersion_section"

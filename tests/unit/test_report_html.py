@@ -10,6 +10,7 @@ import pytest
 
 from raygeom.errors import RaygeomError
 from raygeom.report import html as report
+from raygeom.report.profiles import _step_layer_heatmaps
 from raygeom.report.synthetic import pythia_grid_rows, write_pythia_grid_store
 from raygeom.store.tree import atomic_write_table
 
@@ -244,53 +245,39 @@ def test_an_unreadable_table_is_named_in_the_report_not_silently_dropped(tmp_pat
     assert done.exit_code == 2 and "Traceback" not in done.output
 
 
-def test_diagnostics_and_probes_draw_the_intervals_their_rows_carry(tmp_path):
-    rows = [
-        {
-            "model": "m",
-            "revision": "main",
-            "layer": f"L{i}",
-            "layer_index": i,
-            "relative_depth": i / 3,
-            "n": 40,
-            "k": 8,
-            "z_ccr1": 1.0 + i,
-            "z_half_width_ccr1": 0.5,
-            "z_ccr0": -1.0,
-            "z_half_width_ccr0": None,
-            "rankme": 3.0,
-            "probe_accuracy": 0.5,
-            "probe_accuracy_lo": 0.4,
-            "probe_accuracy_hi": 0.6,
-        }
-        for i in range(4)
-    ]
-    probes = [
-        {
-            "model": "m",
-            "revision": "main",
-            "layer": f"L{i}",
-            "layer_index": i,
-            "relative_depth": i / 3,
-            "accuracy": 0.5,
-            "accuracy_lo": 0.3,
-            "accuracy_hi": 0.7,
-            "chance": 0.2,
-        }
-        for i in range(4)
-    ]
-    atomic_write_table(pa.Table.from_pylist(rows), tmp_path / "results" / "diagnostics_layers.parquet")
-    atomic_write_table(pa.Table.from_pylist(probes), tmp_path / "results" / "probe.parquet")
-    sections = figures_of(tmp_path)
-    panels, restoration = sections["diagnostics"].figures  # the probes are drawn once, in their own section
-    bands = [t for t in panels.data if t.fill == "toself"]
-    assert len(bands) == 2  # z at CCR-1 (z ± half-width) and probe accuracy (Wilson interval)
+def test_a_diagnose_store_is_drawn_by_its_analyses_sections_each_once_with_the_intervals_its_rows_carry(tmp_path):
+    """`raygeom diagnose` leaves unit rows of pga (one per CCR rank), spectral and probe, its loss-geometry rows and a
+    merged diagnostics_layers table: each analysis is drawn once, in its own declared section, and the merged table
+    adds none."""
+    from raygeom.store.tree import Store
+
+    store = Store(tmp_path)
+    where = [{"model": "m", "revision": "main", "layer": f"L{i}", "layer_index": i, "relative_depth": i / 3} for i in range(4)]
+    for i, at in enumerate(where):
+        store.write_result("pga", f"p1-{i}", {**at, "k": 8, "r": 1, "n_null": 20, "z": 1.0 + i, "z_lo": 0.5 + i, "z_hi": 1.5 + i})
+        store.write_result("pga", f"p0-{i}", {**at, "k": 8, "r": 0, "n_null": 20, "z": -1.0})  # no interval
+        store.write_result("spectral", f"s{i}", {**at, "k": 8, "rankme": 3.0 + i, "alpha_req": 1.0})
+        store.write_result("sample_geometry", f"g{i}", {**at, "k": 8, "r": 1, "loss_share_spearman": 0.1 * i})
+    merged = [{**at, "z_ccr1": 1.0 + i, "rankme": 3.0 + i, "probe_accuracy": 0.5} for i, at in enumerate(where)]
+    probes = [{**at, "accuracy": 0.5, "accuracy_lo": 0.3, "accuracy_hi": 0.7, "chance": 0.2} for at in where]
+    atomic_write_table(pa.Table.from_pylist(merged), tmp_path / "results" / "diagnostics_layers.parquet")
+    atomic_write_table(pa.Table.from_pylist(probes), tmp_path / "results" / "probe.parquet")  # as `raygeom probe` writes it
+    sections = report.build_sections(tmp_path)
+    assert [s.anchor for s in sections] == ["pga", "probe", "spectral", "sample_geometry"]
+    by_anchor = {s.anchor: s for s in sections}
+    (pga,) = by_anchor["pga"].figures  # one revision: one panel, CCR restoration as one dash and marker per rank
+    bands = [t for t in pga.data if t.fill == "toself"]
+    assert len(bands) == 1  # CCR-1 carries z_lo/z_hi, CCR-0 nothing: no band
     assert list(bands[0].y) == pytest.approx([1.5, 2.5, 3.5, 4.5, 3.5, 2.5, 1.5, 0.5])
-    assert len([t for t in restoration.data if t.fill == "toself"]) == 1  # CCR-0 has no half-width: no band
-    ranks = [t for t in restoration.data if t.fill != "toself"]
-    assert len({(t.line.color, t.line.dash, t.marker.symbol) for t in ranks}) == len(ranks) == 2
-    (probe,) = sections["probe"].figures  # from results/probe.parquet, as `raygeom probe` writes it
+    lines = [t for t in pga.data if t.fill != "toself"]
+    assert sorted(t.name for t in lines) == ["m, CCR-0", "m, CCR-1"]
+    assert len({(t.line.dash, t.marker.symbol) for t in lines}) == 2
+    assert "CCR restoration" in by_anchor["pga"].intro
+    (probe,) = by_anchor["probe"].figures
     assert list(next(t for t in probe.data if t.fill == "toself").y) == pytest.approx([0.7] * 4 + [0.3] * 4)
+    assert [f.layout.title.text for f in by_anchor["spectral"].figures] == ["RankMe by depth", "alpha-ReQ by depth"]
+    (link,) = by_anchor["sample_geometry"].figures
+    assert list(link.data[0].y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
 
 
 def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(tmp_path):
@@ -325,7 +312,7 @@ def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(
     ]
     atomic_write_table(pa.Table.from_pylist(rows + inside), tmp_path / "results" / "sweep_pga.parquet")
     assert list(heatmaps(figures_of(tmp_path)["pga"])[0].data[0].y) == expected
-    heatmap = report._step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
+    heatmap = _step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
     assert list(heatmap.data[0].y) == expected
 
 
