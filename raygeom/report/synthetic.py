@@ -172,3 +172,88 @@ def write_job_store(root: str | Path, **kwargs) -> Path:
     atomic_write_table(pa.Table.from_pylist(sweep), root / "results" / "sweep_pga.parquet")
     atomic_write_table(pa.Table.from_pylist(rows["probe"]), root / "results" / "probe.parquet")
     return root
+
+
+def declared_rows(
+    analysis,
+    models: tuple[str, ...] = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"),
+    revisions: tuple[str, ...] = ("step1000", "step143000"),
+    n_layers: int = 4,
+    seed: int = 0,
+) -> list[dict]:
+    """Rows shaped as ``analysis`` declares them, per model, revision and layer (a comparison of models: per pair of
+    layers of the first two (model, revision)s): its columns that are parameters at their defaults, each metric
+    inside its 95 % interval and above its chance level, made-up numbers for the rest. Only the shape is real."""
+    from dataclasses import fields
+
+    rng = np.random.default_rng(seed)
+    defaults = analysis.Params()
+    parameters = {f.name for f in fields(defaults)}
+    metric_columns = {c for m in analysis.metrics for c in (m.column, m.lo, m.hi, m.chance) if c}
+    names = ["embed", *[f"block_{i:02d}" for i in range(n_layers - 2)], "final_norm"]
+    others = {c: int(rng.integers(2, 50)) for c in analysis.columns if c not in parameters and c not in metric_columns}
+
+    def values() -> dict:
+        row = {}
+        for column in analysis.columns:
+            if column in parameters:
+                row[column] = getattr(defaults, column)
+            elif column == "note" or column.endswith("_warning"):
+                row[column] = None
+            elif column in others:
+                row[column] = others[column]
+        for metric in analysis.metrics:
+            value = float(rng.uniform(0.3, 0.7))
+            row[metric.column] = value
+            row.update({c: v for c, v in ((metric.lo, value - 0.1), (metric.hi, value + 0.1), (metric.chance, 0.1)) if c})
+        return row
+
+    if analysis.extraction == "aligned":  # one row per pair of layers of two (model, revision)s
+        (a, ra), (b, rb) = (models[0], revisions[-1]), (models[-1], revisions[-1])
+        return [
+            {
+                **values(),
+                "model_a": a,
+                "revision_a": ra,
+                "model_b": b,
+                "revision_b": rb,
+                "layer_a": la,
+                "layer_b": lb,
+                "layer_index_a": i,
+                "layer_index_b": j,
+                **{c: float(rng.uniform(0.1, 0.9)) for c in ("rho_full", "rho_readout", "null_mean")},
+                "unit_key": f"{analysis.name}-{la}-{lb}",
+            }
+            for i, la in enumerate(names)
+            for j, lb in enumerate(names)
+        ]
+    rows = []
+    for model in models:
+        for revision in revisions:
+            for index, layer in enumerate(names):
+                at = {"model": model, "revision": revision, "step": pythia.step_of(revision), "n": 40, "corpus": "bbc"}
+                rows.append(
+                    {
+                        **at,
+                        "layer": layer,
+                        "layer_index": index,
+                        "relative_depth": index / (len(names) - 1),
+                        **values(),
+                        "unit_key": f"{analysis.results_dir}-{model}-{revision}-{layer}",
+                    }
+                )
+    return rows
+
+
+def write_analysis_store(root: str | Path, analyses: dict, **kwargs) -> Path:
+    """A store holding the rows of each of ``analyses`` (name -> Analysis; see :func:`declared_rows`) in its table
+    ``results/<dir>.parquet``, as a job writes it; analyses that share a directory (one unit computes them together)
+    share each row."""
+    tables: dict = {}
+    for analysis in analyses.values():
+        table = tables.setdefault(analysis.results_dir, {})
+        for row in declared_rows(analysis, **kwargs):
+            table[row["unit_key"]] = {**table.get(row["unit_key"], {}), **row}
+    for directory, rows in tables.items():
+        atomic_write_table(pa.Table.from_pylist(list(rows.values())), Path(root) / "results" / f"{directory}.parquet")
+    return Path(root)

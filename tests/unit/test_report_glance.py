@@ -3,6 +3,8 @@ decoded): from a store with two models x CCR 0/1/5 x two revisions, no two lines
 dash, marker), every line runs left to right, legends stay short and name what varies, and every section is one
 analysis that has rows, once."""
 
+import html
+import importlib
 import re
 from collections import Counter
 
@@ -10,8 +12,8 @@ import numpy as np
 import pytest
 
 from raygeom.analyses import registry
-from raygeom.report.html import write_report
-from raygeom.report.synthetic import job_store_rows, write_job_store
+from raygeom.report.html import build_sections, write_report
+from raygeom.report.synthetic import job_store_rows, write_analysis_store, write_job_store
 from tests.figures import decode, figures_of
 
 MODELS, REVISIONS, RANKS = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"), ("step1000", "step143000"), (0, 1, 5)
@@ -121,3 +123,40 @@ def test_one_section_per_analysis_that_has_rows_and_one_series_per_revision(page
     ]
     assert sorted(heatmaps) == sorted(f"{m}: Subspace PGA z over training (CCR-{r})" for m in MODELS for r in RANKS)
     assert "k_per_d" not in " ".join(t.get("name") or "" for f in figures for t in f["data"])
+
+
+def test_each_registered_analysis_with_rows_gets_exactly_one_section_from_its_declaration(tmp_path, monkeypatch):
+    """Over the whole registry: from a store holding rows of every registered analysis (shaped as each declares them),
+    each gets exactly one section, anchored by its name and headed by its title, drawn once by the function its
+    declaration names or, without one, as the generic section of its declared metrics (a panel per metric); from a
+    store holding the rows of half of them, only those half have sections."""
+    analyses = registry.analyses()
+    named = [a.section for a in analyses.values() if a.section]
+    assert len(named) == len(set(named))  # a declared section draws one analysis
+    drawn = Counter()
+    for analysis in analyses.values():
+        if analysis.section:
+            module_name, _, function = analysis.section.partition(":")
+            module = importlib.import_module(module_name)
+
+            def spy(root, draw=getattr(module, function), name=analysis.name):
+                drawn[name] += 1
+                return draw(root)
+
+            monkeypatch.setattr(module, function, spy)
+    root = write_analysis_store(tmp_path / "every", analyses, revisions=("step143000",))
+    text = write_report(root).read_text()
+    headings = [(a, html.unescape(h)) for a, h in re.findall(r"<section id='([^']+)'><h2>([^<]+)</h2>", text)]
+    assert headings[-1] == ("files", "Files")
+    assert headings[:-1] == [(name, analyses[name].title) for name in ["pga", *sorted(set(analyses) - {"pga"})]]
+    assert drawn == Counter({a.name: 1 for a in analyses.values() if a.section})
+    for section in build_sections(root):
+        analysis = analyses[section.anchor]
+        assert section.figures, section.anchor
+        if not analysis.section:  # one revision per model: one panel per declared metric, every model in it
+            titles = [f.layout.title.text for f in section.figures]
+            assert titles == [f"{m.title} by depth" for m in analysis.metrics], (section.anchor, titles)
+    names = sorted(analyses)
+    half = {name: analyses[name] for name in names[1::2]}
+    root = write_analysis_store(tmp_path / "half", half, revisions=("step143000",))
+    assert sorted(s.anchor for s in build_sections(root)) == sorted(half)
