@@ -30,8 +30,8 @@ def pga_section(root: Path) -> Section | None:
     ranks = sorted({r["r"] for r in rows if isinstance(r.get("r"), int)})
     if len(ranks) > 1:
         section.intro += (
-            f" CCR restoration: z with the top r principal directions removed, r = {', '.join(map(str, ranks))}, one dash "
-            "and marker per r."
+            f" CCR restoration: z after mean-centring and projecting out the top r principal directions (r = 0: "
+            f"centring only), r = {', '.join(map(str, ranks))}; one dash and marker per r."
         )
     if any(t.name == "interval contains 0" for f in section.figures for t in f.data):
         section.intro += (
