@@ -24,6 +24,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from raygeom.analyses import registry
 from raygeom.errors import RaygeomError
 from raygeom.report.other_sections import (
     extraction_section,
@@ -100,8 +101,6 @@ def analysis_sections(root: Path) -> list[Section]:
     """One section per registered analysis the store holds rows of (pga first, then by name), each from its
     declaration: the function its ``section`` names, else the generic section of its metrics (profiles.py); headed by
     the analysis's title, anchored by its name. A section with nothing drawn is left out."""
-    from raygeom.analyses import registry
-
     sections = []
     for _, analysis in sorted(registry.analyses().items(), key=lambda item: (item[0] != "pga", item[0])):
         section = section_of(root, analysis)
