@@ -61,7 +61,7 @@ def converge_section(root: Path) -> Section | None:
     if not rows:
         return None
     section = Section(
-        "converge",
+        "convergence",
         "Cross-model convergence",
         files=[path] if path.is_file() else [],
         intro="Spearman correlation of the two models' distance structures for every pair of layers: in the "
@@ -214,7 +214,7 @@ def gap_section(root: Path) -> Section | None:
         return None
     section = Section(
         "gap",
-        "gap",
+        "Dispersion gap G",
         files=[f for f in (*files, results / "dispersion_select.parquet") if f.is_file()],
         intro="Candidates (models or checkpoints) ranked by the dispersion gap G, largest first: the mean cosine distance "
         "among the representations that predict a domain token minus that among the rest. Bars are 95 % bootstrap "
@@ -272,7 +272,7 @@ def knn_section(root: Path) -> Section | None:
     if not rows:
         return None
     section = Section(
-        "knn",
+        "knn_lm",
         "kNN-LM layer selection",
         files=sorted(directory.glob("*.parquet")) if directory.is_dir() else [],
         intro="Held-out perplexity of the kNN-LM built on each layer (lower is better) beside the dispersion "

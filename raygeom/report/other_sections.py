@@ -299,7 +299,7 @@ def sample_geometry_section(root: Path) -> Section | None:
     section = Section(
         "sample_geometry",
         "Loss and readout share per sample (raygeom diagnose)",
-        files=[f for f in (root / "results" / "diagnostics_samples.parquet",) if f.is_file()],
+        files=[f for f in (root / "results" / f"diagnostics_{n}.parquet" for n in ("sample_geometry", "samples")) if f.is_file()],
         intro="Per layer, the Spearman correlation over samples between a sample's mean next-token NLL and the share of "
         "its CCR-r corrected vector's energy in the readout subspace (k directions). Not a registered analysis: "
         "`raygeom diagnose` writes it beside the pga, spectral and probe rows drawn in their own sections.",
