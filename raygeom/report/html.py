@@ -100,11 +100,11 @@ def _build_sections(root: Path) -> list[Section]:
 def analysis_sections(root: Path) -> list[Section]:
     """One section per registered analysis the store holds rows of (pga first, then by name), each from its
     declaration: the function its ``section`` names, else the generic section of its metrics (profiles.py); headed by
-    the analysis's title, anchored by its name. A section with nothing drawn is left out."""
+    the analysis's title, anchored by its name. A section without a figure (a settings table alone) is left out."""
     sections = []
     for _, analysis in sorted(registry.analyses().items(), key=lambda item: (item[0] != "pga", item[0])):
         section = section_of(root, analysis)
-        if section is not None and (section.figures or any(section.tables)):
+        if section is not None and section.figures:
             sections.append(section)
     return sections
 

@@ -9,11 +9,13 @@ import re
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from raygeom.analyses import registry
 from raygeom.report.html import build_sections, write_report
-from raygeom.report.synthetic import job_store_rows, write_analysis_store, write_job_store
+from raygeom.report.synthetic import declared_rows, job_store_rows, write_analysis_store, write_job_store
+from raygeom.store.tree import atomic_write_table
 from tests.figures import decode, figures_of
 
 MODELS, REVISIONS, RANKS = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"), ("step1000", "step143000"), (0, 1, 5)
@@ -159,4 +161,12 @@ def test_each_registered_analysis_with_rows_gets_exactly_one_section_from_its_de
     names = sorted(analyses)
     half = {name: analyses[name] for name in names[1::2]}
     root = write_analysis_store(tmp_path / "half", half, revisions=("step143000",))
+    # and one more whose rows carry no number to draw: no empty section for it
+    empty = next(
+        a
+        for a in analyses.values()
+        if a.name not in half and not a.section and a.results_dir not in {h.results_dir for h in half.values()}
+    )
+    blank = [{**r, **{c: None for m in empty.metrics for c in (m.column, m.lo, m.hi)}} for r in declared_rows(empty)]
+    atomic_write_table(pa.Table.from_pylist(blank), root / "results" / f"{empty.results_dir}.parquet")
     assert sorted(s.anchor for s in build_sections(root)) == sorted(half)
