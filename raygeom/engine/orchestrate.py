@@ -477,8 +477,8 @@ def run_sweep(
     and analysed revision, and under ``replica_start`` the moments a replica process was started.
 
     While revisions download, CPU replicas reserve no CPU (at most ``max_in_flight`` of them) and one whose revision
-    landed stays parked until the next downloaded revision takes it: a replica that held its CPU while it waited
-    left that CPU idle under queued PGA tasks, and one stopped instead cost the next revision a new process (torch
+    landed stays parked until the next downloaded revision takes it (or the sweep ends): a replica that held its CPU
+    while it waited left that CPU idle under queued PGA tasks, and one stopped instead cost the next revision a new process (torch
     and transformers imported again, about 7 CPU-s here).
     """
     progress = progress or (lambda kind, n: None)
@@ -554,7 +554,7 @@ def run_sweep(
         else:
             failures.record(store.root, spec.slug, spec.revision, failure)
 
-    waits_for_downloads = hub.active
+    waits_for_downloads = hub.active and not any(item.gpus > 0 for item, _ in queue)  # a parked GPU replica holds its GPU
     extractions = Extractions(store, progress, cpus, finished=finished, reserve_cpus=not waits_for_downloads)
     try:
         while queue or extractions.running or runner.busy:
@@ -576,7 +576,7 @@ def run_sweep(
                 if extractions.replicas.started > replicas_before:
                     stages.setdefault("replica_start", []).append((time.monotonic(),) * 2 + (f"{spec.name}@{spec.revision}",))
                 queue.pop(0)
-            if not (waits_for_downloads and queue):
+            if not waits_for_downloads:  # replicas that reserve no CPU wait parked until the sweep ends
                 extractions.drop_idle()
             for ref in runner.step(extractions.refs() + hub.refs()):
                 if hub.handle(ref):
