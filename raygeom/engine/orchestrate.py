@@ -478,8 +478,8 @@ def run_sweep(
 
     While revisions download, CPU replicas reserve no CPU (at most ``max_in_flight`` of them) and one whose revision
     landed stays parked until the next downloaded revision takes it (or the sweep ends): a replica that held its CPU
-    while it waited left that CPU idle under queued PGA tasks, and one stopped instead cost the next revision a new process (torch
-    and transformers imported again, about 7 CPU-s here).
+    while it waited left that CPU idle under queued PGA tasks, and one stopped instead cost the next revision a new
+    process (torch and transformers imported again, about 7 CPU-s here; docs/benchmarks.md, bench_sweep --hub).
     """
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
