@@ -28,10 +28,10 @@ def _revisions(count: int) -> list[str]:
     return [f"step{1000 * i}" for i in range(count)]
 
 
-def busy(intervals: list[tuple[float, float]]) -> float:
-    """Seconds covered by the union of the intervals."""
+def busy(intervals: list[tuple]) -> float:
+    """Seconds covered by the union of the (start, end, ...) intervals."""
     total, end = 0.0, float("-inf")
-    for start, stop in sorted(intervals):
+    for start, stop, *_ in sorted(intervals):
         if stop > end:
             total += stop - max(start, end)
             end = stop
@@ -71,7 +71,24 @@ def child(corpus: str, out: str, n: int, count: int, budget: int) -> None:
         stages=stages,
     )
     wall = time.monotonic() - start
-    print(json.dumps({"wall": wall, "units": len(rows), **{name: busy(spans) for name, spans in stages.items()}}))
+    timeline = [(name, label, began - start, end - start) for name, spans in stages.items() for began, end, label in spans]
+    busy_times = {name: busy(spans) for name, spans in stages.items() if name != "replica_start"}
+    starts = len(stages.get("replica_start", []))
+    print(json.dumps({"wall": wall, "units": len(rows), "replica_starts": starts, "timeline": timeline, **busy_times}))
+
+
+def print_timeline(timeline: list) -> None:
+    """Per revision: when its download, extraction and PGA ran (seconds from the sweep's start); * a new replica."""
+    rows: dict[str, dict] = {}
+    for name, label, began, end in timeline:
+        rows.setdefault(label.split("@")[-1], {})[name] = (began, end)
+    print("  timeline of the sweep (s from its start; * = a new replica process started for it):")
+    for revision, row in sorted(rows.items(), key=lambda item: min(v[0] for v in item[1].values())):
+        spans = "  ".join(
+            f"{name} {row[name][0]:5.1f}-{row[name][1]:5.1f}" if name in row else f"{name} {'-':>11}"
+            for name in ("download", "extract", "pga")
+        )
+        print(f"    {revision:>10}  {spans}{'  *' if 'replica_start' in row else ''}")
 
 
 def _run_child(env: dict, corpus: Path, out: Path, n: int, count: int, budget: int) -> dict:
@@ -89,10 +106,16 @@ def _run_child(env: dict, corpus: Path, out: Path, n: int, count: int, budget: i
 
 def run(n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> None:
     sys.path.insert(0, str(ROOT))
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="raygeom-bench-hub-") as folder:
+        measured = _measure(Path(folder), n_texts, count, bandwidth, hidden, layers)
+    _report(load_before, count, hidden, layers, n_texts, *measured)
+
+
+def _measure(work: Path, n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> tuple:
     from raygeom.testing import TINY_TEXT, write_tiny_pythia
     from tests.hub import LoopbackHub
 
-    work = Path(tempfile.mkdtemp(prefix="raygeom-bench-hub-"))
     source = write_tiny_pythia(work / "source", REPO, _revisions(count), hidden_size=hidden, layers=layers)
     sentences = [s for s in TINY_TEXT.split(" . ") if s]
     corpus = work / "corpus.txt"
@@ -132,7 +155,12 @@ def run(n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> N
         download_alone = time.monotonic() - start
         # the sweep from an empty cache at that bandwidth
         sweep = _run_child(env(work / "cold"), corpus, work / "store-sweep", n_texts, count, budget)
+    return size, total, rate, budget, download_alone, compute, sweep
+
+
+def _report(load_before, count, hidden, layers, n_texts, size, total, rate, budget, download_alone, compute, sweep) -> None:
     slowest = max(download_alone, compute["wall"])
+    print(f"load average (1 min) before the runs {load_before:.2f}, after {os.getloadavg()[0]:.2f}")
     print(
         f"hub sweep: {count} revisions of a tiny Pythia (d={hidden}, {layers} blocks, {size / 1e6:.2f} MB each, "
         f"{total / 1e6:.1f} MB in all), {n_texts} texts, link {rate / 1e6:.2f} MB/s, budget {budget / 1e6:.2f} MB"
@@ -140,16 +168,18 @@ def run(n_texts: int, count: int, bandwidth: str, hidden: int, layers: int) -> N
     print(f"  download alone: {download_alone:6.1f} s")
     print(
         f"  compute alone:  {compute['wall']:6.1f} s   (extraction busy {compute.get('extract', 0):.1f} s, "
-        f"PGA busy {compute.get('pga', 0):.1f} s)"
+        f"PGA busy {compute.get('pga', 0):.1f} s; {compute['replica_starts']} replica processes)"
     )
     print(
         f"  sweep:          {sweep['wall']:6.1f} s   (busy: download {sweep.get('download', 0):.1f} s, extraction "
-        f"{sweep.get('extract', 0):.1f} s, PGA {sweep.get('pga', 0):.1f} s; {sweep['units']} units)"
+        f"{sweep.get('extract', 0):.1f} s, PGA {sweep.get('pga', 0):.1f} s; {sweep['units']} units; "
+        f"{sweep['replica_starts']} replica processes)"
     )
     print(
         f"  wall / slowest stage alone = {sweep['wall']:.1f} / {slowest:.1f} = {sweep['wall'] / slowest:.2f}   "
         f"(sum of the stages alone: {(download_alone + compute['wall']) / slowest:.2f})"
     )
+    print_timeline(sweep["timeline"])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:

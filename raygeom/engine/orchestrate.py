@@ -279,6 +279,7 @@ class Extractions:
         cpus: int,
         replicas: replica_actor.Handover | None = None,
         finished: Callable[[ExtractionRequest, str | None], None] | None = None,
+        reserve_cpus: bool = True,
     ):
         self.store, self.progress, self.cpus = store, progress, cpus
         self.finished = finished or (lambda request, failure: None)  # (request, None when it landed, else the reason)
@@ -287,7 +288,7 @@ class Extractions:
         # A replica whose revision landed is handed to the next queued one (``start``); ``drop_idle`` stops the rest.
         # A caller's ``replicas`` keeps it for the caller's next extraction instead.
         self.own_replicas = replicas is None
-        self.replicas = replica_actor.Handover() if replicas is None else replicas
+        self.replicas = replica_actor.Handover(reserve_cpus) if replicas is None else replicas
         self.items: dict[int, tuple[SweepItem, str]] = {}
         self.failed: list[str] = []
 
@@ -472,7 +473,13 @@ def run_sweep(
     Hub revisions are downloaded ahead by ``engine.weights`` within ``weights.budget_bytes`` (online only; default: the
     budget of :func:`default_weights`), each deleted again once its extraction is stored unless ``weights.keep``. A
     revision that cannot be fetched or extracted is recorded with its reason (``store.failures``) and the others go
-    on. ``stages``, when given, gets the (start, end) monotonic times of every download, extraction and analysed revision.
+    on. ``stages``, when given, gets the (start, end, "model@revision") monotonic times of every download, extraction
+    and analysed revision, and under ``replica_start`` the moments a replica process was started.
+
+    While revisions download, CPU replicas reserve no CPU (at most ``max_in_flight`` of them) and one whose revision
+    landed stays parked until the next downloaded revision takes it (or the sweep ends): a replica that held its CPU
+    while it waited left that CPU idle under queued PGA tasks, and one stopped instead cost the next revision a new
+    process (torch and transformers imported again, about 7 CPU-s here; docs/benchmarks.md, bench_sweep --hub).
     """
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
@@ -489,7 +496,7 @@ def run_sweep(
         spec = item.request.spec
         units = units_for(item, info) if units is None else units
         extraction_units[(spec.slug, spec.revision, info["key"])] = [unit.key for unit in units]
-        analysed[(spec.slug, spec.revision, info["key"])] = time.monotonic()
+        analysed[(spec.slug, spec.revision, info["key"])] = (time.monotonic(), f"{spec.name}@{spec.revision}")
         progress("pga_units", sum(unit.cost for unit in units))
         runner.add(units)
 
@@ -497,7 +504,8 @@ def run_sweep(
         for (slug, revision, key), keys in list(extraction_units.items()):
             if all(unit in runner.rows for unit in keys):
                 del extraction_units[(slug, revision, key)]
-                stages.setdefault("pga", []).append((analysed.pop((slug, revision, key)), time.monotonic()))
+                began, label = analysed.pop((slug, revision, key))
+                stages.setdefault("pga", []).append((began, time.monotonic(), label))
                 if not keep_activations:
                     store.drop_activations(slug, revision, key)
 
@@ -537,14 +545,17 @@ def run_sweep(
 
     def finished(request: ExtractionRequest, failure: str | None) -> None:
         spec = request.spec
-        stages.setdefault("extract", []).append((started.pop(id(request), time.monotonic()), time.monotonic()))
+        stages.setdefault("extract", []).append(
+            (started.pop(id(request), time.monotonic()), time.monotonic(), f"{spec.name}@{spec.revision}")
+        )
         hub.done_with(spec)
         if failure is None:
             failures.clear(store.root, spec.slug, spec.revision)
         else:
             failures.record(store.root, spec.slug, spec.revision, failure)
 
-    extractions = Extractions(store, progress, cpus, finished=finished)
+    waits_for_downloads = hub.active and not any(item.gpus > 0 for item, _ in queue)  # a parked GPU replica holds its GPU
+    extractions = Extractions(store, progress, cpus, finished=finished, reserve_cpus=not waits_for_downloads)
     try:
         while queue or extractions.running or runner.busy:
             hub.pump()
@@ -560,8 +571,13 @@ def run_sweep(
                 if state != "ready":
                     break
                 started[id(queue[0][0].request)] = time.monotonic()
-                extractions.start(*queue.pop(0))
-            extractions.drop_idle()
+                replicas_before = extractions.replicas.started
+                extractions.start(*queue[0])
+                if extractions.replicas.started > replicas_before:
+                    stages.setdefault("replica_start", []).append((time.monotonic(),) * 2 + (f"{spec.name}@{spec.revision}",))
+                queue.pop(0)
+            if not waits_for_downloads:  # replicas that reserve no CPU wait parked until the sweep ends
+                extractions.drop_idle()
             for ref in runner.step(extractions.refs() + hub.refs()):
                 if hub.handle(ref):
                     continue

@@ -25,19 +25,23 @@ def largest_node_cpus() -> int:
     return max(1, int(max(cpus, default=1)))
 
 
-def replica_options(gpus: float, cpus: int = 1) -> tuple[dict, str, str | None]:
+def replica_options(gpus: float, cpus: int = 1, reserve_cpus: bool = True) -> tuple[dict, str, str | None]:
     """Ray options, device and device_map of one replica: ``gpus`` 0 = CPU with ``cpus`` threads,
-    0.5 = two replicas share a GPU, > 1 = sharded over a device_map group."""
+    0.5 = two replicas share a GPU, > 1 = sharded over a device_map group. ``reserve_cpus=False``: a CPU replica asks
+    Ray for no CPU (its caller bounds how many run; it still runs ``cpus`` torch threads) and is spread over
+    the nodes, as 0-CPU actors would otherwise all land on one."""
     if gpus <= 0:
+        if not reserve_cpus:
+            return {"num_cpus": 0, "scheduling_strategy": "SPREAD"}, "cpu", None
         return {"num_cpus": max(1, int(cpus))}, "cpu", None
     # A GPU replica asks for no CPU, so queued analysis tasks can never hold it back.
     return {"num_gpus": gpus, "num_cpus": 0}, "cuda", ("auto" if gpus > 1 else None)
 
 
-def create(spec: ModelSpec, gpus: float, cpus: int = 1):
+def create(spec: ModelSpec, gpus: float, cpus: int = 1, reserve_cpus: bool = True):
     """A replica actor (the model loads in the background); call ``describe`` to wait for it."""
-    options, device, device_map = replica_options(gpus, cpus)
-    threads = options["num_cpus"] if device == "cpu" else None
+    options, device, device_map = replica_options(gpus, cpus, reserve_cpus)
+    threads = max(1, int(cpus)) if device == "cpu" else None
     return ReplicaActor.options(**options).remote(spec, device, device_map, threads)
 
 
@@ -70,18 +74,26 @@ class Handover:
     every call to it must pass ``spec=`` (``raygeom.replica.replica.serving``), which loads that model in place.
     A parked replica still holds its CPUs or GPU, so a driver parks only what it hands on at once and ``drop``s the
     rest before anything else needs those resources (and ``create`` drops the parked replicas of other placements).
-    As a context manager it drops everything at exit."""
+    As a context manager it drops everything at exit. ``reserve_cpus=False``: its CPU replicas ask Ray for no CPU
+    (``replica_options``), so a parked one holds none back and may wait for its next revision.
+    ``started``: the replica processes it created."""
 
-    def __init__(self):
+    def __init__(self, reserve_cpus: bool = True):
         self.parked: dict[tuple[float, int], list] = {}
         self.placement: dict = {}
+        self.reserve_cpus = reserve_cpus
+        self.started = 0
 
     def create(self, spec: ModelSpec, gpus: float, cpus: int = 1):
         key = (float(gpus), int(cpus))
         for other in [k for k in self.parked if k != key]:
             for actor in self.parked.pop(other):
                 stop(actor)
-        actor = self.parked[key].pop() if self.parked.get(key) else create(spec, gpus, cpus)
+        if self.parked.get(key):
+            actor = self.parked[key].pop()
+        else:
+            actor = create(spec, gpus, cpus, self.reserve_cpus)
+            self.started += 1
         self.placement[actor] = key
         return actor
 

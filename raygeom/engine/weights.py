@@ -53,7 +53,7 @@ class Weights:
         self.held = 0
         self.peak = 0
         self.downloaded = 0
-        self.intervals: list[tuple[float, float]] = []  # (start, end) of every download, for the stages' busy time
+        self.intervals: list[tuple[float, float, str]] = []  # (start, end, model@revision) of every download
 
     def _needs(self, spec: ModelSpec) -> bool:
         return self.active and spec.kind == "hub" and (spec.source, spec.revision) not in self.preexisting
@@ -109,7 +109,7 @@ class Weights:
         if ref not in self.waiting:
             return False
         spec, began = self.waiting.pop(ref)
-        self.intervals.append((began, time.monotonic()))
+        self.intervals.append((began, time.monotonic(), f"{spec.name}@{spec.revision}"))
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayError as error:  # the download's worker died

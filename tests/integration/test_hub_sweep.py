@@ -3,6 +3,8 @@
 
 Every CLI run here is online (HF_HUB_OFFLINE=0, HF_ENDPOINT at the loopback hub) with its own HF_HOME and its own
 local Ray, whose workers inherit that environment (the session's Ray workers are offline, on the session's cache).
+The budget sweep and the fault sweeps run at the same time, each against a hub of its own (the same repo), so that
+one's waits (Ray and worker starts, retry backoff) are the other's CPU time; each Ray has one CPU (one task worker).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -58,12 +61,14 @@ def file_bytes(root: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def hubs(tmp_path_factory):
+    """Two hubs serving the same repo: the budget sweep's and the fault sweeps'."""
     source = tmp_path_factory.mktemp("hub-source")
     folder = write_tiny_pythia(source, REPO, REVISIONS, **SHAPE)
-    with LoopbackHub() as server:
-        server.add(folder, REPO)
-        yield server
+    with LoopbackHub() as budget, LoopbackHub() as faults:
+        budget.add(folder, REPO)
+        faults.add(folder, REPO)
+        yield budget, faults
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +123,9 @@ def layer_files(store: Path, revision: str) -> dict[str, bytes]:
     return found
 
 
-@pytest.fixture(scope="module")
-def budget_run(hub, corpus, tmp_path_factory):
+def budget_sweep(hub: LoopbackHub, corpus: Path, directory: Path) -> dict:
     """`revisions = "all"` (the hub's 12), an empty cache but for step0 (there before the run), a budget of 2 revisions'
     weights; the cache's size sampled every 20 ms while it runs."""
-    directory = tmp_path_factory.mktemp("budget")
     home = directory / "hf"
     write_tiny_pythia(home / "hub", REPO, {"step0": 0}, **SHAPE)  # cached before the sweep: never deleted
     before = cache_files(home / "hub")
@@ -139,7 +142,7 @@ def budget_run(hub, corpus, tmp_path_factory):
     sampler.start()
     hub.clear()
     try:
-        result = run_cli(hub, home, "run", path)
+        result = run_cli(hub, home, "run", path, "--num-cpus", "1")
     finally:
         stop.set()
         sampler.join()
@@ -157,6 +160,24 @@ def budget_run(hub, corpus, tmp_path_factory):
         "requests": requests,
         "job": path,
     }
+
+
+@pytest.fixture(scope="module")
+def sweeps(hubs, corpus, tmp_path_factory):
+    with ThreadPoolExecutor(2) as pool:
+        budget = pool.submit(budget_sweep, hubs[0], corpus, tmp_path_factory.mktemp("budget"))
+        faults = pool.submit(fault_sweeps, hubs[1], corpus, tmp_path_factory.mktemp("faults"))
+        return budget.result(), faults.result()
+
+
+@pytest.fixture(scope="module")
+def budget_run(sweeps):
+    return sweeps[0]
+
+
+@pytest.fixture(scope="module")
+def fault_runs(sweeps):
+    return sweeps[1]
 
 
 def test_budget_sweep_stores_every_unit_within_the_budget(budget_run):
@@ -189,11 +210,9 @@ def test_budget_sweep_leaves_only_what_was_cached_before(budget_run):
     assert "HF cache: 0.000 GiB in use" in budget_run["status"].stdout
 
 
-@pytest.fixture(scope="module")
-def fault_runs(hub, corpus, tmp_path_factory, budget_run):
+def fault_sweeps(hub: LoopbackHub, corpus: Path, directory: Path) -> dict:
     """One sweep of 4 revisions through four faults (500 twice, a cut mid-file, a 404, corrupted bytes of the right
     size), its status, then a rerun with the faults lifted."""
-    directory = tmp_path_factory.mktemp("faults")
     home = directory / "hf"
     path = job(directory, "faults", corpus, 'revisions = ["step1", "step2", "step4", "step8"]\ndownload_retries = 2\n')
     hub.clear()
@@ -201,11 +220,11 @@ def fault_runs(hub, corpus, tmp_path_factory, budget_run):
     hub.fault("cut", file="model.safetensors", revision="step2", after=80_000, times=1)
     hub.fault("404", revision="step4")
     hub.fault("corrupt", file="model.safetensors", revision="step8")
-    first = run_cli(hub, home, "run", path)
+    first = run_cli(hub, home, "run", path, "--num-cpus", "1")
     requests = list(hub.requests)
     status = run_cli(hub, home, "status", path)
     hub.clear()
-    again = run_cli(hub, home, "run", path)
+    again = run_cli(hub, home, "run", path, "--num-cpus", "1")
     status_again = run_cli(hub, home, "status", path)
     return {
         "first": first,
