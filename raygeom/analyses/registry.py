@@ -95,11 +95,8 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         """Refuse, before any work, parameters this extraction cannot serve (e.g. k >= d)."""
 
     def check_job(self, params, job) -> None:
-        """Refuse, when the job file is read, a job this analysis can never run on (e.g. one model for a comparison
-        of models), so a job-file analysis refuses what its command refuses."""
-
-    def check_models(self, specs: list) -> None:
-        """Refuse, before any work, a job whose (model, revision)s this analysis cannot serve (e.g. too few)."""
+        """Refuse a job this analysis can never run on (e.g. one model for a comparison of models): called when a job
+        file is read and before a command's work, so a job-file analysis and its command refuse the same things."""
 
     def console(self, rows: list[dict], store=None) -> list[str]:
         """The lines a run prints of this job's rows (plain text; ``store``: where they are, for what they decide);

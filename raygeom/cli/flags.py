@@ -120,7 +120,8 @@ class Declared:
     many: bool = False  # a repeatable flag: each value is checked
 
     def allowed(self) -> str:
-        return allowed(self.cls, self.name) + "".join(f" or '{word}'" for word in self.words)
+        declared = next(f for f in fields(self.cls) if f.name == self.name).metadata.get("words", ())
+        return allowed(self.cls, self.name) + "".join(f" or '{word}'" for word in self.words if word not in declared)
 
     def parse(self, value: Any) -> Any:
         """The flag's text, parsed to its declared type and checked."""
@@ -164,7 +165,7 @@ def option(
     value = default_of(cls, name) if default is _MISSING else default
     if many and not isinstance(value, (list, tuple)):
         value = [] if value is None else [value]
-    declared = Declared(cls, name, flag, value, tuple(words), path, many)
+    declared = Declared(cls, name, flag, value, tuple(words) or spec.metadata.get("words", ()), path, many)
     shown = ", ".join(map(str, value)) if many else value
     text = (
         (help or spec.metadata["help"])
@@ -185,6 +186,7 @@ def metavar(cls: type, name: str, words: tuple[str, ...] = (), path: bool = Fals
     if kind is bool:
         return None
     meta = next(f for f in fields(cls) if f.name == name).metadata
+    words = (*words, *(word for word in meta.get("words", ()) if word not in words))
     shown = (
         "path"
         if path
@@ -292,14 +294,7 @@ PlotsOption = option(CommandFlags, "plots", path=True)
 # PGA's parameters, as pga, run and diagnose take them (PGAParams declares them).
 KOption = option(PGAParams, "k")
 CcrOption = option(PGAParams, "r")
-NNullOption = option(
-    PGAParams,
-    "n_null",
-    words=("auto",),
-    help="Random subspaces in the null, or 'auto': blocks of 100 "
-    "until z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|) and, below --n-null-decide, "
-    "its interval holds none of 0, -2, 2; at most --n-null-cap.",
-)
+NNullOption = option(PGAParams, "n_null")
 ZHalfWidthOption = option(PGAParams, "z_half_width")
 ZRelWidthOption = option(PGAParams, "z_rel_width")
 NNullCapOption = option(PGAParams, "n_null_cap")

@@ -97,9 +97,8 @@ def _check_pga_sizes(job) -> None:
             d = next((run.settings.hidden_size for run in job.trains if spec.source == run.plan().run_dir), None)
         for item in job.planned():
             item.spec.check(item.spec.for_width(item.params, d), {"n_samples": job.n_samples, "d": d}, spec.name)
-    specs = job_models(job)
     for item in job.planned():
-        item.spec.check_models(specs)
+        item.spec.check_job(item.params, job)
 
 
 def _run(job, address, num_cpus):
