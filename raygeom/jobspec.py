@@ -21,7 +21,6 @@ from raygeom.params import (
     PGAParams,
     check_value,
     default_of,
-    n_null_settings,
     nearest,
     param,
 )
@@ -175,6 +174,12 @@ class JobSpec:
         from raygeom.analyses.registry import Planned
 
         return self.analyses or (Planned("pga", self.pga),)
+
+    def with_planned(self, planned: tuple) -> "JobSpec":
+        """This job running ``planned`` (a command's analyses); its PGA settings follow a planned PGA's, so what reads
+        them (progress, plan) reads what runs."""
+        pga = next((item.params for item in planned if item.analysis == "pga"), self.pga)
+        return replace(self, analyses=tuple(planned), pga=pga)
 
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
@@ -388,7 +393,7 @@ def load_job(path: str | Path) -> JobSpec:
             sample_seed=int(corpus.get("seed", 0)),
             layers=str(layers),
             extraction=ExtractionSettings.from_mapping(extract, f"{path}: [extract] "),
-            pga=PGAParams.from_mapping({**analysis, **n_null_settings(analysis.get("n_null"))}, f"{path}: [pga] "),
+            pga=PGAParams.from_mapping(analysis, f"{path}: [pga] "),
             sweep=sweep,
             trains=trains,
             trajectory=trajectory,

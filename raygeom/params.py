@@ -273,6 +273,10 @@ class Params:
     def settings(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def given_over(self, values: dict) -> "Params":
+        """These parameters with ``values`` (given, e.g. on the command line) over them."""
+        return type(self).from_mapping({**self.settings(), **type(self).normalise(values)})
+
 
 def k_per_d_param():
     """The k/d declaration shared by every analysis with a readout subspace of dimension k."""
@@ -341,8 +345,12 @@ class PGAParams(Params):
 
     @classmethod
     def normalise(cls, values: dict) -> dict:
-        word = values.get("n_null")
-        return {**values, **n_null_settings(word)} if isinstance(word, str) and word.strip().lower() == "auto" else values
+        # a count or 'auto' sets n_null_auto with it, so a count given over an auto job is a count
+        value = values.get("n_null")
+        known = (isinstance(value, str) and value.strip().lower() == "auto") or (
+            isinstance(value, int) and not isinstance(value, bool)
+        )
+        return {**values, **n_null_settings(value)} if known and values.get("n_null_auto") is None else values
 
     def __post_init__(self):
         super().__post_init__()

@@ -47,6 +47,15 @@ class Probe(Analysis):
     metrics = (Metric("accuracy", "probe accuracy", "accuracy_lo", "accuracy_hi", chance="chance"),)
     series = ("seed", "test_fraction", "c")
 
+    def check_job(self, params, job) -> None:
+        from raygeom.sources.corpus import load_corpus
+
+        if load_corpus(job.corpus).labels is None:
+            raise RaygeomError(
+                f"corpus '{job.corpus}' has no labels, so there is nothing to probe "
+                "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news)"
+            )
+
     def units(self, store, model, revision, layers, params: ProbeParams, info):
         samples = store.read_samples(model, revision, info["key"])
         if "label" not in samples.column_names:

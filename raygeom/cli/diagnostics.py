@@ -1,4 +1,5 @@
-"""CLI commands for the diagnostics analyses (registered by raygeom.cli.root): ``diagnose`` and ``probe`` (``converge`` is the convergence analysis's generated command).
+"""CLI command of the diagnostics (registered by raygeom.cli.root): ``diagnose`` (``probe`` and ``converge`` are the
+probe and convergence analyses' generated commands).
 
 Each command extracts the models it names (or reuses a complete extraction with
 the same settings in ``--out``), runs its analysis on Ray, then writes Parquet
@@ -28,7 +29,6 @@ from raygeom.cli.flags import (
     unique_specs,
 )
 from raygeom.errors import RaygeomError
-from raygeom.jobspec import CorpusSection
 from raygeom.report.figures import drawn_once, pyplot, save_figure
 from raygeom.report.html import announce_report
 
@@ -339,39 +339,6 @@ def _print_layers(console, rows: list[dict], ranks: tuple[int, ...]) -> None:
         console.print(table)
 
 
-# ---------------------------------------------------------------- probe: plot
-
-
-@drawn_once
-def plot_probes(rows: list[dict], path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
-    groups: dict[str, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(f"{row['model']}@{row['revision']}", []).append(row)
-    for label, group in sorted(groups.items()):
-        group = sorted(group, key=lambda r: r["layer_index"])
-        depth = [g["relative_depth"] for g in group]
-        line = ax.plot(depth, [g["accuracy"] for g in group], marker="o", ms=3, label=label)[0]
-        if all(g.get("accuracy_lo") is not None for g in group):
-            ax.fill_between(
-                depth,
-                [g["accuracy_lo"] for g in group],
-                [g["accuracy_hi"] for g in group],
-                color=line.get_color(),
-                alpha=0.2,
-                lw=0,
-            )
-        ax.plot([g["relative_depth"] for g in group], [g["chance"] for g in group], ls=":", color=line.get_color(), lw=1)
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("relative depth")
-    ax.set_ylabel("test accuracy (band: 95% Wilson; dotted: majority)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
 # ---------------------------------------------------------------- commands
 
 # The grid and PGA flags are pga's (raygeom.cli.flags): one declaration, one default each.
@@ -415,39 +382,6 @@ def register(app: typer.Typer) -> None:
                 z_rel_width=g["z_rel_width"],
                 n_null_cap=g["n_null_cap"],
                 n_null_decide=g["n_null_decide"],
-            )
-        except RaygeomError as error:
-            cli._fail(str(error))
-
-    @app.command("probe")
-    @checked(grid=TEXT_GRID)
-    def probe_command(
-        corpus: Optional[str] = option(
-            CorpusSection,
-            "name",
-            "-c",
-            flag="--corpus",
-            help="Needs labels: 'bbc', a JSONL/Parquet file with 'label', or hf:ag_news.",
-        ),
-        max_words: Optional[str] = MaxWordsOption,
-        test_fraction: Optional[str] = option(ProbeParams, "test_fraction"),
-        seed: Optional[str] = option(
-            ProbeParams, "seed", help="Seed of the stratified train/test split (and of the text sample)."
-        ),
-        report: Optional[str] = ReportOption,
-        given: frozenset = frozenset(),
-        **grid,
-    ):
-        """Linear probes (multinomial logistic regression, fixed stratified split) on every layer."""
-        try:
-            _probe(
-                grid_job("probe", {**grid, "corpus": corpus, "seed": seed, "given": given}),
-                max_words,
-                test_fraction,
-                seed,
-                report,
-                grid["address"],
-                grid["num_cpus"],
             )
         except RaygeomError as error:
             cli._fail(str(error))
@@ -555,60 +489,5 @@ def _diagnose(
     written.append(_write_text(diagnostics_markdown(merged, params.ccr_ranks, params), results / "diagnostics.md"))
     _print_layers(console, merged, params.ccr_ranks)
     _copy_reports([p for p in written if p.suffix in (".png", ".md", ".parquet")], report)
-    console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
-    announce_report(store.root, console)
-
-
-def _probe(job, max_words, test_fraction, seed, report, address, num_cpus):
-    from rich.table import Table
-
-    from raygeom.report.figures import write_rows
-
-    cli = _cli()
-    console = cli.console
-    specs, out = unique_specs(job), Path(job.out)
-    _check_labels(job.corpus)
-    _prepare(out, address, num_cpus, console)
-    from raygeom.analyses import diagnostics
-    from raygeom.jobs.pipeline import progress_bar
-
-    store, _, infos = _extract_all(
-        specs, job.corpus, job.n_samples, job.sample_seed, job.layers, job.extraction, out, console, max_words
-    )
-    rows = []
-    with progress_bar(console) as progress:
-        for spec, info in infos:
-            task = progress.add_task(f"probe {spec.name}@{spec.revision}", total=len(info["layers"]))
-            rows += diagnostics.run_probes(
-                store,
-                spec.slug,
-                spec.revision,
-                info["layers"],
-                seed,
-                test_fraction,
-                progress=lambda n, t=task: progress.advance(t, n),
-                key=info["key"],
-            )
-    results, plots = store.root / "results", store.root / "plots"
-    written = [
-        write_rows(rows, results / "probe.parquet"),
-        plot_probes(rows, plots / "probe_accuracy.png", "Linear probe accuracy by depth"),
-    ]
-    table = Table(title="Linear probes", title_justify="left")
-    for name in ("model", "layer", "accuracy", "95% Wilson", "chance", "n_train", "n_test", "converged"):
-        table.add_column(name)
-    for r in rows:
-        table.add_row(
-            f"{r['model']}@{r['revision']}",
-            r["layer"],
-            f"{r['accuracy']:.3f}",
-            f"{r['accuracy_lo']:.2f}-{r['accuracy_hi']:.2f}",
-            f"{r['chance']:.3f}",
-            str(r["n_train"]),
-            str(r["n_test"]),
-            str(r["converged"]),
-        )
-    console.print(table)
-    _copy_reports(written, report)
     console.print(f"tables: {results}\nplots:  {plots}" + (f"\nreport: {report}" if report else ""))
     announce_report(store.root, console)

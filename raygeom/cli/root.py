@@ -173,23 +173,6 @@ def run(
         _fail(str(error))
 
 
-@app.command()
-@checked(grid=(*TEXT_GRID, *PGA_OPTIONS))
-def pga(given: frozenset = frozenset(), **grid):
-    """Subspace PGA of the models (each at one or more revisions) on one corpus, configured by flags or by a job
-    file's grid and its pga section (--job; the flags given override it)."""
-    from dataclasses import replace
-
-    values = {**grid, "given": given}
-    try:
-        job = grid_job(" ".join(values["model"]), values)
-        if values["job"] is not None:  # the job's PGA: its pga section, and any analyses.pga grid, the flags given over them
-            job = replace(job, analyses=tuple(p for p in job.analyses if p.analysis == "pga"))
-        _run(job.with_overrides(**pga_overrides(values, every=values["job"] is None)), values["address"], values["num_cpus"])
-    except RaygeomError as error:
-        _fail(str(error))
-
-
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in (
     "raygeom.cli.sweep",

@@ -74,13 +74,16 @@ def ran(monkeypatch) -> list:
 
 
 ANALYSIS_OF = {
-    "converge": "convergence",
-    "knn": "knn_lm",
-    "select": "gap",
-}  # a generated command named otherwise than its analysis
+    "converge": ["convergence"],
+    "knn": ["knn_lm"],
+    "select": ["gap"],
+    "dispersion": ["token_dispersion", "slices"],
+}  # a generated command named otherwise than its analysis (or of several)
 
 
-@pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"]])
+@pytest.mark.parametrize(
+    "command", [["pga"], ["probe"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"], ["dispersion"]]
+)
 def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, tmp_path, corpus):
     job = write_job(tmp_path, corpus, extra="[pga]\nk = 7\nn_null = 20\n")
     assert invoke(*command, "--job", job).exit_code == 0
@@ -94,7 +97,7 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
         False,
         3,
     )
-    assert [p.analysis for p in taken.planned()] == [ANALYSIS_OF.get(command[-1], command[-1])]
+    assert [p.analysis for p in taken.planned()] == ANALYSIS_OF.get(command[-1], [command[-1]])
     if command == ["pga"]:  # the job's [pga] section, too
         assert (taken.pga.k, taken.pga.n_null) == (7, 20)
     # A flag given on the command line overrides the job's value; the others stay the job's.
@@ -126,6 +129,9 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
     if command == ["pga"]:
         assert invoke("pga", "--job", job, "--k", "5", "--seed", "9").exit_code == 0
         assert (ran[-1].pga.k, ran[-1].pga.n_null, ran[-1].pga.seed, ran[-1].sample_seed) == (5, 20, 9, 9)
+        # --n-null auto over the job's count, as [analyses.pga] n_null = 'auto' and [pga] n_null = 'auto' plan it
+        assert invoke("pga", "--job", job, "--n-null", "auto").exit_code == 0
+        assert [(p.params.n_null, p.params.n_null_auto) for p in ran[-1].planned()] == [(100, True)]
 
 
 def test_pga_takes_every_model_given_and_one_null_chunks_default(ran, tmp_path):
@@ -162,7 +168,7 @@ def extracted(monkeypatch):
     return stop_at(monkeypatch, diagnostics, "_extract_all")
 
 
-@pytest.mark.parametrize("command", ["diagnose", "probe"])
+@pytest.mark.parametrize("command", ["diagnose"])
 def test_diagnostics_commands_take_the_job_and_the_flags_given_over_it(command, extracted, tmp_path, corpus):
     job = write_job(tmp_path, corpus)
     stopped(invoke(command, "--job", job))
@@ -227,22 +233,6 @@ def no_ray(monkeypatch):
 
     monkeypatch.setattr(dispersion, "_prepare", lambda address: None)
     monkeypatch.setattr(dispersion, "_start", lambda address, num_cpus: None)
-
-
-@pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion")])
-def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target, name, no_ray, monkeypatch, tmp_path, corpus):
-    import importlib
-
-    calls = stop_at(monkeypatch, importlib.import_module(target), name)
-    models = "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step1000']\n"
-    job = write_job(tmp_path, corpus, models=models)
-    stopped(invoke(command, "--job", job))
-    (store, specs, text, settings, *_), _ = calls[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")] and store.root == tmp_path / "job-store"
-    assert len(text.texts) == 60 and settings.layers == "embed,1"
-    stopped(invoke(command, "--job", job, "-m", "EleutherAI/pythia-70m@step3", "--out", tmp_path / "mine"))
-    (store, specs, *_), _ = calls[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-70m", "step3")] and store.root == tmp_path / "mine"
 
 
 def test_train_takes_the_job_train_section_and_the_flags_given_over_it(no_ray, monkeypatch, tmp_path, corpus):

@@ -535,10 +535,6 @@ def test_a_top_level_word_that_is_no_section_is_refused(tmp_path):
 
 # ------------------------------------------------------------------ one road per analysis: everything from its declaration
 
-# Analyses whose `raygeom <command>` is still written by hand (raygeom/cli/dispersion.py, cli/diagnostics.py, pga in
-# cli/root.py); their `analyze <name>` is generated like every other's. An entry here is work left (issue 37 item 1),
-# not a permitted exception.
-HAND_WRITTEN = {"token_dispersion": "dispersion", "slices": "dispersion", "probe": "probe", "pga": "pga"}
 
 
 def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tmp_path):
@@ -557,15 +553,11 @@ def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tm
     for name, analysis in ANALYSES.items():
         own = {spec.name: spec.metadata.get("flag") or "--" + spec.name.replace("_", "-") for spec in analysis.Params.declared()}
         expected = set(generated.GRID) | set(own) | set(generated.OUTPUT_OPTIONS)
-        paths = [("analyze", name)]
-        called = analysis.command or name
-        if HAND_WRITTEN.get(name) != called:
-            paths.append((called,))
-        for path in paths:
+        for path in [("analyze", name), (analysis.command or name,)]:
             command = group
             for part in path:
                 command = command.commands[part]
-            assert getattr(command.callback, "analysis", None) == name, (path, name)
+            assert name in getattr(command.callback, "analyses", ()), (path, name)
             options = {p.name: p for p in command.params if p.param_type_name == "option" and p.name != "help"}
             assert set(options) == expected, (path, set(options) ^ expected)
             for field, flag in own.items():
