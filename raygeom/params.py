@@ -61,6 +61,13 @@ def param(
     )
 
 
+def declared_as(cls: type, name: str, **changes):
+    """The declaration of ``cls.name`` again, for a class that takes the same setting (one help text, range and
+    default); ``changes``: e.g. another ``flag``."""
+    spec = next(f for f in fields(cls) if f.name == name)
+    return field(default=spec.default, metadata={**spec.metadata, **changes})
+
+
 def _numbers(text: str) -> list[float] | None:
     try:
         values = [float(part) for part in text.split(",") if part.strip()]

@@ -32,7 +32,6 @@ from raygeom.params import (
     LAYERS_HELP,
     MAX_COUNT,
     MAX_SEED,
-    MAX_WIDTH,
     MAX_WORKERS,
     Params,
     PGAParams,
@@ -40,7 +39,6 @@ from raygeom.params import (
     check_value,
     declared_type,
     default_of,
-    number_list,
     param,
 )
 from raygeom.replica.settings import ExtractionSettings
@@ -83,20 +81,6 @@ class CommandFlags(Params):
         None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.", nonempty=True
     )
     num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1, high=MAX_WORKERS)
-
-
-@dataclass(frozen=True)
-class DiagnoseFlags(Params):
-    """diagnose's own flags."""
-
-    ccr_ranks: str = param(
-        "0,1,5,10",
-        "CCR ranks of the restoration analysis.",
-        rule=number_list(low=0, high=MAX_WIDTH, integers=True),
-        nonempty=True,
-    )
-    sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0, high=MAX_WIDTH)
-    probe: bool = param(True, "Linear probes on the corpus labels.")
 
 
 # The token-level commands' flags (dispersion, select, knn): the chunk analyses' one declaration (token_dispersion,

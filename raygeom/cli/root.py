@@ -176,7 +176,6 @@ def run(
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in (
     "raygeom.cli.sweep",
-    "raygeom.cli.diagnostics",
     "raygeom.cli.dispersion",
     "raygeom.cli.report",
     "raygeom.cli.analyses",
