@@ -86,6 +86,8 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     # "module:function" of the report layer drawing this run's plots: function(rows, plots directory) -> [paths]; None:
     # the generic plots (each metric by depth)
     figures: ClassVar[str | None] = None
+    # CSV name -> a results/ table (e.g. a side table its run writes) whose rows of this run's units --report copies
+    tables: ClassVar[dict[str, str]] = {}
 
     def for_width(self, params, d: int | None):
         """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""

@@ -135,6 +135,7 @@ class TokenDispersion(ChunkAnalysis):
 
     name = "token_dispersion"
     version = 3
+    tables = {name: f"dispersion_{name}" for name in ("layers", "slices", "groups", "domains")}
     figures = "raygeom.report.dispersion_plots:token_dispersion_figures"
     title = "Token-level dispersion"
     columns = (

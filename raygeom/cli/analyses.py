@@ -80,14 +80,21 @@ def check_report(report: Path | None) -> None:
         raise RaygeomError(f"report directory {report} is not writable")
 
 
-def copy_report(analysis, outputs, report: Path) -> None:
+def copy_report(analysis, outputs, report: Path, root: Path | None = None) -> None:
     """What the run of ``analysis`` wrote (its table, plots and documents) copied into ``report``, each atomically,
-    and a CSV of this run's rows named as its command (<command>.csv, as docs/results cite them)."""
+    a CSV of this run's rows named as its command (<command>.csv, as docs/results cite them), and one of each table
+    it declares (``tables``: the rows of this run's units in the store ``root``)."""
     from raygeom.report.figures import write_csv
+    from raygeom.store.tree import read_table
 
     rows = getattr(outputs, "analysis_rows", {}).get(analysis.name)
     if rows:
         write_csv(rows, report / f"{analysis.command or analysis.name}.csv")
+        keys = {row.get("unit_key") for row in rows}
+        for name, table in analysis.tables.items():
+            path = Path(root or ".") / "results" / f"{table}.parquet"
+            if path.is_file():
+                write_csv([r for r in read_table(path).to_pylist() if r.get("unit_key") in keys], report / f"{name}.csv")
     for path in getattr(outputs, "files", {}).get(analysis.name, []):
         if path is not None and path.is_file() and path.parent.resolve() != report.resolve():
             temporary = report / f".{path.name}.tmp"
@@ -145,7 +152,7 @@ def make_command(analysis_name: str, *more: str):
             outputs = _run(job, grid["address"], grid["num_cpus"])
             if report is not None:
                 for analysis in chosen:
-                    copy_report(analysis, outputs, report)
+                    copy_report(analysis, outputs, report, Path(job.out))
                 console.print(f"report: {report}", markup=False, highlight=False)
         except RaygeomError as error:
             fail(str(error))
