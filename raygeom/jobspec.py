@@ -7,10 +7,12 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Optional
 
 from raygeom.errors import RaygeomError
 from raygeom.names import check_path
 from raygeom.params import (
+    LAYERS_HELP,
     MAX_BOOT,
     MAX_COUNT,
     MAX_SEED,
@@ -27,6 +29,32 @@ from raygeom.params import (
 from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources.checkpoints import is_run_directory
 from raygeom.sources.layers import _INSIDE
+
+DEFAULT_STORE = "runs/default"  # every command's store unless --out or a job names one
+
+
+@dataclass(frozen=True)
+class GridSettings(Params):
+    """What the commands take besides their analyses' parameters and no job section declares: the models and
+    revisions, layers, sample seed, store and outputs, and the Ray cluster."""
+
+    model: str = param(
+        "smollm2",
+        "Built-in name, HF hub id, model directory or .gguf file; name@revision picks a revision. Repeatable.",
+        nonempty=True,
+    )
+    revision: str = param(
+        "main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.", nonempty=True
+    )
+    layers: str = param("all", LAYERS_HELP, nonempty=True)
+    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0, high=MAX_SEED)
+    out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).", nonempty=True)
+    report: Optional[str] = param(None, "Also copy the tables and plots into this directory.", nonempty=True)
+    plots: Optional[str] = param(None, "Where the PNGs go (default: <out>/plots).", nonempty=True)
+    address: Optional[str] = param(
+        None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.", nonempty=True
+    )
+    num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1, high=MAX_WORKERS)
 
 
 @dataclass(frozen=True)

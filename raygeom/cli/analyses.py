@@ -62,9 +62,9 @@ def build_group_job(names: tuple[str, ...], grid: dict, values: dict):
         analysis = registry.get(name)
         own = {key: value for key, value in values.items() if key in {f.name for f in fields(analysis.Params)}}
         in_job = [item for item in job.planned() if item.analysis == name] if grid.get("job") is not None else []
-        planned += [
-            registry.Planned(name, item.params.given_over(own)) for item in in_job
-        ] or [registry.Planned(name, analysis.Params.from_mapping(own))]
+        planned += [registry.Planned(name, item.params.given_over(own)) for item in in_job] or [
+            registry.Planned(name, analysis.Params.from_mapping(own))
+        ]
     return job.with_planned(tuple(dict.fromkeys(planned)))
 
 

@@ -16,7 +16,7 @@ from raygeom.cli.analyses import check_report
 from raygeom.cli.consoles import output_width
 from raygeom.cli.flags import (
     AddressOption,
-    CommandFlags,
+    GridSettings,
     NumCpusOption,
     TrainFlags,
     checked,
@@ -88,7 +88,7 @@ def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report
 
 
 ReportOption = option(
-    CommandFlags,
+    GridSettings,
     "report",
     path=True,
     help="Also write the CSV copies of the tables and the plots into this directory (e.g. docs/results/dispersion).",
@@ -98,8 +98,8 @@ ReportOption = option(
 _check_report = check_report  # a --report directory that cannot be made fails before any work
 
 
-# Every command's default store is the one store (raygeom.cli.flags.DEFAULT_STORE, CommandFlags.out).
-StoreOption = option(CommandFlags, "out", "-o", path=True, help="The store, shared by every command (with --job: the job's out).")
+# Every command's default store is the one store (raygeom.cli.flags.DEFAULT_STORE, GridSettings.out).
+StoreOption = option(GridSettings, "out", "-o", path=True, help="The store, shared by every command (with --job: the job's out).")
 
 
 TRAIN_FLAGS = (
@@ -155,7 +155,7 @@ def train(
     log_until: Optional[str] = option(TrainFlags, "log_until"),
     run_dir: Optional[str] = option(TrainFlags, "run_dir", path=True),
     out: Optional[str] = StoreOption,
-    plots: Optional[str] = option(CommandFlags, "plots", path=True, help="Where the PNG goes (default: <out>/plots)."),
+    plots: Optional[str] = option(GridSettings, "plots", path=True, help="Where the PNG goes (default: <out>/plots)."),
     report: Optional[str] = ReportOption,
     address: Optional[str] = AddressOption,
     num_cpus: Optional[str] = NumCpusOption,

@@ -15,7 +15,7 @@ from rich.errors import MarkupError
 from rich.markup import escape
 
 from raygeom.cli.consoles import output_width
-from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, CommandFlags, checked, fail, grid_job, option
+from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, GridSettings, checked, fail, grid_job, option
 from raygeom.errors import RaygeomError
 from raygeom.params import n_null_settings
 
@@ -148,9 +148,9 @@ def pga_overrides(values: dict, every: bool) -> dict:
 @checked(grid=tuple(name for name in (*TEXT_GRID, *PGA_OPTIONS) if name != "job"))
 def run(
     job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/laptop.toml"),
-    out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None, help="The store (default: the job's out)."),
+    out: Optional[str] = option(GridSettings, "out", "-o", path=True, default=None, help="The store (default: the job's out)."),
     model: Optional[list[str]] = option(
-        CommandFlags,
+        GridSettings,
         "model",
         "-m",
         many=True,
@@ -158,7 +158,7 @@ def run(
         help="Replace the job's models by these (repeatable; name@revision picks a revision).",
     ),
     revision: Optional[list[str]] = option(
-        CommandFlags, "revision", "-r", many=True, default=None, help="With --model: its revision(s)."
+        GridSettings, "revision", "-r", many=True, default=None, help="With --model: its revision(s)."
     ),
     given: frozenset = frozenset(),
     **grid,
