@@ -106,7 +106,6 @@ class Convergence(Analysis):
     series = ("k", "r", "n_null")
     figures = "raygeom.report.converge_plots:figures"
 
-
     def console(self, rows, store=None):
         from raygeom.analyses.converge import convergence_markdown, pairs
 

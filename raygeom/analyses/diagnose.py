@@ -25,8 +25,6 @@ Z_METRICS = (  # (column, label, log scale)
 )
 
 
-
-
 @dataclass(frozen=True)
 class DiagnoseParams(Params):
     """diagnose's settings: PGA's (one declaration each) at several CCR ranks, the per-sample share's rank, probes."""
@@ -276,8 +274,6 @@ def diagnostics_markdown(rows: list[dict], ranks: tuple[int, ...], params) -> st
             )
         lines.append("")
     return "\n".join(lines)
-
-
 
 
 def rows_markdown(rows: list[dict]) -> str:

@@ -43,8 +43,7 @@ def require_labels(corpus_name: str, otherwise: str = "") -> None:
     if load_corpus(corpus_name).labels is None:
         raise RaygeomError(
             f"corpus '{corpus_name}' has no labels, so there is nothing to probe "
-            "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news"
-            + (f"; or {otherwise})" if otherwise else ")")
+            "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news" + (f"; or {otherwise})" if otherwise else ")")
         )
 
 

@@ -7,17 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from raygeom.analyses.diagnose import Z_METRICS
 from raygeom.report.figures import drawn_once, pyplot, save_figure
-
-Z_METRICS = (  # (column, label, log scale)
-    ("rankme", "RankMe", False),
-    ("alpha_req", "alpha-ReQ", False),
-    ("condition_number", "condition number", True),
-    ("isotropy", "isotropy (Mu & Viswanath)", False),
-    ("pc1_readout_share", "PC1 readout share", False),
-    ("probe_accuracy", "probe accuracy", False),
-)
-
 
 
 @drawn_once
