@@ -63,12 +63,6 @@ def _table(rows: list[dict], columns: list[str], title: str) -> Table:
     return table
 
 
-def _progress():
-    from raygeom.jobs.pipeline import progress_bar
-
-    return progress_bar(console)
-
-
 def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report: Optional[Path]) -> list[Path]:
     """CSV copies of the tables (names as docs/results cite them) and the plots, into ``report``."""
     if report is None:

@@ -137,11 +137,11 @@ PGA_FLAGS = {
 }
 
 
-def pga_overrides(values: dict, every: bool) -> dict:
-    """PGA's parameters from a command's flags: all of them (``every``), or only those given on the command line."""
+def pga_overrides(values: dict) -> dict:
+    """PGA's parameters given on `raygeom run`'s command line."""
     given = values["given"]
-    chosen = {field: values[name] for name, field in PGA_FLAGS.items() if every or name in given}
-    return {**chosen, **n_null_settings(values["n_null"] if every or "n_null" in given else None)}
+    chosen = {field: values[name] for name, field in PGA_FLAGS.items() if name in given}
+    return {**chosen, **n_null_settings(values["n_null"] if "n_null" in given else None)}
 
 
 @app.command()
@@ -167,7 +167,7 @@ def run(
     PGA of every layer where it names none). Every flag of `raygeom pga` overrides the job's setting of the same name."""
     values = {**grid, "job": job_file, "out": out, "model": model, "revision": revision, "given": given}
     try:
-        job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values, every=False))
+        job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values))
         _run(job, values["address"], values["num_cpus"])
     except RaygeomError as error:
         _fail(str(error))

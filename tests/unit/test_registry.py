@@ -536,7 +536,6 @@ def test_a_top_level_word_that_is_no_section_is_refused(tmp_path):
 # ------------------------------------------------------------------ one road per analysis: everything from its declaration
 
 
-
 def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tmp_path):
     """Over the whole registry: `analyze <name>` and `raygeom <command>` (its declared command, else its name) are one
     generated command whose options are exactly the shared grid, its Params' flags and --report; a job file's
