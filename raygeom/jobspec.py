@@ -7,10 +7,12 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Optional
 
 from raygeom.errors import RaygeomError
 from raygeom.names import check_path
 from raygeom.params import (
+    LAYERS_HELP,
     MAX_BOOT,
     MAX_COUNT,
     MAX_SEED,
@@ -21,13 +23,38 @@ from raygeom.params import (
     PGAParams,
     check_value,
     default_of,
-    n_null_settings,
     nearest,
     param,
 )
 from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources.checkpoints import is_run_directory
 from raygeom.sources.layers import _INSIDE
+
+DEFAULT_STORE = "runs/default"  # every command's store unless --out or a job names one
+
+
+@dataclass(frozen=True)
+class GridSettings(Params):
+    """What the commands take besides their analyses' parameters and no job section declares: the models and
+    revisions, layers, sample seed, store and outputs, and the Ray cluster."""
+
+    model: str = param(
+        "smollm2",
+        "Built-in name, HF hub id, model directory or .gguf file; name@revision picks a revision. Repeatable.",
+        nonempty=True,
+    )
+    revision: str = param(
+        "main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.", nonempty=True
+    )
+    layers: str = param("all", LAYERS_HELP, nonempty=True)
+    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0, high=MAX_SEED)
+    out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).", nonempty=True)
+    report: Optional[str] = param(None, "Also copy the tables and plots into this directory.", nonempty=True)
+    plots: Optional[str] = param(None, "Where the PNGs go (default: <out>/plots).", nonempty=True)
+    address: Optional[str] = param(
+        None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.", nonempty=True
+    )
+    num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1, high=MAX_WORKERS)
 
 
 @dataclass(frozen=True)
@@ -170,11 +197,22 @@ class JobSpec:
         """The first (often the only) run of [train]; every run shares its data and held-out texts."""
         return self.trains[0] if self.trains else None
 
+    @property
+    def corpus_pending(self) -> bool:
+        """The corpus is the held-out texts [train] writes and has not written yet: checks that read it wait for it."""
+        return bool(self.trains) and not Path(self.corpus).exists()
+
     def planned(self) -> tuple:
         """Every (analysis, parameters) this job runs on each extraction."""
         from raygeom.analyses.registry import Planned
 
         return self.analyses or (Planned("pga", self.pga),)
+
+    def with_planned(self, planned: tuple) -> "JobSpec":
+        """This job running ``planned`` (a command's analyses); its PGA settings follow a planned PGA's, so what reads
+        them (progress, plan) reads what runs."""
+        pga = next((item.params for item in planned if item.analysis == "pga"), self.pga)
+        return replace(self, analyses=tuple(planned), pga=pga)
 
     def with_overrides(self, **overrides) -> "JobSpec":
         """Apply CLI options (None means 'not given') to the job, its extraction and PGA settings."""
@@ -388,7 +426,7 @@ def load_job(path: str | Path) -> JobSpec:
             sample_seed=int(corpus.get("seed", 0)),
             layers=str(layers),
             extraction=ExtractionSettings.from_mapping(extract, f"{path}: [extract] "),
-            pga=PGAParams.from_mapping({**analysis, **n_null_settings(analysis.get("n_null"))}, f"{path}: [pga] "),
+            pga=PGAParams.from_mapping(analysis, f"{path}: [pga] "),
             sweep=sweep,
             trains=trains,
             trajectory=trajectory,

@@ -37,10 +37,13 @@ def param(
     nonempty: bool = False,
     flag: str | None = None,
     rule: tuple | None = None,
+    words: tuple[str, ...] = (),
 ):
     """A declared parameter: its default, help text and the values allowed (``low``/``high`` bounds, closed
     unless ``*_open``; ``choices``; ``nonempty`` strings; ``rule`` = (predicate, what it allows in words) for a
-    string with a grammar, e.g. a comma-separated list). ``flag`` renames the CLI option (default ``--name``)."""
+    string with a grammar, e.g. a comma-separated list). ``flag`` renames the CLI option (default ``--name``).
+    ``words``: values taken as text beside the declared type (e.g. 'auto'), which the class's ``normalise`` turns
+    into settings; a job file and a flag take them alike."""
     return field(
         default=default,
         metadata={
@@ -53,8 +56,16 @@ def param(
             "nonempty": nonempty,
             "flag": flag,
             "rule": rule,
+            "words": tuple(words),
         },
     )
+
+
+def declared_as(cls: type, name: str, **changes):
+    """The declaration of ``cls.name`` again, for a class that takes the same setting (one help text, range and
+    default); ``changes``: e.g. another ``flag``."""
+    spec = next(f for f in fields(cls) if f.name == name)
+    return field(default=spec.default, metadata={**spec.metadata, **changes})
 
 
 def _numbers(text: str) -> list[float] | None:
@@ -123,10 +134,11 @@ def allowed(cls: type, name: str) -> str:
     """The declared range of one parameter, as the refusal line states it."""
     spec = next(f for f in fields(cls) if f.name == name)
     meta, kind = spec.metadata, declared_type(cls, name)
+    words = "".join(f" or '{word}'" for word in meta.get("words", ()))
     if meta.get("choices"):
-        return "one of " + ", ".join(map(str, meta["choices"]))
+        return "one of " + ", ".join(map(str, meta["choices"])) + words
     if meta.get("rule"):
-        return meta["rule"][1]
+        return meta["rule"][1] + words
     parts = [_TYPES.get(kind, kind.__name__)]
     if meta.get("low") is not None:
         parts.append(f"{'>' if meta['low_open'] else '>='} {bound_text(meta['low'])}")
@@ -134,7 +146,7 @@ def allowed(cls: type, name: str) -> str:
         parts.append(f"{'<' if meta['high_open'] else '<='} {bound_text(meta['high'])}")
     if meta.get("nonempty"):
         parts.append("not empty")
-    return " ".join(parts[:1]) + (" " + " and ".join(parts[1:]) if len(parts) > 1 else "")
+    return " ".join(parts[:1]) + (" " + " and ".join(parts[1:]) if len(parts) > 1 else "") + words
 
 
 def check_value(cls: type, name: str, value: Any, where: str = "", label: str | None = None) -> Any:
@@ -178,6 +190,9 @@ def default_of(cls: type, name: str) -> Any:
 def parse_text(cls: type, name: str, text: str, label: str | None = None) -> Any:
     """A command-line value of a declared parameter: parsed to its declared type, then checked (``label``: the flag)."""
     kind, shown = declared_type(cls, name), label or name
+    words = next(f for f in fields(cls) if f.name == name).metadata.get("words", ())
+    if isinstance(text, str) and text.strip().lower() in words:
+        return text.strip().lower()
     try:
         value = int(text.strip()) if kind is int else float(text.strip()) if kind is float else text
         return check_value(cls, name, value)
@@ -233,7 +248,7 @@ class Params:
             raise RaygeomError(
                 f"{where}k and k_per_d conflict: k_per_d > 0 sets k = round(k_per_d * d) for each model; give one of them"
             )
-        values = {name: canonical_value(name, value) for name, value in values.items()}
+        values = {name: canonical_value(name, value) for name, value in cls.normalise(values).items()}
         checked = {
             name: check_value(cls, name, value, where)
             for name, value in values.items()
@@ -244,6 +259,11 @@ class Params:
             return cls(**checked)
         except RaygeomError as error:
             raise RaygeomError(f"{where}{error}") from None
+
+    @classmethod
+    def normalise(cls, values: dict) -> dict:
+        """``values`` with a declared word (see :func:`param`) turned into the settings it stands for."""
+        return values
 
     @classmethod
     def grid(cls, values: dict, where: str = "") -> list["Params"]:
@@ -259,6 +279,10 @@ class Params:
 
     def settings(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def given_over(self, values: dict) -> "Params":
+        """These parameters with ``values`` (given, e.g. on the command line) over them."""
+        return type(self).from_mapping({**self.settings(), **type(self).normalise(values)})
 
 
 def k_per_d_param():
@@ -292,7 +316,14 @@ class PGAParams(Params):
     k: int = param(100, "Readout subspace dimension (k < d).", low=1, high=MAX_WIDTH)
     k_per_d: float = k_per_d_param()
     r: int = param(1, "Top principal components removed after centring (CCR-r).", low=0, flag="--ccr", high=MAX_WIDTH)
-    n_null: int = param(100, "Random subspaces in the null.", low=2, high=MAX_NULLS)
+    n_null: int = param(
+        100,
+        "Random subspaces in the null, or 'auto': blocks of 100 until z's 95% half-width is <= max(z_half_width, "
+        "z_rel_width x |z|) and, below n_null_decide, its interval holds none of 0, -2, 2; at most n_null_cap.",
+        low=2,
+        high=MAX_NULLS,
+        words=("auto",),
+    )
     seed: int = param(0, "Seed of the nulls (and of the text sample).", low=0, high=MAX_SEED)
     null_chunks: int = param(10, "Ray tasks the nulls of one layer are split into.", low=1, high=10_000)
     gpus_per_task: float = param(0.0, "GPUs each PGA task asks Ray for (0: CPU).", low=0.0, high=64.0)
@@ -318,6 +349,15 @@ class PGAParams(Params):
     )
     # Interval over texts: this many seeded half-samples of the texts (0: none), each with 10 nulls.
     text_halves: int = param(10, "Half-samples of the texts for the interval over texts (0: none, else >= 2).", low=0, high=1000)
+
+    @classmethod
+    def normalise(cls, values: dict) -> dict:
+        # a count or 'auto' sets n_null_auto with it, so a count given over an auto job is a count
+        value = values.get("n_null")
+        known = (isinstance(value, str) and value.strip().lower() == "auto") or (
+            isinstance(value, int) and not isinstance(value, bool)
+        )
+        return {**values, **n_null_settings(value)} if known and values.get("n_null_auto") is None else values
 
     def __post_init__(self):
         super().__post_init__()

@@ -67,6 +67,15 @@ def _aligned(job, specs, params: ConvergenceParams):
     return aligned_corpus(specs, corpus, job.extraction.seq_len)[0]
 
 
+def _check_count(models) -> None:
+    if len(models) < 2:
+        from raygeom.errors import RaygeomError
+
+        raise RaygeomError(
+            f"convergence needs at least two models (or revisions) in the job; got {len(models)}; converge compares models"
+        )
+
+
 @register
 class Convergence(Analysis):
     """Cross-model convergence for every pair of models and every pair of layers: full space, readout subspaces, random subspaces."""
@@ -97,12 +106,6 @@ class Convergence(Analysis):
     series = ("k", "r", "n_null")
     figures = "raygeom.report.converge_plots:figures"
 
-    def check_models(self, specs):
-        if len(specs) < 2:
-            from raygeom.errors import RaygeomError
-
-            raise RaygeomError(f"convergence needs at least two models (or revisions) in the job; got {len(specs)}")
-
     def console(self, rows, store=None):
         from raygeom.analyses.converge import convergence_markdown, pairs
 
@@ -113,19 +116,15 @@ class Convergence(Analysis):
 
     def check_job(self, params, job) -> None:
         # a run directory's revisions are its checkpoints: known only when the job runs, so run() checks again
-        if not any(entry.run_dir for entry in job.models) and sum(len(entry.revisions) for entry in job.models) < 2:
-            from raygeom.errors import RaygeomError
-
-            raise RaygeomError(
-                "[analyses.convergence] needs at least two models (or revisions) in the job; converge compares models"
-            )
+        if not any(entry.run_dir for entry in job.models):
+            _check_count({(entry.source, revision) for entry in job.models for revision in entry.revisions})
 
     def run(self, store, job, specs, params: ConvergenceParams, progress):
         from raygeom.analyses import converge
         from raygeom.analyses.extraction import extract_models
 
         converge_params = _converge_params(params)
-        self.check_models(specs)
+        _check_count(specs)
         corpus = _aligned(job, specs, params)
         infos = extract_models(store, specs, corpus, job.extraction, job.layers, progress=progress)
         models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]

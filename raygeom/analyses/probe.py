@@ -36,6 +36,17 @@ def probe_task(root: str, model: str, revision: str, layer: str, test_fraction: 
     return {**result, "accuracy_lo": low, "accuracy_hi": high}
 
 
+def require_labels(corpus_name: str, otherwise: str = "") -> None:
+    """Refuse, before any work, a probe on a corpus without labels (``otherwise``: the flag that leaves probes out)."""
+    from raygeom.sources.corpus import load_corpus
+
+    if load_corpus(corpus_name).labels is None:
+        raise RaygeomError(
+            f"corpus '{corpus_name}' has no labels, so there is nothing to probe "
+            "(use 'bbc', a JSONL/Parquet file with a 'label' field, or hf:ag_news" + (f"; or {otherwise})" if otherwise else ")")
+        )
+
+
 @register
 class Probe(Analysis):
     name = "probe"
@@ -46,6 +57,10 @@ class Probe(Analysis):
     columns = ("seed", "test_fraction", "c", "accuracy", "accuracy_lo", "accuracy_hi", "chance", "n_test", "converged")
     metrics = (Metric("accuracy", "probe accuracy", "accuracy_lo", "accuracy_hi", chance="chance"),)
     series = ("seed", "test_fraction", "c")
+
+    def check_job(self, params, job) -> None:
+        if not job.corpus_pending:
+            require_labels(job.corpus)
 
     def units(self, store, model, revision, layers, params: ProbeParams, info):
         samples = store.read_samples(model, revision, info["key"])

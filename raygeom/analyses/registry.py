@@ -86,6 +86,8 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     # "module:function" of the report layer drawing this run's plots: function(rows, plots directory) -> [paths]; None:
     # the generic plots (each metric by depth)
     figures: ClassVar[str | None] = None
+    # CSV name -> a results/ table (e.g. a side table its run writes) whose rows of this run's units --report copies
+    tables: ClassVar[dict[str, str]] = {}
 
     def for_width(self, params, d: int | None):
         """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""
@@ -95,11 +97,8 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         """Refuse, before any work, parameters this extraction cannot serve (e.g. k >= d)."""
 
     def check_job(self, params, job) -> None:
-        """Refuse, when the job file is read, a job this analysis can never run on (e.g. one model for a comparison
-        of models), so a job-file analysis refuses what its command refuses."""
-
-    def check_models(self, specs: list) -> None:
-        """Refuse, before any work, a job whose (model, revision)s this analysis cannot serve (e.g. too few)."""
+        """Refuse a job this analysis can never run on (e.g. one model for a comparison of models): called when a job
+        file is read and before a command's work, so a job-file analysis and its command refuse the same things."""
 
     def console(self, rows: list[dict], store=None) -> list[str]:
         """The lines a run prints of this job's rows (plain text; ``store``: where they are, for what they decide);

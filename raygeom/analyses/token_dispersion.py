@@ -116,6 +116,13 @@ class ChunkAnalysis(Analysis):
     results = "dispersion_layers"
     series = SERIES
 
+    def check_job(self, params, job) -> None:
+        """Sizes that can only give NaN group correlations or no slices, and a corpus too repetitive to rank."""
+        if job.corpus_pending:
+            return
+        corpus = full_corpus(job)
+        settings_of(params, job.layers)[1].check_against(chunks_per_model(params, corpus), corpus.texts)
+
     def run(self, store, job, specs, params, progress):
         return run_chunks(store, job, specs, params, progress)
 
@@ -125,8 +132,13 @@ class ChunkAnalysis(Analysis):
 
 @register
 class TokenDispersion(ChunkAnalysis):
+    """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap,
+    each correlation with a 95 % bootstrap interval; bits per byte beside perplexity."""
+
     name = "token_dispersion"
     version = 3
+    tables = {name: f"dispersion_{name}" for name in ("layers", "slices", "groups", "domains")}
+    figures = "raygeom.report.dispersion_plots:token_dispersion_figures"
     title = "Token-level dispersion"
     columns = (
         "token_dispersion",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
-from dataclasses import replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Optional
 
@@ -49,9 +49,23 @@ def _field(params_cls, name: str):
 
 def build_job(analysis_name: str, grid: dict, values: dict):
     """The job a registry command runs: the job file's (or the flags') grid with this one analysis."""
-    analysis = registry.get(analysis_name)
-    planned = (registry.Planned(analysis_name, analysis.Params.from_mapping(values)),)
-    return replace(grid_job(analysis_name, grid), analyses=planned)
+    return build_group_job((analysis_name,), grid, values)
+
+
+def build_group_job(names: tuple[str, ...], grid: dict, values: dict):
+    """The job of a command of one or more analyses (``names``, whose Params take ``values``, the flags given): with
+    ``--job``, each of them the job plans, the flags given over its parameters (none planned: from the flags alone);
+    without, each from the flags."""
+    job = grid_job(names[0], {**grid, **({"seed": values["seed"]} if "seed" in values else {})})
+    planned = []
+    for name in names:
+        analysis = registry.get(name)
+        own = {key: value for key, value in values.items() if key in {f.name for f in fields(analysis.Params)}}
+        in_job = [item for item in job.planned() if item.analysis == name] if grid.get("job") is not None else []
+        planned += [registry.Planned(name, item.params.given_over(own)) for item in in_job] or [
+            registry.Planned(name, analysis.Params.from_mapping(own))
+        ]
+    return job.with_planned(tuple(dict.fromkeys(planned)))
 
 
 def check_report(report: Path | None) -> None:
@@ -66,14 +80,21 @@ def check_report(report: Path | None) -> None:
         raise RaygeomError(f"report directory {report} is not writable")
 
 
-def copy_report(analysis, outputs, report: Path) -> None:
+def copy_report(analysis, outputs, report: Path, root: Path | None = None) -> None:
     """What the run of ``analysis`` wrote (its table, plots and documents) copied into ``report``, each atomically,
-    and a CSV of this run's rows named as its command (<command>.csv, as docs/results cite them)."""
+    a CSV of this run's rows named as its command (<command>.csv, as docs/results cite them), and one of each table
+    it declares (``tables``: the rows of this run's units in the store ``root``)."""
     from raygeom.report.figures import write_csv
+    from raygeom.store.tree import read_table
 
     rows = getattr(outputs, "analysis_rows", {}).get(analysis.name)
     if rows:
         write_csv(rows, report / f"{analysis.command or analysis.name}.csv")
+        keys = {row.get("unit_key") for row in rows}
+        for name, table in analysis.tables.items():
+            path = Path(root or ".") / "results" / f"{table}.parquet"
+            if path.is_file():
+                write_csv([r for r in read_table(path).to_pylist() if r.get("unit_key") in keys], report / f"{name}.csv")
     for path in getattr(outputs, "files", {}).get(analysis.name, []):
         if path is not None and path.is_file() and path.parent.resolve() != report.resolve():
             temporary = report / f".{path.name}.tmp"
@@ -91,10 +112,26 @@ def options_of(analysis) -> dict:
     return {**GRID, **_param_options(analysis.Params), **OUTPUT_OPTIONS}
 
 
-def make_command(analysis_name: str):
-    analysis = registry.get(analysis_name)
-    param_options = _param_options(analysis.Params)
-    options = options_of(analysis)
+def _group_params(names: tuple[str, ...]) -> dict:
+    """name -> the Params class that declares it first, over the analyses of one command."""
+    declaring = {}
+    for name in names:
+        params_cls = registry.get(name).Params
+        for spec in params_cls.declared():
+            declaring.setdefault(spec.name, params_cls)
+    return declaring
+
+
+def make_command(analysis_name: str, *more: str):
+    """The generated command of one analysis, or of several read together (``more``: e.g. the token-level dispersion
+    and its slices, one forward pass): the grid, every Params' flags (one flag per name), --report."""
+    names = (analysis_name, *more)
+    chosen = [registry.get(name) for name in names]
+    declaring = _group_params(names)
+    param_options = {}
+    for analysis in chosen:
+        param_options.update({k: v for k, v in _param_options(analysis.Params).items() if k not in param_options})
+    options = {**GRID, **param_options, **OUTPUT_OPTIONS}
 
     def command(**kwargs):
         from raygeom.cli.root import _run, console
@@ -106,15 +143,16 @@ def make_command(analysis_name: str):
             values = {
                 name: kwargs[name]
                 if isinstance(kwargs[name], bool)
-                else parse_text(analysis.Params, name, kwargs[name], _flag(_field(analysis.Params, name)))
+                else parse_text(declaring[name], name, kwargs[name], _flag(_field(declaring[name], name)))
                 for name in param_options
                 if kwargs[name] is not None
             }
-            job = build_job(analysis_name, grid, values)
+            job = build_group_job(names, grid, values)
             check_report(report)
             outputs = _run(job, grid["address"], grid["num_cpus"])
             if report is not None:
-                copy_report(analysis, outputs, report)
+                for analysis in chosen:
+                    copy_report(analysis, outputs, report, Path(job.out))
                 console.print(f"report: {report}", markup=False, highlight=False)
         except RaygeomError as error:
             fail(str(error))
@@ -127,23 +165,31 @@ def make_command(analysis_name: str):
         ]
     )
     command.__annotations__ = {name: annotation for name, (annotation, _) in options.items()}
-    what = (type(analysis).__doc__ or "").strip() or f"{analysis.title} of every chosen layer, per model and revision."
+    what = " ".join(
+        (type(a).__doc__ or "").strip() or f"{a.title} of every chosen layer, per model and revision." for a in chosen[:1]
+    )
     command.__doc__ = (
-        f"{what} ({analysis.name}, version {analysis.version}). Rows go to <out>/results/{analysis.results_dir}.parquet."
+        f"{what} ({', '.join(f'{a.name}, version {a.version}' for a in chosen)}). Rows go to "
+        + ", ".join(f"<out>/results/{a.results_dir}.parquet" for a in dict((a.results_dir, a) for a in chosen).values())
+        + "."
     )
     command = checked(command)
     command.analysis = analysis_name  # its own flags are its Params' (checked by parse_text above)
+    command.analyses = names
     return command
 
 
 def register(app: typer.Typer) -> None:
     existing = {c.name or c.callback.__name__ for c in app.registered_commands}
     analyze = typer.Typer(help="Run any registered analysis over a grid of models x revisions x layers.", no_args_is_help=True)
+    by_command: dict[str, list[str]] = {}
     for name in sorted(registry.analyses()):
-        command = make_command(name)
-        analyze.command(name=name)(command)
-        called = registry.get(name).command or name  # e.g. convergence runs as `raygeom converge`
-        if called not in existing:  # a command still written by hand keeps its name (dispersion, select)
+        analyze.command(name=name)(make_command(name))
+    for name, analysis in registry.analyses().items():  # in registration order: token_dispersion before slices
+        # e.g. convergence runs as `raygeom converge`; analyses naming one command run together (dispersion)
+        by_command.setdefault(analysis.command or name, []).append(name)
+    for called, names in by_command.items():
+        if called not in existing:
             existing.add(called)
-            app.command(name=called)(command)
+            app.command(name=called)(make_command(*names))
     app.add_typer(analyze, name="analyze")

@@ -1,5 +1,5 @@
-"""CLI commands for the dispersion analyses (registered by raygeom.cli.root): dispersion and train (select and knn
-are the gap and knn_lm analyses' generated commands)."""
+"""CLI command of push-away training (registered by raygeom.cli.root): train (dispersion, select and knn are the
+token_dispersion/slices, gap and knn_lm analyses' generated commands)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,16 @@ from raygeom.analyses.train import TrainSettings
 from raygeom.cli.analyses import check_report
 from raygeom.cli.consoles import output_width
 from raygeom.cli.flags import (
-    LAYERS_HELP,
-    TOKEN_GRID,
     AddressOption,
-    CommandFlags,
-    DispersionFlags,
+    GridSettings,
     NumCpusOption,
-    PlotsOption,
     TrainFlags,
     checked,
     fail,
-    grid_job,
     option,
-    unique_specs,
 )
 from raygeom.errors import RaygeomError
-from raygeom.jobspec import CorpusSection
 from raygeom.report import dispersion_plots
-from raygeom.report.figures import format_interval
 from raygeom.report.html import announce_report
 
 # Wide tables stay readable when the output goes to a log file.
@@ -71,12 +63,6 @@ def _table(rows: list[dict], columns: list[str], title: str) -> Table:
     return table
 
 
-def _progress():
-    from raygeom.jobs.pipeline import progress_bar
-
-    return progress_bar(console)
-
-
 def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report: Optional[Path]) -> list[Path]:
     """CSV copies of the tables (names as docs/results cite them) and the plots, into ``report``."""
     if report is None:
@@ -96,7 +82,7 @@ def _write_report(rows_by_name: dict[str, list[dict]], plots: list[Path], report
 
 
 ReportOption = option(
-    CommandFlags,
+    GridSettings,
     "report",
     path=True,
     help="Also write the CSV copies of the tables and the plots into this directory (e.g. docs/results/dispersion).",
@@ -106,156 +92,8 @@ ReportOption = option(
 _check_report = check_report  # a --report directory that cannot be made fails before any work
 
 
-# The token-level commands' flags, declared once (raygeom.cli.flags.DispersionFlags).
-TokenLayersOption = option(CommandFlags, "layers", help=LAYERS_HELP + " attn_last is always added.")
-ChunkLenOption = option(DispersionFlags, "chunk_len")
-BatchSizeOption = option(DispersionFlags, "batch_size")
-DomainTokensOption = option(DispersionFlags, "domain_tokens")
-NBootOption = option(DispersionFlags, "n_boot")
-SeedOption = option(DispersionFlags, "seed")
-
-
-# Every command's default store is the one store (raygeom.cli.flags.DEFAULT_STORE, CommandFlags.out).
-StoreOption = option(CommandFlags, "out", "-o", path=True, help="The store, shared by every command (with --job: the job's out).")
-
-
-def _grid(name: str, values: dict):
-    """A token-level command's models, corpus, layers and store: from --job, with the flags given over it."""
-    job = grid_job(
-        name,
-        {key: value for key, value in values.items() if key in ("job", "given", "model", "revision", "corpus", "layers", "out")},
-    )
-    return job, unique_specs(job), Path(job.out)
-
-
-@checked(grid=TOKEN_GRID)
-def dispersion(
-    layers: Optional[str] = TokenLayersOption,
-    corpus: Optional[str] = option(
-        CorpusSection, "name", "-c", flag="--corpus", help="Built-in name or file; its labels are the domains."
-    ),
-    chunk_len: Optional[str] = ChunkLenOption,
-    chunks_per_domain: Optional[str] = option(DispersionFlags, "chunks_per_domain"),
-    batch_size: Optional[str] = BatchSizeOption,
-    domain_tokens: Optional[str] = DomainTokensOption,
-    group_size: Optional[str] = option(DispersionFlags, "group_size"),
-    n_groups: Optional[str] = option(DispersionFlags, "n_groups"),
-    n_slices: Optional[str] = option(DispersionFlags, "n_slices"),
-    model_layer: Optional[str] = option(
-        DispersionFlags, "gap_layer", flag="--model-layer", help="Layer of the cross-model and gap summaries."
-    ),
-    n_boot: Optional[str] = NBootOption,
-    seed: Optional[str] = SeedOption,
-    out: Optional[str] = StoreOption,
-    plots: Optional[str] = PlotsOption,
-    report: Optional[str] = ReportOption,
-    given: frozenset = frozenset(),
-    **grid,
-):
-    """Dispersion vs perplexity per model, layer and domain: token and sample level, group protocol, slices, gap,
-    each correlation with a 95 % bootstrap interval; bits per byte beside perplexity."""
-    values = dict(locals(), **grid)
-    address, num_cpus = grid["address"], grid["num_cpus"]
-    from raygeom.sources.corpus import load_corpus
-    from raygeom.store.tree import Store, check_writable
-
-    try:
-        job, specs, out = _grid("dispersion", values)
-        _prepare(address)
-        from raygeom.analyses.dispersion import AnalysisSettings, DispersionSettings
-
-        settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, job.layers, domain_tokens, seed)
-        analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer, n_boot)
-        _check_report(report)
-        store = Store(out)
-        check_writable(store.root)
-        text = load_corpus(job.corpus)
-        analysis.check_against(len(set(text.labels or ["all"])) * chunks_per_domain, text.texts)
-        _start(address, num_cpus)
-        from raygeom.analyses import dispersion as dp
-
-        with _progress() as bar:
-
-            def factory(label, _):
-                task = bar.add_task(f"chunks {label}", total=len(set(text.labels or ["all"])) * chunks_per_domain)
-                return lambda n: bar.advance(task, n)
-
-            analysed = bar.add_task("analysis (layers x models)", total=None)
-            result = dp.run_dispersion(store, specs, text, settings, analysis, factory, lambda n: bar.advance(analysed, n))
-        plot_dir = plots or store.root / "plots"
-        written = []
-        for name in dict.fromkeys(r["model"] for r in result["layers"]):
-            for revision_name in dict.fromkeys(r["revision"] for r in result["layers"] if r["model"] == name):
-                rows = [dict(r) for r in result["layers"] if r["model"] == name and r["revision"] == revision_name]
-                for row in rows:
-                    for label, column in (
-                        ("group Spearman", "group_spearman"),
-                        ("group Pearson", "group_pearson"),
-                        ("chunk Spearman", "chunk_spearman"),
-                    ):
-                        row[label] = format_interval(row, column, separator=",")
-                    row["G"] = format_interval(row, "gap", 3, ",")
-                    for kind in ("domain", "kmeans"):
-                        for level in ("token", "sample"):
-                            row[f"{kind} {level}"] = format_interval(row, f"{kind}_agreement_{level}", separator=",")
-                title = (
-                    f"{name}@{revision_name}  (perplexity {rows[0]['perplexity']:.2f}, {rows[0]['bits_per_byte']:.4f} bits "
-                    f"per byte, {rows[0]['n_chunks']} chunks; [95 % bootstrap interval])"
-                )
-                console.print(
-                    _table(
-                        rows,
-                        [
-                            "layer",
-                            "token_dispersion",
-                            "sample_dispersion",
-                            "group Spearman",
-                            "group Pearson",
-                            "chunk Spearman",
-                            "G",
-                            "gap_n_domain",
-                        ],
-                        f"dispersion against perplexity  {title}",
-                    )
-                )
-                console.print(
-                    _table(
-                        rows,
-                        ["layer", "domain token", "domain sample", "kmeans token", "kmeans sample"],
-                        f"slice rank agreement, Spearman(-slice dispersion, slice perplexity), token- and "
-                        f"sample-level dispersion  {name}@{revision_name}",
-                    )
-                )
-                warning = next((r["gap_warning"] for r in rows if r["layer"] == model_layer and r.get("gap_warning")), "")
-                if warning:
-                    console.print(f"[yellow]warning:[/] {name}@{revision_name} at {model_layer}: {warning}", highlight=False)
-            depth = sorted((r for r in result["layers"] if r["model"] == name), key=lambda r: r["relative_depth"])
-            ordered = list(dict.fromkeys(r["layer"] for r in depth if r["layer"] != "attn_last"))
-            picks = list(
-                dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-2], ordered[-1], "attn_last"])
-            )
-            written.append(
-                dispersion_plots.plot_groups(
-                    result["groups"], result["layers"], name, picks, plot_dir / f"groups_{name.replace('/', '--')}.png"
-                )
-            )
-        written.append(dispersion_plots.plot_layer_profile(result["layers"], plot_dir / "layer_profile.png"))
-        written.append(dispersion_plots.plot_models(result["domains"], plot_dir / "models_dispersion_vs_perplexity.png"))
-        console.print(
-            _table(
-                result["domains"],
-                ["model", "revision", "domain", "token_dispersion", "perplexity", "bits_per_byte", "n_chunks"],
-                f"per domain at {model_layer} (bits per byte compare across tokenizers; perplexity does not)",
-            )
-        )
-        _write_report({name: result[name] for name in ("layers", "slices", "groups", "domains")}, written, report)
-        console.print(
-            f"tables: {store.root / 'results'} (dispersion_layers/slices/groups/domains.parquet)\nplots:  {plot_dir}"
-            + (f"\nreport: {report}" if report else "")
-        )
-        announce_report(store.root, console)
-    except RaygeomError as error:
-        _fail(str(error))
+# Every command's default store is the one store (raygeom.cli.flags.DEFAULT_STORE, GridSettings.out).
+StoreOption = option(GridSettings, "out", "-o", path=True, help="The store, shared by every command (with --job: the job's out).")
 
 
 TRAIN_FLAGS = (
@@ -311,7 +149,7 @@ def train(
     log_until: Optional[str] = option(TrainFlags, "log_until"),
     run_dir: Optional[str] = option(TrainFlags, "run_dir", path=True),
     out: Optional[str] = StoreOption,
-    plots: Optional[str] = option(CommandFlags, "plots", path=True, help="Where the PNG goes (default: <out>/plots)."),
+    plots: Optional[str] = option(GridSettings, "plots", path=True, help="Where the PNG goes (default: <out>/plots)."),
     report: Optional[str] = ReportOption,
     address: Optional[str] = AddressOption,
     num_cpus: Optional[str] = NumCpusOption,
@@ -447,5 +285,4 @@ def _job_runs(job_file: Path, values: dict) -> tuple[list, Path]:
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the raygeom app."""
-    app.command("dispersion")(dispersion)
     app.command("train")(train)

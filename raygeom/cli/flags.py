@@ -24,84 +24,25 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.analyses.train import TrainRuns
 from raygeom.errors import RaygeomError
-from raygeom.jobspec import CorpusSection
+from raygeom.jobspec import DEFAULT_STORE, CorpusSection, GridSettings
 from raygeom.params import (
-    LAYERS_HELP,
-    MAX_COUNT,
-    MAX_SEED,
-    MAX_WIDTH,
-    MAX_WORKERS,
-    Params,
     PGAParams,
     allowed,
     check_value,
     declared_type,
     default_of,
-    number_list,
-    param,
 )
 from raygeom.replica.settings import ExtractionSettings
 
 errors = Console(stderr=True)
-
-DEFAULT_STORE = "runs/default"
 
 
 def fail(message: str) -> None:
     """A refusal: one line on stderr, exit 2."""
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
-
-
-@dataclass(frozen=True)
-class CommandFlags(Params):
-    """The flags the analysis commands share that no analysis or job section declares."""
-
-    model: str = param(
-        "smollm2",
-        "Built-in name, HF hub id, model directory or .gguf file; name@revision picks a revision. Repeatable.",
-        nonempty=True,
-    )
-    revision: str = param(
-        "main", "Revision(s) of every --model given without @revision, e.g. step1000. Repeatable.", nonempty=True
-    )
-    layers: str = param("all", LAYERS_HELP, nonempty=True)
-    sample_seed: int = param(0, "Seed of the text sample (default: --seed).", low=0, high=MAX_SEED)
-    max_words: Optional[int] = param(
-        None,
-        "Cut every text to its first N words before tokenizing, so models with different tokenizers read the same text.",
-        low=1,
-        high=MAX_COUNT,
-    )
-    out: str = param(DEFAULT_STORE, "The store (shared by pga, diagnose, probe and the registry commands).", nonempty=True)
-    report: Optional[str] = param(None, "Also copy the tables and plots into this directory.", nonempty=True)
-    plots: Optional[str] = param(None, "Where the PNGs go (default: <out>/plots).", nonempty=True)
-    address: Optional[str] = param(
-        None, "Attach to this Ray cluster (e.g. 'auto' or ray://host:10001) instead of starting a local one.", nonempty=True
-    )
-    num_cpus: Optional[int] = param(None, "CPUs for a local Ray (default: all).", low=1, high=MAX_WORKERS)
-
-
-@dataclass(frozen=True)
-class DiagnoseFlags(Params):
-    """diagnose's own flags."""
-
-    ccr_ranks: str = param(
-        "0,1,5,10",
-        "CCR ranks of the restoration analysis.",
-        rule=number_list(low=0, high=MAX_WIDTH, integers=True),
-        nonempty=True,
-    )
-    sample_ccr: int = param(1, "CCR rank of the per-sample readout share set beside loss.", low=0, high=MAX_WIDTH)
-    probe: bool = param(True, "Linear probes on the corpus labels.")
-
-
-# The token-level commands' flags (dispersion, select, knn): the chunk analyses' one declaration (token_dispersion,
-# slices), chunks of text instead of one vector per text.
-DispersionFlags = ChunkParams
 
 
 TrainFlags = TrainRuns  # train's own flags: the training runs' one declaration (raygeom.analyses.train)
@@ -120,7 +61,8 @@ class Declared:
     many: bool = False  # a repeatable flag: each value is checked
 
     def allowed(self) -> str:
-        return allowed(self.cls, self.name) + "".join(f" or '{word}'" for word in self.words)
+        declared = next(f for f in fields(self.cls) if f.name == self.name).metadata.get("words", ())
+        return allowed(self.cls, self.name) + "".join(f" or '{word}'" for word in self.words if word not in declared)
 
     def parse(self, value: Any) -> Any:
         """The flag's text, parsed to its declared type and checked."""
@@ -164,7 +106,7 @@ def option(
     value = default_of(cls, name) if default is _MISSING else default
     if many and not isinstance(value, (list, tuple)):
         value = [] if value is None else [value]
-    declared = Declared(cls, name, flag, value, tuple(words), path, many)
+    declared = Declared(cls, name, flag, value, tuple(words) or spec.metadata.get("words", ()), path, many)
     shown = ", ".join(map(str, value)) if many else value
     text = (
         (help or spec.metadata["help"])
@@ -185,6 +127,7 @@ def metavar(cls: type, name: str, words: tuple[str, ...] = (), path: bool = Fals
     if kind is bool:
         return None
     meta = next(f for f in fields(cls) if f.name == name).metadata
+    words = (*words, *(word for word in meta.get("words", ()) if word not in words))
     shown = (
         "path"
         if path
@@ -266,40 +209,33 @@ def checked(func=None, *, grid: tuple[str, ...] = ()):
 
 
 # The grid flags of every analysis command: one declaration each (raygeom.cli.flags.option), one default each.
-ModelOption = option(CommandFlags, "model", "-m", many=True)
-RevisionOption = option(CommandFlags, "revision", "-r", many=True)
+ModelOption = option(GridSettings, "model", "-m", many=True)
+RevisionOption = option(GridSettings, "revision", "-r", many=True)
 CorpusOption = option(
     CorpusSection, "name", "-c", flag="--corpus", help="Built-in name, .txt/.jsonl/.parquet file, or hf:<dataset>[:<split>]."
 )
 NSamplesOption = option(CorpusSection, "n_samples", "-n", help="Texts.")
-SampleSeedOption = option(CommandFlags, "sample_seed")
+SampleSeedOption = option(GridSettings, "sample_seed")
 SeqLenOption = option(ExtractionSettings, "seq_len")
 PoolOption = option(ExtractionSettings, "pool")
 SkipFirstOption = option(ExtractionSettings, "skip_first", names="--skip-first/--keep-first")
 BatchSizeOption = option(ExtractionSettings, "batch_size")
-LayersOption = option(CommandFlags, "layers")
+LayersOption = option(GridSettings, "layers")
 StoreOption = option(
-    CommandFlags,
+    GridSettings,
     "out",
     "-o",
     path=True,
     help="The store (shared by pga, diagnose, probe and the registry commands); with --job, the job's out.",
 )
-AddressOption = option(CommandFlags, "address")
-NumCpusOption = option(CommandFlags, "num_cpus")
-ReportOption = option(CommandFlags, "report", path=True)
-PlotsOption = option(CommandFlags, "plots", path=True)
+AddressOption = option(GridSettings, "address")
+NumCpusOption = option(GridSettings, "num_cpus")
+ReportOption = option(GridSettings, "report", path=True)
+PlotsOption = option(GridSettings, "plots", path=True)
 # PGA's parameters, as pga, run and diagnose take them (PGAParams declares them).
 KOption = option(PGAParams, "k")
 CcrOption = option(PGAParams, "r")
-NNullOption = option(
-    PGAParams,
-    "n_null",
-    words=("auto",),
-    help="Random subspaces in the null, or 'auto': blocks of 100 "
-    "until z's 95% half-width is <= max(--z-half-width, --z-rel-width x |z|) and, below --n-null-decide, "
-    "its interval holds none of 0, -2, 2; at most --n-null-cap.",
-)
+NNullOption = option(PGAParams, "n_null")
 ZHalfWidthOption = option(PGAParams, "z_half_width")
 ZRelWidthOption = option(PGAParams, "z_rel_width")
 NNullCapOption = option(PGAParams, "n_null_cap")
@@ -375,7 +311,7 @@ def grid_job(name: str, values: dict):
     else:
         job = JobSpec(name=name, out=DEFAULT_STORE, models=(), extraction=ExtractionSettings())
     if models is not None:
-        chosen["models"] = model_entries(models, revisions or [default_of(CommandFlags, "revision")])
+        chosen["models"] = model_entries(models, revisions or [default_of(GridSettings, "revision")])
     if "out" in chosen:
         chosen["out"] = str(chosen["out"])
     return job.with_overrides(**chosen)

@@ -15,7 +15,7 @@ from rich.errors import MarkupError
 from rich.markup import escape
 
 from raygeom.cli.consoles import output_width
-from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, CommandFlags, checked, fail, grid_job, option
+from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, GridSettings, checked, fail, grid_job, option
 from raygeom.errors import RaygeomError
 from raygeom.params import n_null_settings
 
@@ -97,9 +97,8 @@ def _check_pga_sizes(job) -> None:
             d = next((run.settings.hidden_size for run in job.trains if spec.source == run.plan().run_dir), None)
         for item in job.planned():
             item.spec.check(item.spec.for_width(item.params, d), {"n_samples": job.n_samples, "d": d}, spec.name)
-    specs = job_models(job)
     for item in job.planned():
-        item.spec.check_models(specs)
+        item.spec.check_job(item.params, job)
 
 
 def _run(job, address, num_cpus):
@@ -138,20 +137,20 @@ PGA_FLAGS = {
 }
 
 
-def pga_overrides(values: dict, every: bool) -> dict:
-    """PGA's parameters from a command's flags: all of them (``every``), or only those given on the command line."""
+def pga_overrides(values: dict) -> dict:
+    """PGA's parameters given on `raygeom run`'s command line."""
     given = values["given"]
-    chosen = {field: values[name] for name, field in PGA_FLAGS.items() if every or name in given}
-    return {**chosen, **n_null_settings(values["n_null"] if every or "n_null" in given else None)}
+    chosen = {field: values[name] for name, field in PGA_FLAGS.items() if name in given}
+    return {**chosen, **n_null_settings(values["n_null"] if "n_null" in given else None)}
 
 
 @app.command()
 @checked(grid=tuple(name for name in (*TEXT_GRID, *PGA_OPTIONS) if name != "job"))
 def run(
     job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/laptop.toml"),
-    out: Optional[str] = option(CommandFlags, "out", "-o", path=True, default=None, help="The store (default: the job's out)."),
+    out: Optional[str] = option(GridSettings, "out", "-o", path=True, default=None, help="The store (default: the job's out)."),
     model: Optional[list[str]] = option(
-        CommandFlags,
+        GridSettings,
         "model",
         "-m",
         many=True,
@@ -159,7 +158,7 @@ def run(
         help="Replace the job's models by these (repeatable; name@revision picks a revision).",
     ),
     revision: Optional[list[str]] = option(
-        CommandFlags, "revision", "-r", many=True, default=None, help="With --model: its revision(s)."
+        GridSettings, "revision", "-r", many=True, default=None, help="With --model: its revision(s)."
     ),
     given: frozenset = frozenset(),
     **grid,
@@ -168,25 +167,8 @@ def run(
     PGA of every layer where it names none). Every flag of `raygeom pga` overrides the job's setting of the same name."""
     values = {**grid, "job": job_file, "out": out, "model": model, "revision": revision, "given": given}
     try:
-        job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values, every=False))
+        job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values))
         _run(job, values["address"], values["num_cpus"])
-    except RaygeomError as error:
-        _fail(str(error))
-
-
-@app.command()
-@checked(grid=(*TEXT_GRID, *PGA_OPTIONS))
-def pga(given: frozenset = frozenset(), **grid):
-    """Subspace PGA of the models (each at one or more revisions) on one corpus, configured by flags or by a job
-    file's grid and its pga section (--job; the flags given override it)."""
-    from dataclasses import replace
-
-    values = {**grid, "given": given}
-    try:
-        job = grid_job(" ".join(values["model"]), values)
-        if values["job"] is not None:  # the job's PGA: its pga section, and any analyses.pga grid, the flags given over them
-            job = replace(job, analyses=tuple(p for p in job.analyses if p.analysis == "pga"))
-        _run(job.with_overrides(**pga_overrides(values, every=values["job"] is None)), values["address"], values["num_cpus"])
     except RaygeomError as error:
         _fail(str(error))
 
@@ -194,7 +176,6 @@ def pga(given: frozenset = frozenset(), **grid):
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in (
     "raygeom.cli.sweep",
-    "raygeom.cli.diagnostics",
     "raygeom.cli.dispersion",
     "raygeom.cli.report",
     "raygeom.cli.analyses",

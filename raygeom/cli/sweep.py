@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from raygeom.cli.consoles import output_width
-from raygeom.cli.flags import CommandFlags, checked, option
+from raygeom.cli.flags import GridSettings, checked, option
 from raygeom.cli.flags import fail as _fail
 from raygeom.errors import RaygeomError
 from raygeom.jobspec import SweepSettings
@@ -340,7 +340,7 @@ def register(app: typer.Typer) -> None:
     def plan(
         job_file: Path = typer.Argument(..., help="TOML job file, e.g. jobs/pythia-sweep.toml"),
         out: Optional[str] = option(
-            CommandFlags, "out", "-o", path=True, default=None, help="Store to compare against (default: the job's out)."
+            GridSettings, "out", "-o", path=True, default=None, help="Store to compare against (default: the job's out)."
         ),
         gpu_memory_gib: Optional[str] = option(
             SweepSettings,
@@ -360,7 +360,7 @@ def register(app: typer.Typer) -> None:
     def status(
         job_file: Path = typer.Argument(..., help="TOML job file"),
         out: Optional[str] = option(
-            CommandFlags, "out", "-o", path=True, default=None, help="Store to read (default: the job's out)."
+            GridSettings, "out", "-o", path=True, default=None, help="Store to read (default: the job's out)."
         ),
     ):
         """Progress of a sweep from the store alone, with revisions whose weights duplicate another's."""

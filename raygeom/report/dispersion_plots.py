@@ -150,6 +150,34 @@ def gap_figures(rows: list[dict], directory: Path) -> list[Path]:
     return [plot_select(sorted(rows, key=lambda r: r.get("rank", 0)), directory / "select_gap.png")] if rows else []
 
 
+def token_dispersion_figures(rows: list[dict], directory: Path) -> list[Path]:
+    """The token dispersion analysis's plots of this run's layer rows: per model, the perplexity groups of four
+    layers; the layer profiles; per domain, dispersion against perplexity and bits per byte. The groups and domains
+    are the rows of the same units in the store's results/ (``directory``'s sibling)."""
+    if not rows:
+        return []
+    results = directory.parent / "results"
+    keys = {row.get("unit_key") for row in rows}
+
+    def side(table: str) -> list[dict]:
+        path = results / f"dispersion_{table}.parquet"
+        return [r for r in read_table(path).to_pylist() if r.get("unit_key") in keys] if path.is_file() else []
+
+    groups, written = side("groups"), []
+    for name in dict.fromkeys(r["model"] for r in rows):
+        depth = sorted((r for r in rows if r["model"] == name), key=lambda r: r["relative_depth"])
+        ordered = list(dict.fromkeys(r["layer"] for r in depth if r["layer"] != "attn_last"))
+        if not ordered:
+            continue
+        picks = list(dict.fromkeys([ordered[len(ordered) // 4], ordered[len(ordered) // 2], *ordered[-2:], "attn_last"]))
+        written.append(plot_groups(groups, rows, name, picks, directory / f"groups_{name.replace('/', '--')}.png"))
+    written.append(plot_layer_profile(rows, directory / "layer_profile.png"))
+    domains = side("domains")
+    if domains:
+        written.append(plot_models(domains, directory / "models_dispersion_vs_perplexity.png"))
+    return [path for path in written if path is not None]
+
+
 def knn_figures(rows: list[dict], directory: Path) -> list[Path]:
     """The kNN-LM analysis's plots: one per (model, revision) of this run's rows (raygeom.analyses.knn_lm)."""
     groups: dict[tuple, list[dict]] = {}

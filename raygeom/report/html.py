@@ -28,7 +28,6 @@ from raygeom.analyses import registry
 from raygeom.errors import RaygeomError
 from raygeom.report.other_sections import (
     extraction_section,
-    sample_geometry_section,
     train_section,
     trajectory_section,
     width_section,
@@ -88,7 +87,6 @@ def _build_sections(root: Path) -> list[Section]:
     _UNREADABLE.clear()
     sections = [
         *analysis_sections(root),
-        sample_geometry_section(root),
         train_section(root),
         trajectory_section(root),
         width_section(root),

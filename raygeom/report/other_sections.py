@@ -10,8 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from raygeom.analyses.registry import Metric
-from raygeom.report.profiles import _profile_figures
 from raygeom.report.rows import _OVERLAY, _depth_order, _finite, _num, _read, _read_dir, _step
 from raygeom.report.styling import (
     Section,
@@ -287,25 +285,6 @@ def width_section(root: Path) -> Section | None:
         _zero_lines(depth)
         section.figures.append(depth)
     section.tables.append(_settings_block(rows, by=("run", "k_per_d", "k", "r")))
-    return section
-
-
-def sample_geometry_section(root: Path) -> Section | None:
-    """`raygeom diagnose`'s link of loss and geometry: per layer, the Spearman correlation over samples of each
-    sample's next-token NLL with the share of its CCR-r corrected vector's energy in the readout subspace."""
-    rows = [r for r in _read_dir(root / "results" / "sample_geometry") if _finite(r.get("relative_depth"))]
-    if not any(_finite(r.get("loss_share_spearman")) for r in rows):
-        return None
-    section = Section(
-        "sample_geometry",
-        "Loss and readout share per sample (raygeom diagnose)",
-        files=[f for f in (root / "results" / f"diagnostics_{n}.parquet" for n in ("sample_geometry", "samples")) if f.is_file()],
-        intro="Per layer, the Spearman correlation over samples between a sample's mean next-token NLL and the share of "
-        "its CCR-r corrected vector's energy in the readout subspace (k directions). Not a registered analysis: "
-        "`raygeom diagnose` writes it beside the pga, spectral and probe rows drawn in their own sections.",
-    )
-    section.figures += _profile_figures(rows, Metric("loss_share_spearman", "Spearman(sample NLL, readout share)"), ("k", "r"))
-    section.tables.append(_settings_block(rows))
     return section
 
 

@@ -202,9 +202,9 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
         "ccr_restoration.png",
         "diagnostics.md",
         "diagnostics_layers.parquet",
-        "diagnostics_samples.parquet",
     ):
         assert (report / name).stat().st_size > 1000, name
+    assert (out / "results" / "diagnostics_samples.parquet").stat().st_size > 1000
     assert "z CCR-10" in (report / "diagnostics.md").read_text()
     # `probe` on the same store reuses the extraction and the probe units diagnose wrote.
     probed = CliRunner().invoke(
@@ -228,7 +228,7 @@ def test_tiny_pythia_diagnostics_through_the_cli(hub_cache, ray_local, labelled_
     assert probed.exit_code == 0, probed.output
     accuracies = {r["layer"]: r["accuracy"] for r in pq.read_table(out / "results" / "probe.parquet").to_pylist()}
     assert accuracies == {r["layer"]: r["probe_accuracy"] for r in rows}
-    assert (out / "plots" / "probe_accuracy.png").stat().st_size > 10_000
+    assert (out / "plots" / "probe_accuracy_vs_depth.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(

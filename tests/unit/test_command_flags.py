@@ -74,13 +74,18 @@ def ran(monkeypatch) -> list:
 
 
 ANALYSIS_OF = {
-    "converge": "convergence",
-    "knn": "knn_lm",
-    "select": "gap",
-}  # a generated command named otherwise than its analysis
+    "converge": ["convergence"],
+    "knn": ["knn_lm"],
+    "select": ["gap"],
+    "dispersion": ["token_dispersion", "slices"],
+    "diagnose": ["diagnostics"],
+}  # a generated command named otherwise than its analysis (or of several)
 
 
-@pytest.mark.parametrize("command", [["pga"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"]])
+@pytest.mark.parametrize(
+    "command",
+    [["pga"], ["probe"], ["diagnose"], ["spectral"], ["analyze", "twonn"], ["converge"], ["knn"], ["select"], ["dispersion"]],
+)
 def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, tmp_path, corpus):
     job = write_job(tmp_path, corpus, extra="[pga]\nk = 7\nn_null = 20\n")
     assert invoke(*command, "--job", job).exit_code == 0
@@ -94,7 +99,7 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
         False,
         3,
     )
-    assert [p.analysis for p in taken.planned()] == [ANALYSIS_OF.get(command[-1], command[-1])]
+    assert [p.analysis for p in taken.planned()] == ANALYSIS_OF.get(command[-1], [command[-1]])
     if command == ["pga"]:  # the job's [pga] section, too
         assert (taken.pga.k, taken.pga.n_null) == (7, 20)
     # A flag given on the command line overrides the job's value; the others stay the job's.
@@ -126,6 +131,9 @@ def test_a_job_command_takes_the_job_and_the_flags_given_over_it(command, ran, t
     if command == ["pga"]:
         assert invoke("pga", "--job", job, "--k", "5", "--seed", "9").exit_code == 0
         assert (ran[-1].pga.k, ran[-1].pga.n_null, ran[-1].pga.seed, ran[-1].sample_seed) == (5, 20, 9, 9)
+        # --n-null auto over the job's count, as [analyses.pga] n_null = 'auto' and [pga] n_null = 'auto' plan it
+        assert invoke("pga", "--job", job, "--n-null", "auto").exit_code == 0
+        assert [(p.params.n_null, p.params.n_null_auto) for p in ran[-1].planned()] == [(100, True)]
 
 
 def test_pga_takes_every_model_given_and_one_null_chunks_default(ran, tmp_path):
@@ -154,68 +162,25 @@ def test_run_takes_every_model_given(ran):
 # ------------------------------------------------------------------ diagnose, converge, probe
 
 
-@pytest.fixture
-def extracted(monkeypatch):
-    from raygeom.cli import diagnostics
-
-    monkeypatch.setattr(diagnostics, "_prepare", lambda *args, **kwargs: None)  # would start Ray
-    return stop_at(monkeypatch, diagnostics, "_extract_all")
-
-
-@pytest.mark.parametrize("command", ["diagnose", "probe"])
-def test_diagnostics_commands_take_the_job_and_the_flags_given_over_it(command, extracted, tmp_path, corpus):
-    job = write_job(tmp_path, corpus)
-    stopped(invoke(command, "--job", job))
-    (specs, corpus_name, n_samples, sample_seed, layers, settings, out, *_), _ = extracted[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-14m", "step0"), ("EleutherAI/pythia-14m", "step1000")]
-    assert (corpus_name, n_samples, sample_seed, layers, out) == (str(corpus), 33, 4, "embed,1", tmp_path / "job-store")
-    assert (settings.seq_len, settings.pool, settings.skip_first, settings.batch_size) == (24, "mean", False, 3)
-    two = ["-m", "EleutherAI/pythia-14m@step1", "-m", "EleutherAI/pythia-70m@step2"]
-    stopped(invoke(command, "--job", job, *two, "--out", tmp_path / "mine", "--n-samples", "21", "--pool", "last", "--seed", "3"))
-    (specs, corpus_name, n_samples, sample_seed, layers, settings, out, *_), _ = extracted[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-14m", "step1"), ("EleutherAI/pythia-70m", "step2")]
-    assert (corpus_name, n_samples, sample_seed, layers, out) == (str(corpus), 21, 3, "embed,1", tmp_path / "mine")
-    assert (settings.seq_len, settings.pool, settings.batch_size) == (24, "last", 3)
-
-
-def test_diagnose_without_a_job_keeps_its_flags_and_defaults(extracted, tmp_path, corpus):
-    stopped(
-        invoke(
-            "diagnose",
-            "-m",
-            "EleutherAI/pythia-14m",
-            "-r",
-            "step1000",
-            "-c",
-            corpus,
-            "-n",
-            "40",
-            "--seed",
-            "2",
-            "--out",
-            tmp_path / "o",
-        )
-    )
-    (specs, corpus_name, n_samples, sample_seed, layers, settings, out, *_), _ = extracted[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")]
-    assert (corpus_name, n_samples, sample_seed, layers, out, settings.seq_len) == (
+def test_diagnose_without_a_job_keeps_its_flags_and_defaults(ran, tmp_path, corpus):
+    args = ["-m", "EleutherAI/pythia-14m", "-r", "step1000", "-c", corpus, "-n", "40", "--seed", "2", "--out", tmp_path / "o"]
+    assert invoke("diagnose", *args, "--ccr-ranks", "5,0", "--n-null", "auto").exit_code == 0
+    job = ran[-1]
+    assert [(m.source, m.revisions) for m in job.models] == [("EleutherAI/pythia-14m", ("step1000",))]
+    assert (job.corpus, job.n_samples, job.sample_seed, job.layers, job.out, job.extraction.seq_len) == (
         str(corpus),
         40,
         2,
         "all",
-        tmp_path / "o",
+        str(tmp_path / "o"),
         128,
     )
-
-
-def test_diagnose_and_pga_share_one_null_chunks_default(monkeypatch, extracted, tmp_path, corpus):
-    from raygeom.analyses import diagnostics
-
-    made = []
-    original = diagnostics.DiagnosticsParams
-    monkeypatch.setattr(diagnostics, "DiagnosticsParams", lambda **kwargs: made.append(kwargs) or original(**kwargs))
-    stopped(invoke("diagnose", "--job", write_job(tmp_path, corpus)))
-    assert made[-1]["null_chunks"] == 10
+    (planned,) = job.planned()
+    # PGA's declarations (one default each: null_chunks 10 as pga's), its own ranks, n_null 'auto' as pga takes it
+    assert (planned.analysis, planned.params.null_chunks, planned.params.ranks) == ("diagnostics", 10, (0, 5))
+    assert (planned.params.n_null_auto, planned.params.probe) == (True, True)
+    refused = invoke("diagnose", *args, "--ccr-ranks", "1,x")
+    assert refused.exit_code == 2 and "--ccr-ranks must be comma-separated integers" in refused.output, refused.output
 
 
 # ------------------------------------------------------------------ dispersion, select, knn, train
@@ -227,22 +192,6 @@ def no_ray(monkeypatch):
 
     monkeypatch.setattr(dispersion, "_prepare", lambda address: None)
     monkeypatch.setattr(dispersion, "_start", lambda address, num_cpus: None)
-
-
-@pytest.mark.parametrize("command, target, name", [("dispersion", "raygeom.analyses.dispersion", "run_dispersion")])
-def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target, name, no_ray, monkeypatch, tmp_path, corpus):
-    import importlib
-
-    calls = stop_at(monkeypatch, importlib.import_module(target), name)
-    models = "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step1000']\n"
-    job = write_job(tmp_path, corpus, models=models)
-    stopped(invoke(command, "--job", job))
-    (store, specs, text, settings, *_), _ = calls[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")] and store.root == tmp_path / "job-store"
-    assert len(text.texts) == 60 and settings.layers == "embed,1"
-    stopped(invoke(command, "--job", job, "-m", "EleutherAI/pythia-70m@step3", "--out", tmp_path / "mine"))
-    (store, specs, *_), _ = calls[-1]
-    assert models_of(specs) == [("EleutherAI/pythia-70m", "step3")] and store.root == tmp_path / "mine"
 
 
 def test_train_takes_the_job_train_section_and_the_flags_given_over_it(no_ray, monkeypatch, tmp_path, corpus):

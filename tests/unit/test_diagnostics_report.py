@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from raygeom.analyses.converge import depth_matched
+from raygeom.analyses.diagnose import diagnostics_markdown
 from raygeom.analyses.diagnostics import DiagnosticsParams
-from raygeom.cli.diagnostics import diagnostics_markdown
 from raygeom.errors import RaygeomError
 from raygeom.sources.corpus import Corpus, truncate_words
 

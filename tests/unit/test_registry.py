@@ -478,7 +478,7 @@ def test_discovering_every_analysis_imports_no_torch():
         ("[corpus]\nn_sample = 3\n", "unknown key(s) in [corpus]: n_sample (did you mean n_samples?)"),
         ("[analyses.pc1]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
         ("[pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
-        ("[analyses.convergence]\n", "[analyses.convergence] needs at least two models"),
+        ("[analyses.convergence]\n", "convergence needs at least two models"),
         ("[pga]\nn_null = 9223372036854775807\n", "[pga] n_null must be an integer >= 2 and <= 1,000,000"),
         ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
     ],
@@ -494,6 +494,38 @@ def test_every_word_of_a_job_file_is_known_and_conflicts_are_refused(body, expec
     assert not out.exists()
 
 
+def test_a_job_file_analysis_and_its_command_refuse_the_same_job(tmp_path):
+    """One refusal hook (Analysis.check_job): [analyses.convergence] over one model and `converge` over one model
+    are refused with the same line, before any work."""
+    job = tmp_path / "job.toml"
+    job.write_text(f"[job]\nout = '{tmp_path / 'a'}'\n[[models]]\nid = 'smollm2'\n[analyses.convergence]\n")
+    from_job = CliRunner().invoke(app, ["run", str(job)])
+    from_command = CliRunner().invoke(app, ["converge", "-m", "smollm2", "--out", str(tmp_path / "b")])
+    refusals = [result.output.strip().splitlines() for result in (from_job, from_command)]
+    assert [from_job.exit_code, from_command.exit_code] == [2, 2] and all(len(lines) == 1 for lines in refusals), refusals
+    assert refusals[0][0].endswith(refusals[1][0].removeprefix("error: ")), refusals
+    assert "convergence needs at least two models" in refusals[1][0]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_n_null_auto_is_one_word_in_a_job_file_and_a_flag(tmp_path):
+    """`[analyses.pga] n_null = "auto"`, `[pga] n_null = "auto"` and `--n-null auto` plan the same PGA."""
+    from raygeom.params import AUTO_NULL_BLOCK
+
+    planned = []
+    for section in ("[analyses.pga]", "[pga]"):
+        job = tmp_path / "job.toml"
+        job.write_text(f"[job]\nout = '{tmp_path / 'o'}'\n[[models]]\nid = 'smollm2'\n{section}\nn_null = 'auto'\n")
+        result = CliRunner().invoke(app, ["plan", str(job)])
+        assert result.exit_code == 0, result.output
+        planned.append(__import__("raygeom.jobspec").jobspec.load_job(job).planned()[0].params)
+    assert planned[0] == planned[1] and (planned[0].n_null, planned[0].n_null_auto) == (AUTO_NULL_BLOCK, True)
+    grid = registry.parse_analyses({"pga": {"n_null": ["auto", 50]}})
+    assert [(p.params.n_null, p.params.n_null_auto) for p in grid] == [(AUTO_NULL_BLOCK, True), (50, False)]
+    refused = CliRunner().invoke(app, ["pga", "--n-null", "many", "--out", str(tmp_path / "o")])
+    assert refused.exit_code == 2 and "--n-null must be an integer >= 2 and <= 1,000,000 or 'auto'" in refused.output
+
+
 def test_a_top_level_word_that_is_no_section_is_refused(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text("analysis = 3\n[[models]]\nid = 'smollm2'\n")
@@ -502,11 +534,6 @@ def test_a_top_level_word_that_is_no_section_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------ one road per analysis: everything from its declaration
-
-# Analyses whose `raygeom <command>` is still written by hand (raygeom/cli/dispersion.py, cli/diagnostics.py, pga in
-# cli/root.py); their `analyze <name>` is generated like every other's. An entry here is work left (issue 37 item 1),
-# not a permitted exception.
-HAND_WRITTEN = {"token_dispersion": "dispersion", "slices": "dispersion", "probe": "probe", "pga": "pga"}
 
 
 def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tmp_path):
@@ -525,15 +552,11 @@ def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tm
     for name, analysis in ANALYSES.items():
         own = {spec.name: spec.metadata.get("flag") or "--" + spec.name.replace("_", "-") for spec in analysis.Params.declared()}
         expected = set(generated.GRID) | set(own) | set(generated.OUTPUT_OPTIONS)
-        paths = [("analyze", name)]
-        called = analysis.command or name
-        if HAND_WRITTEN.get(name) != called:
-            paths.append((called,))
-        for path in paths:
+        for path in [("analyze", name), (analysis.command or name,)]:
             command = group
             for part in path:
                 command = command.commands[part]
-            assert getattr(command.callback, "analysis", None) == name, (path, name)
+            assert name in getattr(command.callback, "analyses", ()), (path, name)
             options = {p.name: p for p in command.params if p.param_type_name == "option" and p.name != "help"}
             assert set(options) == expected, (path, set(options) ^ expected)
             for field, flag in own.items():

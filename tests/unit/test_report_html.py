@@ -247,8 +247,8 @@ def test_an_unreadable_table_is_named_in_the_report_not_silently_dropped(tmp_pat
 
 def test_a_diagnose_store_is_drawn_by_its_analyses_sections_each_once_with_the_intervals_its_rows_carry(tmp_path):
     """`raygeom diagnose` leaves unit rows of pga (one per CCR rank), spectral and probe, its loss-geometry rows and a
-    merged diagnostics_layers table: each analysis is drawn once, in its own declared section, and the merged table
-    adds none."""
+    merged diagnostics_layers table: each analysis is drawn once, in its own declared section; the diagnostics
+    analysis's section holds what only it measures (loss beside readout share)."""
     from raygeom.store.tree import Store
 
     store = Store(tmp_path)
@@ -258,12 +258,15 @@ def test_a_diagnose_store_is_drawn_by_its_analyses_sections_each_once_with_the_i
         store.write_result("pga", f"p0-{i}", {**at, "k": 8, "r": 0, "n_null": 20, "z": -1.0})  # no interval
         store.write_result("spectral", f"s{i}", {**at, "k": 8, "rankme": 3.0 + i, "alpha_req": 1.0})
         store.write_result("sample_geometry", f"g{i}", {**at, "k": 8, "r": 1, "loss_share_spearman": 0.1 * i})
-    merged = [{**at, "z_ccr1": 1.0 + i, "rankme": 3.0 + i, "probe_accuracy": 0.5} for i, at in enumerate(where)]
+    merged = [
+        {**at, "z_ccr1": 1.0 + i, "rankme": 3.0 + i, "probe_accuracy": 0.5, "loss_share_spearman": 0.1 * i}
+        for i, at in enumerate(where)
+    ]
     probes = [{**at, "accuracy": 0.5, "accuracy_lo": 0.3, "accuracy_hi": 0.7, "chance": 0.2} for at in where]
     atomic_write_table(pa.Table.from_pylist(merged), tmp_path / "results" / "diagnostics_layers.parquet")
     atomic_write_table(pa.Table.from_pylist(probes), tmp_path / "results" / "probe.parquet")  # as `raygeom probe` writes it
     sections = report.build_sections(tmp_path)
-    assert [s.anchor for s in sections] == ["pga", "probe", "spectral", "sample_geometry"]
+    assert [s.anchor for s in sections] == ["pga", "diagnostics", "probe", "spectral"]
     by_anchor = {s.anchor: s for s in sections}
     (pga,) = by_anchor["pga"].figures  # one revision: one panel, CCR restoration as one dash and marker per rank
     bands = [t for t in pga.data if t.fill == "toself"]
@@ -276,7 +279,7 @@ def test_a_diagnose_store_is_drawn_by_its_analyses_sections_each_once_with_the_i
     (probe,) = by_anchor["probe"].figures
     assert list(next(t for t in probe.data if t.fill == "toself").y) == pytest.approx([0.7] * 4 + [0.3] * 4)
     assert [f.layout.title.text for f in by_anchor["spectral"].figures] == ["RankMe by depth", "alpha-ReQ by depth"]
-    (link,) = by_anchor["sample_geometry"].figures
+    (link,) = by_anchor["diagnostics"].figures  # its merged rows carry no PC1 share: loss beside readout share alone
     assert list(link.data[0].y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
 
 

@@ -7,14 +7,13 @@ import time
 
 import torch
 
-from raygeom.cli.diagnostics import _model_entries
 from raygeom.replica import tokenize
 from raygeom.sources.corpus import load_corpus
-from raygeom.sources.models import load_model
+from raygeom.sources.models import load_model, resolve_model
 
 torch.set_num_threads(2)
 t0 = time.time()
-spec = _model_entries(["gemma3"], ["main"])[0]
+spec = resolve_model("gemma3", "main")
 model, tok = load_model(spec, device="cpu")
 model.eval()
 print("loaded", round(time.time() - t0), "s", flush=True)
