@@ -162,10 +162,11 @@ def dispersion(
     try:
         job, specs, out = _grid("dispersion", values)
         _prepare(address)
-        from raygeom.analyses.dispersion import AnalysisSettings, DispersionSettings
+        from raygeom.analyses.dispersion import AnalysisSettings, DispersionSettings, check_models
 
         settings = DispersionSettings(chunk_len, chunks_per_domain, batch_size, job.layers, domain_tokens, seed)
         analysis = AnalysisSettings(group_size, n_groups, n_slices, model_layer, n_boot)
+        check_models(specs, settings, model_layer)
         _check_report(report)
         store = Store(out)
         check_writable(store.root)
