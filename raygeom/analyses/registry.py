@@ -98,6 +98,9 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         """Refuse, when the job file is read, a job this analysis can never run on (e.g. one model for a comparison
         of models), so a job-file analysis refuses what its command refuses."""
 
+    def check_corpus(self, params, corpus) -> None:
+        """Refuse, before Ray starts, a corpus (the job's, whole) this analysis cannot use (e.g. too few domains)."""
+
     def check_models(self, specs: list) -> None:
         """Refuse, before any work, a job whose (model, revision)s this analysis cannot serve (e.g. too few)."""
 

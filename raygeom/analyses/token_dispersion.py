@@ -126,6 +126,9 @@ class ChunkAnalysis(Analysis):
     def check(self, params: ChunkParams, info: dict, model: str) -> None:
         check_model(params, params.gap_layer, info, model)
 
+    def check_corpus(self, params: ChunkParams, corpus) -> None:
+        settings_of(params, "all")[1].check_against(chunks_per_model(params, corpus), corpus.texts)
+
     def run(self, store, job, specs, params, progress):
         return run_chunks(store, job, specs, params, progress)
 

@@ -635,6 +635,11 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path, hub_cache
             "the gap layer 'final_norm' is not among",
         ),
         "context.toml": ("[analyses.gap]\nchunk_len = 9000\n", "chunk_len 9000 is longer than the 8192-token context"),
+        # was a RuntimeError traceback after every unit had run (its rows lacked the domain slicing's columns)
+        "unlabelled.toml": (
+            f"[corpus]\nname = '{tiny_corpus}'\n[analyses.slices]\ngroup_size = 5\n",
+            "needs a corpus with at least 3 domain labels",
+        ),
     }
     work = tmp_path / "empty"
     work.mkdir()
@@ -654,7 +659,7 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path, hub_cache
     tiny = ["dispersion", "--model", "EleutherAI/pythia-14m@step1000", "--out", "o", "--corpus"]
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes(b"fine\nna\xefve\n")
-    late = {"slices.toml", "context.toml"}  # checked when the job runs (before Ray), not by plan
+    late = {"slices.toml", "context.toml", "unlabelled.toml"}  # checked when the job runs (before Ray), not by plan
     cases = [(["run" if name in late else "plan", str(folder / name)], fragment) for name, (_, fragment) in jobs.items()]
     cases += [
         (["pga", "--model", "m" * 300, "--out", "o"], "has a component of 300 bytes"),
