@@ -214,7 +214,9 @@ def test_a_group_sigterm_in_a_registered_analysis_and_a_sigkill_leave_no_ray_beh
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     corpus = tmp_path / "labelled.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"item {i} {varied_text(i)}", "label": "abc"[i % 3]}) + "\n" for i in range(60)))
+    corpus.write_text(
+        "".join(json.dumps({"text": f"item {i} {varied_text(i)}", "label": "abc"[i % 3]}) + "\n" for i in range(60))
+    )
     job = tmp_path / "job.toml"
     analysis, busy = STAGES[stage]
     job.write_text(
