@@ -236,11 +236,12 @@ def test_token_commands_take_the_job_and_the_flags_given_over_it(command, target
     calls = stop_at(monkeypatch, importlib.import_module(target), name)
     models = "[[models]]\nid = 'EleutherAI/pythia-14m'\nrevisions = ['step1000']\n"
     job = write_job(tmp_path, corpus, models=models)
-    stopped(invoke(command, "--job", job))
+    gap = ["--model-layer", "embed"]  # the job's layers (embed,1) hold no final_norm, which dispersion refuses up front
+    stopped(invoke(command, "--job", job, *gap))
     (store, specs, text, settings, *_), _ = calls[-1]
     assert models_of(specs) == [("EleutherAI/pythia-14m", "step1000")] and store.root == tmp_path / "job-store"
     assert len(text.texts) == 60 and settings.layers == "embed,1"
-    stopped(invoke(command, "--job", job, "-m", "EleutherAI/pythia-70m@step3", "--out", tmp_path / "mine"))
+    stopped(invoke(command, "--job", job, *gap, "-m", "EleutherAI/pythia-70m@step3", "--out", tmp_path / "mine"))
     (store, specs, *_), _ = calls[-1]
     assert models_of(specs) == [("EleutherAI/pythia-70m", "step3")] and store.root == tmp_path / "mine"
 
