@@ -242,6 +242,9 @@ def subspace_pga(
     except InputError as error:
         raise InputError(f"not scored: {error}") from None
     base = pga.subspace_pga(h, readout=readout, k=k, r=r, n_null=n_null, seed=seed, device=device)
+    if not (np.isfinite(base.rho_readout) and np.isfinite(base.null_std) and base.null_std > 0):
+        # the store's rule (raygeom.analyses.pga): e.g. rows on one line, which float16 rounding lifts above rank 1
+        raise InputError(f"not scored: distances are constant after CCR-{r} or the nulls have no spread, so z is undefined")
     texts = {}
     if text_halves and np.isfinite(base.z):
         try:

@@ -28,7 +28,7 @@ from raygeom.params import ChunkSettings, default_of
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources import layers as layer_position
 from raygeom.sources.corpus import Corpus
-from raygeom.sources.models import ModelSpec
+from raygeom.sources.models import CONTEXT_KEYS, DEPTH_KEYS, ModelSpec, config_value
 from raygeom.store.tree import Store, atomic_write_table, column_to_matrix, content_key, read_table, vector_column, verified
 
 
@@ -102,6 +102,34 @@ class AnalysisSettings:
             )
         if self.n_slices > n_chunks:
             raise RaygeomError(f"--n-slices {self.n_slices} is more than the {n_chunks} chunks asked for; lower it")
+
+
+def check_model(config: dict | None, selection: str, chunk_len: int, gap_layer: str, model: str) -> None:
+    """Refuse, from the model's config (known without loading it; None: checked once it loads), a chunk longer than
+    the model's context and a layer selection without the gap layer, before Ray starts: they were refused only
+    after the weights had loaded or every layer had been extracted."""
+    context = config_value(config, CONTEXT_KEYS)
+    if context is not None and chunk_len > context:
+        raise RaygeomError(
+            f"chunk_len {chunk_len} is longer than the {context}-token context of {model} (its config's "
+            f"{next(k for k in CONTEXT_KEYS if config_value(config, (k,)) == context)}); use at most {context}"
+        )
+    if gap_layer == "attn_last":  # always extracted
+        return
+    blocks = config_value(config, DEPTH_KEYS)
+    named = ",".join(p for p in selection.split(",") if p.strip() != "attn_last") or "all"
+    if blocks is not None:
+        chosen = layer_position.select_layers(layer_position.layer_names(blocks), named)
+    elif named.strip() != "all" and gap_layer in ("embed", "final_norm"):  # chosen by name only, whatever the depth
+        chosen = [p.strip() for p in named.split(",")]
+    else:
+        return
+    if gap_layer not in chosen:
+        shown = ", ".join(chosen if len(chosen) <= 6 else [*chosen[:3], "...", *chosen[-2:]])
+        raise RaygeomError(
+            f"the gap layer '{gap_layer}' is not among the layers selected ('{selection}': {shown}, attn_last) "
+            f"for {model}; add it to the layers or choose a gap layer among them"
+        )
 
 
 # ---------------------------------------------------------------- extraction (driver + replica actor)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, param, register
-from raygeom.analyses.token_dispersion import ChunkExtractionParams, chunks_per_model, extraction_of, full_corpus
+from raygeom.analyses.token_dispersion import ChunkExtractionParams, check_model, chunks_per_model, extraction_of, full_corpus
 from raygeom.params import MAX_BOOT
 
 
@@ -93,6 +93,9 @@ class DispersionGap(Analysis):
         return lines + [
             f"warning: {row['model']}@{row['revision']}: {row['gap_warning']}" for row in rows if row.get("gap_warning")
         ]
+
+    def check(self, params: GapParams, info: dict, model: str) -> None:
+        check_model(params, params.layer, info, model)
 
     def run(self, store, job, specs, params: GapParams, progress):
         from raygeom.analyses import dispersion as dp

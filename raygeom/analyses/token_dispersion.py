@@ -66,6 +66,13 @@ def settings_of(params: ChunkParams, layers: str):
     )
 
 
+def check_model(params: ChunkExtractionParams, gap_layer: str, info: dict, model: str) -> None:
+    """The chunk length against the model's context and the job's layers against the gap layer, from its config."""
+    from raygeom.analyses import dispersion as dp
+
+    dp.check_model(info.get("config"), info.get("layers") or "all", params.chunk_len, gap_layer, model)
+
+
 def full_corpus(job):
     from raygeom.sources.corpus import load_corpus
 
@@ -122,6 +129,9 @@ class ChunkAnalysis(Analysis):
             return
         corpus = full_corpus(job)
         settings_of(params, job.layers)[1].check_against(chunks_per_model(params, corpus), corpus.texts)
+
+    def check(self, params: ChunkParams, info: dict, model: str) -> None:
+        check_model(params, params.gap_layer, info, model)
 
     def run(self, store, job, specs, params, progress):
         return run_chunks(store, job, specs, params, progress)

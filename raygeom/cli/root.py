@@ -96,7 +96,8 @@ def _check_pga_sizes(job) -> None:
         if d is None and spec.kind == "checkpoint":  # a checkpoint the job's [train] has yet to write
             d = next((run.settings.hidden_size for run in job.trains if spec.source == run.plan().run_dir), None)
         for item in job.planned():
-            item.spec.check(item.spec.for_width(item.params, d), {"n_samples": job.n_samples, "d": d}, spec.name)
+            info = {"n_samples": job.n_samples, "d": d, "config": config, "layers": job.layers}
+            item.spec.check(item.spec.for_width(item.params, d), info, spec.name)
     for item in job.planned():
         item.spec.check_job(item.params, job)
 

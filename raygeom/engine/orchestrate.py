@@ -72,10 +72,14 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
     from unittest import mock
 
     # abseil's handler goes in while ray.init runs, before the handler can be installed again: a SIGTERM in between
-    # dumped native stacks. Ray reads this switch in its C++ core (ray/_raylet.so) and then installs none.
+    # dumped native stacks. The driver's core worker installs none when ray_constants says so; that constant was read
+    # from the environment when ray was imported, so it is set here (the variable is for the processes Ray starts).
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
-        with mock.patch.object(ray._private.utils, "set_sigterm_handler", lambda _: None):
+        with (
+            mock.patch.object(ray._private.utils, "set_sigterm_handler", lambda _: None),
+            mock.patch.object(ray._private.ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", True),
+        ):
             _start(address, num_cpus, timeout_s)
     finally:
         signal.signal(signal.SIGTERM, handler)

@@ -87,6 +87,8 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     store = Store(job.out)
     check_writable(store.root)
     corpus = load_corpus(job.corpus)
+    for item in job.planned():  # again: a corpus [train] writes exists only now
+        item.spec.check_job(item.params, job)
     if experiment.needs_pooled(job):  # the sample of the pooled extraction; the others read the corpus their own way
         corpus = corpus.sample(job.n_samples, job.sample_seed)
         report_distinct(job, corpus, console)

@@ -37,6 +37,7 @@ BUILTIN_SHAPES = {
         "vocab_size": 49152,
         "intermediate_size": 1536,
         "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
     },
     "gemma3-270m-q4_k_m": {
         "hidden_size": 640,
@@ -44,6 +45,7 @@ BUILTIN_SHAPES = {
         "vocab_size": 262144,
         "intermediate_size": 2048,
         "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
     },
 }
 # The short names users type. smollm2-135m and gemma3-270m were the built-ins' names in stores written before
@@ -218,6 +220,21 @@ def check_config(config: Path, source: str) -> dict:
 WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
 DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
+# ... and the most positions one forward pass takes.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
+def config_value(config: dict | None, keys: tuple[str, ...]) -> int | None:
+    """The first positive integer a model config gives under ``keys`` (a multimodal config's under its text_config);
+    None where it gives none."""
+    if not isinstance(config, dict):
+        return None
+    shape = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in keys:
+        value = shape.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def check_gguf(path: Path) -> None:
