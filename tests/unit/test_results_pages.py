@@ -19,19 +19,15 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 def _copy_page(page: Path, to: Path) -> Path:
+    """The page and what it is made from (its rows and template, no figures) into ``to``."""
     shutil.copy(page, to / page.name)
-    (to / page.stem).mkdir()
-    for f in (page.parent / page.stem).iterdir():
-        if f.suffix in (".parquet", ".json"):
-            shutil.copy(f, to / page.stem / f.name)
+    shutil.copytree(page.parent / page.stem, to / page.stem, ignore=shutil.ignore_patterns("*.png", "*.md", "*.py"))
     return to / page.name
 
 
 @pytest.mark.parametrize("name", sorted(results_pages.GENERATED))
 def test_each_generated_page_is_what_its_shipped_rows_give(name, tmp_path):
     page = RESULTS / name
-    if not (RESULTS / page.stem / "meta.json").is_file():
-        pytest.skip(f"{name} ships no rows yet")
     copy = _copy_page(page, tmp_path)
     assert results_pages.render(copy) == page.read_text(), f"{name} drifted from its rows: run the command at its top"
 
@@ -316,3 +312,21 @@ def test_the_trajectory_page_decides_set_early_only_where_the_checkpoints_bracke
     assert "over the late ones (steps >= 250): **contradicted" in text.lower() or "too few points for an interval" in text
     assert "outside the paper's stated range** (it claims restoration for d >= 768; this run has d = 32)" in text
     assert "z at step 0 (initialisation)" in text
+
+
+def test_a_cited_number_follows_its_row_and_a_bad_query_names_its_line(tmp_path):
+    from raygeom.errors import RaygeomError
+    from raygeom.jobs import cited_pages
+
+    assert cited_pages.fill("z {{ a | +.1f }}, {{ b | .2f }} and {{ b | –.2f }}", {"a": -29.54, "b": (0.721, 0.8649)}) == (
+        "z \u221229.5, 0.72 … 0.86 and 0.72–0.86"
+    )
+    with pytest.raises(RaygeomError, match=r"t\.md\.in:2: \{\{nope\(\)\}\}"):
+        cited_pages.fill("a\n{{nope()}}", {}, "t.md.in")
+    copy = _copy_page(RESULTS / "pga.md", tmp_path)
+    rows = pd.read_parquet(tmp_path / "pga" / "diagnostics_pga.parquet")
+    deepest = (rows["model"] == "gemma3-270m") & (rows["layer"] == "block_12")
+    assert "z is \u22127.8, \u221229.5, \u221217.1" in results_pages.render(copy)
+    rows.loc[deepest, "z"] = -31.04
+    rows.to_parquet(tmp_path / "pga" / "diagnostics_pga.parquet")
+    assert "z is \u22127.8, \u221231.0, \u221217.1" in results_pages.render(copy)
