@@ -160,7 +160,47 @@ def pga_queries(folder: Path) -> dict:
     }
 
 
-QUERIES = {"pga.md": pga_queries}
+def _estimate(value: float, low: float, high: float, spec: str) -> str:
+    """``value [low, high]`` in one format, with the typographic minus."""
+    return f"{_format(value, spec)} [{_format(low, spec)}, {_format(high, spec)}]"
+
+
+def dispersion_queries(folder: Path) -> dict:
+    """The queries of docs/results/dispersion.md over dispersion/layers.csv (one row per model x layer: token and
+    sample dispersion, their correlations with perplexity and slice agreements with bootstrap intervals, the gap G)."""
+    layers = pd.read_csv(folder / "layers.csv")
+
+    def one(model, layer) -> pd.Series:
+        rows = layers[(layers["model"] == model) & (layers["layer"] == _layer(layer))]
+        if len(rows) != 1:
+            raise RaygeomError(f"{len(rows)} rows for {model} {_layer(layer)} in layers.csv")
+        return rows.iloc[0]
+
+    def value(model, layer, column):
+        return one(model, layer)[column].item()
+
+    def est(model, layer, name, spec="+.2f"):
+        row = one(model, layer)
+        return _estimate(float(row[name]), float(row[f"{name}_lo"]), float(row[f"{name}_hi"]), spec)
+
+    def layer_row(model, layer):
+        """The cells of section 1's table after the model's: layer, depth, token D, sample D, three correlations."""
+        row = one(model, layer)
+        depth = "(last block)" if row["layer"] == "attn_last" else f"{row['relative_depth']:.2f}"
+        cells = [row["layer"], depth, f"{row['token_dispersion']:.3f}", f"{row['sample_dispersion']:.3f}"]
+        cells += [est(model, layer, name) for name in ("group_spearman", "group_pearson", "chunk_spearman")]
+        return " | ".join(cells)
+
+    return {
+        "S": "smollm2-135m",
+        "G": "gemma3-270m",
+        "value": value,
+        "est": est,
+        "layer_row": layer_row,
+    }
+
+
+QUERIES = {"pga.md": pga_queries, "dispersion.md": dispersion_queries}
 
 
 def render_page(page: Path) -> str:

@@ -16,6 +16,7 @@ GENERATED = {
     "width.md": "raygeom.jobs.width",
     "trajectory.md": "raygeom.jobs.trajectory",
     "pga.md": "raygeom.jobs.cited_pages",
+    "dispersion.md": "raygeom.jobs.cited_pages",
 }
 
 
