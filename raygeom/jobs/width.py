@@ -318,9 +318,14 @@ def loss_rows(job) -> list[dict]:
     return out
 
 
+# Held-out perplexity has flattened when the last quarter of training lowers it by less than this share.
+FLAT_FALL = 0.02
+
+
 def flattening(losses: list[dict], steps: int) -> list[dict]:
     """Per run: final held-out perplexity, and how much it still fell over the last quarter of training (relative
-    change from the evaluation nearest 3/4 of the steps to the last): the page's test that training had flattened."""
+    change from the evaluation nearest 3/4 of the steps to the last): the page's test that training had flattened
+    (a fall below ``FLAT_FALL``)."""
     out = []
     for run in sorted({r["run"] for r in losses}):
         curve = sorted((r for r in losses if r["run"] == run), key=lambda r: r["step"])
@@ -336,6 +341,7 @@ def flattening(losses: list[dict], steps: int) -> list[dict]:
                 "at_three_quarters": quarter["heldout_perplexity"],
                 "quarter_step": quarter["step"],
                 "last_quarter_drop": 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"],
+                "flattened": "yes" if 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"] < FLAT_FALL else "no",
             }
         )
     return out
@@ -827,20 +833,23 @@ def _page(
             ("at step", "quarter_step"),
             ("perplexity there", "at_three_quarters"),
             ("fall over the last quarter", "last_quarter_drop"),
+            (f"flattened (fall < {FLAT_FALL:.0%})?", "flattened"),
         ],
     )
     falls = [r["last_quarter_drop"] for r in flat_rows]
     if falls:
+        flat_runs = sum(1 for r in flat_rows if r["flattened"] == "yes")
         lines += [
             "",
-            f"**Reading**: over the last quarter of training held-out perplexity still fell by "
-            f"{min(falls):.1%} to {max(falls):.1%} (median {float(np.median(falls)):.1%}). "
+            f"**Reading**: flattened means the last quarter of training lowers held-out perplexity by less than "
+            f"{FLAT_FALL:.0%}. Over the last quarter it fell by {min(falls):.1%} to {max(falls):.1%} (median "
+            f"{float(np.median(falls)):.1%}): {flat_runs} of {len(flat_rows)} runs flattened. "
             + (
-                "That is flat enough to read the last checkpoint as where this schedule ends, but the learning rate "
-                "decays to 0 over the same quarter, so part of the flattening is the schedule, not convergence."
-                if max(falls) < 0.05
-                else "It has **not flattened**: these runs are short of convergence, and every reading at the last "
-                "checkpoint is a reading of an undertrained model."
+                "The learning rate falls to a tenth of its peak over that quarter (cosine schedule), so part of the "
+                "flattening is the schedule, not convergence."
+                if flat_runs == len(flat_rows)
+                else "Where it has **not flattened** the run is short of convergence, and its readings at the last "
+                "checkpoint are readings of an undertrained model."
             ),
         ]
     lines += ["", "## z over step x layer, per run", ""] + _figure(paths, "heatmaps", page, "z heatmaps per run")
