@@ -470,6 +470,29 @@ def gap_reading(summaries: list[dict]) -> list[str]:
     return out
 
 
+def gap_sign_reading(summaries: list[dict]) -> str:
+    """Across runs (over all checkpoints each): how many correlations have the paper's sign, and the one-sided
+    binomial p of as few or fewer were each run's sign a fair coin: a reading of the ladder as a whole."""
+    from scipy.stats import binomtest
+
+    signs = [s["spearman"] for s in summaries if s["subset"] == "all checkpoints" and math.isfinite(s.get("spearman", math.nan))]
+    if not signs:
+        return ""
+    agree = sum(1 for rho in signs if rho > 0)
+    p = binomtest(agree, len(signs), 0.5, alternative="less").pvalue
+    verdict = (
+        _verdict("contradicted", f"the sign is the opposite of the paper's in {len(signs) - agree} of {len(signs)} runs")
+        if p < 0.05
+        else _verdict("undecided", f"{agree} of {len(signs)} runs have the paper's sign")
+    )
+    return (
+        f"**Across the runs**: Spearman(G, -perplexity) is positive, the paper's sign, in {agree} of {len(signs)} runs; "
+        f"were each run's sign a fair coin, {agree} or fewer would have one-sided binomial p = {p:.2g}: {verdict}. "
+        "G ranks the checkpoints against perplexity with the opposite sign wherever it is negative: higher G at "
+        "worse perplexity."
+    )
+
+
 # ------------------------------------------------------------------------------------------- figures
 
 
@@ -651,6 +674,7 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
             else None
         ),
         "wall": wall,
+        "note": job.width.note,
     }
     save_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
     return data_dir
@@ -818,8 +842,9 @@ def _page(
     wall = meta.get("wall")
     if wall:
         lines.append(
-            f"- **Wall time**: the whole job, training included, took {wall['wall_s'] / 60:.1f} min (training "
-            f"{wall['train_wall_s'] / 60:.1f} min; finished {wall['finished']}, {wall['cpus']} CPUs shared with "
+            f"- **Wall time**: the job's last invocation that trained took {wall['wall_s'] / 60:.1f} min end to end, "
+            f"training included; the runs' own training times add up to {wall['train_wall_s'] / 60:.1f} min (runs "
+            f"train side by side when the cores allow; finished {wall['finished']}, {wall['cpus']} CPUs shared with "
             f"other work, 1-minute load average {wall['load_1min_at_end']:.1f} at the end)."
         )
     lines += ["", "## Held-out perplexity over training: has it flattened?", ""] + _figure(paths, "losses", page, "loss curves")
@@ -1070,6 +1095,7 @@ def _page(
         readings = gap_reading(summaries)
         if readings:
             lines += ["", "**Verdict per run** (over all checkpoints, step 0 included): " + "; ".join(readings) + ".", ""]
+            lines += [gap_sign_reading(summaries), ""]
     lines += [
         "",
         "### 8. Does it hold across seeds?",
