@@ -196,6 +196,8 @@ def test_the_width_page_says_what_its_planted_rows_show(tmp_path):
     assert "contradicted: the sign is the opposite of the paper's (exact permutation p = 0.0167)" in text
     assert "G picks step 0 (the initialisation), perplexity rank 5 of 5 (the worst)" in text
     assert "too few points for an interval" in text
+    # across the 4 runs none has the paper's sign: one-sided binomial P(X <= 0 | n = 4, 1/2) = 1/16, not below 0.05
+    assert "is positive, the paper's sign, in 0 of 4 runs" in text and "binomial p = 0.062: **undecided**" in text
     # two seeds that agree exactly (probe 0.26 and 0.26) keep their own Wilson interval: no zero-width interval
     assert "+0.260 [+0.159, +0.396]" in text and "[+0.260, +0.260]" not in text
     for line in text.splitlines():  # no printed interval of a share leaves [0, 1]
@@ -330,3 +332,15 @@ def test_a_cited_number_follows_its_row_and_a_bad_query_names_its_line(tmp_path)
     rows.loc[deepest, "z"] = -31.04
     rows.to_parquet(tmp_path / "pga" / "diagnostics_pga.parquet")
     assert "z is \u22127.8, \u221231.0, \u221217.1" in results_pages.render(copy)
+
+
+def test_an_undecided_correlation_of_the_opposite_sign_says_so_in_words():
+    from raygeom.jobs.gap_ranking import claim_verdict
+
+    few = {"note": "too few points for an interval", "p_perm": 0.0833, "p_method": "exact"}
+    assert claim_verdict({**few, "spearman": -1.0}) == (
+        "undecided (exact permutation p = 0.0833); its sign is the opposite of the paper's"
+    )
+    assert claim_verdict({**few, "spearman": 0.8}) == "undecided (exact permutation p = 0.0833)"
+    wide = {"spearman": -0.2, "fisher_lo": -0.6, "fisher_hi": 0.3}
+    assert claim_verdict(wide) == "undecided (the 95% interval holds 0); its sign is the opposite of the paper's"
