@@ -150,6 +150,7 @@ class WidthSettings(Params):
     positive_z: float = param(2.0, "z whose whole interval lies above this counts as organised.", high=MAX_Z, low=-MAX_Z)
     collapse_z: float = param(0.0, "z whose whole interval lies below this counts as collapsed.", high=MAX_Z, low=-MAX_Z)
     seed: int = param(0, "Seed of the bootstrap intervals.", low=0, high=MAX_SEED)
+    note: str = param("", "What the page should say about this run of the job (how it ran, what it left out).")
 
 
 @dataclass(frozen=True)

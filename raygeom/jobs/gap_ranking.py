@@ -103,7 +103,7 @@ def claim_verdict(s: dict, claim_sign: int = 1, alpha: float = 0.05) -> str:
         decided = s["fisher_lo"] > 0 or s["fisher_hi"] < 0
         reason = "the 95% interval excludes 0" if decided else "the 95% interval holds 0"
     if not decided:
-        return f"undecided ({reason})"
+        return f"undecided ({reason})" + ("; its sign is the opposite of the paper's" if rho * claim_sign < 0 else "")
     if rho * claim_sign > 0:
         return f"reproduced ({reason})"
     return f"contradicted: the sign is the opposite of the paper's ({reason})"

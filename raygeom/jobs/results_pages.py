@@ -10,8 +10,14 @@ from pathlib import Path
 
 from raygeom.report.figures import save_text
 
-# page file name -> the function that renders it from its rows folder (<page stem>/)
-GENERATED = {"width.md": "raygeom.jobs.width", "trajectory.md": "raygeom.jobs.trajectory"}
+# page file name -> the module whose render_page(page) renders it from its rows folder (<page stem>/): the jobs' own
+# pages from their tidy rows, the hand-written ones from their template's queries over their rows (jobs.cited_pages)
+GENERATED = {
+    "width.md": "raygeom.jobs.width",
+    "trajectory.md": "raygeom.jobs.trajectory",
+    "pga.md": "raygeom.jobs.cited_pages",
+    "dispersion.md": "raygeom.jobs.cited_pages",
+}
 
 
 def render(page: Path) -> str:

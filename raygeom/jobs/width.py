@@ -318,9 +318,14 @@ def loss_rows(job) -> list[dict]:
     return out
 
 
+# Held-out perplexity has flattened when the last quarter of training lowers it by less than this share.
+FLAT_FALL = 0.02
+
+
 def flattening(losses: list[dict], steps: int) -> list[dict]:
     """Per run: final held-out perplexity, and how much it still fell over the last quarter of training (relative
-    change from the evaluation nearest 3/4 of the steps to the last): the page's test that training had flattened."""
+    change from the evaluation nearest 3/4 of the steps to the last): the page's test that training had flattened
+    (a fall below ``FLAT_FALL``)."""
     out = []
     for run in sorted({r["run"] for r in losses}):
         curve = sorted((r for r in losses if r["run"] == run), key=lambda r: r["step"])
@@ -336,6 +341,7 @@ def flattening(losses: list[dict], steps: int) -> list[dict]:
                 "at_three_quarters": quarter["heldout_perplexity"],
                 "quarter_step": quarter["step"],
                 "last_quarter_drop": 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"],
+                "flattened": "yes" if 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"] < FLAT_FALL else "no",
             }
         )
     return out
@@ -462,6 +468,29 @@ def gap_reading(summaries: list[dict]) -> list[str]:
         )
         out.append(f"d = {s['width']}, {s['depth']} blocks, seed {s['seed']}: {correlation_text(s)}: {claim_verdict(s)}{pick}")
     return out
+
+
+def gap_sign_reading(summaries: list[dict]) -> str:
+    """Across runs (over all checkpoints each): how many correlations have the paper's sign, and the one-sided
+    binomial p of as few or fewer were each run's sign a fair coin: a reading of the ladder as a whole."""
+    from scipy.stats import binomtest
+
+    signs = [s["spearman"] for s in summaries if s["subset"] == "all checkpoints" and math.isfinite(s.get("spearman", math.nan))]
+    if not signs:
+        return ""
+    agree = sum(1 for rho in signs if rho > 0)
+    p = binomtest(agree, len(signs), 0.5, alternative="less").pvalue
+    verdict = (
+        _verdict("contradicted", f"the sign is the opposite of the paper's in {len(signs) - agree} of {len(signs)} runs")
+        if p < 0.05
+        else _verdict("undecided", f"{agree} of {len(signs)} runs have the paper's sign")
+    )
+    return (
+        f"**Across the runs**: Spearman(G, -perplexity) is positive, the paper's sign, in {agree} of {len(signs)} runs; "
+        f"were each run's sign a fair coin, {agree} or fewer would have one-sided binomial p = {p:.2g}: {verdict}. "
+        "G ranks the checkpoints against perplexity with the opposite sign wherever it is negative: higher G at "
+        "worse perplexity."
+    )
 
 
 # ------------------------------------------------------------------------------------------- figures
@@ -645,6 +674,7 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
             else None
         ),
         "wall": wall,
+        "note": job.width.note,
     }
     save_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", data_dir / "meta.json")
     return data_dir
@@ -812,8 +842,9 @@ def _page(
     wall = meta.get("wall")
     if wall:
         lines.append(
-            f"- **Wall time**: the whole job, training included, took {wall['wall_s'] / 60:.1f} min (training "
-            f"{wall['train_wall_s'] / 60:.1f} min; finished {wall['finished']}, {wall['cpus']} CPUs shared with "
+            f"- **Wall time**: the job's last invocation that trained took {wall['wall_s'] / 60:.1f} min end to end, "
+            f"training included; the runs' own training times add up to {wall['train_wall_s'] / 60:.1f} min (runs "
+            f"train side by side when the cores allow; finished {wall['finished']}, {wall['cpus']} CPUs shared with "
             f"other work, 1-minute load average {wall['load_1min_at_end']:.1f} at the end)."
         )
     lines += ["", "## Held-out perplexity over training: has it flattened?", ""] + _figure(paths, "losses", page, "loss curves")
@@ -827,20 +858,23 @@ def _page(
             ("at step", "quarter_step"),
             ("perplexity there", "at_three_quarters"),
             ("fall over the last quarter", "last_quarter_drop"),
+            (f"flattened (fall < {FLAT_FALL:.0%})?", "flattened"),
         ],
     )
     falls = [r["last_quarter_drop"] for r in flat_rows]
     if falls:
+        flat_runs = sum(1 for r in flat_rows if r["flattened"] == "yes")
         lines += [
             "",
-            f"**Reading**: over the last quarter of training held-out perplexity still fell by "
-            f"{min(falls):.1%} to {max(falls):.1%} (median {float(np.median(falls)):.1%}). "
+            f"**Reading**: flattened means the last quarter of training lowers held-out perplexity by less than "
+            f"{FLAT_FALL:.0%}. Over the last quarter it fell by {min(falls):.1%} to {max(falls):.1%} (median "
+            f"{float(np.median(falls)):.1%}): {flat_runs} of {len(flat_rows)} runs flattened. "
             + (
-                "That is flat enough to read the last checkpoint as where this schedule ends, but the learning rate "
-                "decays to 0 over the same quarter, so part of the flattening is the schedule, not convergence."
-                if max(falls) < 0.05
-                else "It has **not flattened**: these runs are short of convergence, and every reading at the last "
-                "checkpoint is a reading of an undertrained model."
+                "The learning rate falls to a tenth of its peak over that quarter (cosine schedule), so part of the "
+                "flattening is the schedule, not convergence."
+                if flat_runs == len(flat_rows)
+                else "Where it has **not flattened** the run is short of convergence, and its readings at the last "
+                "checkpoint are readings of an undertrained model."
             ),
         ]
     lines += ["", "## z over step x layer, per run", ""] + _figure(paths, "heatmaps", page, "z heatmaps per run")
@@ -1061,6 +1095,7 @@ def _page(
         readings = gap_reading(summaries)
         if readings:
             lines += ["", "**Verdict per run** (over all checkpoints, step 0 included): " + "; ".join(readings) + ".", ""]
+            lines += [gap_sign_reading(summaries), ""]
     lines += [
         "",
         "### 8. Does it hold across seeds?",

@@ -69,3 +69,30 @@ def test_a_train_job_lists_the_checkpoints_it_will_write_before_its_run_director
     small.write_text(_job_into(tmp_path, steps=300, n_layers=3).read_text().replace("hidden_size = 128", "hidden_size = 32"))
     with pytest.raises(RaygeomError, match="k must satisfy 0 < k < d; got k=32, d=32"):
         _check_pga_sizes(load_job(small))
+
+
+def test_plan_of_a_ladder_lists_the_runs_its_skip_leaves_and_writes_nothing(tmp_path):
+    """jobs/width.toml's grid with its skip, planned before anything is trained, from another directory."""
+    from raygeom.testing import write_labelled_corpus
+
+    corpus = write_labelled_corpus(tmp_path / "texts.jsonl", 200)
+    text = (JOB.parent / "width.toml").read_text()
+    for old, new in {
+        "hidden_size = [128, 256, 512]": "hidden_size = [32, 48]",
+        "n_layers = [4, 8, 12]": "n_layers = [1, 2]",
+        "skip = [{hidden_size = 512, n_layers = 8}, {hidden_size = 512, n_layers = 12}]": "skip = [{hidden_size = 48, n_layers = 2}]",
+        'corpus = "bbc"': f'corpus = "{corpus}"',
+        "vocab_size = 2048": "vocab_size = 300",
+        "eval_sequences = 64": "eval_sequences = 4",
+        "seed = [0, 1]": "seed = [0]",
+    }.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    work = tmp_path / "work"
+    (work / "jobs").mkdir(parents=True)
+    (work / "jobs" / "width.toml").write_text(text)
+    result = CliRunner().invoke(app, ["plan", str(work / "jobs" / "width.toml")], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    runs = [line.split("│")[1].strip() for line in result.output.splitlines() if "│ to train │" in line]
+    assert runs == ["d32-l1-seed0", "d32-l2-seed0", "d48-l1-seed0"], result.output
+    assert [p.name for p in work.iterdir()] == ["jobs"]  # plan writes nothing

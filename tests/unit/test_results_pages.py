@@ -19,19 +19,15 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 def _copy_page(page: Path, to: Path) -> Path:
+    """The page and what it is made from (its rows and template, no figures) into ``to``."""
     shutil.copy(page, to / page.name)
-    (to / page.stem).mkdir()
-    for f in (page.parent / page.stem).iterdir():
-        if f.suffix in (".parquet", ".json"):
-            shutil.copy(f, to / page.stem / f.name)
+    shutil.copytree(page.parent / page.stem, to / page.stem, ignore=shutil.ignore_patterns("*.png", "*.md", "*.py"))
     return to / page.name
 
 
 @pytest.mark.parametrize("name", sorted(results_pages.GENERATED))
 def test_each_generated_page_is_what_its_shipped_rows_give(name, tmp_path):
     page = RESULTS / name
-    if not (RESULTS / page.stem / "meta.json").is_file():
-        pytest.skip(f"{name} ships no rows yet")
     copy = _copy_page(page, tmp_path)
     assert results_pages.render(copy) == page.read_text(), f"{name} drifted from its rows: run the command at its top"
 
@@ -200,6 +196,8 @@ def test_the_width_page_says_what_its_planted_rows_show(tmp_path):
     assert "contradicted: the sign is the opposite of the paper's (exact permutation p = 0.0167)" in text
     assert "G picks step 0 (the initialisation), perplexity rank 5 of 5 (the worst)" in text
     assert "too few points for an interval" in text
+    # across the 4 runs none has the paper's sign: one-sided binomial P(X <= 0 | n = 4, 1/2) = 1/16, not below 0.05
+    assert "is positive, the paper's sign, in 0 of 4 runs" in text and "binomial p = 0.062: **undecided**" in text
     # two seeds that agree exactly (probe 0.26 and 0.26) keep their own Wilson interval: no zero-width interval
     assert "+0.260 [+0.159, +0.396]" in text and "[+0.260, +0.260]" not in text
     for line in text.splitlines():  # no printed interval of a share leaves [0, 1]
@@ -316,3 +314,33 @@ def test_the_trajectory_page_decides_set_early_only_where_the_checkpoints_bracke
     assert "over the late ones (steps >= 250): **contradicted" in text.lower() or "too few points for an interval" in text
     assert "outside the paper's stated range** (it claims restoration for d >= 768; this run has d = 32)" in text
     assert "z at step 0 (initialisation)" in text
+
+
+def test_a_cited_number_follows_its_row_and_a_bad_query_names_its_line(tmp_path):
+    from raygeom.errors import RaygeomError
+    from raygeom.jobs import cited_pages
+
+    assert cited_pages.fill("z {{ a | +.1f }}, {{ b | .2f }} and {{ b | –.2f }}", {"a": -29.54, "b": (0.721, 0.8649)}) == (
+        "z \u221229.5, 0.72 … 0.86 and 0.72–0.86"
+    )
+    with pytest.raises(RaygeomError, match=r"t\.md\.in:2: \{\{nope\(\)\}\}"):
+        cited_pages.fill("a\n{{nope()}}", {}, "t.md.in")
+    copy = _copy_page(RESULTS / "pga.md", tmp_path)
+    rows = pd.read_parquet(tmp_path / "pga" / "diagnostics_pga.parquet")
+    deepest = (rows["model"] == "gemma3-270m") & (rows["layer"] == "block_12")
+    assert "z is \u22127.8, \u221229.5, \u221217.1" in results_pages.render(copy)
+    rows.loc[deepest, "z"] = -31.04
+    rows.to_parquet(tmp_path / "pga" / "diagnostics_pga.parquet")
+    assert "z is \u22127.8, \u221231.0, \u221217.1" in results_pages.render(copy)
+
+
+def test_an_undecided_correlation_of_the_opposite_sign_says_so_in_words():
+    from raygeom.jobs.gap_ranking import claim_verdict
+
+    few = {"note": "too few points for an interval", "p_perm": 0.0833, "p_method": "exact"}
+    assert claim_verdict({**few, "spearman": -1.0}) == (
+        "undecided (exact permutation p = 0.0833); its sign is the opposite of the paper's"
+    )
+    assert claim_verdict({**few, "spearman": 0.8}) == "undecided (exact permutation p = 0.0833)"
+    wide = {"spearman": -0.2, "fisher_lo": -0.6, "fisher_hi": 0.3}
+    assert claim_verdict(wide) == "undecided (the 95% interval holds 0); its sign is the opposite of the paper's"
