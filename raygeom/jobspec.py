@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional
 
+from raygeom.analyses.token_dispersion import ChunkParams
 from raygeom.errors import RaygeomError
 from raygeom.names import check_path
 from raygeom.params import (
@@ -22,6 +23,7 @@ from raygeom.params import (
     Params,
     PGAParams,
     check_value,
+    declared_as,
     default_of,
     nearest,
     param,
@@ -131,9 +133,10 @@ class TrajectorySettings(ChunkSettings):
     """[trajectory]: the dispersion side of a trajectory job (its chunks declared once, as every chunk analysis's),
     and where its report goes."""
 
-    gap_layer: str = param("final_norm", "Layer of the dispersion gap G.", nonempty=True)
-    group_size: int = param(10, "Chunks per perplexity group.", low=1, high=MAX_COUNT)
-    n_groups: int = param(20, "Perplexity groups.", low=1, high=MAX_COUNT)
+    # token_dispersion's declarations; smaller groups suit the few held-out articles a trained run has
+    gap_layer: str = declared_as(ChunkParams, "gap_layer")
+    group_size: int = declared_as(ChunkParams, "group_size", default=10)
+    n_groups: int = declared_as(ChunkParams, "n_groups", default=20)
     late_from: int = param(
         512, "Checkpoints from this step on are 'late' (ranked again among themselves).", low=0, high=MAX_COUNT
     )

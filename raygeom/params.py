@@ -61,11 +61,11 @@ def param(
     )
 
 
-def declared_as(cls: type, name: str, **changes):
-    """The declaration of ``cls.name`` again, for a class that takes the same setting (one help text, range and
-    default); ``changes``: e.g. another ``flag``."""
+def declared_as(cls: type, name: str, default=MISSING, **changes):
+    """The declaration of ``cls.name`` again, for a class that takes the same setting (one help text and range;
+    its default unless ``default`` says otherwise); ``changes``: e.g. another ``flag``."""
     spec = next(f for f in fields(cls) if f.name == name)
-    return field(default=spec.default, metadata={**spec.metadata, **changes})
+    return field(default=spec.default if default is MISSING else default, metadata={**spec.metadata, **changes})
 
 
 def _numbers(text: str) -> list[float] | None:
