@@ -239,7 +239,8 @@ class WarmReplicas:
         self.started = 0
         self._saved = None
 
-    def create(self, spec, gpus: float, cpus: int = 1):
+    def create(self, spec, gpus: float, cpus: int = 1, reserve_cpus: bool = True):
+        """``replica_actor.create``'s signature; a kept replica reserves no CPU whatever ``reserve_cpus`` says."""
         from raygeom.engine import replica_actor
 
         key = (spec, float(gpus))

@@ -9,7 +9,7 @@ store's own Parquet files. Sections appear only for what the store holds:
   declared metric by depth, a (revision x layer) heatmap per setting; raygeom.report.analysis_sections those an
   analysis names: PGA with its sweep and collapse zones, dispersion, the gap ranking, convergence, kNN-LM);
 - what is not an analysis (raygeom.report.other_sections): training curves, a trained trajectory, a width ladder,
-  diagnose's loss-geometry link, the store's extractions and their settings.
+  the store's extractions and their settings.
 
 Where the rows come from and how lines look: raygeom.report.rows and raygeom.report.styling. Big grids stay a file a
 browser opens: a model's revisions beyond ``VISIBLE_REVISIONS`` start hidden (one click shows them; the data is all

@@ -1,5 +1,5 @@
 """The report's sections of what is not a registered analysis: push-away training runs, a trained trajectory's
-checkpoints, a width ladder, the loss-geometry link of `raygeom diagnose` and the store's extractions. A registered
+checkpoints, a width ladder and the store's extractions. A registered
 analysis's section comes from its declaration (raygeom.report.profiles, raygeom.report.analysis_sections)."""
 
 from __future__ import annotations

@@ -166,8 +166,8 @@ def check_page(path: Path, name: str, expected_sections: set[str]) -> dict:
 
 def test_report_of_a_store_every_command_wrote_renders_in_chromium(browser, every_command_store):
     path = every_command_store / "report.html"  # the last command's report covers everything in the store
-    analyses = {"pga", "spectral", "probe", "convergence", "token_dispersion", "slices", "gap", "knn_lm"}
-    expected = analyses | {"sample_geometry", "train", "settings"}  # the sections of what is not an analysis
+    analyses = {"pga", "spectral", "probe", "convergence", "token_dispersion", "slices", "gap", "knn_lm", "diagnostics"}
+    expected = analyses | {"train", "settings"}  # the sections of what is not an analysis
     probe = check_page(path, "every-command", expected)
     assert probe["figures"] >= 12
 
