@@ -177,7 +177,7 @@ def run(
 # Commands of the other analyses live beside their orchestration; each module registers its own.
 for _module in (
     "raygeom.cli.sweep",
-    "raygeom.cli.dispersion",
+    "raygeom.cli.train",
     "raygeom.cli.report",
     "raygeom.cli.analyses",
     "raygeom.cli.verify",

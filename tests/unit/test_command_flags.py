@@ -188,10 +188,10 @@ def test_diagnose_without_a_job_keeps_its_flags_and_defaults(ran, tmp_path, corp
 
 @pytest.fixture
 def no_ray(monkeypatch):
-    from raygeom.cli import dispersion
+    from raygeom.cli import train
 
-    monkeypatch.setattr(dispersion, "_prepare", lambda address: None)
-    monkeypatch.setattr(dispersion, "_start", lambda address, num_cpus: None)
+    monkeypatch.setattr(train, "_prepare", lambda address: None)
+    monkeypatch.setattr(train, "_start", lambda address, num_cpus: None)
 
 
 def test_train_takes_the_job_train_section_and_the_flags_given_over_it(no_ray, monkeypatch, tmp_path, corpus):
