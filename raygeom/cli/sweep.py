@@ -151,13 +151,16 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         f"{_pga_grid(job)})",
         title_justify="left",
     )
+    # Per model, the units of its pooled extraction's layers; an analysis with an extraction of its own counts its
+    # units per (model, revision), in the per-analysis table: a job of only those has no per-model units to show.
+    pooled = not job.analyses or any(revision.analysis_units for revision in plan.revisions)
+    unit_columns = (("pooled units", "done") if plan.own else ("units", "done")) if pooled else ()
     for name in (
         "model",
         "params",
         "layers",
         "revisions",
-        "units",
-        "done",
+        *unit_columns,
         *([f"GPUs/replica ({memory:g} GiB)"] if gpus_shown else []),
     ):
         table.add_column(name, justify="left" if name in ("model", "revisions") else "right")
@@ -174,8 +177,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
             f"{params / 1e6:,.1f}M" if params else "?",
             "/".join(map(str, layers)) + f" ({revisions[0].layers_from})",
             _revision_span(revisions),
-            f"{sum(c[0] for c in counts):,}",
-            f"{sum(c[1] for c in counts):,}",
+            *((f"{sum(c[0] for c in counts):,}", f"{sum(c[1] for c in counts):,}") if pooled else ()),
             *([gpus] if gpus_shown else []),
         )
     console.print(table)

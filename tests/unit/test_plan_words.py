@@ -50,3 +50,21 @@ def test_plan_names_the_grid_as_given_and_counts_every_analysis(tmp_path, monkey
 
 def test_a_sweep_job_shows_gpus_per_replica(tmp_path, monkeypatch):
     assert "GPUs/replica (80 GiB)" in plan(tmp_path, monkeypatch, "[sweep]\ngpu_memory_gib = 80\n")
+
+
+def test_units_per_model_are_the_pooled_extractions_and_the_grid_adds_the_analyses_with_their_own(tmp_path, monkeypatch):
+    gap = "[analyses.gap]\nchunk_len = 64\nchunks_per_domain = 3\n"
+    text = plan(tmp_path, monkeypatch, gap).replace("│", "|")
+    # 128 + 64 pooled units (as above) and one gap unit per (model, revision): 3
+    assert "pooled units" in text and "-> 195 units; 0 done, 195 to compute" in text
+    only = JOB.split("[analyses.pga]")[0] + gap
+    monkeypatch.setattr("raygeom.jobs.plan.cached_config", lambda spec: None)
+    job = tmp_path / "only.toml"
+    job.write_text(only.format(out=tmp_path / "store"))
+    from raygeom.cli.root import app
+
+    result = CliRunner().invoke(app, ["plan", str(job)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if "params" in line and "revisions" in line)
+    assert "units" not in header and "done" not in header  # no per-model units to show
+    assert "-> 3 units; 0 done, 3 to compute" in " ".join(result.output.split())
