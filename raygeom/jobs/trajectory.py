@@ -254,29 +254,38 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
         for _, _, settings, _ in todo:
             if settings.data_fields() not in data:
                 data[settings.data_fields()] = train_module.training.prepare_data(settings.data_fields())
-        with console.status(what), ThreadPoolExecutor(at_once) as pool:
-            futures = [
-                (
-                    index,
-                    name,
-                    settings,
-                    plan,
-                    pool.submit(train_module.run_training, store, settings, plan, data[settings.data_fields()]),
-                )
-                for index, name, settings, plan in todo
-            ]
-            failed = None
-            for index, name, settings, plan, future in futures:
-                try:
-                    row = future.result()
-                except RaygeomError as error:  # the other runs still finish and keep their checkpoints
-                    failed = failed or error
-                    continue
-                console.print(
-                    f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
-                    f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}"
-                )
-                rows[index] = row
+        # Not `with ThreadPoolExecutor`: its exit waits for every running run, so a SIGTERM or Ctrl-C would train the
+        # rest of the grid before the run could stop. On any exception the queued runs are dropped and the process
+        # ends (finished checkpoints are kept); Ray's teardown stops the runs under way.
+        with console.status(what):
+            pool = ThreadPoolExecutor(at_once)
+            try:
+                futures = [
+                    (
+                        index,
+                        name,
+                        settings,
+                        plan,
+                        pool.submit(train_module.run_training, store, settings, plan, data[settings.data_fields()]),
+                    )
+                    for index, name, settings, plan in todo
+                ]
+                failed = None
+                for index, name, settings, plan, future in futures:
+                    try:
+                        row = future.result()
+                    except RaygeomError as error:  # the other runs still finish and keep their checkpoints
+                        failed = failed or error
+                        continue
+                    console.print(
+                        f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
+                        f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}"
+                    )
+                    rows[index] = row
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
         if failed is not None:
             raise failed
     return [rows[index] for index in sorted(rows)]

@@ -136,3 +136,48 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     assert second.stdout.count("not retrained") == 2 and "0 to compute" in second.stdout, second.stdout[-3000:]
     assert {p: p.stat().st_mtime_ns for p in (store / "results").glob("*/*.parquet")} == units  # no unit computed again
     assert not any(elsewhere.iterdir())
+
+
+def test_a_sigterm_while_a_grid_trains_ends_the_run_without_training_the_rest(hub_cache, tmp_path):
+    """Issue 41 item 7 at the training stage: the runs of a [train] grid train in a thread pool, whose exit used to
+    wait for every queued run, so a SIGTERM trained the whole grid before the run stopped."""
+    import signal
+    import time
+
+    import psutil
+
+    from raygeom.testing import write_labelled_corpus
+
+    corpus = write_labelled_corpus(tmp_path / "texts.jsonl", 200)
+    work = tmp_path / "work"
+    (work / "jobs").mkdir(parents=True)
+    job = tiny_width_job(work / "jobs" / "width.toml", corpus)
+    text = job.read_text()
+    for old, new in {"steps = 2\n": "steps = 20000\n", "save_every = 2": "save_every = 10000"}.items():
+        text = text.replace(old, new)
+    job.write_text(text)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "run", str(job), "--num-cpus", "1"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.time() + 180
+    while time.time() < deadline and process.poll() is None and not list((work / "runs").rglob("step0")):
+        time.sleep(0.2)  # the first run has saved its initialisation: it is training
+    time.sleep(2.0)
+    assert process.poll() is None, process.communicate()
+    children = psutil.Process(process.pid).children(recursive=True)
+    os.killpg(process.pid, signal.SIGTERM)
+    began = time.time()
+    stdout, stderr = process.communicate(timeout=120)
+    # a bound for the loaded CI machine (ray.shutdown's waits); the training itself would take many minutes
+    assert time.time() - began < 30 and process.returncode == 143, (time.time() - began, process.returncode, stderr[-2000:])
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines == ["interrupted; finished units are kept, rerun to resume"], stderr[-2000:]
+    assert not psutil.wait_procs(children, timeout=30)[1]
+    assert not list((work / "runs").rglob("step10000")), "a run kept training after the SIGTERM"
