@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raygeom.analyses.convergence import ConvergenceParams
+from raygeom.analyses.diagnostics import SPECTRAL_COLUMNS
 from raygeom.analyses.probe import ProbeParams, require_labels
 from raygeom.analyses.registry import Analysis, Metric, Needs, Params, param, register
 from raygeom.errors import RaygeomError
@@ -92,18 +93,7 @@ class Diagnose(Analysis):
     extraction = "pooled_nll"
     results = "diagnostics_layers"
     figures = "raygeom.report.diagnostics_plots:figures"
-    columns = (
-        "k",
-        "rankme",
-        "alpha_req",
-        "condition_number",
-        "isotropy",
-        "pc1_readout_share",
-        "pc1_readout_chance",
-        "pc1_variance_fraction",
-        "loss_share_spearman",
-        *SETTING_COLUMNS,
-    )
+    columns = (*SPECTRAL_COLUMNS, "loss_share_spearman", *SETTING_COLUMNS)
     # What only diagnose measures: the z, spectral and probe rows it writes are drawn in their own analyses' sections.
     metrics = (
         Metric("pc1_readout_share", "PC1 readout share", chance="pc1_readout_chance"),

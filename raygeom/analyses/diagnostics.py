@@ -301,6 +301,19 @@ def run_diagnostics(
     return out
 
 
+# What a merged layer row takes from the spectral part (raygeom.analyses.diagnose declares them among its columns).
+SPECTRAL_COLUMNS = (
+    "k",
+    "rankme",
+    "alpha_req",
+    "condition_number",
+    "isotropy",
+    "pc1_readout_share",
+    "pc1_readout_chance",
+    "pc1_variance_fraction",
+)
+
+
 def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
     """One row per (model, revision, layer): z at each CCR rank, spectral metrics, PC1 share, loss link, probe."""
     merged: dict[tuple, dict] = {}
@@ -315,14 +328,7 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
                 "relative_depth",
                 "n",
                 "d",
-                "k",
-                "rankme",
-                "alpha_req",
-                "condition_number",
-                "isotropy",
-                "pc1_readout_share",
-                "pc1_readout_chance",
-                "pc1_variance_fraction",
+                *SPECTRAL_COLUMNS,
             )
         }
     for row in parts["pga"]:
