@@ -200,6 +200,7 @@ def _exit_on_sigterm(signum, frame):
 
 
 _said_interrupted: list[bool] = []
+_whole_process = False  # run_as_process: this process ends when the command does (not a test calling main)
 
 
 def _interrupted() -> None:
@@ -216,6 +217,24 @@ def _refused() -> None:
         tree.discard_unused_stores()
 
 
+def _leave_ray_unshut() -> None:
+    """An interrupted run ends without ``ray.shutdown``: a thread still inside Ray (a [train] run's fit) then meets a
+    shut core worker, and Ray ends the whole process with status 1 ("accesses the Ray's worker after it is
+    shutdown"). The local node's processes are stopped by the caller and the process ends through ``os._exit``, so
+    nothing is left running. What Ray's C++ logs from here on is the noise of that stop ("Failed to push error to
+    driver"), after the one line already printed, so stderr goes to /dev/null."""
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    if "ray" in sys.modules:
+        atexit.unregister(sys.modules["ray"].shutdown)
+
+
 def _stop_local_ray() -> None:
     """Stop the local Ray this process started, including the per-node agents that
     ``ray.shutdown`` leaves running for a while after the raylet is gone."""
@@ -224,7 +243,9 @@ def _stop_local_ray() -> None:
     import psutil
 
     leftovers = psutil.Process().children(recursive=True)
-    if "ray" in sys.modules:
+    if _said_interrupted and _whole_process:
+        _leave_ray_unshut()
+    elif "ray" in sys.modules:
         sys.modules["ray"].shutdown()
     for process in leftovers:
         try:
@@ -265,6 +286,8 @@ def _end_process(code) -> None:
 def run_as_process() -> None:
     """The console script, ``python cli.py`` and ``python -m raygeom.cli``: :func:`main`, then the process ends
     through _end_process with the status main chose. In-process callers (tests) call main, which raises SystemExit."""
+    global _whole_process
+    _whole_process = True
     try:
         main()
     except SystemExit as done:
