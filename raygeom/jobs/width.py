@@ -19,6 +19,7 @@ import numpy as np
 from raygeom.jobs import plan as sweep
 from raygeom.jobs.gap_ranking import agreement, claim_verdict, correlation_text, step_name
 from raygeom.jobs.tidy import collapse_zones
+from raygeom.jobs.train import completed_trajectory
 from raygeom.numerics.uncertainty import bounded_mean_interval, bounds_of, spearman_with_ci
 from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure, save_text
 
@@ -325,12 +326,13 @@ FLAT_FALL = 0.02
 def flattening(losses: list[dict], steps: int) -> list[dict]:
     """Per run: final held-out perplexity, and how much it still fell over the last quarter of training (relative
     change from the evaluation nearest 3/4 of the steps to the last): the page's test that training had flattened
-    (a fall below ``FLAT_FALL``)."""
+    (a fall below ``FLAT_FALL``; a rise counts), and its lowest point: a run past it overfits its training text."""
     out = []
     for run in sorted({r["run"] for r in losses}):
         curve = sorted((r for r in losses if r["run"] == run), key=lambda r: r["step"])
         last = curve[-1]
         quarter = min(curve, key=lambda r: abs(r["step"] - 0.75 * steps))
+        lowest = min(curve, key=lambda r: r["heldout_perplexity"])
         out.append(
             {
                 "run": run,
@@ -339,6 +341,8 @@ def flattening(losses: list[dict], steps: int) -> list[dict]:
                 "seed": last["run_seed"],
                 "final_perplexity": last["heldout_perplexity"],
                 "at_three_quarters": quarter["heldout_perplexity"],
+                "lowest_perplexity": lowest["heldout_perplexity"],
+                "lowest_step": lowest["step"],
                 "quarter_step": quarter["step"],
                 "last_quarter_drop": 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"],
                 "flattened": "yes" if 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"] < FLAT_FALL else "no",
@@ -655,6 +659,7 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
         write_rows(gap_rows(gaps), data_dir / "gap.parquet")
     first = job.trains[0]
     train = {k: v for k, v in asdict(first.settings).items() if k not in ("hidden_size", "n_layers", "seed", "n_heads")}
+    trained = completed_trajectory(first.plan(), first.plan().key(first.settings)) or {}
     meta = {
         "job": job.name,
         "store": f"runs/{Path(job.out).name}",
@@ -663,6 +668,7 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
         "checkpoint_steps": list(first.plan().steps),
         "runs": [{"run": r.name, "width": r.d, "depth": r.depth, "seed": r.seed} for r in ladder(job)],
         "n_samples": job.n_samples,
+        "n_train_sequences": trained.get("n_train_sequences"),  # one article split and tokenizer for every run
         "pool": job.extraction.pool,
         "width": {"collapse_z": job.width.collapse_z, "positive_z": job.width.positive_z, "seed": job.width.seed},
         "trajectory": (
@@ -828,8 +834,16 @@ def _page(
         f"({tokens / 1e3:.0f}k tokens a run), AdamW lr {train.lr:g} with {train.warmup} warm-up steps, a "
         f"{train.vocab_size}-token BPE trained on the training articles, the same checkpoint steps "
         f"({', '.join(map(str, meta['checkpoint_steps']))}; step 0 is the random initialisation).",
-        f"- **Data**: {train.corpus}, {1 - train.heldout_fraction:.0%} of the articles for training; every analysis runs on "
-        f"N = {meta['n_samples']} held-out articles, {meta['pool']}-token pooling.",
+        f"- **Data**: {train.corpus}, "
+        + (f"{train.max_texts} of its articles, " if train.max_texts else "")
+        + f"{1 - train.heldout_fraction:.0%} of them for training"
+        + (
+            f" ({n_train:,} sequences, {n_train * train.seq_len / 1e3:.0f}k tokens, each seen about "
+            f"{tokens / (n_train * train.seq_len):.1f} times)"
+            if (n_train := meta.get("n_train_sequences"))
+            else ""
+        )
+        + f"; every analysis runs on N = {meta['n_samples']} held-out articles, {meta['pool']}-token pooling.",
         f"- **Analyses at every checkpoint x layer of every run**: PGA at {', '.join(_describe(c) for c in configs)} "
         f"({' or '.join(map(str, n_nulls))} nulls); spectral metrics; PC1 readout share; a linear topic probe; sample-level "
         "dispersion" + ("; the dispersion gap G per checkpoint" if summaries else "") + ".",
@@ -859,6 +873,8 @@ def _page(
             ("perplexity there", "at_three_quarters"),
             ("fall over the last quarter", "last_quarter_drop"),
             (f"flattened (fall < {FLAT_FALL:.0%})?", "flattened"),
+            ("lowest held-out perplexity", "lowest_perplexity"),
+            ("at step", "lowest_step"),
         ],
     )
     falls = [r["last_quarter_drop"] for r in flat_rows]
@@ -877,6 +893,14 @@ def _page(
                 "checkpoint are readings of an undertrained model."
             ),
         ]
+        past = [r for r in flat_rows if r["lowest_step"] < r["quarter_step"]]
+        if past:
+            lines += [
+                "",
+                f"{len(past)} of {len(flat_rows)} runs ({', '.join(r['run'] for r in past)}) reached their lowest "
+                "held-out perplexity before the last quarter and rose after it: they overfit their training articles, "
+                "so their last checkpoints are past the best one (the table gives its step).",
+            ]
     lines += ["", "## z over step x layer, per run", ""] + _figure(paths, "heatmaps", page, "z heatmaps per run")
     lines += _figure(paths, "depth", page, "z by depth per (width, depth)")
     lines += [

@@ -27,12 +27,12 @@ def tiny_width_job(path: Path, corpus: Path) -> Path:
             "skip = [{hidden_size = 32, n_layers = 2}, {hidden_size = 48, n_layers = 1}]"
         ),
         "seed = [0, 1]": "seed = [0]",
-        "save_every = 64": "save_every = 2",
+        "save_every = 128": "save_every = 2",
         'corpus = "bbc"': f'corpus = "{corpus}"',
-        "steps = 256": "steps = 2",
+        "steps = 640": "steps = 2",
         "batch_size = 16\nseq_len = 32": "batch_size = 4\nseq_len = 32",
         "warmup = 24": "warmup = 1",
-        "vocab_size = 2048": "vocab_size = 300",
+        "vocab_size = 1024": "vocab_size = 300",
         "eval_every = 32": "eval_every = 2",
         "eval_sequences = 64": "eval_sequences = 2",
         "pga_threads = 2": "pga_threads = 1",
@@ -41,7 +41,7 @@ def tiny_width_job(path: Path, corpus: Path) -> Path:
         "r = [0, 1, 5, 10]": "r = [0, 1]",
         "chunk_len = 32": "chunk_len = 16",
         "chunks_per_domain = 16": "chunks_per_domain = 2",
-        "late_from = 64": "late_from = 2",
+        "late_from = 128": "late_from = 2",
         "bootstrap = 2000": "bootstrap = 100",
     }
     for old, new in replacements.items():

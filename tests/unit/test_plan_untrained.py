@@ -82,7 +82,7 @@ def test_plan_of_a_ladder_lists_the_runs_its_skip_leaves_and_writes_nothing(tmp_
         "n_layers = [4, 8, 12]": "n_layers = [1, 2]",
         "skip = [{hidden_size = 512, n_layers = 8}, {hidden_size = 512, n_layers = 12}]": "skip = [{hidden_size = 48, n_layers = 2}]",
         'corpus = "bbc"': f'corpus = "{corpus}"',
-        "vocab_size = 2048": "vocab_size = 300",
+        "vocab_size = 1024": "vocab_size = 300",
         "eval_sequences = 64": "eval_sequences = 4",
         "seed = [0, 1]": "seed = [0]",
     }.items():
