@@ -29,7 +29,7 @@ def tiny_width_job(path: Path, corpus: Path) -> Path:
         "seed = [0, 1]": "seed = [0]",
         "save_every = 128": "save_every = 2",
         'corpus = "bbc"': f'corpus = "{corpus}"',
-        "steps = 640": "steps = 2",
+        "steps = 896": "steps = 2",
         "batch_size = 16\nseq_len = 32": "batch_size = 4\nseq_len = 32",
         "warmup = 24": "warmup = 1",
         "vocab_size = 1024": "vocab_size = 300",
