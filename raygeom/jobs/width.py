@@ -20,8 +20,9 @@ from raygeom.jobs import plan as sweep
 from raygeom.jobs.gap_ranking import agreement, claim_verdict, correlation_text, step_name
 from raygeom.jobs.tidy import collapse_zones
 from raygeom.jobs.train import completed_trajectory
-from raygeom.numerics.uncertainty import bounded_mean_interval, bounds_of, spearman_with_ci
+from raygeom.numerics.uncertainty import bounded_mean_interval, bounds_of, log_linear_change, spearman_with_ci
 from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure, save_text
+from raygeom.store.tree import read_table
 
 SPECTRAL = ("rankme", "alpha_req", "isotropy")
 REGENERATE = "python -m raygeom.jobs.results_pages"
@@ -299,40 +300,54 @@ def seed_agreement(pga: list[dict], config: dict, last: dict[str, int], settings
 
 
 def loss_rows(job) -> list[dict]:
-    """One row per (run, evaluation): the trainer's held-out perplexity over training."""
+    """One row per (run, held-out evaluation): the trainer's held-out perplexity every ``eval_every`` steps (its
+    history) and at each checkpoint (step 0 included), in step order."""
     from raygeom.analyses.train import checkpoint_evaluations
 
     out = []
-    for run in ladder(job):
-        for e in checkpoint_evaluations(run.run_dir) or []:
-            if e.get("heldout_perplexity") is not None:
-                out.append(
-                    {
-                        "run": run.name,
-                        "width": run.d,
-                        "depth": run.depth,
-                        "run_seed": run.seed,
-                        "step": int(e["step"]),
-                        "heldout_perplexity": float(e["heldout_perplexity"]),
-                    }
-                )
+    for run, train in zip(ladder(job), job.trains):
+        perplexity = {int(e["step"]): e["heldout_perplexity"] for e in checkpoint_evaluations(run.run_dir) or []}
+        trained = completed_trajectory(train.plan(), train.plan().key(train.settings))
+        if trained and Path(trained["history"]).is_file():
+            perplexity.update({int(h["step"]): h["heldout_perplexity"] for h in read_table(trained["history"]).to_pylist()})
+        out += [
+            {
+                "run": run.name,
+                "width": run.d,
+                "depth": run.depth,
+                "run_seed": run.seed,
+                "step": step,
+                "heldout_perplexity": float(value),
+            }
+            for step, value in sorted(perplexity.items())
+            if value is not None
+        ]
     return out
 
 
-# Held-out perplexity has flattened when the last quarter of training lowers it by less than this share.
+# Held-out perplexity has flattened when it falls by less than this share over the last quarter of training: the
+# fitted fall's one-sided 95% upper bound is below it (an equivalence test, TOST, hence the 90% interval).
 FLAT_FALL = 0.02
+FLAT_LEVEL = 0.90
 
 
 def flattening(losses: list[dict], steps: int) -> list[dict]:
-    """Per run: final held-out perplexity, and how much it still fell over the last quarter of training (relative
-    change from the evaluation nearest 3/4 of the steps to the last): the page's test that training had flattened
-    (a fall below ``FLAT_FALL``; a rise counts), and its lowest point: a run past it overfits its training text."""
+    """Per run: final and lowest held-out perplexity (a run past its lowest point overfits its training text), and
+    the fall over the last quarter of training fitted through every evaluation in it (log perplexity against step,
+    :func:`log_linear_change`), with its 90% interval. Flattened: "yes" when the whole interval is below
+    ``FLAT_FALL`` (a rise counts), "no" when it is above, "undecided" otherwise or with fewer than 3 evaluations."""
     out = []
     for run in sorted({r["run"] for r in losses}):
         curve = sorted((r for r in losses if r["run"] == run), key=lambda r: r["step"])
         last = curve[-1]
-        quarter = min(curve, key=lambda r: abs(r["step"] - 0.75 * steps))
         lowest = min(curve, key=lambda r: r["heldout_perplexity"])
+        tail = [r for r in curve if r["step"] >= 0.75 * steps]
+        fit = (
+            log_linear_change([r["step"] for r in tail], [r["heldout_perplexity"] for r in tail], steps / 4, FLAT_LEVEL)
+            if len(tail) >= 2
+            else {"change": math.nan, "lo": math.nan, "hi": math.nan}
+        )
+        fall, fall_lo, fall_hi = -fit["change"], -fit["hi"], -fit["lo"]
         out.append(
             {
                 "run": run,
@@ -340,15 +355,17 @@ def flattening(losses: list[dict], steps: int) -> list[dict]:
                 "depth": last["depth"],
                 "seed": last["run_seed"],
                 "final_perplexity": last["heldout_perplexity"],
-                "at_three_quarters": quarter["heldout_perplexity"],
                 "lowest_perplexity": lowest["heldout_perplexity"],
                 "lowest_step": lowest["step"],
-                "quarter_step": quarter["step"],
-                "last_quarter_drop": 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"],
-                "flattened": "yes" if 1 - last["heldout_perplexity"] / quarter["heldout_perplexity"] < FLAT_FALL else "no",
+                "tail_from": tail[0]["step"] if tail else None,
+                "tail_points": len(tail),
+                "last_quarter_fall": fall,
+                "last_quarter_fall_lo": fall_lo,
+                "last_quarter_fall_hi": fall_hi,
+                "flattened": "yes" if fall_hi < FLAT_FALL else "no" if fall_lo > FLAT_FALL else "undecided",
             }
         )
-    return out
+    return sorted(out, key=lambda r: (r["width"], r["depth"], r["seed"], r["run"]))
 
 
 def gap_rows(gaps: list[dict]) -> list[dict]:
@@ -862,38 +879,57 @@ def _page(
             f"other work, 1-minute load average {wall['load_1min_at_end']:.1f} at the end)."
         )
     lines += ["", "## Held-out perplexity over training: has it flattened?", ""] + _figure(paths, "losses", page, "loss curves")
+
+    def percent(value: float) -> str:
+        return f"{value:+.1%}" if value is not None and math.isfinite(value) else "n/a"
+
     lines += markdown_table(
-        flat_rows,
+        [
+            {
+                **r,
+                "tail": f"{r['tail_points']} from step {r['tail_from']}" if r["tail_from"] is not None else "none",
+                "fall": f"{percent(r['last_quarter_fall'])} [{percent(r['last_quarter_fall_lo'])}, "
+                f"{percent(r['last_quarter_fall_hi'])}]",
+            }
+            for r in flat_rows
+        ],
         [
             ("run", "run"),
             ("d", "width"),
             ("blocks", "depth"),
             ("final held-out perplexity", "final_perplexity"),
-            ("at step", "quarter_step"),
-            ("perplexity there", "at_three_quarters"),
-            ("fall over the last quarter", "last_quarter_drop"),
-            (f"flattened (fall < {FLAT_FALL:.0%})?", "flattened"),
-            ("lowest held-out perplexity", "lowest_perplexity"),
+            ("lowest", "lowest_perplexity"),
             ("at step", "lowest_step"),
+            ("evaluations in the last quarter", "tail"),
+            (f"fitted fall over the last quarter [{FLAT_LEVEL:.0%}]", "fall"),
+            (f"flattened (fall < {FLAT_FALL:.0%})?", "flattened"),
         ],
     )
-    falls = [r["last_quarter_drop"] for r in flat_rows]
-    if falls:
-        flat_runs = sum(1 for r in flat_rows if r["flattened"] == "yes")
+    if flat_rows:
+        verdicts = [r["flattened"] for r in flat_rows]
+        open_runs = [r for r in flat_rows if r["flattened"] != "yes"]
         lines += [
             "",
-            f"**Reading**: flattened means the last quarter of training lowers held-out perplexity by less than "
-            f"{FLAT_FALL:.0%}. Over the last quarter it fell by {min(falls):.1%} to {max(falls):.1%} (median "
-            f"{float(np.median(falls)):.1%}): {flat_runs} of {len(flat_rows)} runs flattened. "
+            f"**Reading**: the fall over the last quarter is fitted through every held-out evaluation in it (log "
+            f"perplexity against step; a negative fall is a rise). Flattened means the data show a fall below "
+            f"{FLAT_FALL:.0%}: the interval's upper end, a one-sided 95% bound, is below it (an equivalence test); "
+            f"not flattened means its lower end is above it. Flattened: {verdicts.count('yes')} of {len(flat_rows)} "
+            f"runs; not flattened: {verdicts.count('no')}; undecided: {verdicts.count('undecided')}"
             + (
-                "The learning rate falls to a tenth of its peak over that quarter (cosine schedule), so part of the "
-                "flattening is the schedule, not convergence."
-                if flat_runs == len(flat_rows)
-                else "Where it has **not flattened** the run is short of convergence, and its readings at the last "
+                " (" + "; ".join(f"{r['run']}: {percent(r['last_quarter_fall'])}, {r['flattened']}" for r in open_runs) + ")"
+                if open_runs
+                else ""
+            )
+            + ". The learning rate falls to a tenth of its peak over that quarter (cosine schedule), so part of the "
+            "flattening is the schedule."
+            + (
+                " Where it has **not flattened** the run is short of convergence, and its readings at the last "
                 "checkpoint are readings of an undertrained model."
+                if "no" in verdicts
+                else ""
             ),
         ]
-        past = [r for r in flat_rows if r["lowest_step"] < r["quarter_step"]]
+        past = [r for r in flat_rows if r["tail_from"] is not None and r["lowest_step"] < r["tail_from"]]
         if past:
             lines += [
                 "",

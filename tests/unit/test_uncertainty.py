@@ -424,3 +424,38 @@ def test_paired_t_matches_scipy_ttest_rel(seed, n):
 def test_z_delta_se_formula():
     assert z_delta_se(0.0, 100) == pytest.approx(0.1)
     assert z_delta_se(-10.0, 51) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("n", [3, 8, 30])
+def test_log_linear_change_is_scipys_regression_on_log_y(seed, n):
+    from raygeom.numerics.uncertainty import log_linear_change
+
+    rng = np.random.default_rng(seed)
+    x = np.sort(rng.uniform(0, 1000, n))
+    y = 100 * np.exp(-2e-4 * x + rng.normal(0, 0.02, n))
+    fit = stats.linregress(x, np.log(y))
+    half = stats.t.ppf(0.95, n - 2) * fit.stderr
+    got = log_linear_change(x, y, span=250.0, level=0.90)
+    assert got["change"] == pytest.approx(np.exp(fit.slope * 250) - 1, rel=1e-9, abs=1e-12)
+    assert got["lo"] == pytest.approx(np.exp((fit.slope - half) * 250) - 1, rel=1e-9, abs=1e-12)
+    assert got["hi"] == pytest.approx(np.exp((fit.slope + half) * 250) - 1, rel=1e-9, abs=1e-12)
+    assert -1 < got["lo"] <= got["change"] <= got["hi"] and got["n"] == n
+
+
+def test_log_linear_change_on_planted_exact_curves():
+    from raygeom.numerics.uncertainty import log_linear_change
+
+    x = np.arange(0, 100, 10.0)
+    halving = log_linear_change(x, 80 * 0.5 ** (x / 50), span=50.0)  # halves every 50 steps, exactly
+    assert (
+        halving["change"] == pytest.approx(-0.5) and halving["lo"] == pytest.approx(-0.5) and halving["hi"] == pytest.approx(-0.5)
+    )
+    flat = log_linear_change(x, np.full(x.size, 7.0), span=50.0)
+    assert flat["change"] == pytest.approx(0.0, abs=1e-12)
+    two = log_linear_change([0.0, 10.0], [4.0, 2.0], span=10.0)  # a line through two points: no interval
+    assert two["change"] == pytest.approx(-0.5) and np.isnan(two["lo"]) and np.isnan(two["hi"])
+    with pytest.raises(InputError):
+        log_linear_change([0.0, 1.0], [1.0, -1.0], span=1.0)
+    with pytest.raises(InputError):
+        log_linear_change([3.0, 3.0, 3.0], [1.0, 2.0, 3.0], span=1.0)
