@@ -398,6 +398,9 @@ class Extractions:
         if kind == "batch":
             self.progress("texts", count)
             return None
+        # The actor wrote after every batch, but the driver may take the write's ref before some batch refs that
+        # _stop drops below: their texts are done and counted here, or the stage would end short of its total.
+        count += sum(c for k, n, c in self.waiting.values() if n == number and k == "batch")
         if count:
             self.progress("texts", count)
         self.progress("extract", 1)
