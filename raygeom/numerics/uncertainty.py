@@ -662,16 +662,17 @@ def log_linear_change(x, y, span: float, level: float = 0.90) -> dict[str, float
     """The relative change of a positive ``y`` over ``span`` units of ``x``, from the least-squares line through
     ``(x, log y)``: ``exp(slope * span) - 1``, with the Student-t interval of the slope (``n - 2`` degrees of freedom)
     carried through the same map, so it stays above -1. At ``level`` 0.90 the two ends are the one-sided 95% bounds
-    that an equivalence test (TOST) compares with a margin. NaN bounds below 3 points or with one distinct x."""
+    that an equivalence test (TOST) compares with a margin. NaN bounds with 2 points; fewer, or one distinct x, is
+    refused."""
     x, y = _finite_1d("x", x), _finite_1d("y", y)
     if x.size != y.size or x.size < 2 or np.any(y <= 0) or np.ptp(x) == 0:
         raise InputError(f"need paired x and positive y of equal length >= 2 with distinct x; got {x.size} and {y.size}")
-    centred = x - x.mean()
-    slope = float(centred @ np.log(y) / (centred @ centred))
+    centred, log_y = x - x.mean(), np.log(y)
+    slope = float(centred @ log_y / (centred @ centred))
     change = float(np.expm1(slope * span))
     if x.size < 3:
         return {"change": change, "lo": float("nan"), "hi": float("nan"), "n": int(x.size)}
-    residuals = np.log(y) - np.log(y).mean() - slope * centred
+    residuals = log_y - log_y.mean() - slope * centred
     se = float(np.sqrt(residuals @ residuals / (x.size - 2) / (centred @ centred)))
     half = t_quantile(0.5 + level / 2, x.size - 2) * se
     ends = sorted(float(np.expm1((slope + sign * half) * span)) for sign in (-1, 1))
