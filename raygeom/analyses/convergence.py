@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.registry import Analysis, Params, param, register
+from raygeom.analyses.registry import Analysis, Params, Reads, param, register
 from raygeom.params import MAX_COUNT, MAX_NULLS, MAX_WIDTH
 
 
@@ -59,12 +59,13 @@ def _converge_params(params: ConvergenceParams):
     )
 
 
-def _aligned(job, specs, params: ConvergenceParams):
+def _aligned(job, specs, params: ConvergenceParams, corpus=None):
+    """The job's sample (or ``corpus``), cut at max_words, then where every model's tokenizer reads it whole."""
     from raygeom.analyses.extraction import aligned_corpus
     from raygeom.sources.corpus import load_corpus, truncate_words
 
-    corpus = truncate_words(load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), params.max_words or None)
-    return aligned_corpus(specs, corpus, job.extraction.seq_len)[0]
+    sample = corpus if corpus is not None else load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
+    return aligned_corpus(specs, truncate_words(sample, params.max_words or None), job.extraction.seq_len)[0]
 
 
 def _check_count(models) -> None:
@@ -119,13 +120,20 @@ class Convergence(Analysis):
         if not any(entry.run_dir for entry in job.models):
             _check_count({(entry.source, revision) for entry in job.models for revision in entry.revisions})
 
+    def reads(self, params: ConvergenceParams, job) -> Reads:
+        # The pooled extraction, on texts every model reads whole: the job's other pooled analyses read them too.
+        return Reads(texts=("aligned", params.max_words), why=f"texts aligned across models (max_words={params.max_words})")
+
+    def pooled_corpus(self, params, job, specs, corpus):
+        return _aligned(job, specs, params, corpus)
+
     def run(self, store, job, specs, params: ConvergenceParams, progress):
         from raygeom.analyses import converge
-        from raygeom.analyses.extraction import extract_models
+        from raygeom.analyses.extraction import extract_models, texts_of
 
         converge_params = _converge_params(params)
         _check_count(specs)
-        corpus = _aligned(job, specs, params)
+        corpus = texts_of(self, params, job, specs)
         infos = extract_models(store, specs, corpus, job.extraction, job.layers, progress=progress)
         models = [(spec.slug, spec.revision, info["key"]) for spec, info in infos]
         sides = converge.model_sides(store, models, converge_params)

@@ -12,7 +12,7 @@ import numpy as np
 from raygeom.analyses.convergence import ConvergenceParams
 from raygeom.analyses.diagnostics import SPECTRAL_COLUMNS
 from raygeom.analyses.probe import ProbeParams, require_labels
-from raygeom.analyses.registry import Analysis, Metric, Needs, Params, param, register
+from raygeom.analyses.registry import Analysis, Metric, Needs, Params, Reads, param, register
 from raygeom.errors import RaygeomError
 from raygeom.params import MAX_WIDTH, PGAParams, declared_as, key_settings, number_list
 
@@ -110,16 +110,26 @@ class Diagnose(Analysis):
         if params.probe and not job.corpus_pending:
             require_labels(job.corpus, "--no-probe")
 
+    def reads(self, params: DiagnoseParams, job) -> Reads:
+        # The pooled extraction with per-sample NLL: the job's pooled pass, unless its texts are cut at max_words.
+        if not params.max_words:
+            return Reads()
+        return Reads(texts=("words", params.max_words), why=f"texts cut at max_words={params.max_words}", shared=False)
+
+    def pooled_corpus(self, params: DiagnoseParams, job, specs, corpus):
+        from raygeom.sources.corpus import truncate_words
+
+        return truncate_words(corpus, params.max_words or None)
+
     def run(self, store, job, specs, params: DiagnoseParams, progress):
         import pyarrow as pa
 
         from raygeom.analyses import diagnostics
-        from raygeom.analyses.extraction import extract_models
-        from raygeom.sources.corpus import load_corpus, truncate_words
+        from raygeom.analyses.extraction import extract_models, texts_of
         from raygeom.store.tree import atomic_write_table, content_key
 
         run_params = params.for_run()
-        corpus = truncate_words(load_corpus(job.corpus).sample(job.n_samples, job.sample_seed), params.max_words or None)
+        corpus = texts_of(self, params, job, specs)
         infos = extract_models(store, specs, corpus, job.extraction, job.layers, nll=True, progress=progress)
         merged, samples, parts = [], [], {"spectral": [], "sample_geometry": [], "pga": [], "probe": []}
         for spec, info in infos:

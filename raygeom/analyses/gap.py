@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, param, register
-from raygeom.analyses.token_dispersion import ChunkExtractionParams, check_model, chunks_per_model, extraction_of, full_corpus
+from raygeom.analyses.token_dispersion import (
+    ChunkExtractionParams,
+    check_model,
+    chunk_reads,
+    chunks_extracted,
+    chunks_per_model,
+    extraction_of,
+    full_corpus,
+)
 from raygeom.params import MAX_BOOT
 
 
@@ -97,6 +105,12 @@ class DispersionGap(Analysis):
     def check(self, params: GapParams, info: dict, model: str) -> None:
         check_model(params, params.layer, info, model)
 
+    def reads(self, params, job):
+        return chunk_reads(params, job)
+
+    def extracted(self, store, job, spec, params):
+        return chunks_extracted(store, job, spec, params)
+
     def run(self, store, job, specs, params: GapParams, progress):
         from raygeom.analyses import dispersion as dp
 
@@ -106,9 +120,14 @@ class DispersionGap(Analysis):
         with dp.handover() as replicas:  # the chunk extraction first, with its progress (rank_by_gap reuses it)
             for spec in specs:
                 dp.extract_unit(
-                    store, spec, corpus, extraction, progress(f"chunks {spec.name}@{spec.revision}", per_model), replicas=replicas
+                    store,
+                    spec,
+                    corpus,
+                    extraction,
+                    progress(f"chunks pass, {spec.name}@{spec.revision}", per_model),
+                    replicas=replicas,
                 )
-        return dp.rank_by_gap(store, specs, corpus, extraction, params.layer, params.n_boot, progress("gap units", len(specs)))
+        return dp.rank_by_gap(store, specs, corpus, extraction, params.layer, params.n_boot, progress(f"{self.name} units", None))
 
     def planned_units(self, store, job, specs, params: GapParams):
         from raygeom.analyses import dispersion as dp

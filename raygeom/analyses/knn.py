@@ -492,8 +492,10 @@ def run_knn(
     settings: KnnSettings,
     test_corpus: Corpus | None = None,
     progress: Callable[[int], None] | None = None,
+    unit_progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Datastore features (once, cached by content key), then one engine unit per layer; a table of layers.
+    ``progress``: the chunks whose features are extracted; ``unit_progress``: the units' steps (default: ``progress``).
 
     With ``test_corpus`` the datastore is built from all of ``corpus`` and the
     held-out text comes from ``test_corpus``; otherwise ``corpus`` is split by article.
@@ -542,7 +544,7 @@ def run_knn(
         }
         atomic_write_text(json.dumps(info, indent=2), marker)
     provenance = _settings_columns(spec, corpus if test_corpus is None else train_text, train_text, test_text, settings)
-    rows = run_units(store, units(store, directory, info, settings, provenance), progress)
+    rows = run_units(store, units(store, directory, info, settings, provenance), unit_progress or progress)
     table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")
     return {**summarise(store, rows, settings), "table": table}
 
@@ -637,3 +639,9 @@ def summary_lines(store: Store, rows: list[dict]) -> list[str]:
         )
         lines += [f"warning: {line}" for line in result["warnings"]]
     return lines
+
+
+def features_stored(store: Store, spec: ModelSpec, corpus: Corpus, settings: KnnSettings) -> bool:
+    """Whether the store holds ``run_knn``'s datastore features of ``spec`` on ``corpus`` (split by article)."""
+    train_text, test_text = split_corpus(corpus, settings.heldout_fraction, settings.seed)
+    return (_features_dir(store, spec, features_key(spec, train_text, test_text, settings)) / MARKER).is_file()

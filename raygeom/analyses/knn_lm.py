@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.registry import Analysis, param, register
+from raygeom.analyses.registry import Analysis, Reads, param, register
 from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_NEIGHBOURS, MAX_SEED, MAX_TOKENS, ChunkShape, number_list
 
 
@@ -111,15 +111,35 @@ class KnnLM(Analysis):
 
         return summary_lines(store, rows) if rows else []
 
+    def reads(self, params: KnnParams, job) -> Reads:
+        return Reads(
+            "knn",
+            settings=tuple(sorted(settings_of(params, job.layers).extraction().items())),
+            why=f"token states with next-token targets of {params.train_chunks} datastore and {params.test_chunks} "
+            "held-out chunks, the articles split apart",
+        )
+
+    def extracted(self, store, job, spec, params: KnnParams) -> bool:
+        from raygeom.analyses import knn
+        from raygeom.sources.corpus import load_corpus
+
+        return knn.features_stored(store, spec, load_corpus(job.corpus), settings_of(params, job.layers))
+
     def run(self, store, job, specs, params: KnnParams, progress):
         from raygeom.analyses import knn
         from raygeom.sources.corpus import load_corpus
 
         corpus, settings, rows = load_corpus(job.corpus), settings_of(params, job.layers), []
         for spec in specs:
-            rows += knn.run_knn(store, spec, corpus, settings, progress=progress(f"kNN-LM {spec.name}@{spec.revision}", None))[
-                "layers"
-            ]
+            label = f"{spec.name}@{spec.revision}"
+            rows += knn.run_knn(
+                store,
+                spec,
+                corpus,
+                settings,
+                progress=progress(f"knn pass, {label}", params.train_chunks + params.test_chunks),
+                unit_progress=progress(f"{self.name} units, {label}", None),
+            )["layers"]
         return rows
 
     def planned_units(self, store, job, specs, params: KnnParams):

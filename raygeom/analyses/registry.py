@@ -42,6 +42,23 @@ class Metric:
     chance: str | None = None  # a column with the chance level to draw beside it
 
 
+@dataclass(frozen=True)
+class Reads:
+    """The forward pass an analysis reads on each (model, revision): analyses whose ``Reads`` are equal share one pass.
+
+    ``kind`` "pooled" is the job's [extract] extraction (one vector per text and layer). ``texts``: for a pooled
+    reader, the text set it needs the pooled extraction to read (None: the job's sample as it is); the first such set
+    becomes the pooled pass's, so e.g. convergence's aligned texts serve every pooled analysis. Any other kind is an
+    extraction of the analysis's own, told apart by ``settings``; ``why`` says what it reads that the pooled pass
+    does not, for ``plan``."""
+
+    kind: str = "pooled"
+    texts: Any = None
+    settings: Any = None
+    why: str = ""
+    shared: bool = True  # whether the job's other pooled readers may read ``texts`` (False: a pass of its own)
+
+
 # What each kind of extraction asks an analysis to implement (the abstract methods of its class).
 REQUIRED = {"pooled": ("units",)}
 OWN_EXTRACTION = ("run", "planned_units")
@@ -88,6 +105,23 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     figures: ClassVar[str | None] = None
     # CSV name -> a results/ table (e.g. a side table its run writes) whose rows of this run's units --report copies
     tables: ClassVar[dict[str, str]] = {}
+
+    def reads(self, params, job) -> Reads:
+        """The forward pass this analysis reads (see :class:`Reads`): by default the pooled extraction, or, for an
+        analysis with an extraction of its own, that extraction at every parameter."""
+        if self.extraction == "pooled":
+            return Reads()
+        return Reads(self.extraction, settings=key_settings(params), why=f"the {self.extraction} extraction")
+
+    def pooled_corpus(self, params, job, specs: list, corpus):
+        """The pooled extraction's texts this analysis needs, from the job's sample ``corpus`` (its ``Reads.texts``
+        names them); only called when that is not None."""
+        return corpus
+
+    def extracted(self, store, job, spec, params) -> bool:
+        """Whether the store holds this analysis's own extraction of ``spec`` (what ``plan`` and ``run`` count as a
+        forward pass done); pooled readers are counted by the pooled extraction."""
+        return False
 
     def for_width(self, params, d: int | None):
         """``params`` on a model of width ``d`` (k from a fixed k/d); None: width unknown."""

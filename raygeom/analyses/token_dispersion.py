@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.registry import Analysis, Metric, param, register
+from raygeom.analyses.registry import Analysis, Metric, Reads, param, register
 from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_SEED, ChunkSettings
 
 
@@ -73,6 +73,21 @@ def check_model(params: ChunkExtractionParams, gap_layer: str, info: dict, model
     dp.check_model(info.get("config"), info.get("layers") or "all", params.chunk_len, gap_layer, model)
 
 
+def chunk_reads(params: ChunkExtractionParams, job) -> Reads:
+    """The chunk extraction's pass: analyses of the same chunk settings share it."""
+    return Reads(
+        "chunks",
+        settings=extraction_of(params, job.layers),
+        why=f"token states of {params.chunks_per_domain} chunks of {params.chunk_len} tokens per domain",
+    )
+
+
+def chunks_extracted(store, job, spec, params: ChunkExtractionParams) -> bool:
+    from raygeom.analyses import dispersion as dp
+
+    return dp.is_extracted(store, spec, full_corpus(job), extraction_of(params, job.layers))
+
+
 def full_corpus(job):
     from raygeom.sources.corpus import load_corpus
 
@@ -84,7 +99,7 @@ def chunks_per_model(params: ChunkExtractionParams, corpus) -> int:
     return params.chunks_per_domain * len(set(corpus.labels or ["all"]))
 
 
-def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[dict]:
+def run_chunks(store, job, specs: list, params: ChunkParams, progress, name: str) -> list[dict]:
     """Chunk extraction of every (model, revision), then one engine unit each: this job's layer rows."""
     from raygeom.analyses import dispersion as dp
 
@@ -98,8 +113,8 @@ def run_chunks(store, job, specs: list, params: ChunkParams, progress) -> list[d
         corpus,
         extraction,
         analysis,
-        lambda label, _: progress(f"chunks {label}", per_model),
-        progress("dispersion units", len(specs)),
+        lambda label, _: progress(f"chunks pass, {label}", per_model),
+        progress(f"{name} units", None),
     )
     return result["layers"]
 
@@ -133,8 +148,14 @@ class ChunkAnalysis(Analysis):
     def check(self, params: ChunkParams, info: dict, model: str) -> None:
         check_model(params, params.gap_layer, info, model)
 
+    def reads(self, params, job):
+        return chunk_reads(params, job)
+
+    def extracted(self, store, job, spec, params):
+        return chunks_extracted(store, job, spec, params)
+
     def run(self, store, job, specs, params, progress):
-        return run_chunks(store, job, specs, params, progress)
+        return run_chunks(store, job, specs, params, progress, self.name)
 
     def planned_units(self, store, job, specs, params):
         return chunk_units(store, job, specs, params)

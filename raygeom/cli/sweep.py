@@ -105,6 +105,26 @@ def print_per_analysis(plan) -> None:
     console.print(table)
 
 
+def print_passes(job, plan) -> None:
+    """The forward passes per (model, revision) the job's analyses share (raygeom.jobs.passes), what each reads and
+    serves, and how many the store holds already."""
+    from raygeom.jobs import passes
+
+    planned = passes.job_passes(job)
+    if not planned:
+        return
+    keys = {(r.spec.slug, r.spec.revision): r.key for r in plan.revisions}
+    specs = [r.spec for r in plan.revisions]
+    stored = passes.stored_passes(plan.store, job, specs, lambda spec: keys[(spec.slug, spec.revision)])
+    table = Table(title=f"Forward passes: {len(planned)} per (model, revision)", title_justify="left")
+    for name in ("pass", "reads", "serves", "stored", "to run"):
+        table.add_column(name, justify="right" if name in ("stored", "to run") else "left")
+    for index, one in enumerate(planned):
+        held = sum(stored[(spec.slug, spec.revision, index)] for spec in specs)
+        table.add_row(one.kind, escape(one.why), escape(", ".join(one.serves)), f"{held:,}", f"{len(specs) - held:,}")
+    console.print(table)
+
+
 def _pga_grid(job) -> str:
     """The job's PGA settings as it gives them: one value, or the grid's values (``r = 0, 1, 5``)."""
     pgas = [item.params for item in job.planned() if item.analysis == "pga"]
@@ -189,6 +209,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         f" -> {total:,} units; {done:,} done, {total - done:,} to compute"
     )
     print_per_analysis(plan)
+    print_passes(job, plan)
     _show_weights(plan, settings)
     cost = sweep.estimate(plan)
     if any(item.analysis == "pga" and item.params.n_null_auto for item in job.planned()):

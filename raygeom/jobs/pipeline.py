@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from raygeom.jobs import experiment
+from raygeom.analyses import registry
+from raygeom.jobs import experiment, passes
 from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (and commands') one progress display
 from raygeom.jobspec import JobSpec
 from raygeom.params import PGAParams
@@ -69,6 +70,62 @@ def report_distinct(job: JobSpec, corpus, console: Console) -> None:
         console.print(escape(line), highlight=False)
 
 
+def pooled_stages(job: JobSpec, store: Store, corpus, items: list, stages, plan=None):
+    """``run_sweep``'s ``progress`` on the run's stages: the pooled pass (texts) and its analyses (engine steps), each
+    with its total before it starts (the analyses' from the plan's layers: the store's, the config's or the Pythia
+    table's; only for a model none of them knows does it grow as its extraction lands)."""
+    from raygeom.jobs import plan as sweep
+
+    if not items:
+        return None
+    specs = [item.request.spec for item in items]
+    words = experiment.pairs_words(specs)
+    extract = stages(f"pooled pass, {words}", len(corpus.texts) * len(items))
+    plan = plan or sweep.build_plan(job, store, corpus.fingerprint(), with_own=False)
+    labels = sweep.planned_labels(job)
+    known = all(revision.layers for revision in plan.revisions)
+    total = sum(
+        len(keys) * labels[label].spec.progress_cost(labels[label].params)
+        for revision in plan.revisions
+        for label, keys in revision.analysis_units.items()
+    )
+    names = [name for name in experiment.analyses_of(job) if registry.get(name).extraction == "pooled"]
+    said = ", ".join(names) if len(names) <= 3 else f"{len(names)} analyses"
+    analyse = stages(f"{said} on {words}", total if known else None)
+    grown = [0]
+
+    def advance(kind: str, n: int) -> None:
+        if kind == "texts":
+            extract(n)
+        elif kind == "pga_units" and not known:  # a revision landed (its layers are known now)
+            grown[0] += n
+            analyse.set_total(grown[0])
+        elif kind == "pga_more":  # --n-null auto asked for more null blocks than planned
+            grown[0] += n
+            analyse.set_total(total + grown[0] if known else grown[0])
+        elif kind == "pga":
+            analyse(n)
+
+    return advance
+
+
+def print_passes(console: Console, job: JobSpec, specs: list, before: dict, store: Store, pooled_key: dict) -> None:
+    """The forward passes this run made, counted in the store (an extraction there now that was not before), beside
+    the job's plan of passes."""
+    planned = passes.job_passes(job)
+    after = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
+    ran = sum(1 for key, stored in after.items() if stored and not before.get(key))
+    read_back = sum(1 for key, stored in after.items() if stored and before.get(key))
+    console.print(
+        f"forward passes: {ran} ran"
+        + (f", {read_back} read back from the store" if read_back else "")
+        + f"; per (model, revision) {passes.describe(planned)}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def pga_units_for(store: Store, params: PGAParams):
     """``run_sweep``'s ``units_for``: PGA on every layer of each landed extraction."""
     from raygeom.analyses import pga
@@ -92,6 +149,7 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     if experiment.needs_pooled(job):  # the sample of the pooled extraction; the others read the corpus their own way
         corpus = corpus.sample(job.n_samples, job.sample_seed)
         report_distinct(job, corpus, console)
+        corpus = passes.pooled_corpus(job, specs, corpus)
 
     from raygeom.engine import orchestrate
 
@@ -106,34 +164,15 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
         )
         for spec in (specs if experiment.needs_pooled(job) else [])
     ]
-    label = f"{specs[0].name}@{specs[0].revision}" if len(specs) == 1 else f"{len(specs)} revisions"
-    names = experiment.analyses_of(job)
+    pooled_key = {(item.request.spec.slug, item.request.spec.revision): item.request.key() for item in items}
+    stored_before = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
     units = experiment.JobUnits(store, job)
     with progress_bar(console) as progress:
-        extract_task = progress.add_task(f"extract {escape(label)}", total=len(corpus.texts) * len(items))
-        pga_task = progress.add_task(f"{'PGA' if names == ['pga'] else ', '.join(names):<7} {escape(label)}", total=None)
-        pga_total, stored = [0], [0]
-
-        def advance(kind: str, n: int) -> None:
-            if kind == "texts":
-                progress.advance(extract_task, n)
-            elif kind in ("pga_units", "pga_more"):  # a revision landed (its layers are known now), or auto nulls
-                pga_total[0] += n
-                progress.update(pga_task, total=pga_total[0])
-            elif kind == "pga":
-                progress.advance(pga_task, n)
-            elif kind == "stored":
-                stored[0] += n
-
-        every_row = orchestrate.run_sweep(store, items, units, progress=advance)
-    if items:
-        console.print(
-            f"forward passes: {len(items) - stored[0]} of {len(items)} (model, revision) at these settings"
-            + (f"; {stored[0]} read back from the store" if stored[0] else ""),
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        stages = experiment.Stages(progress)
+        every_row = orchestrate.run_sweep(store, items, units, progress=pooled_stages(job, store, corpus, items, stages))
+        stages.close_opened()
+        own = experiment.run_own_extractions(store, job, stages)
+    print_passes(console, job, specs, stored_before, store, pooled_key)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     every_row.sort(
         key=lambda row: (
@@ -145,11 +184,9 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     )
     files: dict[str, list[Path]] = {}
     shown: dict[str, list[dict]] = {}
-    others = experiment.write_outputs(
-        store, job, units, every_row, console, own=experiment.run_own_extractions(store, job, console), files=files, shown=shown
-    )
+    others = experiment.write_outputs(store, job, units, every_row, console, own=own, files=files, shown=shown)
     rows, table, plot = units.rows_of("pga", every_row), None, None
-    if "pga" in names:
+    if "pga" in experiment.analyses_of(job):
         from raygeom.engine.units import accumulated_rows
 
         table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
@@ -246,6 +283,7 @@ def run_sweep_job(
     check_writable(store.root)
     corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
     report_distinct(job, corpus, console)
+    corpus = passes.pooled_corpus(job, job_models(job), corpus)
     plan = sweep.build_plan(job, store, corpus.fingerprint())
     write_manifest(store, job, corpus)
 
@@ -266,43 +304,27 @@ def run_sweep_job(
         f"{total:,} units, "
         f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster"
     )
-    counter = {"pga": 0}
+    specs = job_models(job)
+    pooled_key = {(item.request.spec.slug, item.request.spec.revision): item.request.key() for item in items}
+    stored_before = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
+    units = experiment.JobUnits(store, job)
     with progress_bar(console) as progress:
-        extract_task = progress.add_task("extract revisions", total=len(items))
-        from raygeom.analyses.pga import progress_units
-
-        names = experiment.analyses_of(job)
-        labels = sweep.planned_labels(job)
-        total = sum(
-            len(units) * labels[label].spec.progress_cost(labels[label].params)
-            for revision in plan.revisions
-            for label, units in revision.analysis_units.items()
-        )
-        pga_task = progress.add_task(
-            "PGA tasks" if names == ["pga"] else f"{', '.join(names)} tasks", total=total or progress_units(plan.n_units, job.pga)
-        )
-        units = experiment.JobUnits(store, job)
-
-        def advance(kind: str, n: int) -> None:
-            if kind == "pga":
-                counter["pga"] += n
-            if kind == "pga_more":  # --n-null auto asked for more null blocks than planned
-                progress.update(pga_task, total=next(t.total for t in progress.tasks if t.id == pga_task) + n)
-            if kind in ("extract", "pga"):
-                progress.advance(extract_task if kind == "extract" else pga_task, n)
-
+        stages = experiment.Stages(progress)
         settings = job.sweep
         every_row = orchestrate.run_sweep(
             store,
             items,
             units,
-            progress=advance,
+            progress=pooled_stages(job, store, corpus, items, stages, plan),
             max_in_flight=settings.max_in_flight or None,
             pga_threads=settings.pga_threads,
             keep_activations=settings.keep_activations,
             weights=weights_settings(job),
         )
-    experiment.write_outputs(store, job, units, every_row, console, own=experiment.run_own_extractions(store, job, console))
+        stages.close_opened()
+        own = experiment.run_own_extractions(store, job, stages)
+    print_passes(console, job, specs, stored_before, store, pooled_key)
+    experiment.write_outputs(store, job, units, every_row, console, own=own)
     for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
         if row.get("note"):
             console.print(

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
+from raygeom.jobs.passes import planned_labels, pooled_reader
 from raygeom.params import AUTO_NULL_BLOCK as AUTO_FIRST_BLOCK
 from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
 from raygeom.sources import revisions as pythia
@@ -107,31 +108,29 @@ def _trained_specs(job, entry) -> list[ModelSpec] | None:
     return [ModelSpec(str(root), "checkpoint", checkpoint.label) for checkpoint in run.select(entry.revisions)]
 
 
-def planned_labels(job) -> dict:
-    """The job's planned analyses by a label that tells apart the grid points of one analysis (``pga r=5``)."""
-    from dataclasses import fields
+def pooled_fingerprint(job, store: Store, specs: list[ModelSpec]) -> str:
+    """The fingerprint of the pooled extraction's texts: the job's sample, or the text set its pooled pass reads."""
+    if pooled_reader(job) is None:
+        return corpus_fingerprint(job, store)
+    from raygeom.jobs.passes import pooled_corpus
+    from raygeom.sources.corpus import load_corpus
 
-    planned = job.planned()
-    labels = {}
-    for item in planned:
-        same = [other.params for other in planned if other.analysis == item.analysis]
-        varying = [f.name for f in fields(item.params) if len({getattr(p, f.name) for p in same}) > 1]
-        labels[" ".join([item.analysis, *(f"{name}={getattr(item.params, name)}" for name in varying)])] = item
-    return labels
+    return pooled_corpus(job, specs, load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)).fingerprint()
 
 
-def build_plan(job, store: Store | None = None, fingerprint: str | None = None) -> SweepPlan:
+def build_plan(job, store: Store | None = None, fingerprint: str | None = None, with_own: bool = True) -> SweepPlan:
+    """``with_own``: count the units of the analyses with an extraction of their own too (False: the pooled ones only)."""
     store = store or Store(job.out)
-    fingerprint = fingerprint or corpus_fingerprint(job, store)
+    specs = job_specs(job)
+    fingerprint = fingerprint or pooled_fingerprint(job, store, specs)
     plans = []
     params_of_model: dict[str, int] = {}
     every = planned_labels(job)
     labels = {label: item for label, item in every.items() if item.spec.extraction == "pooled"}
-    specs = job_specs(job)
     own = {
         label: item.spec.planned_units(store, job, specs, item.params)
         for label, item in every.items()
-        if item.spec.extraction != "pooled"
+        if with_own and item.spec.extraction != "pooled"
     }
     for spec in specs:
         key = extraction_key(spec, fingerprint, job.extraction, job.layers, READOUT_COMPONENTS)

@@ -189,13 +189,24 @@ def test_written_to_a_pipe_progress_is_plain_lines_that_end_at_their_totals(expe
 
     _, first, _, _ = experiment
     assert not re.search(r"━+ +[\d,]+/[\d,]+", first.stdout) and "\x1b[" not in first.stdout  # no bars, no terminal codes
-    last: dict[str, tuple[int, str]] = {}
+    last: dict[str, tuple[int, int]] = {}
+    clock = 0
     for line in first.stdout.splitlines():
         if line.startswith("progress "):
-            found = re.fullmatch(r"progress \d+:\d\d:\d\d  (.+): ([\d,]+)/([\d,]+|\?)", line)
-            assert found, line
-            last[found[1]] = (int(found[2].replace(",", "")), found[3].replace(",", ""))
-    assert any(stage.startswith("extract") for stage in last) and any("dispersion units" in stage for stage in last), last
+            found = re.fullmatch(r"progress (\d+):(\d\d):(\d\d)  (.+): ([\d,]+)/([\d,]+)", line)
+            assert found, line  # a total is known whenever a stage is shown: no "0/?"
+            seconds = int(found[1]) * 3600 + int(found[2]) * 60 + int(found[3])
+            assert seconds >= clock, line  # one clock for the whole run: it never runs back
+            clock = seconds
+            stage, done, total = found[4], int(found[5].replace(",", "")), int(found[6].replace(",", ""))
+            assert done <= total, line
+            assert stage not in last or last[stage][1] == total, (line, last[stage])  # a stage keeps its total
+            last[stage] = (done, total)
+    assert "pooled pass, 3 revisions of EleutherAI/pythia-14m" in last and "token_dispersion units" in last, last
+    assert sum(stage.startswith("chunks pass") for stage in last) == 3, last  # one chunk stage per revision, not per analysis
     for stage, (done, total) in last.items():  # every stage ends at its total: no "56/2"
-        assert total != "?" and done == int(total), (stage, done, total)
-    assert "forward passes: 3 of 3 (model, revision) at these settings" in first.stdout
+        assert done == total, (stage, done, total)
+    assert (
+        "forward passes: 6 ran; per (model, revision) 2 (pooled: pga r=0, pga r=1, pga r=5, spectral, pc1, probe, twonn, "
+        "sample_dispersion; chunks: token_dispersion, slices, gap)" in first.stdout
+    )

@@ -356,7 +356,7 @@ def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_nee
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
-    assert "forward passes: 1 of 1 (model, revision)" in pga("last")
+    assert "forward passes: 1 ran; per (model, revision) 1 (pooled: pga)" in pga("last")
     out = workdir / "runs" / "default"
     store = Store(out)
     (last,) = [e.marker for e in store.extractions()]
@@ -369,9 +369,9 @@ def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_nee
         ]
         if p.is_file()
     }
-    assert "forward passes: 1 of 1 (model, revision)" in pga("mean")
+    assert "forward passes: 1 ran; per (model, revision) 1 (pooled: pga)" in pga("mean")
     third = pga("last")
-    assert "forward passes: 0 of 1 (model, revision) at these settings; 1 read back from the store" in third
+    assert "forward passes: 0 ran, 1 read back from the store; per (model, revision) 1 (pooled: pga)" in third
     assert {p: p.stat().st_mtime_ns for p in written} == written  # no layer, marker, samples or unit written again
 
     markers = {e.marker["settings"]["pool"]: e.marker for e in store.extractions()}
@@ -408,7 +408,7 @@ def test_one_store_keeps_an_extraction_per_setting_and_gc_frees_what_no_unit_nee
     assert store.is_complete(slug, "step1000", markers["mean"]["key"])
     assert run_cli("verify", "runs/default", cwd=workdir).returncode == 0
     again = pga("last")  # every unit stored: the freed layers are not needed, so nothing is extracted
-    assert "forward passes: 0 of 1" in again
+    assert "forward passes: 0 ran, 1 read back from the store" in again
     assert not list(store.extraction_dir(slug, "step1000", markers["last"]["key"]).glob("layer=*"))
 
 
