@@ -122,7 +122,8 @@ class Convergence(Analysis):
 
     def reads(self, params: ConvergenceParams, job) -> Reads:
         # The pooled extraction, on texts every model reads whole: the job's other pooled analyses read them too.
-        return Reads(texts=("aligned", params.max_words), why=f"texts aligned across models (max_words={params.max_words})")
+        cut = f", cut at max_words={params.max_words}" if params.max_words else ""
+        return Reads(texts=("aligned", params.max_words), why=f"texts every model reads whole (aligned across models{cut})")
 
     def pooled_corpus(self, params, job, specs, corpus):
         return _aligned(job, specs, params, corpus)

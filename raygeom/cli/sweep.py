@@ -116,13 +116,14 @@ def print_passes(job, plan) -> None:
     keys = {(r.spec.slug, r.spec.revision): r.key for r in plan.revisions}
     specs = [r.spec for r in plan.revisions]
     stored = passes.stored_passes(plan.store, job, specs, lambda spec: keys[(spec.slug, spec.revision)])
-    table = Table(title=f"Forward passes: {len(planned)} per (model, revision)", title_justify="left")
-    for name in ("pass", "reads", "serves", "stored", "to run"):
-        table.add_column(name, justify="right" if name in ("stored", "to run") else "left")
-    for index, one in enumerate(planned):
-        held = sum(stored[(spec.slug, spec.revision, index)] for spec in specs)
-        table.add_row(one.kind, escape(one.why), escape(", ".join(one.serves)), f"{held:,}", f"{len(specs) - held:,}")
-    console.print(table)
+    held = [sum(stored[(spec.slug, spec.revision, index)] for spec in specs) for index in range(len(planned))]
+    lines = [
+        f"forward passes: {len(planned)} per (model, revision), {len(planned) * len(specs):,} in all; "
+        f"{sum(held):,} stored, {len(planned) * len(specs) - sum(held):,} to run"
+    ]
+    for one, count in zip(planned, held):
+        lines.append(f"  {one.kind} ({count:,} of {len(specs):,} stored): {one.why}; serves {', '.join(one.serves)}")
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
 def _pga_grid(job) -> str:

@@ -1,12 +1,17 @@
 """One job file with an [analyses.NAME] section for every registered analysis (built from the registry, so a new
-analysis joins it), over two models x two revisions, through `raygeom run` from an empty working directory: one
-store, a table per analysis holding every (model, revision), and one report with one section per analysis."""
+analysis joins it), over two models x two revisions, through `raygeom plan` and `raygeom run` from an empty working
+directory: one store, a table per analysis holding every (model, revision), and one report with one section per
+analysis. One road: the analyses share the fewest forward passes (plan lists them with what each serves and why;
+run counts those that ran, and the store holds exactly that many extractions), and the run's log, written to a
+pipe, has one progress: done <= total, a total per stage that never changes, one clock that never runs back, and a
+line at least every 30 s of wall time."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -51,24 +56,93 @@ def job_text() -> str:
     return "\n".join(lines) + "\n"
 
 
+PROGRESS = re.compile(r"progress (\d+):(\d\d):(\d\d)  (.+): ([\d,]+)/([\d,]+)")
+
+
+def stored_extractions(store: Path) -> dict[str, int]:
+    """Counted from the store's own files, not through raygeom's pass planner."""
+    return {
+        "pooled": len(list((store / "activations").glob("model=*/revision=*/extraction=*/_COMPLETE.json"))),
+        "chunks": len(list((store / "dispersion").glob("model=*/revision=*/summary-*.parquet"))),
+        "knn": len(list((store / "knn").glob("model=*/revision=*/*/_COMPLETE.json"))),
+    }
+
+
 @pytest.fixture(scope="module")
-def every(tmp_path_factory, hub_cache, ray_address):
+def job(tmp_path_factory, hub_cache, ray_address):
+    """(working directory, plan's output, the run's stdout lines each with the wall time it arrived at)."""
     from raygeom.testing import write_tiny_pythia
 
     write_tiny_pythia(hub_cache, SECOND, list(REVISIONS), hidden_size=48, layers=2)
     workdir = tmp_path_factory.mktemp("empty-cwd")
     (workdir / "job.toml").write_text(job_text())
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
-    result = subprocess.run(
+    plan = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", "job.toml"], capture_output=True, text=True, env=env, cwd=workdir
+    )
+    process = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "run", "job.toml", "--address", ray_address],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
         cwd=workdir,
-        timeout=900,
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return workdir / "store"
+    lines = [(time.monotonic(), line.rstrip("\n")) for line in process.stdout]
+    error = process.stderr.read()
+    assert process.wait(timeout=900) == 0, "\n".join(line for _, line in lines)[-4000:] + error[-4000:]
+    return workdir, plan, lines
+
+
+@pytest.fixture(scope="module")
+def every(job):
+    return job[0] / "store"
+
+
+def test_plan_lists_the_passes_each_serves_and_why(job):
+    _, plan, _ = job
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "forward passes: 3 per (model, revision), 12 in all; 0 stored, 12 to run" in plan.stdout
+    rows = {line.split()[0]: line for line in plan.stdout.splitlines() if re.match(r"  \w+ \(0 of 4 stored\): ", line)}
+    assert list(rows) == ["pooled", "chunks", "knn"], plan.stdout
+    assert "texts every model reads whole" in rows["pooled"], rows
+    assert "convergence" in rows["pooled"] and "diagnostics" in rows["pooled"], rows  # no extraction of their own
+    assert all(name in rows["chunks"] for name in ("gap", "slices", "token_dispersion")), rows
+    assert "next-token targets" in rows["knn"], rows  # the third pass named with its reason
+
+
+def test_the_passes_run_counts_are_what_the_store_holds(job):
+    workdir, _, lines = job
+    # one of each per (model, revision): convergence and diagnostics read the pooled pass, the chunk analyses share one
+    assert stored_extractions(workdir / "store") == {"pooled": 4, "chunks": 4, "knn": 4}
+    said = [line for _, line in lines if line.startswith("forward passes:")]
+    assert len(said) == 1 and said[0].startswith("forward passes: 12 ran; per (model, revision) 3 (pooled: "), said
+
+
+def test_the_piped_log_has_one_progress_with_fixed_totals_one_clock_and_no_long_silence(job):
+    _, _, lines = job
+    totals: dict[str, int] = {}
+    last: dict[str, int] = {}
+    clock = -1
+    progress = [(found, line) for _, line in lines if line.startswith("progress ") for found in [PROGRESS.fullmatch(line)]]
+    assert progress and all(found for found, _ in progress), [line for found, line in progress if not found]
+    for found, line in progress:
+        seconds = int(found[1]) * 3600 + int(found[2]) * 60 + int(found[3])
+        assert seconds >= clock, line
+        clock = seconds
+        stage, done, total = found[4], int(found[5].replace(",", "")), int(found[6].replace(",", ""))
+        assert done <= total, line
+        assert totals.setdefault(stage, total) == total, (line, totals[stage])
+        last[stage] = done
+    assert all(last[stage] == totals[stage] for stage in totals), (last, totals)
+    assert "pooled pass, 4 (model, revision) pairs of 2 models" in totals, totals
+    assert sum(stage.startswith("chunks pass") for stage in totals) == 4, totals  # once per (model, revision)
+    # From the first progress line to the pass count, no 30 s of wall time without a line (1.5 s of slack: the
+    # heartbeat looks once a second).
+    start = next(i for i, (_, line) in enumerate(lines) if line.startswith("progress "))
+    end = next(i for i, (_, line) in enumerate(lines) if line.startswith("forward passes:"))
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(lines[start:end], lines[start + 1 : end + 1])]
+    assert max(gaps) <= 31.5, max(gaps)
 
 
 def test_every_registered_analysis_stores_rows_of_every_model_and_revision(every):
