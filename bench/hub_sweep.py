@@ -86,7 +86,7 @@ def print_timeline(timeline: list) -> None:
     for revision, row in sorted(rows.items(), key=lambda item: min(v[0] for v in item[1].values())):
         spans = "  ".join(
             f"{name} {row[name][0]:5.1f}-{row[name][1]:5.1f}" if name in row else f"{name} {'-':>11}"
-            for name in ("download", "extract", "pga")
+            for name in ("download", "extract", "analyse")
         )
         print(f"    {revision:>10}  {spans}{'  *' if 'replica_start' in row else ''}")
 

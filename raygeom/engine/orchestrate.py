@@ -472,8 +472,9 @@ def run_sweep(
     Replica actors run as resources allow, at most ``max_in_flight`` at once; each finished revision's
     units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
     for analysis. ``progress(kind, n)`` gets kind ``texts`` (per batch), ``extract`` (per revision),
-    ``stored`` (per revision whose extraction is read back from the store: no forward pass), ``pga_units`` (a
-    revision's engine progress total, when it lands), ``pga_more`` (steps a unit added: --n-null auto) or ``pga``;
+    ``stored`` (per revision whose extraction is read back from the store: no forward pass), ``units`` (a
+    revision's engine progress total, when it lands), ``more`` (steps a unit added: --n-null auto) or ``steps`` (engine
+    steps done);
     callers ignore the rest. An extraction of other
     settings of the same (model, revision) is left as it is: each has its own place in the store.
 
@@ -492,7 +493,7 @@ def run_sweep(
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
     runner = UnitRunner(
-        store, progress=lambda n: progress("pga", n), units_in_flight=4 * pga_threads, grow=lambda n: progress("pga_more", n)
+        store, progress=lambda n: progress("steps", n), units_in_flight=4 * pga_threads, grow=lambda n: progress("more", n)
     )
     extraction_units: dict[tuple[str, str, str], list[str]] = {}
 
@@ -504,7 +505,7 @@ def run_sweep(
         units = units_for(item, info) if units is None else units
         extraction_units[(spec.slug, spec.revision, info["key"])] = [unit.key for unit in units]
         analysed[(spec.slug, spec.revision, info["key"])] = (time.monotonic(), f"{spec.name}@{spec.revision}")
-        progress("pga_units", sum(unit.cost for unit in units))
+        progress("units", sum(unit.cost for unit in units))
         runner.add(units)
 
     def drop_finished() -> None:
@@ -512,7 +513,7 @@ def run_sweep(
             if all(unit in runner.rows for unit in keys):
                 del extraction_units[(slug, revision, key)]
                 began, label = analysed.pop((slug, revision, key))
-                stages.setdefault("pga", []).append((began, time.monotonic(), label))
+                stages.setdefault("analyse", []).append((began, time.monotonic(), label))
                 if not keep_activations:
                     store.drop_activations(slug, revision, key)
 

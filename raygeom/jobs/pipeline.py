@@ -97,13 +97,13 @@ def pooled_stages(job: JobSpec, store: Store, corpus, items: list, stages, plan=
     def advance(kind: str, n: int) -> None:
         if kind == "texts":
             extract(n)
-        elif kind == "pga_units" and not known:  # a revision landed (its layers are known now)
+        elif kind == "units" and not known:  # a revision landed (its layers are known now)
             grown[0] += n
             analyse.set_total(grown[0])
-        elif kind == "pga_more":  # --n-null auto asked for more null blocks than planned
+        elif kind == "more":  # --n-null auto asked for more null blocks than planned
             grown[0] += n
             analyse.set_total(total + grown[0] if known else grown[0])
-        elif kind == "pga":
+        elif kind == "steps":
             analyse(n)
 
     return advance
