@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from raygeom.analyses.knn_lm import DEFAULT_LAMS, DEFAULT_SCALES
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import InputError, RaygeomError
 from raygeom.params import ChunkShape, default_of
@@ -56,7 +57,9 @@ from raygeom.store.tree import (
 )
 
 FEATURES_VERSION = 2  # 2: chunks come from the one tokenize module (BOS as the model was trained)
-KNN_VERSION = 2  # 2: one engine unit per layer, bootstrap interval of the perplexity difference
+# 2: one engine unit per layer, bootstrap interval of the perplexity difference; 3: no interval below BLOCK_MIN blocks
+# (NaN bounds and a note), k never clamped to the datastore, lam at 0 or 1 is no grid edge
+KNN_VERSION = 3
 MARKER = "_COMPLETE.json"
 
 
@@ -70,8 +73,8 @@ class KnnSettings:
     layers: str = "all"
     k: int = 64
     temperature: str = "auto"
-    temperature_scales: str = "0.1,0.3,1"
-    lams: str = "0.01,0.02,0.05,0.1,0.2,0.3,0.5"
+    temperature_scales: str = DEFAULT_SCALES
+    lams: str = DEFAULT_LAMS
     batch_size: int = default_of(ChunkShape, "batch_size")
     seed: int = 0
     heldout_fraction: float = 0.2
@@ -86,6 +89,11 @@ class KnnSettings:
             raise RaygeomError(f"test-chunks must be at least 2 (a tuning half and an evaluation half), got {self.test_chunks}")
         if self.k < 1:
             raise RaygeomError(f"k must be positive, got {self.k}")
+        if self.k > self.n_keys():
+            raise RaygeomError(
+                f"k {self.k} is more than the {self.n_keys()} keys the datastore holds (train_chunks {self.train_chunks} "
+                f"x (chunk_len {self.chunk_len} - 1) next-token positions): use k <= {self.n_keys()} or more train_chunks"
+            )
         if not 0.0 < self.heldout_fraction < 1.0:
             raise RaygeomError(f"held-out fraction must be in (0, 1), got {self.heldout_fraction}")
         if self.bootstrap_block < 1:
@@ -95,6 +103,32 @@ class KnnSettings:
         self.lam_values()
         self.temperature_value()
         self.scale_values()
+
+    def n_keys(self) -> int:
+        """Datastore keys: every position of every datastore chunk that has a next token (make_chunks gives exactly
+        train_chunks chunks or refuses)."""
+        return self.train_chunks * (self.chunk_len - 1)
+
+    def evaluation_chunks(self) -> int:
+        """Held-out chunks of the evaluation half (the first test_chunks // 2 tune temperature and lam)."""
+        return self.test_chunks - self.test_chunks // 2
+
+    def evaluation_blocks(self) -> int:
+        """Blocks the bootstrap resamples: each evaluation chunk's chunk_len - 1 predicted tokens in runs of
+        bootstrap_block (as token_blocks cuts them)."""
+        return self.evaluation_chunks() * -(-(self.chunk_len - 1) // self.bootstrap_block)
+
+    def check_blocks(self) -> None:
+        """Refuse settings whose evaluation half is cut into fewer than BLOCK_MIN blocks: no interval could be given."""
+        from raygeom.numerics.uncertainty import BLOCK_MIN
+
+        blocks = self.evaluation_blocks()
+        if blocks < BLOCK_MIN:
+            raise RaygeomError(
+                f"bootstrap_block {self.bootstrap_block} cuts the evaluation half ({self.evaluation_chunks()} of "
+                f"test_chunks {self.test_chunks}, chunk_len {self.chunk_len} - 1 predicted tokens each) into {blocks} "
+                f"block(s); a 95 % interval needs at least {BLOCK_MIN}: use a smaller bootstrap_block or more test_chunks"
+            )
 
     def lam_values(self) -> list[float]:
         try:
@@ -259,19 +293,28 @@ class _Searched:
         return self.distances[:, :k], self.ids[:, :k]
 
 
-def grid_edge(value: float, grid: list[float]) -> str:
-    """'lower' or 'upper' when ``value`` is the smallest or largest of a grid of several values, else ''."""
-    if len(set(grid)) < 2:
+def grid_edge(value: float, grid: list[float], bounds: tuple[float, float] | None = None) -> str:
+    """'lower' or 'upper' when ``value`` is the smallest or largest of a grid of several values, else ''; a value on
+    one of ``bounds`` (the range the quantity can take: lam = 0 or 1) is no edge, since no optimum lies beyond it."""
+    if len(set(grid)) < 2 or (bounds is not None and value in bounds):
         return ""
     return "lower" if value == min(grid) else "upper" if value == max(grid) else ""
 
 
+LAM_BOUNDS = (0.0, 1.0)
+
+
 def _difference_interval(base, other, blocks: np.ndarray, settings: KnnSettings) -> dict:
-    """Bootstrap over the blocks of exp(-mean other) - exp(-mean base): a perplexity difference, paired per token
-    (NaN interval when there are fewer than 2 blocks)."""
-    from raygeom.numerics.uncertainty import bootstrap_ci
+    """Bootstrap over the blocks of exp(-mean other) - exp(-mean base): a perplexity difference, paired per token.
+    Below BLOCK_MIN blocks no interval (NaN se, lo and hi) and ``note`` says why; else ``note`` is ""."""
+    from raygeom.numerics.uncertainty import block_interval_note, bootstrap_ci
 
     n_units = int(len(np.unique(blocks)))
+    nan = float("nan")
+    estimate = float(np.exp(-np.mean(other)) - np.exp(-np.mean(base)))
+    note = block_interval_note(n_units)
+    if note:
+        return {"estimate": estimate, "se": nan, "lo": nan, "hi": nan, "n_units": n_units, "note": note}
     try:
         result = bootstrap_ci(
             (np.asarray(base), np.asarray(other)),
@@ -280,16 +323,16 @@ def _difference_interval(base, other, blocks: np.ndarray, settings: KnnSettings)
             n_boot=settings.n_boot,
             clusters=blocks,
         )
-    except InputError:
-        nan = float("nan")
-        return {
-            "estimate": float(np.exp(-np.mean(other)) - np.exp(-np.mean(base))),
-            "se": nan,
-            "lo": nan,
-            "hi": nan,
-            "n_units": n_units,
-        }
-    return {"estimate": result["estimate"], "se": result["se"], "lo": result["lo"], "hi": result["hi"], "n_units": n_units}
+    except InputError as error:
+        return {"estimate": estimate, "se": nan, "lo": nan, "hi": nan, "n_units": n_units, "note": f"no interval: {error}"}
+    return {
+        "estimate": result["estimate"],
+        "se": result["se"],
+        "lo": result["lo"],
+        "hi": result["hi"],
+        "n_units": n_units,
+        "note": "",
+    }
 
 
 def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size: int, device: str) -> dict:
@@ -307,7 +350,9 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     values = read_table(base / "values.parquet")["value"].to_numpy()
     targets_table = read_table(base / "targets.parquet")
     targets, lm, chunk = (targets_table[c].to_numpy() for c in ("target", "lm_logprob", "chunk"))
-    k = min(settings.k, len(keys))
+    k = settings.k
+    if k > len(keys):  # never clamped: a stored k is the k used (KnnSettings refuses this before any work)
+        raise RaygeomError(f"layer {layer}: k {k} is more than the {len(keys)} keys of its datastore; use k <= {len(keys)}")
     index = ExactIndex(keys, device=device)
     searched = _Searched(index, *index.search(queries, k))
     base_temperature = settings.temperature_value()
@@ -319,13 +364,14 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     n_chunks = int(chunk.max()) + 1
     tune, held = chunk < n_chunks // 2, chunk >= n_chunks // 2
     # (temperature, lam) are chosen on the tuning half only; the other half is reported.
-    best = None
+    best, tried = None, set()
     for scale in settings.scale_values():
         temperature = base_temperature * scale
         knn = knn_log_probs(queries, searched, values, vocab_size, k, temperature, chunk_size=len(queries), targets=targets)
         for lam in settings.lam_values():
             if lam == 1.0 and not np.isfinite(knn).all():
                 continue
+            tried.add(lam)
             score = interpolated_perplexity(lm[tune], knn[tune], lam)
             if best is None or score < best[0]:
                 best = (score, temperature, scale, lam, knn)
@@ -361,8 +407,9 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
         "delta_lo": interval["lo"],
         "delta_hi": interval["hi"],
         "bootstrap_units": interval["n_units"],
-        "lam_edge": grid_edge(lam, settings.lam_values()),
-        "scale_edge": grid_edge(scale, settings.scale_values()),
+        "note": interval["note"],
+        "lam_edge": grid_edge(lam, sorted(tried), LAM_BOUNDS),  # the lams tried (lam = 1 only where it is finite)
+        "scale_edge": grid_edge(scale, settings.scale_values()) if lam > 0 else "",  # lam = 0: every scale ties
         "target_in_neighbours": target_in_neighbours,
         "nearest_is_target": nearest_is_target,
         "k": k,
@@ -451,12 +498,13 @@ def best_against_runner_up(store: Store, rows: list[dict], settings: KnnSettings
         "lo": float("nan"),
         "hi": float("nan"),
         "separated": None,
+        "note": "",
     }
     if len(ranked) < 2:
         return out
     tables = [store.read_results("knn_tokens", [r["unit_key"]]) for r in ranked[:2]]
     if any(t.num_rows == 0 for t in tables) or tables[0].num_rows != tables[1].num_rows:
-        return out
+        return {**out, "note": "the per-token log-probabilities of the two layers are not in the store"}
     best, second = (t.to_pydict() for t in tables)
     interval = _difference_interval(
         second["mixed_logprob"],
@@ -465,7 +513,14 @@ def best_against_runner_up(store: Store, rows: list[dict], settings: KnnSettings
         settings,
     )
     separated = bool(interval["hi"] < 0) if np.isfinite(interval["hi"]) else None
-    return {**out, "difference": interval["estimate"], "lo": interval["lo"], "hi": interval["hi"], "separated": separated}
+    return {
+        **out,
+        "difference": interval["estimate"],
+        "lo": interval["lo"],
+        "hi": interval["hi"],
+        "separated": separated,
+        "note": interval["note"],
+    }
 
 
 def edge_warnings(rows: list[dict], settings: KnnSettings) -> list[str]:
@@ -492,13 +547,14 @@ def run_knn(
     settings: KnnSettings,
     test_corpus: Corpus | None = None,
     progress: Callable[[int], None] | None = None,
-    unit_progress: Callable[[int], None] | None = None,
+    features_progress: Callable[[int], Callable[[int], None]] | None = None,
 ) -> dict:
     """Datastore features (once, cached by content key), then one engine unit per layer; a table of layers.
-    ``progress``: the chunks whose features are extracted; ``unit_progress``: the units' steps (default: ``progress``).
 
     With ``test_corpus`` the datastore is built from all of ``corpus`` and the
     held-out text comes from ``test_corpus``; otherwise ``corpus`` is split by article.
+    ``progress`` advances by the units' steps (its total is set from them); ``features_progress(total)``, called only
+    when the features are extracted, gives what advances by chunks forwarded, out of ``total`` chunks.
     """
     from raygeom.analyses.dispersion import _get, start_worker
     from raygeom.engine.units import accumulated_rows, run_units
@@ -528,7 +584,9 @@ def run_knn(
                 0
             ]
             test = _get(worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed))[0]
-            _write_features(directory, worker, train, test, layers, settings.batch_size, progress, batches_at_once(described))
+            # The chunks have their own count: on the units' bar they ran it past its total (9/3).
+            advance = features_progress(len(train) + len(test)) if features_progress else None
+            _write_features(directory, worker, train, test, layers, settings.batch_size, advance, batches_at_once(described))
         finally:
             from raygeom.engine import replica_actor
 
@@ -544,7 +602,7 @@ def run_knn(
         }
         atomic_write_text(json.dumps(info, indent=2), marker)
     provenance = _settings_columns(spec, corpus if test_corpus is None else train_text, train_text, test_text, settings)
-    rows = run_units(store, units(store, directory, info, settings, provenance), unit_progress or progress)
+    rows = run_units(store, units(store, directory, info, settings, provenance), progress)
     table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")
     return {**summarise(store, rows, settings), "table": table}
 
@@ -555,12 +613,18 @@ def summarise(store: Store, rows: list[dict], settings: KnnSettings) -> dict:
     a warning per grid whose chosen value sits at its edge."""
     most = max(rows, key=lambda r: (r["dispersion"], -r["layer_index"]))["layer"]
 
-    def rank_correlation(column: str, sign: float = 1.0) -> float:
-        from raygeom.numerics.distributions import spearman  # scipy.special: not when discovery imports this module
+    def rank_correlation(column: str, sign: float = 1.0) -> dict:
+        """Spearman over layers with its 95 % Fisher interval; over fewer than 10 layers, at |rho| = 1 or with a
+        constant column, the exact permutation p-value and a note instead (spearman_with_ci)."""
+        from raygeom.numerics.uncertainty import spearman_with_ci  # scipy.special: not when discovery imports this
 
-        if len(rows) < 3:
-            return float("nan")
-        return spearman([r["dispersion"] for r in rows], [sign * r[column] for r in rows])
+        x = [r["dispersion"] for r in rows]
+        y = [sign * r[column] for r in rows]
+        if len(rows) < 4 or not np.isfinite(x).all() or not np.isfinite(y).all():
+            nan = float("nan")
+            note = "fewer than 4 layers" if len(rows) < 4 else "a non-finite value"
+            return {"rho": nan, "lo": nan, "hi": nan, "note": note, "p_perm": nan, "p_method": ""}
+        return spearman_with_ci(x, y, seed=settings.seed, method="fisher")
 
     comparison = best_against_runner_up(store, rows, settings)
     return {
@@ -576,20 +640,39 @@ def summarise(store: Store, rows: list[dict], settings: KnnSettings) -> dict:
     }
 
 
-def _interval(value, lo, hi) -> str:
+def _interval(value, lo, hi, note: str = "") -> str:
+    """``+0.12 [-0.03, +0.27]``; where the bounds are NaN, the estimate with why there is none (``note``)."""
     if not isinstance(value, float) or not np.isfinite(value):
-        return "nan"
+        return "nan" + (f" ({note})" if note else "")
     known = all(isinstance(b, float) and np.isfinite(b) for b in (lo, hi))
-    return f"{value:+.2f}" + (f" [{lo:+.2f}, {hi:+.2f}]" if known else "")
+    return f"{value:+.2f}" + (f" [{lo:+.2f}, {hi:+.2f}]" if known else f" ({note or 'no interval'})")
+
+
+def _correlation(fit: dict) -> str:
+    """A Spearman over layers with its interval, or with its permutation p-value and why there is no interval."""
+    if fit["note"] and np.isfinite(fit["p_perm"]):
+        return f"{fit['rho']:+.3f} (permutation p = {fit['p_perm']:.2g}; {fit['note']})"
+    if fit["note"]:
+        return f"{fit['rho']:+.3f} ({fit['note']})"
+    return f"{fit['rho']:+.3f} [{fit['lo']:+.3f}, {fit['hi']:+.3f}]"
 
 
 def _cell(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _on_edge(value, edge) -> str:
+    """A chosen grid value, marked where it sits at an edge of its grid (the optimum may lie beyond it)."""
+    return _cell(value) + (f" ({edge} edge)" if edge else "")
+
+
 def summary_lines(store: Store, rows: list[dict]) -> list[str]:
-    """What a kNN-LM run prints, per (model, revision): its layers with the perplexity difference and its interval,
-    the best layer against the runner-up, the max-dispersion layer with the rank correlations, the grid warnings."""
+    """What a kNN-LM run prints, per (model, revision): its layers with the perplexity difference and its interval
+    (or why there is none), lam and the temperature scale marked where they sit at an edge of their grid, the best
+    layer against the runner-up, the max-dispersion layer with the rank correlations and their intervals, the grid
+    warnings."""
+    from raygeom.numerics.uncertainty import BLOCK_MIN
+
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["model"], row["revision"]), []).append(row)
@@ -603,22 +686,30 @@ def summary_lines(store: Store, rows: list[dict]) -> list[str]:
             "layer",
             "dispersion",
             "temperature",
+            "T scale",
             "lam",
             "knn_perplexity",
             "ppl difference [95% CI]",
             "target_in_neighbours",
             "nearest_is_target",
         ]
+        blocks = first.get("bootstrap_units")
+        few = f"; fewer than {BLOCK_MIN}: no interval" if isinstance(blocks, int) and blocks < BLOCK_MIN else ""
         lines += [
             f"kNN-LM  {model}@{revision}  ({result['n_keys']} keys, {result['n_test']} held-out tokens, "
-            f"k={settings.k}, base perplexity {first['base_perplexity']:.2f}; interval: bootstrap over blocks of "
-            f"{settings.bootstrap_block} held-out tokens, {first.get('bootstrap_units')} blocks)",
+            f"k={first.get('k', settings.k)}, base perplexity {first['base_perplexity']:.2f}; interval: bootstrap over "
+            f"blocks of {settings.bootstrap_block} held-out tokens, {blocks} blocks{few})",
             "",
             "| " + " | ".join(columns) + " |",
             "|" + "---|" * len(columns),
         ]
         for row in group:
-            cells = {**row, "ppl difference [95% CI]": _interval(row["delta"], row.get("delta_lo"), row.get("delta_hi"))}
+            cells = {
+                **row,
+                "T scale": _on_edge(row.get("temperature_scale"), row.get("scale_edge")),
+                "lam": _on_edge(row["lam"], row.get("lam_edge")),
+                "ppl difference [95% CI]": _interval(row["delta"], row.get("delta_lo"), row.get("delta_hi"), row.get("note", "")),
+            }
             lines.append("| " + " | ".join(_cell(cells.get(c, "")) for c in columns) + " |")
         lines.append("")
         versus = result["best_vs_runner_up"]
@@ -628,14 +719,15 @@ def summary_lines(store: Store, rows: list[dict]) -> list[str]:
             ]
             lines.append(
                 f"best kNN-LM layer: {versus['best_layer']}   runner-up: {versus['runner_up']}   perplexity "
-                f"difference {_interval(versus['difference'], versus['lo'], versus['hi'])} (paired bootstrap): "
-                f"{verdict}"
+                f"difference {_interval(versus['difference'], versus['lo'], versus['hi'], versus['note'])} "
+                f"(paired bootstrap): {verdict}"
             )
+        agrees = result["best_layer"] == result["max_dispersion_layer"]
+        undecided = "" if versus["separated"] or versus["runner_up"] is None else " (the best layer is not separated)"
         lines.append(
-            f"max-dispersion layer: {result['max_dispersion_layer']}   agrees with the best layer: "
-            f"{result['best_layer'] == result['max_dispersion_layer']}   Spearman over layers: dispersion vs "
-            f"-perplexity {result['spearman']:+.3f}, dispersion vs target-among-neighbours "
-            f"{result['spearman_retrieval']:+.3f}"
+            f"max-dispersion layer: {result['max_dispersion_layer']}   agrees with the best layer: {agrees}{undecided}   "
+            f"Spearman over layers [95% CI]: dispersion vs -perplexity {_correlation(result['spearman'])}, "
+            f"dispersion vs target-among-neighbours {_correlation(result['spearman_retrieval'])}"
         )
         lines += [f"warning: {line}" for line in result["warnings"]]
     return lines

@@ -11,6 +11,15 @@ from dataclasses import dataclass
 from raygeom.analyses.registry import Analysis, Reads, param, register
 from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_NEIGHBOURS, MAX_SEED, MAX_TOKENS, ChunkShape, number_list
 
+# The grids (temperature scale, lam) are searched on the tuning half. On SmolLM2 (bbc, the defaults: 33 candidate layers)
+# the tuning optimum over scales 0.001-3 and lams 0-0.9 was a scale of 0.003 (block_00), 0.01, 0.03 (embed, early
+# blocks) or 0.1 (block_06 on) and a lam of 0.02-0.05: the earlier scales {0.1, 0.3, 1} put it on their lower edge in
+# 33 of 33 layers. These grids hold every one of those optima inside them with room on both sides; lam up to 0.9 and
+# down to 0.001 for datastores that help more (larger, or close to the held-out text) or less. A lam of 0 or 1 is
+# allowed (no edge: nothing lies beyond it) but not a default: lam = 0 makes every temperature tie.
+DEFAULT_SCALES = "0.001,0.003,0.01,0.03,0.1,0.3,1"
+DEFAULT_LAMS = "0.001,0.002,0.005,0.01,0.02,0.03,0.05,0.1,0.2,0.3,0.5,0.7,0.9"
+
 
 @dataclass(frozen=True)
 class KnnParams(ChunkShape):
@@ -26,10 +35,10 @@ class KnnParams(ChunkShape):
         rule=number_list(positive=True, high=1e12, words=("auto",), one=True),
     )
     temperature_scales: str = param(
-        "0.1,0.3,1", "Multipliers of the temperature tried.", nonempty=True, rule=number_list(positive=True, high=1e6)
+        DEFAULT_SCALES, "Multipliers of the temperature tried.", nonempty=True, rule=number_list(positive=True, high=1e6)
     )
     lams: str = param(
-        "0.01,0.02,0.05,0.1,0.2,0.3,0.5",
+        DEFAULT_LAMS,
         "Interpolation weights tried; (T, lam) chosen on a tuning half.",
         nonempty=True,
         flag="--lam",
@@ -76,7 +85,7 @@ class KnnLM(Analysis):
     """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
 
     name = "knn_lm"
-    version = 2
+    version = 3  # 3: a note column (no interval below 10 blocks), lam_edge/scale_edge declared, k never clamped
     Params = KnnParams
     title = "kNN-LM layer selection"
     command = "knn"
@@ -92,8 +101,13 @@ class KnnLM(Analysis):
         "delta_se",
         "delta_lo",
         "delta_hi",
+        "bootstrap_units",
+        "note",
         "temperature",
+        "temperature_scale",
+        "scale_edge",
         "lam",
+        "lam_edge",
         "target_in_neighbours",
         "nearest_is_target",
         "n_keys",
@@ -105,6 +119,16 @@ class KnnLM(Analysis):
     )
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
     figures = "raygeom.report.dispersion_plots:knn_figures"
+
+    def check_job(self, params: KnnParams, job) -> None:
+        """Refuse, before Ray starts, settings that can only give a k larger than the datastore or an evaluation half
+        of fewer than BLOCK_MIN bootstrap blocks (no interval), both known from the settings alone."""
+        from raygeom.errors import RaygeomError
+
+        try:
+            settings_of(params, job.layers).check_blocks()
+        except RaygeomError as error:
+            raise RaygeomError(f"[analyses.{self.name}] {error}") from None
 
     def console(self, rows, store=None):
         from raygeom.analyses.knn import summary_lines
@@ -137,8 +161,8 @@ class KnnLM(Analysis):
                 spec,
                 corpus,
                 settings,
-                progress=progress(f"knn pass, {label}", params.train_chunks + params.test_chunks),
-                unit_progress=progress(f"{self.name} units, {label}", None),
+                progress=progress(f"{self.name} units, {label}", None),
+                features_progress=lambda total, label=label: progress(f"knn pass, {label}", total),
             )["layers"]
         return rows
 

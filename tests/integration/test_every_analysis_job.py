@@ -34,7 +34,8 @@ SMALL = {
     "token_dispersion": {**CHUNKS, "group_size": 3, "n_groups": 5, "n_slices": 3},
     "slices": {**CHUNKS, "group_size": 3, "n_groups": 5, "n_slices": 3},
     "gap": CHUNKS,
-    "knn_lm": {"chunk_len": 64, "train_chunks": 6, "test_chunks": 6, "k": 8, "n_boot": 100},
+    # bootstrap_block 16: 3 evaluation chunks x 4 blocks, at least the 10 an interval needs
+    "knn_lm": {"chunk_len": 64, "train_chunks": 6, "test_chunks": 6, "k": 8, "n_boot": 100, "bootstrap_block": 16},
 }
 
 

@@ -41,6 +41,16 @@ def test_datastore_holding_the_test_contexts_beats_the_base_lm(hub_cache, ray_lo
         assert row["knn_perplexity"] < 0.5 * base, row["layer"]
         assert row["n_keys"] == 6 * 47 and row["n_test"] == 2 * 47
         assert row["target_in_neighbours"] > 0.9  # each held-out context is itself in the datastore
+        # 2 evaluation chunks of 47 predicted tokens, blocks of 64: 2 blocks, too few for an interval (the CLI refuses
+        # these settings; the API stores the estimate with NaN bounds and why)
+        assert row["bootstrap_units"] == 2 and row["note"] == "no interval below 10 blocks (2)"
+        assert np.isnan(row["delta_lo"]) and np.isnan(row["delta_hi"]) and np.isnan(row["delta_se"])
+        assert row["delta"] == pytest.approx(row["knn_perplexity"] - row["base_perplexity"])
+        assert row["k"] == 8 and row["lam_edge"] in ("", "lower", "upper")
+    printed = "\n".join(knn.summary_lines(store, result["layers"]))
+    assert "2 blocks; fewer than 10: no interval" in printed
+    assert printed.count("(no interval below 10 blocks (2))") == len(LAYERS) + 1  # each layer, and best vs runner-up
+    assert "(no interval below 10 blocks (2)) (paired bootstrap): not compared" in printed
     assert result["best_layer"] in LAYERS and result["max_dispersion_layer"] == max(rows, key=lambda n: rows[n]["dispersion"])
     assert pq.read_table(result["table"]).num_rows == len(LAYERS)
     # Features are cached by content key: a second evaluation with another k reuses them.

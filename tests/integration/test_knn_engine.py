@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -122,6 +123,20 @@ def test_knn_command_prints_the_intervals_and_writes_its_report(hub_cache, ray_l
     )
     assert "ppl difference [95% CI]" in output and "runner-up" in output and "target-among-neighbours" in output
     assert "lambda sits at the upper edge of its grid (0.01,0.02)" in " ".join(output.split())
+    # the chosen lam is marked in its layer's row where it sits at an edge, beside the temperature scale chosen
+    table = [line.split(" | ") for line in output.splitlines() if line.startswith("| ") and "---" not in line]
+    header, body = table[0], table[1:]
+    assert len(body) == 6 and {"T scale", "lam"} <= set(header)
+    assert all(cells[header.index("lam")] == "0.02 (upper edge)" for cells in body), body
+    # 2 x ceil(47 / 8) = 12 blocks: intervals; the Spearman over 6 layers gives its permutation p instead of one
+    assert "12 blocks)" in output and "no interval below" not in output
+    assert "permutation p = " in output and "too few points for an interval" in output
+    # each progress count stays within its total and ends on it: the chunks forwarded (6 + 4) have their own bar
+    counts = re.findall(r"^progress \S+\s+(.+): (\d+)/(\d+)$", output, flags=re.M)
+    assert counts and all(int(done) <= int(total) for _, done, total in counts), counts
+    last = {label: (int(done), int(total)) for label, done, total in counts}
+    model = "EleutherAI/pythia-14m@step1000"
+    assert last[f"kNN-LM features (chunks) {model}"] == (10, 10) and last[f"kNN-LM {model}"] == (6, 6), last
     rows = list(csv_rows(report / "knn.csv"))
     assert len(rows) == 6 and {"layer", "knn_perplexity", "delta_lo", "delta_hi", "lam", "corpus_fingerprint"} <= set(rows[0])
     assert [p.stat().st_size > 5_000 for p in report.glob("knn_*.png")] == [True]
@@ -194,6 +209,10 @@ def test_train_command_prints_the_paired_test_and_writes_its_report(ray_local, t
     [
         (["knn", "--bootstrap-block", "0"], "--bootstrap-block must be an integer >= 1"),
         (["knn", "--n-boot", "10"], "--n-boot must be an integer >= 100"),
+        # known from the settings before any work: the defaults' datastore holds 40 x 511 keys, and whole chunks of
+        # the default 8 held-out chunks leave 4 evaluation blocks
+        (["knn", "--k", "65536"], "k 65536 is more than the 20440 keys the datastore holds"),
+        (["knn", "--bootstrap-block", "512"], "into 4 block(s); a 95 % interval needs at least 10"),
         (["train", "--report", "{file}"], "report directory"),
     ],
 )

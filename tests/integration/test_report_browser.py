@@ -115,6 +115,8 @@ def every_command_store(hub_cache, ray_local, warm_replicas, tmp_path_factory):
         8,
         "--lam",
         "0.25,0.5",
+        "--bootstrap-block",  # 2 evaluation chunks x 6 blocks: at least the 10 an interval needs
+        8,
         "--out",
         out,
     )
