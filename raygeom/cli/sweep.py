@@ -22,15 +22,22 @@ from raygeom.jobspec import SweepSettings
 console = Console(width=output_width())
 
 
-def _load(job_file: Path, out: Optional[Path]):
-    from raygeom.jobs import plan as sweep
+def _job(job_file: Path, out: Optional[Path]):
+    """The job as `raygeom run` would run it, after every refusal run makes before its first forward pass."""
     from raygeom.jobs.pipeline import hub_revision_lists
+    from raygeom.jobs.preflight import preflight
     from raygeom.jobspec import load_job
-    from raygeom.store.tree import Store
 
     job = hub_revision_lists(load_job(job_file).with_overrides(out=str(out) if out else None), console)
-    store = Store(job.out)
-    return job, sweep.build_plan(job, store)
+    preflight(job, console)
+    return job
+
+
+def _load(job):
+    from raygeom.jobs import plan as sweep
+    from raygeom.store.tree import Store
+
+    return job, sweep.build_plan(job, Store(job.out))
 
 
 def _revision_span(revisions) -> str:
@@ -38,16 +45,14 @@ def _revision_span(revisions) -> str:
     return names[0] if len(names) == 1 else f"{len(names)}: {names[0]} .. {names[-1]}"
 
 
-def _show_training(job_file: Path, out: Optional[Path]) -> bool:
+def _show_training(job) -> bool:
     """The runs [train] will make (a grid: one per variant), whether each is trained, and for those that are not
     the time it should take, measured from a few steps here. Returns True when there is nothing more to plan: a
     job whose [train] has not run has no checkpoints and no held-out texts yet, so what follows is only counted."""
     from raygeom.analyses.train import estimate_training_seconds
     from raygeom.jobs.plan import format_seconds
     from raygeom.jobs.train import completed_trajectory
-    from raygeom.jobspec import load_job
 
-    job = load_job(job_file).with_overrides(out=str(out) if out else None)
     if not job.trains:
         return False
     table = Table(title=f"Plan {job.name}: [train] runs", title_justify="left")
@@ -140,9 +145,10 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     from raygeom.jobs import plan as sweep
     from raygeom.sources.revisions import gpus_per_model
 
-    if _show_training(job_file, out):
+    job = _job(job_file, out)
+    if _show_training(job):
         return
-    job, plan = _load(job_file, out)
+    job, plan = _load(job)
     settings = job.sweep or SweepSettings()
     memory = settings.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     gpus_shown = _gpus_in_view(job, gpu_memory_gib)
@@ -279,7 +285,7 @@ def _show_auto_budget(budget) -> None:
 def show_status(job_file: Path, out: Optional[Path]) -> None:
     from raygeom.store.manifest import integrity
 
-    job, plan = _load(job_file, out)
+    job, plan = _load(_job(job_file, out))
     report = integrity(plan)
     table = Table(title=f"Status {job.name}  ({plan.store.root})", title_justify="left")
     for name in ("model", "revisions extracted", "revisions complete", "units done", "weights flagged"):

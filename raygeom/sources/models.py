@@ -380,33 +380,56 @@ def _dequantised_copy(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    return _publish(target, "config.json", model, tokenizer)
+
+
+def _publish(target: Path, marker: str, *parts) -> Path:
+    """Save each of ``parts`` (``save_pretrained``) into a staging folder, then move it to ``target`` in one step."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        for part in parts:
+            part.save_pretrained(staging)
         try:
             os.replace(staging, target)
         except OSError:
-            if not (target / "config.json").is_file():  # another process won the race otherwise
+            if not (target / marker).is_file():  # another process won the race otherwise
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
+def _gguf_tokenizer(gguf: Path) -> Path:
+    """A folder holding the GGUF's tokenizer: the dequantised copy's where it exists, else the tokenizer read from the
+    GGUF's metadata (never its weights: `raygeom plan` aligning texts dequantises nothing), saved once under
+    cache_dir()/tokenizers. Both are the tokenizer transformers reads from the GGUF file."""
+    copy = _dequantised_path(gguf)
+    if (copy / "config.json").is_file():
+        return copy
+    target = cache_dir() / "tokenizers" / copy.name
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    from transformers import AutoTokenizer
+
+    return _publish(target, "tokenizer_config.json", AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
-def _locations(spec: ModelSpec, snapshot: Path | None = None) -> tuple[str, str | None, str]:
+def _locations(spec: ModelSpec, snapshot: Path | None = None, weights: bool = True) -> tuple[str, str | None, str]:
     """(model directory or hub id, hub revision or None, tokenizer directory) of a spec; ``snapshot``: a hub revision's
-    local snapshot (raygeom.sources.download), loaded from there."""
+    local snapshot (raygeom.sources.download), loaded from there. ``weights=False``: the tokenizer alone is wanted, so
+    a GGUF is not dequantised for it (the model directory is then None for GGUF models)."""
     if snapshot is not None:
         return str(snapshot), None, str(snapshot)
     if spec.kind in ("builtin", "gguf"):
         gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
         try:
+            if not weights:
+                return None, None, str(_gguf_tokenizer(gguf))
             directory = str(_dequantised_copy(gguf))
         except RaygeomError:
             raise
@@ -434,7 +457,7 @@ def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of", snapshot: Pa
     """The model's tokenizer alone (no weights), from the same place :func:`load_model` takes it."""
     from transformers import AutoTokenizer
 
-    _, revision, tokenizer_directory = _locations(spec, snapshot)
+    _, revision, tokenizer_directory = _locations(spec, snapshot, weights=False)
     try:
         return AutoTokenizer.from_pretrained(tokenizer_directory, revision=revision)
     except (OSError, ValueError, KeyError, TypeError) as error:
