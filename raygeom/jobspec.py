@@ -194,6 +194,7 @@ class JobSpec:
     analyses: tuple = ()
     path: str = ""  # the job file it was read from ("" for a job made of flags): refusals name its own words
     flags: frozenset = frozenset()  # the settings given on the command line over it (refusals name those flags)
+    gpus: bool = False  # its [sweep] says what GPUs it runs on (gpu_memory_gib or gpus_per_node): plan shows GPU lines
 
     def __post_init__(self):
         check_layer_selection(self.layers)
@@ -440,6 +441,7 @@ def load_job(path: str | Path) -> JobSpec:
             width=width,
             analyses=analyses,
             path=str(path),
+            gpus=isinstance(sweep_section, dict) and bool({"gpu_memory_gib", "gpus_per_node"} & set(sweep_section)),
         )
         for item in analyses:
             item.spec.check_job(item.params, spec)

@@ -135,10 +135,11 @@ def _revision_units(revision) -> tuple[int, int]:
 
 
 def _gpus_in_view(job, gpu_memory_gib) -> bool:
-    """Whether GPUs concern this plan: a sweep job (it declares its GPUs), --gpu-memory-gib, or a GPU on this machine."""
+    """Whether GPUs concern this plan: the job says what GPUs it runs on ([sweep] gpu_memory_gib or gpus_per_node),
+    --gpu-memory-gib, or this machine (the cluster of a local run) has one. Otherwise no GPU line is shown."""
     import shutil
 
-    return job.sweep is not None or gpu_memory_gib is not None or shutil.which("nvidia-smi") is not None
+    return job.gpus or gpu_memory_gib is not None or shutil.which("nvidia-smi") is not None
 
 
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
@@ -204,13 +205,20 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         if reference is None:
             console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
         else:
+            gpu = f"extraction {reference[0] / 3600:,.1f} GPU-hours (A100), " if gpus_shown else ""
             console.print(
-                f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): extraction "
-                f"{reference[0] / 3600:,.1f} GPU-hours (A100), PGA {reference[1] / 3600:,.0f} CPU-hours; "
+                f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): {gpu}"
+                f"PGA {reference[1] / 3600:,.0f} CPU-hours; "
                 "run a few revisions, then plan again to scale from this store's own unit times"
             )
         return
-    console.print(f"measured: {cost.measured_extractions} extractions ({cost.device}), {cost.measured_units} PGA units")
+    stored = ", ".join(f"{label} {count:,}" for label, count in cost.stored.items() if count)
+    console.print(
+        f"measured: {counted(cost.measured_extractions, 'extraction')} ({cost.device}), "
+        f"{counted(cost.measured_units, 'stored unit')}" + (f" ({stored})" if stored else ""),
+        highlight=False,
+        markup=False,
+    )
     if cost.extract_rate is not None:
         console.print(f"  forward {cost.extract_rate:.3e} s per parameter-token, loading {cost.load_rate:.3e} s per parameter")
     if cost.pga_rate is not None:
@@ -226,7 +234,10 @@ def _show_weights(plan, settings) -> None:
     """What the revisions still to extract download, and the [sweep] weights budget the downloads stay within."""
     from raygeom.sources import download
 
-    volume, unknown = download.weights_volume([r.spec for r in plan.revisions if not r.extracted and not r.complete])
+    hub = [r.spec for r in plan.revisions if r.spec.kind == "hub" and not r.extracted and not r.complete]
+    if not hub:  # built-ins, GGUF files, local folders and checkpoints download nothing
+        return
+    volume, unknown = download.weights_volume(hub)
     budget = (
         f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)"
         if settings.weights_budget_gib

@@ -36,6 +36,10 @@ BUILTIN_SHAPES = {
         "num_hidden_layers": 30,
         "vocab_size": 49152,
         "intermediate_size": 1536,
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
         "tie_word_embeddings": True,
         "max_position_embeddings": 8192,
     },
@@ -44,6 +48,10 @@ BUILTIN_SHAPES = {
         "num_hidden_layers": 18,
         "vocab_size": 262144,
         "intermediate_size": 2048,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
         "tie_word_embeddings": True,
         "max_position_embeddings": 32768,
     },
@@ -524,12 +532,34 @@ def cached_config(spec: ModelSpec) -> dict | None:
         return None
 
 
+# Decoders whose MLP is gated (gate, up and down projections) and whose norms are RMS norms (a weight, no bias).
+GATED = ("llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "gemma", "gemma2", "gemma3", "gemma3_text", "smollm3")
+
+
 def config_params(config: dict) -> int | None:
-    """Parameters of a decoder with this config (attention, MLP and embeddings), for the plan's cost."""
-    try:
-        d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    except KeyError:
+    """Parameters of a decoder with this config, counted as ``model.parameters()`` counts them once loaded (tied
+    embeddings once), so the plan shows one number before and after a run: attention with its key/value heads
+    (grouped-query), the MLP (gated for Llama-like models), biases and norms as the architecture has them, the
+    embeddings and, untied, the unembedding. None where the config lacks the width, depth or vocabulary."""
+    shape = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    d, layers, vocab = config_value(shape, WIDTH_KEYS), config_value(shape, DEPTH_KEYS), config_value(shape, ("vocab_size",))
+    if d is None or layers is None or vocab is None:
         return None
-    ffn = config.get("intermediate_size", 4 * d)
-    tied = config.get("tie_word_embeddings", False)
-    return int(layers * (4 * d * d + 2 * d * ffn) + vocab * d * (1 if tied else 2))
+    kind = str(shape.get("model_type", ""))
+    heads = config_value(shape, ("num_attention_heads", "n_head")) or 1
+    head_dim = config_value(shape, ("head_dim",)) or d // heads
+    kv = config_value(shape, ("num_key_value_heads",)) or heads
+    ffn = config_value(shape, ("intermediate_size", "n_inner")) or 4 * d
+    gemma = kind.startswith("gemma")
+    if kind in GATED:
+        attention = d * head_dim * (2 * heads + 2 * kv)
+        attention += ((heads + 2 * kv) * head_dim + d) if shape.get("attention_bias") else 0
+        mlp = 3 * d * ffn + ((2 * ffn + d) if shape.get("mlp_bias") else 0)
+        norms = {"gemma2": 4 * d, "gemma3": 4 * d + 2 * head_dim, "gemma3_text": 4 * d + 2 * head_dim}.get(kind, 2 * d)
+        final = d
+    else:  # GPT-NeoX (Pythia) and the like: biased projections, layer norms with a bias
+        attention = 4 * d * heads * head_dim + 3 * heads * head_dim + d
+        mlp = 2 * d * ffn + ffn + d
+        norms, final = 4 * d, 2 * d
+    tied = shape.get("tie_word_embeddings", config.get("tie_word_embeddings", gemma))
+    return int(layers * (attention + mlp + norms) + final + vocab * d * (1 if tied else 2))
