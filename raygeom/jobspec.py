@@ -192,6 +192,9 @@ class JobSpec:
     width: WidthSettings | None = None
     # [analyses.<name>] tables (raygeom.analyses.registry), one Planned per grid point; empty: PGA with [pga]'s settings
     analyses: tuple = ()
+    path: str = ""  # the job file it was read from ("" for a job made of flags): refusals name its own words
+    flags: frozenset = frozenset()  # the settings given on the command line over it (refusals name those flags)
+    gpus: bool = False  # its [sweep] says what GPUs it runs on (gpu_memory_gib or gpus_per_node): plan shows GPU lines
 
     def __post_init__(self):
         check_layer_selection(self.layers)
@@ -234,6 +237,7 @@ class JobSpec:
                 top[name] = value
         if "layers" in top:
             check_layer_selection(top["layers"])
+        top["flags"] = self.flags | {name for name, value in overrides.items() if value is not None}
         # A flag of `raygeom run` (--k, --seed, ...) overrides that parameter of every listed analysis that declares it.
         planned = tuple(
             replace(p, params=replace(p.params, **{k: v for k, v in analysis.items() if k in {f.name for f in fields(p.params)}}))
@@ -436,6 +440,8 @@ def load_job(path: str | Path) -> JobSpec:
             trajectory=trajectory,
             width=width,
             analyses=analyses,
+            path=str(path),
+            gpus=isinstance(sweep_section, dict) and bool({"gpu_memory_gib", "gpus_per_node"} & set(sweep_section)),
         )
         for item in analyses:
             item.spec.check_job(item.params, spec)
@@ -504,6 +510,8 @@ def _train(section: dict, path: Path) -> tuple[TrainJob, ...]:
         raise RaygeomError(
             f"{path}: [train] needs run_dir (a directory) and save_every (steps between checkpoints after the log-spaced ones)"
         )
+    if not section["run_dir"].strip():  # "" would train into the folder the command runs from
+        raise RaygeomError(f'{path}: [train] run_dir = "" names no directory; give the folder its checkpoints go to')
     grid = {k: v for k, v in section.items() if isinstance(v, list) and k not in TRAIN_KEYS}
     shared = [k for k in grid if k in SHARED_DATA]
     if shared:

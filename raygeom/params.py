@@ -366,24 +366,32 @@ class PGAParams(Params):
         if self.n_null_auto and not self.n_null_cap >= self.n_null:
             raise RaygeomError(f"--n-null auto needs a cap of at least {self.n_null} nulls")
 
-    def check_against(self, n: int, d: int | None = None, readout_components: int | None = None, what: str = "") -> None:
+    def check_against(
+        self, n: int, d: int | None = None, readout_components: int | None = None, what: str = "", words: dict | None = None
+    ) -> None:
         """Refuse, before any extraction, sizes that can only give NaN: CCR removing every direction the
-        N samples span, or a readout subspace the store cannot hold."""
+        N samples span, or a readout subspace the store cannot hold. ``words``: how the line names r, k and
+        n_samples (default their flags, --ccr, --k and --n-samples; a job file's own words, e.g. ``[analyses.pga] r``)."""
+        named = {"r": "--ccr", "k": "--k", "n_samples": "--n-samples", **(words or {})}
+
+        def said(name: str, value) -> str:
+            return f"{named[name]} = {value}" if named[name].startswith("[") else f"{named[name]} {value}"
+
         of = f" for {what}" if what else ""
         if n < 3:
             raise RaygeomError(f"n-samples must be at least 3 (pairwise geometry needs 3 points), got {n}")
         span = n - 1 if d is None else min(n - 1, d)
         if self.r >= span:
             raise RaygeomError(
-                f"--ccr {self.r} removes every direction that N={n} samples"
+                f"{said('r', self.r)} removes every direction that N={n} samples"
                 + (f" in d={d}" if d else "")
-                + f" span{of} (at most {span}); use a smaller --ccr or more --n-samples"
+                + f" span{of} (at most {span}); use a smaller {named['r']} or more {named['n_samples']}"
             )
         if d is not None and self.k >= d:
             raise RaygeomError(f"k must satisfy 0 < k < d; got k={self.k}, d={d}{of}")
         stored = None if readout_components is None else (readout_components if d is None else min(d - 1, readout_components))
         if stored is not None and self.k > stored:
-            raise RaygeomError(f"k={self.k} exceeds the {stored} readout components stored{of}; use --k {stored} or less")
+            raise RaygeomError(f"k={self.k} exceeds the {stored} readout components stored{of}; use {said('k', stored)} or less")
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ def distinct_texts(texts: list[str]) -> int:
     return len(set(texts))
 
 
-def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
+def check_corpus(name: str, texts: list[str], params: PGAParams, words: dict | None = None) -> str | None:
     """Refuse, before any work, a text sample with too few distinct texts for these settings: D distinct texts give
     a centred layer of rank at most D - 1, and a layer is scored only with rank k + 2 left after CCR-r. Returns the
     line that reports duplicates (None when every text is distinct)."""
@@ -172,7 +172,7 @@ def check_corpus(name: str, texts: list[str], params: PGAParams) -> str | None:
         raise RaygeomError(
             f"the {n} texts sampled from corpus '{name}' hold {distinct} distinct texts; PGA with k={params.k} "
             f"after CCR-{params.r} needs at least {need} (rank k + 2 after CCR-r); use more distinct texts "
-            "or a smaller --k"
+            f"or a smaller {(words or {}).get('k', '--k')}"
         )
     if distinct < n:
         return f"corpus '{name}': {n} texts sampled, {distinct} distinct (a duplicate adds no direction)"
@@ -346,7 +346,7 @@ class SubspacePGA(Analysis):
     def check(self, params: PGAParams, info: dict, model: str) -> None:
         from raygeom.replica.request import READOUT_COMPONENTS
 
-        params.check_against(info["n_samples"], info.get("d"), READOUT_COMPONENTS, what=model)
+        params.check_against(info["n_samples"], info.get("d"), READOUT_COMPONENTS, what=model, words=info.get("words"))
 
     def unit_key(self, extraction_key: str, layer: str, params: PGAParams) -> str:
         return pga_unit_key(extraction_key, layer, params)

@@ -81,37 +81,18 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
         raise RaygeomError(f"--num-cpus must be at least 1, got {num_cpus}")
 
 
-def _check_pga_sizes(job) -> None:
-    """Every planned analysis's parameters (e.g. ccr and k) against N and each model's d, from its config where that is
-    known without loading it."""
-    from raygeom.jobs.pipeline import job_models
-    from raygeom.sources.models import cached_config
-
-    for spec in job_models(job):
-        try:
-            config = cached_config(spec) or {}
-        except Exception:  # noqa: BLE001 - an unreadable cache only means d is checked after loading
-            config = {}
-        d = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
-        if d is None and spec.kind == "checkpoint":  # a checkpoint the job's [train] has yet to write
-            d = next((run.settings.hidden_size for run in job.trains if spec.source == run.plan().run_dir), None)
-        for item in job.planned():
-            info = {"n_samples": job.n_samples, "d": d, "config": config, "layers": job.layers}
-            item.spec.check(item.spec.for_width(item.params, d), info, spec.name)
-    for item in job.planned():
-        item.spec.check_job(item.params, job)
-
-
 def _run(job, address, num_cpus):
     from raygeom.jobs.pipeline import run_pga_job, run_sweep_job
 
     check_num_cpus(num_cpus)
-    _check_pga_sizes(job)
-    _prepare_ray(address)
     if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
+        from raygeom.jobs.preflight import preflight
         from raygeom.jobs.trajectory import run_trajectory_job
 
+        preflight(job, console)  # the other drivers call it themselves, before Ray starts
+        _prepare_ray(address)
         return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
+    _prepare_ray(address)
     if job.sweep is not None:  # a job file with a [sweep] section
         return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
     outputs = run_pga_job(job, console, address=address, num_cpus=num_cpus)

@@ -22,15 +22,22 @@ from raygeom.jobspec import SweepSettings
 console = Console(width=output_width())
 
 
-def _load(job_file: Path, out: Optional[Path]):
-    from raygeom.jobs import plan as sweep
+def _job(job_file: Path, out: Optional[Path]):
+    """The job as `raygeom run` would run it, after every refusal run makes before its first forward pass."""
     from raygeom.jobs.pipeline import hub_revision_lists
+    from raygeom.jobs.preflight import preflight
     from raygeom.jobspec import load_job
-    from raygeom.store.tree import Store
 
     job = hub_revision_lists(load_job(job_file).with_overrides(out=str(out) if out else None), console)
-    store = Store(job.out)
-    return job, sweep.build_plan(job, store)
+    preflight(job, console)
+    return job
+
+
+def _load(job):
+    from raygeom.jobs import plan as sweep
+    from raygeom.store.tree import Store
+
+    return job, sweep.build_plan(job, Store(job.out))
 
 
 def _revision_span(revisions) -> str:
@@ -38,16 +45,14 @@ def _revision_span(revisions) -> str:
     return names[0] if len(names) == 1 else f"{len(names)}: {names[0]} .. {names[-1]}"
 
 
-def _show_training(job_file: Path, out: Optional[Path]) -> bool:
+def _show_training(job) -> bool:
     """The runs [train] will make (a grid: one per variant), whether each is trained, and for those that are not
     the time it should take, measured from a few steps here. Returns True when there is nothing more to plan: a
     job whose [train] has not run has no checkpoints and no held-out texts yet, so what follows is only counted."""
     from raygeom.analyses.train import estimate_training_seconds
     from raygeom.jobs.plan import format_seconds
     from raygeom.jobs.train import completed_trajectory
-    from raygeom.jobspec import load_job
 
-    job = load_job(job_file).with_overrides(out=str(out) if out else None)
     if not job.trains:
         return False
     table = Table(title=f"Plan {job.name}: [train] runs", title_justify="left")
@@ -151,19 +156,21 @@ def _revision_units(revision) -> tuple[int, int]:
 
 
 def _gpus_in_view(job, gpu_memory_gib) -> bool:
-    """Whether GPUs concern this plan: a sweep job (it declares its GPUs), --gpu-memory-gib, or a GPU on this machine."""
+    """Whether GPUs concern this plan: the job says what GPUs it runs on ([sweep] gpu_memory_gib or gpus_per_node),
+    --gpu-memory-gib, or this machine (the cluster of a local run) has one. Otherwise no GPU line is shown."""
     import shutil
 
-    return job.sweep is not None or gpu_memory_gib is not None or shutil.which("nvidia-smi") is not None
+    return job.gpus or gpu_memory_gib is not None or shutil.which("nvidia-smi") is not None
 
 
 def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[float]) -> None:
     from raygeom.jobs import plan as sweep
     from raygeom.sources.revisions import gpus_per_model
 
-    if _show_training(job_file, out):
+    job = _job(job_file, out)
+    if _show_training(job):
         return
-    job, plan = _load(job_file, out)
+    job, plan = _load(job)
     settings = job.sweep or SweepSettings()
     memory = settings.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     gpus_shown = _gpus_in_view(job, gpu_memory_gib)
@@ -220,13 +227,20 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         if reference is None:
             console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
         else:
+            gpu = f"extraction {reference[0] / 3600:,.1f} GPU-hours (A100), " if gpus_shown else ""
             console.print(
-                f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): extraction "
-                f"{reference[0] / 3600:,.1f} GPU-hours (A100), PGA {reference[1] / 3600:,.0f} CPU-hours; "
+                f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): {gpu}"
+                f"PGA {reference[1] / 3600:,.0f} CPU-hours; "
                 "run a few revisions, then plan again to scale from this store's own unit times"
             )
         return
-    console.print(f"measured: {cost.measured_extractions} extractions ({cost.device}), {cost.measured_units} PGA units")
+    stored = ", ".join(f"{label} {count:,}" for label, count in cost.stored.items() if count)
+    console.print(
+        f"measured: {counted(cost.measured_extractions, 'extraction')} ({cost.device}), "
+        f"{counted(cost.measured_units, 'stored unit')}" + (f" ({stored})" if stored else ""),
+        highlight=False,
+        markup=False,
+    )
     if cost.extract_rate is not None:
         console.print(f"  forward {cost.extract_rate:.3e} s per parameter-token, loading {cost.load_rate:.3e} s per parameter")
     if cost.pga_rate is not None:
@@ -242,7 +256,10 @@ def _show_weights(plan, settings) -> None:
     """What the revisions still to extract download, and the [sweep] weights budget the downloads stay within."""
     from raygeom.sources import download
 
-    volume, unknown = download.weights_volume([r.spec for r in plan.revisions if not r.extracted and not r.complete])
+    hub = [r.spec for r in plan.revisions if r.spec.kind == "hub" and not r.extracted and not r.complete]
+    if not hub:  # built-ins, GGUF files, local folders and checkpoints download nothing
+        return
+    volume, unknown = download.weights_volume(hub)
     budget = (
         f"{settings.weights_budget_gib:,.4g} GiB ([sweep] weights_budget_gib)"
         if settings.weights_budget_gib
@@ -301,7 +318,7 @@ def _show_auto_budget(budget) -> None:
 def show_status(job_file: Path, out: Optional[Path]) -> None:
     from raygeom.store.manifest import integrity
 
-    job, plan = _load(job_file, out)
+    job, plan = _load(_job(job_file, out))
     report = integrity(plan)
     table = Table(title=f"Status {job.name}  ({plan.store.root})", title_justify="left")
     for name in ("model", "revisions extracted", "revisions complete", "units done", "weights flagged"):

@@ -11,13 +11,13 @@ from rich.markup import escape
 from raygeom.analyses import registry
 from raygeom.jobs import experiment, passes
 from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (and commands') one progress display
+from raygeom.jobs.preflight import job_models, preflight
 from raygeom.jobspec import JobSpec
 from raygeom.params import PGAParams
 from raygeom.replica.request import ExtractionRequest
 from raygeom.report import figures as report
 from raygeom.report.figures import counted
 from raygeom.report.html import announce_report
-from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, check_writable
 
@@ -29,45 +29,6 @@ class JobOutputs:
     plot: Path
     files: dict[str, list[Path]] = field(default_factory=dict)  # what each analysis wrote, by name
     analysis_rows: dict[str, list[dict]] = field(default_factory=dict)  # this job's rows of each analysis but PGA
-
-
-def job_models(job: JobSpec) -> list[ModelSpec]:
-    from raygeom.jobs.plan import job_specs
-
-    return job_specs(job)
-
-
-def check_layers(job: JobSpec, specs: list[ModelSpec]) -> None:
-    """Refuse a layer selection a model lacks (``--layers 99``) from its config, before Ray starts and it loads.
-    A model whose config is not known without loading it is checked once it loads."""
-    from raygeom.sources.layers import layer_names, select_layers
-    from raygeom.sources.models import cached_config
-
-    for spec in specs:
-        try:
-            blocks = (cached_config(spec) or {}).get("num_hidden_layers")
-        except Exception:  # noqa: BLE001 - an unreadable cache only means the layers are checked after loading
-            blocks = None
-        if isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 0:
-            select_layers(layer_names(blocks), job.layers)
-
-
-def report_distinct(job: JobSpec, corpus, console: Console) -> None:
-    """Refuse a sample with fewer distinct texts than PGA needs (one line); say how many are distinct when some repeat."""
-    from raygeom.analyses.pga import check_corpus
-    from raygeom.params import for_width
-
-    # k_per_d gives each width its own k: the widest [train] run needs the most texts. Other models' widths are not
-    # known before they load; their units are refused by rank there.
-    widest = max((run.settings.hidden_size for run in job.trains), default=None)
-    lines = [
-        check_corpus(corpus.name, corpus.texts, for_width(item.params, widest))
-        for item in job.planned()
-        if item.analysis == "pga" and (widest or not item.params.k_per_d)
-    ]
-    line = next((line for line in lines if line), None)
-    if line:
-        console.print(escape(line), highlight=False)
 
 
 def pooled_stages(job: JobSpec, store: Store, corpus, items: list, stages, plan=None):
@@ -138,17 +99,12 @@ def pga_units_for(store: Store, params: PGAParams):
 
 
 def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
-    # Everything that can fail on bad input fails here, before Ray starts.
+    # Everything that can fail on bad input fails here, before Ray starts (what `raygeom plan` checks too).
+    corpus = preflight(job, console)  # sampled when the pooled extraction reads it; the others read it their own way
     specs = job_models(job)
-    check_layers(job, specs)
     store = Store(job.out)
     check_writable(store.root)
-    corpus = load_corpus(job.corpus)
-    for item in job.planned():  # again: a corpus [train] writes exists only now
-        item.spec.check_job(item.params, job)
-    if experiment.needs_pooled(job):  # the sample of the pooled extraction; the others read the corpus their own way
-        corpus = corpus.sample(job.n_samples, job.sample_seed)
-        report_distinct(job, corpus, console)
+    if experiment.needs_pooled(job):  # the texts of its pooled pass (aligned when the job compares models)
         corpus = passes.pooled_corpus(job, specs, corpus)
 
     from raygeom.engine import orchestrate
@@ -278,11 +234,9 @@ def run_sweep_job(
     from raygeom.store.manifest import write_manifest
 
     job = hub_revision_lists(job, console)
-    check_layers(job, job_models(job))
+    corpus = preflight(job, console)  # every refusal, before Ray starts (what `raygeom plan` checks too)
     store = Store(job.out)
     check_writable(store.root)
-    corpus = load_corpus(job.corpus).sample(job.n_samples, job.sample_seed)
-    report_distinct(job, corpus, console)
     corpus = passes.pooled_corpus(job, job_models(job), corpus)
     plan = sweep.build_plan(job, store, corpus.fingerprint())
     write_manifest(store, job, corpus)

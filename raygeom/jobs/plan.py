@@ -182,18 +182,34 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None, 
 @dataclass
 class CostEstimate:
     measured_extractions: int
-    measured_units: int
+    measured_units: int  # stored units of every planned analysis
     extract_rate: float | None  # device-seconds per (parameter x token) of forward pass
     load_rate: float | None  # seconds per parameter to load a revision
     pga_rate: float | None  # CPU-seconds per ((n_null + 1) x N^2)
     remaining_extract_seconds: float | None
     remaining_pga_seconds: float | None
     device: str
+    stored: dict[str, int] = field(default_factory=dict)  # planned analysis label -> its stored units
+
+
+def pga_units(plan: SweepPlan) -> list[tuple[object, str, bool]]:
+    """(PGA parameters, unit key, stored) of every PGA unit the plan counts: a [pga] section's, or each grid point's
+    of [analyses.pga]."""
+    labels = planned_labels(plan.job)
+    out = []
+    for revision in plan.revisions:
+        for label, units in revision.analysis_units.items():
+            item = labels.get(label)
+            if item is not None and item.analysis == "pga":
+                done = revision.analysis_done.get(label, set())
+                out += [(item.params, unit, layer in done) for layer, unit in units.items()]
+    return out
 
 
 def estimate(plan: SweepPlan) -> CostEstimate:
     """Scale measured unit times to the units still missing: forward passes by parameters x tokens,
-    loading by parameters, PGA by (n_null + 1) x N^2 (all pairs of N samples for every subspace)."""
+    loading by parameters, PGA by (n_null + 1) x N^2 (all pairs of N samples for every subspace). The measured units
+    are the stored units of every planned analysis; PGA's give its rate."""
     markers = [
         r.marker for r in plan.revisions if r.marker and r.marker.get("forward_seconds") is not None and r.marker.get("params")
     ]
@@ -203,7 +219,8 @@ def estimate(plan: SweepPlan) -> CostEstimate:
         extract_rate = sum(m["forward_seconds"] for m in markers) / sum(m["params"] * m["tokens"] for m in markers)
         load_rate = sum(m["load_seconds"] for m in markers) / sum(m["params"] for m in markers)
         device = ", ".join(sorted({m.get("device", "?") for m in markers}))
-    keys = [unit for r in plan.revisions for layer, unit in r.units.items() if layer in r.done]
+    units = pga_units(plan)
+    keys = [unit for _, unit, done in units if done]
     pga_rate = None
     table = plan.store.read_results("pga", keys) if keys else pa.table({})
     if table.num_rows and "cpu_seconds" in table.column_names:
@@ -218,9 +235,13 @@ def estimate(plan: SweepPlan) -> CostEstimate:
     remaining_extract = None
     if extract_rate is not None and all(r.params for r in todo):
         remaining_extract = sum(r.params * (tokens * extract_rate + load_rate) for r in todo)
-    missing_units = sum(len(r.units) - len(r.done) for r in plan.revisions)
-    remaining_pga = pga_rate * missing_units * (job.pga.n_null + 1) * job.n_samples**2 if pga_rate is not None else None
-    return CostEstimate(len(markers), len(keys), extract_rate, load_rate, pga_rate, remaining_extract, remaining_pga, device)
+    remaining_pga = None
+    if pga_rate is not None:
+        remaining_pga = pga_rate * sum((params.n_null + 1) * job.n_samples**2 for params, _, done in units if not done)
+    stored = {label: done for label, (_, done) in plan.per_analysis().items()}
+    return CostEstimate(
+        len(markers), sum(stored.values()), extract_rate, load_rate, pga_rate, remaining_extract, remaining_pga, device, stored
+    )
 
 
 # CPU-seconds of one PGA unit (N=2000, k=100, CCR-1, 100 nulls) by width d, measured on one thread of a

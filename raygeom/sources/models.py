@@ -36,6 +36,10 @@ BUILTIN_SHAPES = {
         "num_hidden_layers": 30,
         "vocab_size": 49152,
         "intermediate_size": 1536,
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
         "tie_word_embeddings": True,
         "max_position_embeddings": 8192,
     },
@@ -44,6 +48,10 @@ BUILTIN_SHAPES = {
         "num_hidden_layers": 18,
         "vocab_size": 262144,
         "intermediate_size": 2048,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
         "tie_word_embeddings": True,
         "max_position_embeddings": 32768,
     },
@@ -380,33 +388,56 @@ def _dequantised_copy(gguf: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    return _publish(target, "config.json", model, tokenizer)
+
+
+def _publish(target: Path, marker: str, *parts) -> Path:
+    """Save each of ``parts`` (``save_pretrained``) into a staging folder, then move it to ``target`` in one step."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        for part in parts:
+            part.save_pretrained(staging)
         try:
             os.replace(staging, target)
         except OSError:
-            if not (target / "config.json").is_file():  # another process won the race otherwise
+            if not (target / marker).is_file():  # another process won the race otherwise
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
+def _gguf_tokenizer(gguf: Path) -> Path:
+    """A folder holding the GGUF's tokenizer: the dequantised copy's where it exists, else the tokenizer read from the
+    GGUF's metadata (never its weights: `raygeom plan` aligning texts dequantises nothing), saved once under
+    cache_dir()/tokenizers. Both are the tokenizer transformers reads from the GGUF file."""
+    copy = _dequantised_path(gguf)
+    if (copy / "config.json").is_file():
+        return copy
+    target = cache_dir() / "tokenizers" / copy.name
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    from transformers import AutoTokenizer
+
+    return _publish(target, "tokenizer_config.json", AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
-def _locations(spec: ModelSpec, snapshot: Path | None = None) -> tuple[str, str | None, str]:
+def _locations(spec: ModelSpec, snapshot: Path | None = None, weights: bool = True) -> tuple[str, str | None, str]:
     """(model directory or hub id, hub revision or None, tokenizer directory) of a spec; ``snapshot``: a hub revision's
-    local snapshot (raygeom.sources.download), loaded from there."""
+    local snapshot (raygeom.sources.download), loaded from there. ``weights=False``: the tokenizer alone is wanted, so
+    a GGUF is not dequantised for it (the model directory is then None for GGUF models)."""
     if snapshot is not None:
         return str(snapshot), None, str(snapshot)
     if spec.kind in ("builtin", "gguf"):
         gguf = _builtin_gguf(spec.source) if spec.kind == "builtin" else Path(spec.source)
         try:
+            if not weights:
+                return None, None, str(_gguf_tokenizer(gguf))
             directory = str(_dequantised_copy(gguf))
         except RaygeomError:
             raise
@@ -434,7 +465,7 @@ def load_tokenizer(spec: ModelSpec, what: str = "the tokenizer of", snapshot: Pa
     """The model's tokenizer alone (no weights), from the same place :func:`load_model` takes it."""
     from transformers import AutoTokenizer
 
-    _, revision, tokenizer_directory = _locations(spec, snapshot)
+    _, revision, tokenizer_directory = _locations(spec, snapshot, weights=False)
     try:
         return AutoTokenizer.from_pretrained(tokenizer_directory, revision=revision)
     except (OSError, ValueError, KeyError, TypeError) as error:
@@ -501,12 +532,34 @@ def cached_config(spec: ModelSpec) -> dict | None:
         return None
 
 
+# Decoders whose MLP is gated (gate, up and down projections) and whose norms are RMS norms (a weight, no bias).
+GATED = ("llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "gemma", "gemma2", "gemma3", "gemma3_text", "smollm3")
+
+
 def config_params(config: dict) -> int | None:
-    """Parameters of a decoder with this config (attention, MLP and embeddings), for the plan's cost."""
-    try:
-        d, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    except KeyError:
+    """Parameters of a decoder with this config, counted as ``model.parameters()`` counts them once loaded (tied
+    embeddings once), so the plan shows one number before and after a run: attention with its key/value heads
+    (grouped-query), the MLP (gated for Llama-like models), biases and norms as the architecture has them, the
+    embeddings and, untied, the unembedding. None where the config lacks the width, depth or vocabulary."""
+    shape = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    d, layers, vocab = config_value(shape, WIDTH_KEYS), config_value(shape, DEPTH_KEYS), config_value(shape, ("vocab_size",))
+    if d is None or layers is None or vocab is None:
         return None
-    ffn = config.get("intermediate_size", 4 * d)
-    tied = config.get("tie_word_embeddings", False)
-    return int(layers * (4 * d * d + 2 * d * ffn) + vocab * d * (1 if tied else 2))
+    kind = str(shape.get("model_type", ""))
+    heads = config_value(shape, ("num_attention_heads", "n_head")) or 1
+    head_dim = config_value(shape, ("head_dim",)) or d // heads
+    kv = config_value(shape, ("num_key_value_heads",)) or heads
+    ffn = config_value(shape, ("intermediate_size", "n_inner")) or 4 * d
+    gemma = kind.startswith("gemma")
+    if kind in GATED:
+        attention = d * head_dim * (2 * heads + 2 * kv)
+        attention += ((heads + 2 * kv) * head_dim + d) if shape.get("attention_bias") else 0
+        mlp = 3 * d * ffn + ((2 * ffn + d) if shape.get("mlp_bias") else 0)
+        norms = {"gemma2": 4 * d, "gemma3": 4 * d + 2 * head_dim, "gemma3_text": 4 * d + 2 * head_dim}.get(kind, 2 * d)
+        final = d
+    else:  # GPT-NeoX (Pythia) and the like: biased projections, layer norms with a bias
+        attention = 4 * d * heads * head_dim + 3 * heads * head_dim + d
+        mlp = 2 * d * ffn + ffn + d
+        norms, final = 4 * d, 2 * d
+    tied = shape.get("tie_word_embeddings", config.get("tie_word_embeddings", gemma))
+    return int(layers * (attention + mlp + norms) + final + vocab * d * (1 if tied else 2))

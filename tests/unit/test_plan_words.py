@@ -26,13 +26,18 @@ k = 8
 
 
 def plan(tmp_path, monkeypatch, extra: str = "") -> str:
+    return plan_of(tmp_path, monkeypatch, JOB.format(out=tmp_path / "store") + extra)
+
+
+def plan_of(tmp_path, monkeypatch, text: str) -> str:
+    """`raygeom plan` of this job file's text, on a machine without a GPU, its output on one line."""
     from raygeom.cli.root import app
 
     cached = sweep.cached_config  # pythia's layers from Pythia's table, not whatever hub cache this machine has
     monkeypatch.setattr(sweep, "cached_config", lambda spec: None if "pythia" in spec.source else cached(spec))
     monkeypatch.setattr("shutil.which", lambda name: None)  # no GPU on this machine
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(out=tmp_path / "store") + extra)
+    job.write_text(text)
     result = CliRunner().invoke(app, ["plan", str(job)], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     return " ".join(result.output.split())
@@ -43,7 +48,7 @@ def test_plan_names_the_grid_as_given_and_counts_every_analysis(tmp_path, monkey
     assert "k=8, r = 0, 1, 5, n_null=20, seed=0" in text and "CCR-1" not in text
     assert "--n-null auto" not in text and "GPUs" not in text  # n_null is fixed; no [sweep], no GPU here
     # smollm2's shape is known without loading it: 30 blocks of d = 576, vocab 49,152, tied
-    assert "smollm2-135m-instruct-q4_1 | 121.2M | 32 (config) | main | 128 | 0" in text.replace("│", "|")
+    assert "smollm2-135m-instruct-q4_1 | 134.5M | 32 (config) | main | 128 | 0" in text.replace("│", "|")
     # pythia-14m (8 layers from Pythia's table) x 2 revisions x (3 PGA ranks + spectral)
     assert "EleutherAI/pythia-14m | 1" in text.replace("│", "|") and "| 64 | 0" in text.replace("│", "|")
 
