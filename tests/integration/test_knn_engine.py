@@ -136,7 +136,7 @@ def test_knn_command_prints_the_intervals_and_writes_its_report(hub_cache, ray_l
     assert counts and all(int(done) <= int(total) for _, done, total in counts), counts
     last = {label: (int(done), int(total)) for label, done, total in counts}
     model = "EleutherAI/pythia-14m@step1000"
-    assert last[f"kNN-LM features (chunks) {model}"] == (10, 10) and last[f"kNN-LM {model}"] == (6, 6), last
+    assert last[f"knn pass, {model}"] == (10, 10) and last[f"knn_lm units, {model}"] == (6, 6), last
     rows = list(csv_rows(report / "knn.csv"))
     assert len(rows) == 6 and {"layer", "knn_perplexity", "delta_lo", "delta_hi", "lam", "corpus_fingerprint"} <= set(rows[0])
     assert [p.stat().st_size > 5_000 for p in report.glob("knn_*.png")] == [True]
