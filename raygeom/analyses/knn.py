@@ -18,7 +18,9 @@ Uncertainty: the perplexity difference (kNN-LM minus base LM, on the evaluation 
 percentile bootstrap interval over blocks of ``bootstrap_block`` consecutive held-out tokens inside
 each chunk (tokens in one article are not independent; 1 = single tokens, >= the chunk length = whole
 chunks). Every layer resamples the same blocks, so the best layer is compared with the runner-up on
-paired draws: separated when the interval of their difference excludes 0.
+paired draws: separated when the interval of their difference excludes 0. Below ``BLOCK_MIN`` (10) blocks there is no
+interval: NaN bounds and a ``note`` (the settings give the block count, so the command refuses them before Ray starts).
+The rank correlations over layers carry a Fisher interval, or their permutation p-value over fewer than 10 layers.
 
 Exact search holds the keys of one layer in memory (n_keys x d float32). For
 datastores that outgrow memory an approximate index (e.g. faiss IVF-PQ) is

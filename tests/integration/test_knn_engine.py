@@ -233,3 +233,32 @@ def test_bad_interval_and_report_options_fail_with_one_line(tmp_path, args, mess
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("bootstrap_block = 512", "job.toml: [analyses.knn_lm] bootstrap_block 512 cuts the evaluation half (4 of test_chunks 8"),
+        ("k = 20441", "job.toml: [analyses.knn_lm] k 20441 is more than the 20440 keys the datastore holds (train_chunks 40"),
+    ],
+)
+def test_a_job_file_whose_knn_settings_cannot_be_met_is_refused_in_its_own_words(tmp_path, setting, message):
+    import os
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[job]\nname = "k"\nout = "{tmp_path / "out"}"\n[[models]]\nid = "smollm2"\n[corpus]\nname = "bbc"\n'
+        f"[analyses.knn_lm]\n{setting}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "raygeom.cli", "run", "job.toml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
