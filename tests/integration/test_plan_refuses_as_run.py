@@ -153,3 +153,11 @@ def test_plan_reads_no_weights(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "convergence" in result.stdout
     assert not (tmp_path / "cache" / "dequantised").exists()
+
+
+def test_status_refuses_alike(tmp_path):
+    """`raygeom status` reads the same job: it refuses what plan and run refuse, with their line."""
+    job = job_file(tmp_path, "[analyses.pga]\nk = 576\nn_null = 10\n", 700)
+    line = refused_alike(tmp_path, job, "got k=576, d=576")
+    result, _ = cli("status", job, cache=tmp_path / "cache")
+    assert result.returncode == 2 and [text for text in result.stderr.splitlines() if text.strip()] == [line]
