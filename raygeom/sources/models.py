@@ -265,6 +265,27 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
 
 def _gguf_data_end(handle) -> int | None:
     """Bytes a GGUF file needs for all its tensors, or None where a tensor type is unknown here."""
+    _, tensors, start = _gguf_header(handle)
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError:
+        return None
+    end = start
+    for _, dims, kind, offset in tensors:
+        try:
+            block, width = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            return None
+        count = 1
+        for dim in dims:
+            count *= dim
+        end = max(end, start + offset + count // block * width)
+    return end
+
+
+def _gguf_header(handle) -> tuple[dict, list, int]:
+    """A GGUF file's metadata (key -> scalar or string; an array -> its length), its tensor table (name, dims, type,
+    offset) and where the tensor data starts; nothing of the tensor data is read."""
 
     def read(fmt: str):
         size = struct.calcsize("<" + fmt)
@@ -292,10 +313,10 @@ def _gguf_data_end(handle) -> int | None:
             if item in _GGUF_SCALARS:  # skip a numeric array without decoding it
                 width = struct.calcsize("<" + _GGUF_SCALARS[item]) * count
                 handle.seek(width, 1)
-                return None
+                return count
             for _ in range(count):
                 value(item, depth + 1)
-            return None
+            return count
         raise ValueError(f"unknown metadata value type {kind}")
 
     if handle.read(4) != b"GGUF":
@@ -303,33 +324,53 @@ def _gguf_data_end(handle) -> int | None:
     version, n_tensors, n_values = read("I"), read("Q"), read("Q")
     if version not in (2, 3) or n_tensors > 1 << 20 or n_values > 1 << 20:
         raise ValueError(f"unsupported or corrupt header (version {version}, {n_tensors} tensors, {n_values} values)")
-    alignment = 32
+    metadata = {}
     for _ in range(n_values):
         key, kind = string(), read("I")
-        found = value(kind)
-        if key == "general.alignment" and isinstance(found, int) and found > 0:
-            alignment = found
+        metadata[key] = value(kind)
+    alignment = metadata.get("general.alignment")
+    alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
     tensors = []
     for _ in range(n_tensors):
-        string()
+        name = string()
         dims = [read("Q") for _ in range(read("I"))]
-        tensors.append((dims, read("I"), read("Q")))
-    start = -(-handle.tell() // alignment) * alignment
+        tensors.append((name, dims, read("I"), read("Q")))
+    return metadata, tensors, -(-handle.tell() // alignment) * alignment
+
+
+# GGUF architecture -> transformers' model_type (what config_params and the layer names read)
+GGUF_TYPES = {"gemma3": "gemma3_text"}
+
+
+def gguf_config(path: Path) -> dict | None:
+    """The config a GGUF model loads with, from the file's metadata alone (width, depth, heads, vocabulary, context,
+    tied embeddings): what `raygeom plan` and the checks before a run read instead of dequantising it. None where
+    the file is unreadable or lacks them."""
     try:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    except ImportError:
+        with open(path, "rb") as handle:
+            metadata, tensors, _ = _gguf_header(handle)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
         return None
-    end = start
-    for dims, kind, offset in tensors:
-        try:
-            block, width = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
-            return None
-        count = 1
-        for dim in dims:
-            count *= dim
-        end = max(end, start + offset + count // block * width)
-    return end
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        return None
+    keys = {
+        "hidden_size": "embedding_length",
+        "num_hidden_layers": "block_count",
+        "intermediate_size": "feed_forward_length",
+        "num_attention_heads": "attention.head_count",
+        "num_key_value_heads": "attention.head_count_kv",
+        "head_dim": "attention.key_length",
+        "max_position_embeddings": "context_length",
+        "vocab_size": "vocab_size",
+    }
+    config = {name: metadata[f"{arch}.{key}"] for name, key in keys.items() if isinstance(metadata.get(f"{arch}.{key}"), int)}
+    config.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens"))
+    if not isinstance(config.get("hidden_size"), int) or not isinstance(config.get("num_hidden_layers"), int):
+        return None
+    config["model_type"] = GGUF_TYPES.get(arch, arch)
+    config["tie_word_embeddings"] = not any(name == "output.weight" for name, *_ in tensors)
+    return config
 
 
 def _first_line(error: BaseException) -> str:
@@ -353,7 +394,8 @@ def _builtin_gguf(name: str, assemble: bool = True) -> Path | None:
 
 
 def known_config(spec: ModelSpec) -> dict | None:
-    """A GGUF model's config.json if it was already dequantised, else a built-in's known shape; no loading."""
+    """A GGUF model's config.json if it was already dequantised, else a built-in's known shape, else the GGUF file's
+    metadata; no weights are read."""
     if spec.kind not in ("builtin", "gguf"):
         return None
     try:
@@ -366,7 +408,9 @@ def known_config(spec: ModelSpec) -> dict | None:
             return json.loads(config.read_text())
         except (OSError, json.JSONDecodeError):
             pass
-    return BUILTIN_SHAPES.get(spec.source) if spec.kind == "builtin" else None
+    if spec.kind == "builtin":
+        return BUILTIN_SHAPES.get(spec.source)
+    return gguf_config(Path(spec.source))
 
 
 def _dequantised_path(gguf: Path) -> Path:

