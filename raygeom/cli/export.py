@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
+from raygeom.params import ABSENT_MEANS, canonical_value
 
 console = Console(width=output_width())
 errors = Console(stderr=True)
@@ -55,8 +56,8 @@ def _setting_words(settings: dict, varying: list[str]) -> str:
 
 
 def _varying(runs: list[dict]) -> list[str]:
-    """The settings (the report's setting columns, else any column) that differ among the runs of one model and
-    revision: the fewest that still tell every run apart."""
+    """The settings that differ among the runs of one model and revision (every key of ``runs`` is a setting): the
+    report's setting columns first, then any other that still leaves two runs alike."""
     from raygeom.report.html import SETTING_COLUMNS
 
     differ = [
@@ -66,6 +67,20 @@ def _varying(runs: list[dict]) -> list[str]:
     ]
     named = [c for c in SETTING_COLUMNS if c in differ]
     return named if len({_setting_words(run, named) for run in runs}) == len(runs) else differ
+
+
+def _settings_of(analysis: str):
+    """A function giving a row's settings in ``results/<analysis>/``: the extraction's settings and the analysis's
+    declared parameters (raygeom.analyses.results_table.setting_names), never a result column, for a registered
+    analysis; for a directory no registered analysis writes, every column that is not a float or an identity."""
+    from raygeom.analyses import registry
+    from raygeom.analyses.results_table import setting_names
+
+    spec = next((a for a in registry.analyses().values() if a.results_dir == analysis), None)
+    if spec is None:
+        return lambda row: {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
+    names = setting_names(spec)
+    return lambda row: {key: canonical_value(key, row.get(key)) for key in names if key in row or key in ABSENT_MEANS}
 
 
 def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
@@ -86,12 +101,13 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
     skipped = non_finite = 0
     for analysis in analyses:
         rows = store.read_results(analysis).to_pylist()
+        settings_of = _settings_of(analysis)
         groups: dict[tuple, list[dict]] = {}
         for row in rows:
             if not row.get("layer") or row.get("layer_index") is None:
                 skipped += 1
                 continue
-            settings = {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
+            settings = settings_of(row)
             groups.setdefault(
                 (row.get("model") or "model", row.get("revision") or "main", json.dumps(settings, sort_keys=True, default=str)),
                 [],
@@ -105,10 +121,11 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
                 f"/{_setting_words(json.loads(settings), varying)}" if varying else ""
             )
             run = runs.setdefault(name, {"settings": settings, "scalars": []})
+            named = set(json.loads(settings))  # settings are text, not scalars
             for row in group:
                 _, sub = layer_position.split(row["layer"])
                 for column, value in row.items():
-                    if column in IDENTITY or not _is_float(value):
+                    if column in IDENTITY or not _is_float(value) or column in named:
                         continue
                     if not math.isfinite(value):  # TensorBoard warns on each; a missing point says the same
                         non_finite += 1
