@@ -83,6 +83,38 @@ def setting_names(analysis) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c for c in (*EXTRACTION_SETTINGS, *setting_columns(analysis)) if c not in measured))
 
 
+def row_settings(analysis, row: dict) -> dict:
+    """The settings of one row of ``analysis`` (:func:`setting_names`), in canonical form: a setting the row lacks
+    that has a value meaning "as before it existed" (raygeom.params.ABSENT_MEANS) takes it, and a Params field whose
+    value in the row is not of its declared type (kNN-LM's temperature: 'auto' in Params, the number chosen in a
+    row) is a measurement under the setting's name, not the setting."""
+    from raygeom.params import ABSENT_MEANS, canonical_value
+
+    declared = {**settings_types(analysis), **{c: FIXED_TYPES[c] for c in EXTRACTION_SETTINGS}}
+    out = {}
+    for name in setting_names(analysis):
+        if name not in row and name not in ABSENT_MEANS:
+            continue
+        value = canonical_value(name, row.get(name))
+        if value is None or _fits(value, declared.get(name)):
+            out[name] = value
+    return out
+
+
+def _fits(value, kind: pa.DataType | None) -> bool:
+    if kind is None:
+        return True
+    if pa.types.is_boolean(kind):
+        return isinstance(value, bool)
+    if pa.types.is_integer(kind):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if pa.types.is_floating(kind):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if pa.types.is_string(kind):
+        return isinstance(value, str)
+    return True
+
+
 def column_order(analysis, rows: list[dict]) -> list[str]:
     """The table's columns: identity, settings, the analysis's declared columns, any others, then provenance."""
     present = list(dict.fromkeys(name for row in rows for name in row))

@@ -3,7 +3,8 @@
 
 Every unit row under ``results/<analysis>/`` that names a layer becomes scalars: one TensorBoard run per
 (model, revision, settings) -- ``DIR/<analysis>/<model>@<revision>[/<the settings that vary>]``, e.g.
-``pga/smollm2@main/CCR-5`` --, one tag per finite float column (NaN and inf are left out, and counted) (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
+``pga/smollm2@main/CCR-5`` --, the settings being the extraction's and the analysis's declared parameters, never a
+result column; one tag per finite float column that is not a setting (NaN and inf are left out, and counted) (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
 ``block_00`` 1, ..., ``final_norm`` last). Points inside a block get their own tags (``pga/z/mlp_out``) at their
 block's step. Each run also gets its settings as text. Written with tensorboardX; read with TensorBoard, or into
 Weights & Biases with ``wandb sync --sync-tensorboard DIR``.
@@ -22,7 +23,6 @@ from rich.markup import escape
 
 from raygeom.cli.consoles import output_width
 from raygeom.errors import RaygeomError
-from raygeom.params import ABSENT_MEANS, canonical_value
 
 console = Console(width=output_width())
 errors = Console(stderr=True)
@@ -71,16 +71,15 @@ def _varying(runs: list[dict]) -> list[str]:
 
 def _settings_of(analysis: str):
     """A function giving a row's settings in ``results/<analysis>/``: the extraction's settings and the analysis's
-    declared parameters (raygeom.analyses.results_table.setting_names), never a result column, for a registered
+    declared parameters (raygeom.analyses.results_table.row_settings), never a result column, for a registered
     analysis; for a directory no registered analysis writes, every column that is not a float or an identity."""
     from raygeom.analyses import registry
-    from raygeom.analyses.results_table import setting_names
+    from raygeom.analyses.results_table import row_settings
 
     spec = next((a for a in registry.analyses().values() if a.results_dir == analysis), None)
     if spec is None:
         return lambda row: {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
-    names = setting_names(spec)
-    return lambda row: {key: canonical_value(key, row.get(key)) for key in names if key in row or key in ABSENT_MEANS}
+    return lambda row: row_settings(spec, row)
 
 
 def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
