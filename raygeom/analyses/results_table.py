@@ -164,6 +164,26 @@ def _with_pandas_types(table: pa.Table) -> pa.Table:
     return table.replace_schema_metadata({**(table.schema.metadata or {}), b"pandas": json.dumps(metadata).encode()})
 
 
+def _order(analysis, row: dict) -> tuple:
+    """Rows by model, training step, revision, settings, then depth, whichever job wrote them first."""
+
+    def text(value) -> str:
+        return "" if value is None else str(value)
+
+    step = row.get("step")
+    return (
+        text(row.get("model")),
+        step is None,
+        step if isinstance(step, int) else 0,
+        text(row.get("revision")),
+        tuple(text(row.get(name)) for name in setting_names(analysis)),
+        row.get("layer_index") if isinstance(row.get("layer_index"), int) else -1,
+        row.get("relative_depth") if isinstance(row.get("relative_depth"), float) else 0.0,
+        text(row.get("layer")),
+        text(row.get("unit_key")),
+    )
+
+
 def write_results_table(store, analysis, job_rows: list[dict], write_empty: bool = True) -> Path | None:
     """``results/<analysis>.parquet``: every row of ``analysis`` (an Analysis or its name) the store holds, then this
     job's rows that were not stored (degenerate units, with their ``note``), as :func:`typed_table` types them.
@@ -179,5 +199,5 @@ def write_results_table(store, analysis, job_rows: list[dict], write_empty: bool
     if not rows and not write_empty:
         return None
     path = store.root / "results" / f"{spec.results_dir}.parquet"
-    atomic_write_table(typed_table(rows, spec), path)
+    atomic_write_table(typed_table(sorted(rows, key=lambda row: _order(spec, row)), spec), path)
     return path
