@@ -91,7 +91,7 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     print(f"raygeom run (train, sweep, report) from an empty directory: {seconds:.1f} s")
     run_dir = work / "runs" / "trajectory" / "checkpoints"
     assert sorted(p.name for p in run_dir.glob("step*")) == ["step0", "step1", "step2"]
-    table = pq.read_table(work / "runs" / "trajectory" / "results" / "sweep_pga.parquet").to_pylist()
+    table = pq.read_table(work / "runs" / "trajectory" / "results" / "pga.parquet").to_pylist()
     assert sorted({r["revision"] for r in table}) == ["step0", "step1", "step2"] and len(table) == 9
     rows = pq.read_table(work / "runs" / "trajectory" / "results" / "trajectory_checkpoints.parquet").to_pylist()
     assert [r["step"] for r in rows] == [0, 1, 2]
