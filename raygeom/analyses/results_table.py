@@ -5,8 +5,9 @@ Every row the store holds of the analysis is in it (all jobs on the store, each 
 raygeom.engine.units.accumulated_rows), in canonical form (raygeom.params.canonical_rows). Column types do not depend
 on which values a table happens to hold: the columns every per-layer row starts with (raygeom.analyses.provenance)
 have fixed types, an analysis's settings the types its ``Params`` declare, and the rest the type of their values. A
-table of rows made from an extraction holds every provenance column, ``source`` included (null where the vectors
-are raygeom's own), and every column the analysis declares (null where no row has it). Nullable booleans are marked
+table of rows made from the pooled extraction holds every provenance column, ``source`` included (null where the
+vectors are raygeom's own), and is ordered by model, step, revision, settings and depth; every table holds every
+column its analysis declares (null where no row has it). Nullable booleans are marked
 for pandas, so a column of true/false with nulls reads as pandas' ``boolean``, not ``object``, and tables of a run,
 a sweep and the library concatenate without object columns that are not strings.
 """
@@ -118,7 +119,8 @@ def _fits(value, kind: pa.DataType | None) -> bool:
 def column_order(analysis, rows: list[dict]) -> list[str]:
     """The table's columns: identity, settings, the analysis's declared columns, any others, then provenance."""
     present = list(dict.fromkeys(name for row in rows for name in row))
-    from_extraction = any(name in PROVENANCE for name in present)
+    pooled = analysis is None or analysis.extraction == "pooled"  # an extraction of its own has its own provenance
+    from_extraction = pooled and any(name in PROVENANCE for name in present)
     wanted = set(present) | (set(PROVENANCE) if from_extraction else set())
     wanted |= set(analysis.columns) if analysis is not None and rows else set()
     settings = setting_columns(analysis)
@@ -199,5 +201,7 @@ def write_results_table(store, analysis, job_rows: list[dict], write_empty: bool
     if not rows and not write_empty:
         return None
     path = store.root / "results" / f"{spec.results_dir}.parquet"
-    atomic_write_table(typed_table(sorted(rows, key=lambda row: _order(spec, row)), spec), path)
+    if spec.extraction == "pooled":  # an analysis with an extraction of its own keeps its rows' order (e.g. a ranking)
+        rows = sorted(rows, key=lambda row: _order(spec, row))
+    atomic_write_table(typed_table(rows, spec), path)
     return path
