@@ -432,13 +432,11 @@ def _write_outputs(store, spec, rows: list[dict]) -> None:
     """What a job writes after an analysis, so a store filled from Python holds what one filled by the CLI holds:
     ``results/<dir>.parquet`` with every row of the analysis the store holds (all calls, each with its settings) and
     the plots of this call's rows under ``plots/``."""
-    from raygeom.engine.units import accumulated_rows
-    from raygeom.report.figures import plot_z_vs_depth, write_rows
+    from raygeom.analyses.results_table import write_results_table
+    from raygeom.report.figures import plot_z_vs_depth
     from raygeom.report.tables import plot_analysis
 
-    every = accumulated_rows(store, spec.results_dir, rows)
-    if every:
-        write_rows(every, store.root / "results" / f"{spec.results_dir}.parquet")
+    write_results_table(store, spec, rows, write_empty=False)  # the CLI's writer: its columns and types
     layered = [row for row in rows if row.get("relative_depth") is not None and not row.get("note")]
     if spec.name == "pga" and layered:
         plot_z_vs_depth(layered, store.root / "plots" / "pga_z_vs_depth.png")

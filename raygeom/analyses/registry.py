@@ -90,6 +90,9 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     columns: ClassVar[tuple[str, ...]] = ()  # its own columns in the tidy table (beside model/revision/layer/...)
     metrics: ClassVar[tuple[Metric, ...]] = ()
     series: ClassVar[tuple[str, ...]] = ()  # parameter columns that make rows of one model/revision different series
+    # declared columns that hold a measurement though a parameter has the name (PGA's z_half_width: z's interval in a
+    # row, the --n-null auto target in its Params): never a setting (raygeom export names runs by settings only)
+    measured: ClassVar[tuple[str, ...]] = ()
     # What it reads. "pooled": the job's [extract] extraction (one vector per text and layer), shared by every such
     # analysis and run unit by unit through units(). Any other value names an extraction of its own ("chunks":
     # token-level chunks per domain; "knn": kNN-LM datastore features; "aligned": texts cut where every model's
@@ -212,6 +215,9 @@ def _check_declaration(cls: type) -> None:
                 f"{where}: series name {name!r} must be a parameter and a declared column "
                 f"({'not a parameter' if name not in parameters else 'not a column'})"
             )
+    for name in cls.measured:
+        if name not in columns or name in cls.series:
+            raise TypeError(f"{where}: measured column {name!r} must be a declared column and not a series name")
     for metric in cls.metrics:
         unknown = [c for c in (metric.column, metric.lo, metric.hi, metric.chance) if c is not None and c not in columns]
         if unknown:

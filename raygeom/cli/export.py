@@ -3,7 +3,8 @@
 
 Every unit row under ``results/<analysis>/`` that names a layer becomes scalars: one TensorBoard run per
 (model, revision, settings) -- ``DIR/<analysis>/<model>@<revision>[/<the settings that vary>]``, e.g.
-``pga/smollm2@main/CCR-5`` --, one tag per finite float column (NaN and inf are left out, and counted) (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
+``pga/smollm2@main/CCR-5`` --, the settings being the extraction's and the analysis's declared parameters, never a
+result column; one tag per finite float column that is not a setting (NaN and inf are left out, and counted) (``pga/z``, ``pga/z_lo``, ``diagnostics/rank``, ...), the step being the layer's index (``embed`` 0,
 ``block_00`` 1, ..., ``final_norm`` last). Points inside a block get their own tags (``pga/z/mlp_out``) at their
 block's step. Each run also gets its settings as text. Written with tensorboardX; read with TensorBoard, or into
 Weights & Biases with ``wandb sync --sync-tensorboard DIR``.
@@ -55,8 +56,8 @@ def _setting_words(settings: dict, varying: list[str]) -> str:
 
 
 def _varying(runs: list[dict]) -> list[str]:
-    """The settings (the report's setting columns, else any column) that differ among the runs of one model and
-    revision: the fewest that still tell every run apart."""
+    """The settings that differ among the runs of one model and revision (every key of ``runs`` is a setting): the
+    report's setting columns first, then any other that still leaves two runs alike."""
     from raygeom.report.html import SETTING_COLUMNS
 
     differ = [
@@ -66,6 +67,19 @@ def _varying(runs: list[dict]) -> list[str]:
     ]
     named = [c for c in SETTING_COLUMNS if c in differ]
     return named if len({_setting_words(run, named) for run in runs}) == len(runs) else differ
+
+
+def _settings_of(analysis: str):
+    """A function giving a row's settings in ``results/<analysis>/``: the extraction's settings and the analysis's
+    declared parameters (raygeom.analyses.results_table.row_settings), never a result column, for a registered
+    analysis; for a directory no registered analysis writes, every column that is not a float or an identity."""
+    from raygeom.analyses import registry
+    from raygeom.analyses.results_table import row_settings
+
+    spec = next((a for a in registry.analyses().values() if a.results_dir == analysis), None)
+    if spec is None:
+        return lambda row: {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
+    return lambda row: row_settings(spec, row)
 
 
 def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
@@ -86,12 +100,13 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
     skipped = non_finite = 0
     for analysis in analyses:
         rows = store.read_results(analysis).to_pylist()
+        settings_of = _settings_of(analysis)
         groups: dict[tuple, list[dict]] = {}
         for row in rows:
             if not row.get("layer") or row.get("layer_index") is None:
                 skipped += 1
                 continue
-            settings = {key: value for key, value in row.items() if key not in IDENTITY and not _is_float(value)}
+            settings = settings_of(row)
             groups.setdefault(
                 (row.get("model") or "model", row.get("revision") or "main", json.dumps(settings, sort_keys=True, default=str)),
                 [],
@@ -105,10 +120,11 @@ def export_tensorboard(store_root: str | Path, out: str | Path) -> dict:
                 f"/{_setting_words(json.loads(settings), varying)}" if varying else ""
             )
             run = runs.setdefault(name, {"settings": settings, "scalars": []})
+            named = set(json.loads(settings))  # settings are text, not scalars
             for row in group:
                 _, sub = layer_position.split(row["layer"])
                 for column, value in row.items():
-                    if column in IDENTITY or not _is_float(value):
+                    if column in IDENTITY or not _is_float(value) or column in named:
                         continue
                     if not math.isfinite(value):  # TensorBoard warns on each; a missing point says the same
                         non_finite += 1

@@ -252,8 +252,7 @@ def write_outputs(
     row of it the store holds (all jobs, each row with its settings), then what its declaration shows and writes of
     this job's rows (raygeom.report.tables.analysis_outputs). ``own``: the rows of the analyses with an extraction of
     their own, by name. ``files``: filled with every file written, ``shown`` with this job's rows, by analysis name."""
-    from raygeom.engine.units import accumulated_rows
-    from raygeom.report.figures import write_rows
+    from raygeom.analyses.results_table import write_results_table
     from raygeom.report.tables import analysis_outputs
 
     written = {}
@@ -264,11 +263,7 @@ def write_outputs(
         mine = (own or {}).get(name, []) if analysis.extraction != "pooled" else units.rows_of(name, rows)
         if analysis.extraction != "pooled":  # a pooled analysis's rows are checked as its units finish
             analysis.check_rows(mine)
-        directory = analysis.results_dir
-        every = accumulated_rows(store, directory, mine)
-        if analysis.extraction != "pooled":  # stores from before the unit engine kept summaries there, with no key
-            every = [row for row in every if row.get("unit_key")]
-        written[name] = write_rows(every, store.root / "results" / f"{directory}.parquet")
+        written[name] = write_results_table(store, analysis, mine)
         extra = analysis_outputs(console, analysis, mine, store.root)
         if files is not None:
             files[name] = [written[name], *extra]

@@ -143,9 +143,9 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
     others = experiment.write_outputs(store, job, units, every_row, console, own=own, files=files, shown=shown)
     rows, table, plot = units.rows_of("pga", every_row), None, None
     if "pga" in experiment.analyses_of(job):
-        from raygeom.engine.units import accumulated_rows
+        from raygeom.analyses.results_table import write_results_table
 
-        table = report.write_rows(accumulated_rows(store, "pga", rows), store.root / "results" / "pga.parquet")
+        table = write_results_table(store, "pga", rows)
         plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
         report.print_pga(console, rows)
         console.print(f"results: {table}" + (f"\nplot:    {plot}" if plot else ""), markup=False)
@@ -166,6 +166,8 @@ class SweepOutputs:
     plots: list[Path]
     computed_units: int
     flagged: list[tuple[str, str, str]]
+    revisions: Path | None = None  # results/revisions.parquet: size, step and integrity flags per (model, revision)
+    pga_rows: list[dict] = field(default_factory=list)  # this plan's PGA units, with their revision's flags
 
 
 def replica_gpus(spec: ModelSpec, job: JobSpec, cluster_gpus: float, params: int | None) -> float:
@@ -288,7 +290,14 @@ def run_sweep_job(
                 soft_wrap=True,
             )
     final = sweep.build_plan(job, store, corpus.fingerprint())
-    outputs = write_outputs(final, settings.collapse_threshold, settings.positive_z, settings.plots)
+    outputs = write_outputs(
+        final,
+        units.rows_of("pga", every_row),
+        settings.collapse_threshold,
+        settings.positive_z,
+        settings.plots,
+        pga="pga" in experiment.analyses_of(job),
+    )
     report = outputs["report"]
     for model, revision, flag in report.flagged:
         console.print(f"[yellow]weights flag[/] {escape(f'{model}@{revision}: {flag}')}", highlight=False)
@@ -299,7 +308,8 @@ def run_sweep_job(
         collapsed = [z for z in outputs["zones"] if z["collapsed"]]
         console.print(f"collapse zones: {len(collapsed)} of {len(outputs['zones'])} (model, revision) profiles")
         console.print(
-            f"results: {outputs['table']} ({outputs['rows']} rows)\ncollapse: {outputs['collapse']}\n"
+            f"results: {outputs['table']} ({outputs['table_count']} rows)\nrevisions: {outputs['revisions']}\n"
+            f"collapse: {outputs['collapse']}\n"
             f"plots:   {len(outputs['plots'])} in {store.root / 'plots'}",
             markup=False,
         )
@@ -307,5 +317,12 @@ def run_sweep_job(
     if write_html:
         announce_report(store.root, console)
     return SweepOutputs(
-        outputs["rows"], outputs["table"], outputs["collapse"], outputs["plots"], final.n_done - plan.n_done, report.flagged
+        outputs["rows"],
+        outputs["table"],
+        outputs["collapse"],
+        outputs["plots"],
+        final.n_done - plan.n_done,
+        report.flagged,
+        outputs["revisions"],
+        outputs["table_rows"],
     )

@@ -1,6 +1,6 @@
-"""A sweep's tidy table (one row per finished PGA unit, with model size, training step and integrity flags), its
-collapse zones, and what a sweep leaves in its store: results/sweep_pga.parquet, results/collapse.parquet and the
-plots."""
+"""What a sweep leaves in its store beside its unit rows: results/pga.parquet (the PGA table, written by the one table
+writer exactly as a run writes it), results/revisions.parquet (one row per (model, revision): Pythia size, parameters,
+training step and the integrity flags), results/collapse.parquet (the collapse zones) and the plots."""
 
 from __future__ import annotations
 
@@ -12,91 +12,70 @@ from raygeom.report.sweep_plots import plot_depth_profiles, plot_heatmaps
 from raygeom.sources import revisions as pythia
 from raygeom.store.manifest import IntegrityReport, integrity
 
-# Column -> type of the sweep's tidy table: identity, the settings that made the row (provenance), the numbers
-# with their uncertainty, and the integrity flags.
-TIDY_SCHEMA = pa.schema(
+REVISIONS_TABLE = "revisions.parquet"
+# Column -> type of results/revisions.parquet: a (model, revision) as the PGA table names it, what the sweep knows
+# of it beside its rows (the hub repo, Pythia size, parameters, training step) and its integrity flags.
+REVISIONS_SCHEMA = pa.schema(
     [
         ("model", pa.string()),
+        ("revision", pa.string()),
         ("repo", pa.string()),
         ("size", pa.string()),
         ("deduped", pa.bool_()),
         ("params", pa.int64()),
-        ("d", pa.int64()),
-        ("revision", pa.string()),
         ("step", pa.int64()),
-        ("layer", pa.string()),
-        ("layer_index", pa.int64()),
-        ("relative_depth", pa.float64()),
-        ("corpus", pa.string()),
-        ("corpus_fingerprint", pa.string()),
-        ("n", pa.int64()),
-        ("seq_len", pa.int64()),
-        ("pool", pa.string()),
-        ("skip_first", pa.bool_()),
-        ("max_words", pa.int64()),
-        ("k", pa.int64()),
-        ("k_per_d", pa.float64()),
-        ("r", pa.int64()),
-        ("n_null", pa.int64()),
-        ("seed", pa.int64()),
-        ("raygeom_version", pa.string()),
-        ("rho_readout", pa.float64()),
-        ("null_mean", pa.float64()),
-        ("null_std", pa.float64()),
-        ("z", pa.float64()),
-        ("z_se", pa.float64()),
-        ("z_lo", pa.float64()),
-        ("z_hi", pa.float64()),
-        ("p_upper", pa.float64()),
-        ("p_lower", pa.float64()),
-        ("rho_texts_lo", pa.float64()),
-        ("rho_texts_hi", pa.float64()),
-        ("margin_texts_lo", pa.float64()),
-        ("margin_texts_hi", pa.float64()),
-        ("fingerprint", pa.string()),
         ("weights_flag", pa.string()),
         ("known_bad_note", pa.string()),
-        ("unit_key", pa.string()),
     ]
 )
-TIDY_COLUMNS = tuple(TIDY_SCHEMA.names)
+REVISION_COLUMNS = tuple(REVISIONS_SCHEMA.names)
+# The columns the sweep's plots, collapse zones and console table add to a PGA row (from its revision's row)
+JOINED = ("repo", "size", "deduped", "params", "weights_flag", "known_bad_note")
 
 
-def tidy_table(plan: SweepPlan, report: IntegrityReport | None = None) -> pa.Table:
-    """One row per finished unit of this plan, with model size, training step and integrity flags."""
+def revisions_rows(plan: SweepPlan, report: IntegrityReport | None = None) -> list[dict]:
+    """One row per (model, revision) of this plan, in size and step order."""
     report = report or integrity(plan)
-    keys = [unit for r in plan.revisions for layer, unit in r.units.items() if layer in r.done]
-    table = plan.store.read_results("pga", keys) if keys else pa.table({})
-    by_key = {(r.spec.slug, r.spec.revision): r for r in plan.revisions}
     out = []
-    for row in table.to_pylist():
-        revision = by_key[(row["model"], row["revision"])]
+    for revision in plan.revisions:
         spec = revision.spec
         size = pythia.size_of(spec.source)
         out.append(
             {
-                **{c: row.get(c) for c in TIDY_COLUMNS},
+                "model": spec.slug,
+                "revision": spec.revision,
                 "repo": spec.source,
                 "size": size.name if size else None,
                 "deduped": spec.source.endswith("-deduped"),
                 "params": revision.params,
                 "step": spec.step,
-                "k_per_d": canonical_value("k_per_d", row.get("k_per_d")),
                 "weights_flag": report.flag(spec.name, spec.revision),
                 "known_bad_note": report.notes.get((spec.name, spec.revision)),
             }
         )
-    out.sort(
-        key=lambda r: (
-            r["params"] or 0,
-            r["repo"],
-            r["step"] if r["step"] is not None else -1,
-            r["revision"],
-            r["layer_index"],
-            r.get("relative_depth") or 0.0,
+    return sorted(out, key=lambda r: (r["params"] or 0, r["repo"], r["step"] if r["step"] is not None else -1, r["revision"]))
+
+
+def plan_rows(plan: SweepPlan, revisions: list[dict]) -> list[dict]:
+    """This plan's finished PGA units, each row with its revision's columns (:data:`JOINED`): what the sweep's
+    plots, collapse zones and console table are drawn from (the table on disk is the run's, results/pga.parquet)."""
+    keys = [unit for r in plan.revisions for layer, unit in r.units.items() if layer in r.done]
+    stored = plan.store.read_results("pga", keys).to_pylist() if keys else []
+    by_revision = {(r["model"], r["revision"]): r for r in revisions}
+    out = []
+    for row in stored:
+        revision = by_revision[(row["model"], row["revision"])]
+        out.append(
+            {
+                **row,
+                **{c: revision[c] for c in JOINED},
+                "step": revision["step"],
+                "k_per_d": canonical_value("k_per_d", row.get("k_per_d")),
+            }
         )
-    )
-    return pa.Table.from_pylist(out, schema=TIDY_SCHEMA)
+    order = {(r["model"], r["revision"]): i for i, r in enumerate(revisions)}
+    out.sort(key=lambda r: (order[(r["model"], r["revision"])], r["layer_index"], r.get("relative_depth") or 0.0))
+    return out
 
 
 def _lower(row: dict) -> float:
@@ -144,27 +123,49 @@ def collapse_zones(rows: list[dict], threshold: float = 0.0, positive_z: float =
     return sorted(out, key=lambda r: (r["model"], r["step"] if r["step"] is not None else -1, r["revision"]))
 
 
-def write_outputs(plan: SweepPlan, threshold: float = 0.0, positive_z: float = 2.0, plots: bool = True) -> dict:
-    """The tidy table, the collapse table and the plots, all from the store."""
+def write_outputs(
+    plan: SweepPlan,
+    rows: list[dict] | None = None,
+    threshold: float = 0.0,
+    positive_z: float = 2.0,
+    plots: bool = True,
+    pga: bool = True,
+) -> dict:
+    """results/pga.parquet through the one table writer, as a run writes it (every PGA row of the store; ``rows``:
+    this sweep's PGA rows, whose degenerate ones are not stored; ``pga``: whether the job plans PGA, else no table),
+    results/revisions.parquet, the collapse table and the plots (these three of this plan's units), all from the
+    store."""
+    from raygeom.analyses.results_table import write_results_table
     from raygeom.store.tree import atomic_write_table
 
     report = integrity(plan)
-    table = tidy_table(plan, report)
     root = plan.store.root
-    atomic_write_table(table, root / "results" / "sweep_pga.parquet")
-    zones = collapse_zones(table.to_pylist(), threshold, positive_z)
+    revisions = revisions_rows(plan, report)
+    mine = plan_rows(plan, revisions)
+    table = write_results_table(plan.store, "pga", list(rows or [])) if pga or mine else None
+    atomic_write_table(pa.Table.from_pylist(revisions, schema=REVISIONS_SCHEMA), root / "results" / REVISIONS_TABLE)
+    zones = collapse_zones(mine, threshold, positive_z)
     atomic_write_table(pa.Table.from_pylist(zones) if zones else pa.table({}), root / "results" / "collapse.parquet")
     outputs = {
-        "table": root / "results" / "sweep_pga.parquet",
+        "table": table,
+        "table_count": _count(table),
+        "revisions": root / "results" / REVISIONS_TABLE,
         "collapse": root / "results" / "collapse.parquet",
         "zones": zones,
         "report": report,
-        "rows": table.num_rows,
-        "table_rows": table.to_pylist(),
+        "rows": len(mine),
+        "table_rows": mine,
         "plots": [],
     }
-    if plots and table.num_rows:
-        outputs["plots"] = plot_heatmaps(table, root / "plots" / "heatmaps") + plot_depth_profiles(
-            table, root / "plots" / "by_revision"
+    if plots and mine:
+        joined = pa.Table.from_pylist(mine)
+        outputs["plots"] = plot_heatmaps(joined, root / "plots" / "heatmaps") + plot_depth_profiles(
+            joined, root / "plots" / "by_revision"
         )
     return outputs
+
+
+def _count(path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(path).num_rows if path is not None else 0

@@ -357,8 +357,8 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         return outputs
 
     steps = {s.revision: s.step for s in specs}
-    table = read_table(swept.table).to_pylist()
-    flags = {r["revision"]: r["weights_flag"] for r in table}
+    table = swept.pga_rows  # the sweep's [pga] units, each with its revision's step and weights flag
+    flags = {r["revision"]: r["weights_flag"] for r in read_table(swept.revisions).to_pylist()}
     evaluations = []
     if job.train is not None:
         from raygeom.analyses.train import checkpoint_evaluations

@@ -19,12 +19,13 @@ from raygeom.report.styling import Section, _bar, _colour, _fig, _heatmap, _hove
 
 
 def pga_section(root: Path) -> Section | None:
-    """Subspace PGA from every table that holds it (unit files, the job's table, the sweep's tidy table), as any
+    """Subspace PGA from every table that holds it (unit files, results/pga.parquet; a sweep's revisions table adds
+    sizes, steps and weights flags), as any
     analysis's section, with the sweep's collapse zones. Rows at several CCR ranks r are its restoration view: each
     rank its own dash and marker in every panel."""
     results = root / "results"
     rows = pga_rows(root)
-    section = analysis_section(registry.get("pga"), rows, [results / "pga.parquet", results / "sweep_pga.parquet"])
+    section = analysis_section(registry.get("pga"), rows, [results / "pga.parquet", results / "revisions.parquet"])
     if section is None:
         return None
     ranks = sorted({r["r"] for r in rows if isinstance(r.get("r"), int)})

@@ -184,15 +184,12 @@ def _setting_key(value):
 
 
 def pga_rows(root: Path) -> list[dict]:
-    """Every PGA row the store holds: the per-unit rows, the job table and the sweep's tidy table, one row
-    per measurement (the sweep table's row wins: it adds step, size and the weights flag). Two units with the
-    same settings and the same rho (e.g. `pga` and `diagnose` on one extraction) are one measurement."""
+    """Every PGA row the store holds: the per-unit rows and the PGA table (a run's and a sweep's alike), one row
+    per measurement, each with what a sweep's results/revisions.parquet says of its (model, revision): size, step
+    and the weights flag. Two units with the same settings and the same rho (e.g. `pga` and `diagnose` on one
+    extraction) are one measurement."""
     merged: dict = {}
-    sources = [
-        _read_dir(root / "results" / "pga"),
-        _read(root / "results" / "pga.parquet"),
-        _read(root / "results" / "sweep_pga.parquet"),
-    ]
+    sources = [_read_dir(root / "results" / "pga"), _read(root / "results" / "pga.parquet")]
     for rows in sources:
         for row in rows:
             if row.get("z") is None and row.get("rho_readout") is None:
@@ -203,7 +200,13 @@ def pga_rows(root: Path) -> list[dict]:
                 round(rho, 9) if _finite(rho) else row.get("unit_key"),
             )
             merged[key] = {**merged.get(key, {}), **{k: v for k, v in row.items() if v is not None}}
-    return list(merged.values())
+    revisions = {(r.get("model"), r.get("revision")): r for r in _read(root / "results" / "revisions.parquet")}
+    if not revisions:
+        return list(merged.values())
+    return [
+        {**{k: v for k, v in revisions.get((row.get("model"), row.get("revision")), {}).items() if v is not None}, **row}
+        for row in merged.values()
+    ]
 
 
 def _analysis_rows(root: Path, analysis) -> tuple[list[dict], list[Path]]:

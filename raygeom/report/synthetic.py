@@ -1,4 +1,4 @@
-"""A synthetic store of the full Pythia sweep's tidy table (10 sizes x 154 revisions x every layer =
+"""A synthetic store of the full Pythia sweep's PGA table (10 sizes x 154 revisions x every layer =
 32,956 PGA units), to measure how big the HTML report of the largest grid gets and to render it in a
 browser. The z values are made up (a smooth depth profile plus noise); only the shape is real.
 """
@@ -68,11 +68,23 @@ def pythia_grid_rows(
     return rows
 
 
+# What a sweep's results/revisions.parquet holds of a (model, revision), beside its PGA rows
+REVISION_COLUMNS = ("model", "revision", "repo", "size", "deduped", "params", "step", "weights_flag", "known_bad_note")
+
+
 def write_pythia_grid_store(root: str | Path, **kwargs) -> Path:
-    """A store holding only ``results/sweep_pga.parquet`` (and a manifest), as a finished sweep leaves it."""
+    """A store holding only ``results/pga.parquet`` and ``results/revisions.parquet`` (and a manifest), the tables a
+    finished sweep leaves (its unit files aside)."""
+    from raygeom.analyses import registry
+    from raygeom.analyses.results_table import typed_table
+
     root = Path(root)
     rows = pythia_grid_rows(**kwargs)
-    atomic_write_table(pa.Table.from_pylist(rows), root / "results" / "sweep_pga.parquet")
+    joined = set(REVISION_COLUMNS) - {"model", "revision", "step"}
+    pga = [{k: v for k, v in row.items() if k not in joined} for row in rows]
+    atomic_write_table(typed_table(pga, registry.get("pga")), root / "results" / "pga.parquet")
+    revisions = list({(r["model"], r["revision"]): {c: r[c] for c in REVISION_COLUMNS} for r in rows}.values())
+    atomic_write_table(pa.Table.from_pylist(revisions), root / "results" / "revisions.parquet")
     atomic_write_text(
         '{"corpus": "synthetic", "n_samples": 2000, "sample_seed": 0, "fingerprint": "synthetic"}',
         root / "sweep" / "manifest.json",
@@ -156,9 +168,9 @@ def job_store_rows(
 
 
 def write_job_store(root: str | Path, **kwargs) -> Path:
-    """A store as a job and a later sweep leave it: PGA and spectral rows as unit files (``k_per_d = 0.0``) and
-    tables, the PGA rows again in the sweep's tidy table (no ``k_per_d`` column), and the probes only as
-    ``results/probe.parquet`` (as ``raygeom probe`` writes them)."""
+    """A store as jobs leave it: PGA and spectral rows as unit files (``k_per_d = 0.0``) and tables, the PGA table
+    as a store from before k_per_d left it (no ``k_per_d`` column), and the probes only as ``results/probe.parquet``
+    (as ``raygeom probe`` writes them)."""
     from raygeom.store.tree import Store
 
     root = Path(root)
@@ -167,9 +179,8 @@ def write_job_store(root: str | Path, **kwargs) -> Path:
     for name in ("pga", "spectral"):
         for row in rows[name]:
             store.write_result(name, row["unit_key"], row)
-        atomic_write_table(pa.Table.from_pylist(rows[name]), root / "results" / f"{name}.parquet")
-    sweep = [{k: v for k, v in row.items() if k != "k_per_d"} for row in rows["pga"]]
-    atomic_write_table(pa.Table.from_pylist(sweep), root / "results" / "sweep_pga.parquet")
+        table = rows[name] if name != "pga" else [{k: v for k, v in row.items() if k != "k_per_d"} for row in rows[name]]
+        atomic_write_table(pa.Table.from_pylist(table), root / "results" / f"{name}.parquet")
     atomic_write_table(pa.Table.from_pylist(rows["probe"]), root / "results" / "probe.parquet")
     return root
 

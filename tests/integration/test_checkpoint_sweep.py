@@ -115,7 +115,7 @@ def test_every_checkpoint_is_a_revision_with_its_step(swept):
 
 def test_a_copied_checkpoint_is_flagged_and_the_others_are_not(swept):
     _, outputs = swept
-    flags = {r["revision"]: r["weights_flag"] for r in pq.read_table(outputs.table).to_pylist()}
+    flags = {r["revision"]: r["weights_flag"] for r in pq.read_table(outputs.revisions).to_pylist()}
     assert flags == {
         "checkpoint-10": None,
         "checkpoint-20": None,

@@ -95,3 +95,30 @@ def test_a_store_without_results_or_without_a_format_is_one_line_exit_2(tmp_path
         done = run_cli(*args, cwd=work)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_runs_are_named_by_the_settings_that_vary_never_by_result_columns(tmp_path):
+    """Result columns that are not floats (twonn's point count, kNN-LM's grid-edge words, the temperature it chose per
+    layer) vary from layer to layer; a run is one (model, revision, settings), whatever its results."""
+    from raygeom.store.tree import Store
+
+    store = Store(tmp_path / "store")
+    where = [{"model": "m", "revision": "main", "layer": f"block_0{i}", "layer_index": i + 1} for i in range(2)]
+    for i, at in enumerate(where):
+        twonn = {**at, "discard_fraction": 0.1, "twonn": 5.0 + i, "twonn_points": (113, 200)[i]}
+        store.write_result("twonn", f"t{i}", twonn)
+        knn = {**at, "k": 64, "chunk_len": 32, "temperature": 2.5 * (i + 1), "lam_edge": ("", "lower")[i]}
+        store.write_result("knn", f"k{i}", {**knn, "scale_edge": ("", "lower")[i], "delta": 0.1 * i})
+        for k in (4, 6):  # a setting that varies: two runs
+            pga = {**at, "k": k, "r": 1, "n_null": 20, "seed": 0, "z": 1.0 + i, "z_half_width": 0.3 + 0.1 * i}
+            store.write_result("pga", f"p{k}-{i}", pga)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    board = tmp_path / "board"
+    done = run_cli("export", store.root, "--tensorboard", board, cwd=work)
+    assert done.returncode == 0, done.stderr
+    runs = sorted(p.parent.relative_to(board).as_posix() for p in board.rglob("events.out.tfevents.*"))
+    assert runs == ["knn/m@main", "pga/m@main/k=4", "pga/m@main/k=6", "twonn/m@main"]
+    events = read_events(board / "pga" / "m@main" / "k=4")
+    assert {e.step: e.value for e in events.Scalars("pga/z_half_width")} == pytest.approx({1: 0.3, 2: 0.4})
+    assert sorted(e.step for e in read_events(board / "knn" / "m@main").Scalars("knn/temperature")) == [1, 2]

@@ -203,7 +203,7 @@ def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, r
     assert all(peer.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")) for peer in report["peers"]), report["peers"]
     assert report["killed"] and 4 <= report["units_before_kill"] < UNITS, report
     assert report["error"] is None and report["rows"] == UNITS and report["alive_after"] == 2
-    assert tidy(tmp_path / "out" / "results" / "sweep_pga.parquet") == reference
+    assert tidy(tmp_path / "out" / "results" / "pga.parquet") == reference
     assert len(list((tmp_path / "out" / "results" / "pga").glob("*.parquet"))) == UNITS
     gpu = report["gpu"]
     assert gpu["half_on_gpu_node"] and gpu["device"] == "cuda" and gpu["cpu_tasks_off_gpu_node"]
@@ -350,7 +350,7 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
         rows = [line for line in first.splitlines() if line.startswith("│")]  # the log is not a terminal: names whole
         assert rows and any("final_norm" in row for row in rows) and not any("…" in row for row in rows), first[-3000:]
         assert "second submit exit 0" in second and f"{units} already done, 0 to" in " ".join(second.split()), second[-3000:]
-        assert tidy(out / "results" / "sweep_pga.parquet") == reference
+        assert tidy(out / "results" / "pga.parquet") == reference
         head = set((tmp_path / "head_pids").read_text().split())
         ours = [
             line.split() for line in (tmp_path / "sockets").read_text().splitlines() if any(f"pid={pid}," in line for pid in head)

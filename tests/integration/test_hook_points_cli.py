@@ -100,7 +100,7 @@ def test_a_sweep_job_file_names_points_inside_blocks(hub_cache, ray_address, tin
     assert "-> 2 units" in plan.stdout
     swept = run_cli("run", job, "--address", ray_address, cwd=empty_dir)
     assert swept.returncode == 0, swept.stdout[-2000:] + swept.stderr[-2000:]
-    rows = pq.read_table(tmp_path / "sweep" / "results" / "sweep_pga.parquet").to_pylist()
+    rows = pq.read_table(tmp_path / "sweep" / "results" / "pga.parquet").to_pylist()
     assert sorted(row["layer"] for row in rows) == ["block_02.mlp_out", "block_02.resid_mid"]
     html = (tmp_path / "sweep" / "report.html").read_text()
     assert "block_02.mlp_out" in html and "block_02.resid_mid" in html

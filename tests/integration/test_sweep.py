@@ -56,8 +56,8 @@ _FIRST_RUN: dict = {}
 
 def tidy(path):
     return sorted(
-        ({k: r[k] for k in ("repo", "revision", "layer", *METRICS)} for r in pq.read_table(path).to_pylist()),
-        key=lambda r: (r["repo"], r["revision"], r["layer"]),
+        ({k: r[k] for k in ("model", "revision", "layer", *METRICS)} for r in pq.read_table(path).to_pylist()),
+        key=lambda r: (r["model"], r["revision"], r["layer"]),
     )
 
 
@@ -87,14 +87,16 @@ def invoke(*args):
     return result
 
 
-def test_sweep_fills_the_tidy_table_once_per_unit(swept):
+def test_sweep_fills_the_pga_table_once_per_unit(swept):
     _, _, outputs = swept
     assert outputs.rows == UNITS and outputs.computed_units == UNITS
+    assert outputs.table.name == "pga.parquet" and outputs.revisions.name == "revisions.parquet"
     table = pq.read_table(outputs.table).to_pylist()
-    assert len({(r["model"], r["revision"], r["layer"]) for r in table}) == UNITS
-    assert {r["size"] for r in table} == {"14m", "31m"} and {r["step"] for r in table} == {0, 1, 1000}
+    assert len({(r["model"], r["revision"], r["layer"]) for r in table}) == UNITS == len(table)
+    assert {r["step"] for r in table} == {0, 1, 1000}
+    assert {r["size"] for r in pq.read_table(outputs.revisions).to_pylist()} == {"14m", "31m"}
     assert all(np.isfinite(r["z"]) for r in table)
-    assert [r["layer"] for r in table if r["repo"] == "EleutherAI/pythia-31m" and r["step"] == 0] == [
+    assert [r["layer"] for r in table if r["model"] == "EleutherAI--pythia-31m" and r["step"] == 0] == [
         "embed",
         "block_00",
         "block_01",
@@ -104,7 +106,8 @@ def test_sweep_fills_the_tidy_table_once_per_unit(swept):
 
 def test_duplicate_weights_are_flagged_and_distinct_ones_are_not(swept):
     _, _, outputs = swept
-    table = pq.read_table(outputs.table).to_pylist()
+    table = pq.read_table(outputs.revisions).to_pylist()
+    assert len(table) == 5  # one row per (model, revision)
     flags = {(r["repo"], r["revision"]): r["weights_flag"] for r in table}
     assert flags[("EleutherAI/pythia-14m", "step0")] == "same weights as step1"
     assert flags[("EleutherAI/pythia-14m", "step1")] == "same weights as step0"
@@ -299,3 +302,71 @@ def test_plan_counts_the_layers_of_a_built_in_model_before_it_is_ever_loaded(tmp
     (revision,) = plan.revisions
     assert revision.layers == ["embed", *(f"block_{i:02d}" for i in range(30)), "final_norm"]  # SmolLM2-135M: 30 blocks
     assert plan.n_units == 32 and not revision.done
+
+
+def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_path):
+    """A sweep is a run over revisions: the same results/<analysis>.parquet names, columns, types and model names (its
+    extra tables: the collapse zones and the revisions' flags). The run reads the sweep's units back from a copy of
+    its store, so the rows are the same rows."""
+    import shutil
+
+    from raygeom.jobs.pipeline import run_pga_job
+    from raygeom.testing import TINY_JOB_SETTINGS
+
+    root, _, outputs = swept
+    copy = tmp_path / "run"
+    shutil.copytree(root / "out", copy)
+    for path in (copy / "results").glob("*.parquet*"):  # the sweep's tables (and their checksums), not its units
+        path.unlink()
+    models = "".join(
+        f'[[models]]\nid = "EleutherAI/pythia-{size}"\nrevisions = {revisions}\n'
+        for size, revisions in (("14m", '["step0", "step1", "step1000"]'), ("31m", '["step0", "step1000"]'))
+    )
+    job_file = tmp_path / "run.toml"
+    job_file.write_text(
+        f'[job]\nname = "tiny-run"\nout = "{copy}"\n{models}' + TINY_JOB_SETTINGS.format(corpus=root / "corpus.txt")
+    )
+    run = run_pga_job(load_job(job_file), Console(quiet=True))
+    assert run.table == copy / "results" / "pga.parquet"
+    swept_tables = sorted(p.name for p in (root / "out" / "results").glob("*.parquet"))
+    assert sorted(p.name for p in (copy / "results").glob("*.parquet")) == ["pga.parquet"]
+    assert swept_tables == ["collapse.parquet", "pga.parquet", "revisions.parquet"]
+    ran, swept_schema = pq.read_schema(run.table), pq.read_schema(outputs.table)
+    assert ran == swept_schema and ran.metadata == swept_schema.metadata
+    # the columns the sweep's table used to leave out
+    assert {"z_half_width", "note", "n_half_samples", "cpu_seconds", "source"} <= set(ran.names)
+    assert "repo" not in ran.names and "weights_flag" not in ran.names  # the revisions table's, not a PGA row's
+    rows, swept_rows = pq.read_table(run.table).to_pylist(), pq.read_table(outputs.table).to_pylist()
+    assert {r["model"] for r in rows} == {r["model"] for r in swept_rows} == {"EleutherAI--pythia-14m", "EleutherAI--pythia-31m"}
+    assert [(r["unit_key"], r["z"], r["step"]) for r in rows] == [(r["unit_key"], r["z"], r["step"]) for r in swept_rows]
+    assert {r["model"] for r in pq.read_table(outputs.revisions).to_pylist()} == {r["model"] for r in rows}
+
+
+def test_the_librarys_table_is_the_clis_and_concatenates_with_it_in_pandas(swept, tmp_path):
+    """Vectors of the sweep's store written with raygeom.write_activations and scored with raygeom.store_pga: the
+    library's results/pga.parquet has the CLI's columns and types, `source` included, and pandas concatenates the
+    two without an object column (a boolean with nulls included)."""
+    import pandas as pd
+
+    import raygeom
+    from raygeom.store.tree import Store
+
+    root, _, outputs = swept
+    cli = Store(root / "out")
+    info = cli.completion("EleutherAI--pythia-14m", "step1000")
+    vectors = {layer: cli.read_layer("EleutherAI--pythia-14m", "step1000", layer)[1] for layer in info["layers"]}
+    readout = np.random.default_rng(0).normal(size=(50, info["d"]))
+    blocks = sum(1 for name in info["all_layers"] if name.startswith("block_"))
+    library = tmp_path / "library"
+    raygeom.write_activations(
+        library, model="EleutherAI/pythia-14m", revision="step1000", vectors=vectors, readout=readout, n_blocks=blocks
+    )
+    raygeom.store_pga(library, "EleutherAI/pythia-14m", "step1000", k=8, n_null=12)
+    mine = library / "results" / "pga.parquet"
+    assert pq.read_schema(mine) == pq.read_schema(outputs.table)
+    frame = pd.concat([pd.read_parquet(outputs.table), pd.read_parquet(mine)], ignore_index=True)
+    assert [c for c in frame.columns if frame[c].dtype == object] == []
+    assert str(frame["skip_first"].dtype) == "boolean" and str(frame["step"].dtype) == "int64"
+    assert frame["step"].tolist()[-len(vectors) :] == [1000] * len(vectors)
+    sources = pq.read_table(mine).column("source").to_pylist() + pq.read_table(outputs.table).column("source").to_pylist()
+    assert sources == ["write_activations"] * len(vectors) + [None] * UNITS

@@ -91,8 +91,12 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     print(f"raygeom run (train, sweep, report) from an empty directory: {seconds:.1f} s")
     run_dir = work / "runs" / "trajectory" / "checkpoints"
     assert sorted(p.name for p in run_dir.glob("step*")) == ["step0", "step1", "step2"]
-    table = pq.read_table(work / "runs" / "trajectory" / "results" / "sweep_pga.parquet").to_pylist()
-    assert sorted({r["revision"] for r in table}) == ["step0", "step1", "step2"] and len(table) == 9
+    table = pq.read_table(work / "runs" / "trajectory" / "results" / "pga.parquet").to_pylist()
+    assert sorted({r["revision"] for r in table}) == ["step0", "step1", "step2"]
+    # every PGA row of the store, as a run's table: the sweep's [pga] (CCR-1) and [analyses.pga]'s CCR-0 (its CCR-1 is
+    # the sweep's units), 3 checkpoints x 3 layers each
+    assert len({(r["revision"], r["layer"], r["r"]) for r in table}) == len(table) == 18
+    assert len([r for r in table if r["r"] == 1]) == 9
     rows = pq.read_table(work / "runs" / "trajectory" / "results" / "trajectory_checkpoints.parquet").to_pylist()
     assert [r["step"] for r in rows] == [0, 1, 2]
     page = (work / "docs" / "results" / "trajectory.md").read_text()

@@ -66,9 +66,9 @@ def test_rows_from_before_a_setting_and_after_it_are_one_series():
     assert canonical_rows([{"k": 100}]) == [{"k": 100}]  # a table that never had the setting is left as it is
 
 
-def test_the_report_merges_a_sweep_table_without_k_per_d_into_the_unit_rows(tmp_path):
+def test_the_report_merges_a_table_without_k_per_d_into_the_unit_rows_and_adds_the_revisions_step(tmp_path):
     from raygeom.report.html import pga_rows
-    from raygeom.store.tree import atomic_write_table
+    from raygeom.store.tree import Store, atomic_write_table
 
     row = {
         "model": "m",
@@ -83,7 +83,10 @@ def test_the_report_merges_a_sweep_table_without_k_per_d_into_the_unit_rows(tmp_
         "z": 3.0,
         "unit_key": "u1",
     }
-    atomic_write_table(pa.Table.from_pylist([{**row, "k_per_d": 0.0}]), tmp_path / "results" / "pga.parquet")
-    atomic_write_table(pa.Table.from_pylist([{**row, "step": 0}]), tmp_path / "results" / "sweep_pga.parquet")
+    Store(tmp_path).write_result("pga", "u1", [{**row, "k_per_d": 0.0}])
+    atomic_write_table(pa.Table.from_pylist([row]), tmp_path / "results" / "pga.parquet")  # from before k_per_d
+    revision = {"model": "m", "revision": "step0", "step": 0, "weights_flag": "same weights as step1"}
+    atomic_write_table(pa.Table.from_pylist([revision]), tmp_path / "results" / "revisions.parquet")  # a sweep's
     merged = pga_rows(tmp_path)
-    assert len(merged) == 1 and merged[0]["k_per_d"] == 0.0 and merged[0]["step"] == 0
+    assert len(merged) == 1 and merged[0]["k_per_d"] == 0.0
+    assert merged[0]["step"] == 0 and merged[0]["weights_flag"] == "same weights as step1"

@@ -56,3 +56,39 @@ def test_store_pga_and_store_analysis_write_the_clis_tables_and_plots(tmp_path):
     back = raygeom.store_pga(tmp_path, "smollm2-hook", "main", k=3, r=0, n_null=10, text_halves=0)
     assert [(r["unit_key"], r["z"]) for r in back] == [(r["unit_key"], r["z"]) for r in second]
     assert pq.read_table(tmp_path / "results" / "pga.parquet").num_rows == 4
+
+
+def test_the_librarys_table_has_the_clis_types_whatever_its_values(tmp_path):
+    """Vectors written without a step or extraction settings: the columns stay the CLI's types (a null step is an int64
+    column, not a column of nulls), `source` is a string column, and a boolean with nulls reads in pandas as `boolean`."""
+    import pandas as pd
+    import pyarrow as pa
+
+    write(tmp_path)
+    raygeom.store_pga(tmp_path, "smollm2-hook", "main", k=3, n_null=10, text_halves=0)
+    schema = pq.read_schema(tmp_path / "results" / "pga.parquet")
+    expected = {
+        "model": pa.string(),
+        "step": pa.int64(),
+        "layer_index": pa.int64(),
+        "d": pa.int64(),
+        "n": pa.int64(),
+        "seq_len": pa.int64(),
+        "pool": pa.string(),
+        "skip_first": pa.bool_(),
+        "max_words": pa.int64(),
+        "source": pa.string(),
+        "k": pa.int64(),
+        "k_per_d": pa.float64(),
+        "r": pa.int64(),
+        "n_null": pa.int64(),
+        "seed": pa.int64(),
+        "z": pa.float64(),
+        "z_half_width": pa.float64(),
+        "note": pa.string(),
+        "cpu_seconds": pa.float64(),
+    }
+    assert {name: schema.field(name).type for name in expected} == expected
+    frame = pd.read_parquet(tmp_path / "results" / "pga.parquet")
+    assert str(frame["skip_first"].dtype) == "boolean" and frame["skip_first"].isna().all()
+    assert not [c for c in frame.columns if frame[c].dtype == object]

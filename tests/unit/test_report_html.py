@@ -237,7 +237,7 @@ def test_an_unreadable_table_is_named_in_the_report_not_silently_dropped(tmp_pat
     damaged.write_bytes(b"not parquet, and no checksum")
     path = report.write_report(root)
     assert "could not be read and are not in this report" in path.read_text() and "results/pga.parquet" in path.read_text()
-    (root / "results" / "sweep_pga.parquet").write_bytes(b"damaged too")
+    (root / "results" / "revisions.parquet").write_bytes(b"damaged too")
     (root / "sweep" / "manifest.json").unlink()
     with pytest.raises(RaygeomError, match="2 file\\(s\\) could not be read"):
         report.write_report(root)
@@ -313,7 +313,7 @@ def test_points_inside_a_block_sit_between_its_input_and_output_in_the_heatmaps(
         "block_05",
         "final_norm",
     ]
-    atomic_write_table(pa.Table.from_pylist(rows + inside), tmp_path / "results" / "sweep_pga.parquet")
+    atomic_write_table(pa.Table.from_pylist(rows + inside), tmp_path / "results" / "pga.parquet")
     assert list(heatmaps(figures_of(tmp_path)["pga"])[0].data[0].y) == expected
     heatmap = _step_layer_heatmaps(rows + inside, Metric("z", "z"), ())[0]
     assert list(heatmap.data[0].y) == expected
