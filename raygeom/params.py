@@ -24,6 +24,15 @@ MAX_BATCH = 65_536  # sequences in one forward batch
 MAX_WORKERS = 100_000  # GPUs, replicas, threads, Ray tasks
 MAX_Z = 1_000.0  # a z threshold
 
+# The grids (temperature scale, lam) are searched on the tuning half. On SmolLM2 (bbc, the defaults: 33 candidate layers)
+# the tuning optimum over scales 0.001-3 and lams 0-0.9 was a scale of 0.003 (block_00), 0.01, 0.03 (embed, early
+# blocks) or 0.1 (block_06 on) and a lam of 0.02-0.05: the earlier scales {0.1, 0.3, 1} put it on their lower edge in
+# 33 of 33 layers. These grids hold every one of those optima inside them with room on both sides; lam up to 0.9 and
+# down to 0.001 for datastores that help more (larger, or close to the held-out text) or less. A lam of 0 or 1 is
+# allowed (no edge: nothing lies beyond it) but not a default: lam = 0 makes every temperature tie.
+KNN_SCALES = "0.001,0.003,0.01,0.03,0.1,0.3,1"
+KNN_LAMS = "0.001,0.002,0.005,0.01,0.02,0.03,0.05,0.1,0.2,0.3,0.5,0.7,0.9"
+
 
 def param(
     default: Any,

@@ -40,10 +40,9 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from raygeom.analyses.knn_lm import DEFAULT_LAMS, DEFAULT_SCALES
 from raygeom.engine.contract import Step, Unit
 from raygeom.errors import InputError, RaygeomError
-from raygeom.params import ChunkShape, default_of
+from raygeom.params import KNN_LAMS, KNN_SCALES, ChunkShape, default_of
 from raygeom.replica.settings import batches_at_once
 from raygeom.sources.corpus import Corpus
 from raygeom.sources.models import ModelSpec
@@ -75,8 +74,8 @@ class KnnSettings:
     layers: str = "all"
     k: int = 64
     temperature: str = "auto"
-    temperature_scales: str = DEFAULT_SCALES
-    lams: str = DEFAULT_LAMS
+    temperature_scales: str = KNN_SCALES
+    lams: str = KNN_LAMS
     batch_size: int = default_of(ChunkShape, "batch_size")
     seed: int = 0
     heldout_fraction: float = 0.2

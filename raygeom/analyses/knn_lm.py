@@ -9,16 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raygeom.analyses.registry import Analysis, Reads, param, register
-from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_NEIGHBOURS, MAX_SEED, MAX_TOKENS, ChunkShape, number_list
-
-# The grids (temperature scale, lam) are searched on the tuning half. On SmolLM2 (bbc, the defaults: 33 candidate layers)
-# the tuning optimum over scales 0.001-3 and lams 0-0.9 was a scale of 0.003 (block_00), 0.01, 0.03 (embed, early
-# blocks) or 0.1 (block_06 on) and a lam of 0.02-0.05: the earlier scales {0.1, 0.3, 1} put it on their lower edge in
-# 33 of 33 layers. These grids hold every one of those optima inside them with room on both sides; lam up to 0.9 and
-# down to 0.001 for datastores that help more (larger, or close to the held-out text) or less. A lam of 0 or 1 is
-# allowed (no edge: nothing lies beyond it) but not a default: lam = 0 makes every temperature tie.
-DEFAULT_SCALES = "0.001,0.003,0.01,0.03,0.1,0.3,1"
-DEFAULT_LAMS = "0.001,0.002,0.005,0.01,0.02,0.03,0.05,0.1,0.2,0.3,0.5,0.7,0.9"
+from raygeom.params import (
+    KNN_LAMS,
+    KNN_SCALES,
+    MAX_BOOT,
+    MAX_COUNT,
+    MAX_NEIGHBOURS,
+    MAX_SEED,
+    MAX_TOKENS,
+    ChunkShape,
+    number_list,
+)
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,10 @@ class KnnParams(ChunkShape):
         rule=number_list(positive=True, high=1e12, words=("auto",), one=True),
     )
     temperature_scales: str = param(
-        DEFAULT_SCALES, "Multipliers of the temperature tried.", nonempty=True, rule=number_list(positive=True, high=1e6)
+        KNN_SCALES, "Multipliers of the temperature tried.", nonempty=True, rule=number_list(positive=True, high=1e6)
     )
     lams: str = param(
-        DEFAULT_LAMS,
+        KNN_LAMS,
         "Interpolation weights tried; (T, lam) chosen on a tuning half.",
         nonempty=True,
         flag="--lam",
@@ -118,6 +119,7 @@ class KnnLM(Analysis):
         "k",
     )
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
+    measured = ("temperature",)  # the temperature chosen per layer (a result), not the `temperature` setting
     figures = "raygeom.report.dispersion_plots:knn_figures"
 
     def check_job(self, params: KnnParams, job) -> None:
