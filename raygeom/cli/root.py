@@ -82,7 +82,7 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 
 
 def _run(job, address, num_cpus):
-    from raygeom.jobs.pipeline import run_pga_job, run_sweep_job
+    from raygeom.jobs.pipeline import run_job, run_sweep_job
 
     check_num_cpus(num_cpus)
     if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
@@ -95,7 +95,7 @@ def _run(job, address, num_cpus):
     _prepare_ray(address)
     if job.sweep is not None:  # a job file with a [sweep] section
         return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
-    outputs = run_pga_job(job, console, address=address, num_cpus=num_cpus)
+    outputs = run_job(job, console, address=address, num_cpus=num_cpus)
     for row in outputs.rows:
         if row.get("note"):
             errors.print(

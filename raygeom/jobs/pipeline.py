@@ -98,7 +98,49 @@ def pga_units_for(store: Store, params: PGAParams):
     return units_for
 
 
-def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
+def start_ray(console: Console, address: str | None, num_cpus: int | None) -> None:
+    from raygeom.engine import orchestrate
+
+    with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
+        orchestrate.start_ray(address, num_cpus)
+
+
+def pooled_items(job: JobSpec, corpus, specs_and_gpus: list[tuple[ModelSpec, float]]) -> list:
+    """The pooled pass of each (model, revision), as the engine runs it (none when no analysis reads it)."""
+    from raygeom.engine import orchestrate
+
+    if not experiment.needs_pooled(job):
+        return []
+    nll = experiment.needs_nll(job)
+    return [
+        orchestrate.SweepItem(ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll), gpus)
+        for spec, gpus in specs_and_gpus
+    ]
+
+
+def run_passes(job: JobSpec, console: Console, store: Store, corpus, specs: list, items: list, plan=None, **engine):
+    """Every pass the job plans (raygeom.jobs.passes) and the analyses on each, on one progress: the pooled pass and
+    its analyses through the engine's ``run_sweep`` (``engine``: its options), then each analysis with an extraction
+    of its own; then the count of the passes that ran. Returns (the pooled analyses' rows, the others' rows by
+    analysis, the JobUnits that tell the pooled rows apart)."""
+    from raygeom.engine import orchestrate
+
+    pooled_key = {(item.request.spec.slug, item.request.spec.revision): item.request.key() for item in items}
+    stored_before = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
+    units = experiment.JobUnits(store, job)
+    with progress_bar(console) as progress:
+        stages = experiment.Stages(progress)
+        every_row = orchestrate.run_sweep(
+            store, items, units, progress=pooled_stages(job, store, corpus, items, stages, plan), **engine
+        )
+        stages.close_opened()
+        own = experiment.run_own_extractions(store, job, stages)
+    print_passes(console, job, specs, stored_before, store, pooled_key)
+    return every_row, own, units
+
+
+def run_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
+    """A job's every (model, revision): its passes, its analyses, their tables, plots and console lines."""
     # Everything that can fail on bad input fails here, before Ray starts (what `raygeom plan` checks too).
     corpus = preflight(job, console)  # sampled when the pooled extraction reads it; the others read it their own way
     specs = job_models(job)
@@ -109,26 +151,11 @@ def run_pga_job(job: JobSpec, console: Console, address: str | None = None, num_
 
     from raygeom.engine import orchestrate
 
-    with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
-        orchestrate.start_ray(address, num_cpus)
+    start_ray(console, address, num_cpus)
     # The laptop job is a sweep of its revisions through the same code as a Pythia sweep.
-    nll = experiment.needs_nll(job)
-    items = [
-        orchestrate.SweepItem(
-            ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=nll),
-            replica_gpus(spec, job, orchestrate.cluster_gpus(), None),
-        )
-        for spec in (specs if experiment.needs_pooled(job) else [])
-    ]
-    pooled_key = {(item.request.spec.slug, item.request.spec.revision): item.request.key() for item in items}
-    stored_before = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
-    units = experiment.JobUnits(store, job)
-    with progress_bar(console) as progress:
-        stages = experiment.Stages(progress)
-        every_row = orchestrate.run_sweep(store, items, units, progress=pooled_stages(job, store, corpus, items, stages))
-        stages.close_opened()
-        own = experiment.run_own_extractions(store, job, stages)
-    print_passes(console, job, specs, stored_before, store, pooled_key)
+    gpus = orchestrate.cluster_gpus()
+    items = pooled_items(job, corpus, [(spec, replica_gpus(spec, job, gpus, None)) for spec in specs])
+    every_row, own, units = run_passes(job, console, store, corpus, specs, items)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
     every_row.sort(
         key=lambda row: (
@@ -245,41 +272,31 @@ def run_sweep_job(
 
     from raygeom.engine import orchestrate
 
-    with console.status("starting Ray" + (f" at {escape(address)}" if address else " locally")):
-        orchestrate.start_ray(address, num_cpus)
+    start_ray(console, address, num_cpus)
     gpus = orchestrate.cluster_gpus()
-    items = []
     by_model = plan.by_model()
-    for revisions in by_model.values() if experiment.needs_pooled(job) else ():
-        for revision in revisions:
-            request = ExtractionRequest(revision.spec, corpus, job.extraction, job.layers, nll=experiment.needs_nll(job))
-            items.append(orchestrate.SweepItem(request, replica_gpus(revision.spec, job, gpus, revision.params)))
+    revisions = [revision for group in by_model.values() for revision in group]
+    items = pooled_items(job, corpus, [(r.spec, replica_gpus(r.spec, job, gpus, r.params)) for r in revisions])
     total, done = plan.all_units()
     console.print(
         f"sweep {escape(job.name)}: {counted(len(plan.revisions), 'revision')} of {counted(len(by_model), 'model')}, "
         f"{total:,} units, "
         f"{done:,} already done, {total - done:,} to compute; {gpus:g} GPUs in the cluster"
     )
-    specs = job_models(job)
-    pooled_key = {(item.request.spec.slug, item.request.spec.revision): item.request.key() for item in items}
-    stored_before = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
-    units = experiment.JobUnits(store, job)
-    with progress_bar(console) as progress:
-        stages = experiment.Stages(progress)
-        settings = job.sweep
-        every_row = orchestrate.run_sweep(
-            store,
-            items,
-            units,
-            progress=pooled_stages(job, store, corpus, items, stages, plan),
-            max_in_flight=settings.max_in_flight or None,
-            pga_threads=settings.pga_threads,
-            keep_activations=settings.keep_activations,
-            weights=weights_settings(job),
-        )
-        stages.close_opened()
-        own = experiment.run_own_extractions(store, job, stages)
-    print_passes(console, job, specs, stored_before, store, pooled_key)
+    settings = job.sweep
+    every_row, own, units = run_passes(
+        job,
+        console,
+        store,
+        corpus,
+        job_models(job),
+        items,
+        plan,
+        max_in_flight=settings.max_in_flight or None,
+        pga_threads=settings.pga_threads,
+        keep_activations=settings.keep_activations,
+        weights=weights_settings(job),
+    )
     experiment.write_outputs(store, job, units, every_row, console, own=own)
     for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
         if row.get("note"):

@@ -310,7 +310,7 @@ def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_
     its store, so the rows are the same rows."""
     import shutil
 
-    from raygeom.jobs.pipeline import run_pga_job
+    from raygeom.jobs.pipeline import run_job
     from raygeom.testing import TINY_JOB_SETTINGS
 
     root, _, outputs = swept
@@ -326,7 +326,7 @@ def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_
     job_file.write_text(
         f'[job]\nname = "tiny-run"\nout = "{copy}"\n{models}' + TINY_JOB_SETTINGS.format(corpus=root / "corpus.txt")
     )
-    run = run_pga_job(load_job(job_file), Console(quiet=True))
+    run = run_job(load_job(job_file), Console(quiet=True))
     assert run.table == copy / "results" / "pga.parquet"
     swept_tables = sorted(p.name for p in (root / "out" / "results").glob("*.parquet"))
     assert sorted(p.name for p in (copy / "results").glob("*.parquet")) == ["pga.parquet"]
