@@ -87,6 +87,56 @@ def test_undecodable_text_names_the_file_and_line(tmp_path):
     assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "latin1.txt: line 3", "UTF-8")
 
 
+@pytest.mark.parametrize("field", ["text", "label"])
+def test_a_lone_surrogate_in_jsonl_is_refused_with_its_line(tmp_path, field):
+    """Issue 46 item 4: JSON's escape \\ud800 spells a lone surrogate, which no UTF-8 can hold: it passed the
+    corpus reader and raised a raw UnicodeEncodeError when the corpus was hashed."""
+    corpus = tmp_path / "c.jsonl"
+    records = [{"text": f"text number {i}", "label": "a"} for i in range(5)]
+    records[3][field] = "broken \ud800 here"
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in records))  # json.dumps writes the escape
+    assert "\\ud800" in corpus.read_text()
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--n-samples", "9", "--out", tmp_path / "out"),
+        "c.jsonl: line 4",
+        f"'{field}' holds a lone surrogate U+D800",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "name, separator",  # a raw form feed is no valid JSON (control characters are escaped there): .txt only
+    [(name, separator) for name in ("c.jsonl", "c.txt") for separator in ("\u2028", "\u2029", "\u0085")] + [("c.txt", "\x0c")],
+)
+def test_line_separators_inside_a_text_keep_it_one_text(tmp_path, name, separator):
+    """Issue 46 item 4: str.splitlines also splits on U+2028, U+2029, U+0085 and form feeds: a JSONL string holding a
+    raw U+2028 was refused as invalid JSON, a .txt line with U+0085 became two texts. Records and lines are split on
+    \\n alone (CRLF still reads as lines). The count is read from the one-line refusal of one sample too many."""
+    corpus = tmp_path / name
+    texts = [f"first{separator}still the first", "second text", "third text"]
+    if name.endswith(".jsonl"):
+        corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n" for t in texts), encoding="utf-8")
+    else:
+        corpus.write_text("\r\n".join(texts) + "\r\n", encoding="utf-8")
+    assert separator in corpus.read_text(encoding="utf-8")
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--n-samples", "4", "--out", tmp_path / "out"),
+        f"corpus '{name}' has 3 texts, fewer than the 4 samples asked for",
+    )
+
+
+def test_labels_are_all_or_nothing(tmp_path):
+    """Issue 46 item 4: JSONL where only some lines have a label silently dropped every label."""
+    corpus = tmp_path / "c.jsonl"
+    records = [{"text": f"text number {i}", "label": "ab"[i % 2]} for i in range(8)]
+    del records[5]["label"], records[6]["label"]
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--n-samples", "6", "--out", tmp_path / "out"),
+        "c.jsonl: line 6 has no 'label', but 6 of the 8 lines have one",
+    )
+
+
 @pytest.mark.parametrize("damage", ["random", "truncated"])
 def test_corrupt_parquet_corpus(tmp_path, damage):
     corpus = tmp_path / "c.parquet"
