@@ -529,6 +529,11 @@ def run_sweep(
             except RaygeomError:  # e.g. a damaged readout: not done; extracted again, or the error comes back below
                 units = None
         done_units = units is not None and all(store.has_result(unit.analysis, unit.key) for unit in units)
+        # Every unit stored is not every file intact: a layer file, the samples or the readout of the extraction may be
+        # gone or damaged, which `raygeom verify` reports. A rerun makes it again (a freed extraction, every layer file
+        # deleted on purpose, is no damage).
+        if done_units and store.extraction_problem(item.request.spec.slug, item.request.spec.revision, key):
+            done_units = False
         need = None if done_units else needs_extraction(store, item.request)
         if need is None:
             progress("texts", len(item.request.corpus.texts))

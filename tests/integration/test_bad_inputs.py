@@ -737,3 +737,76 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path, hub_cache
         assert got["code"] == 2 and len(got["lines"]) == 1 and fragment in got["lines"][0], (argv[:3], got)
         assert "Traceback" not in got["lines"][0] and got["left"] == [], (argv[:3], got)
         assert got["seconds"] < 10, (argv[:3], got["seconds"])  # about 1 s on an idle machine; the CI box is loaded
+
+
+# ----------------------------------------------------------------------------------------- verify never blocks
+
+# `raygeom verify` with the store's reads blocked the way a hung mount or a library's C++ wait blocks them: the read
+# never returns and runs no signal handler (its thread holds SIGTERM and SIGINT off).
+HUNG_READS = """
+import signal, sys, threading
+import raygeom.store.audit as audit
+
+def hang(*args, **kwargs):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    threading.Event().wait()
+
+audit.read_verified = hang
+sys.argv = ["raygeom", "verify", sys.argv[1]]
+from raygeom.cli.root import run_as_process
+run_as_process()
+"""
+
+
+def _store_with_a_unit(tmp_path) -> Path:
+    from raygeom.store.tree import Store
+
+    Store(tmp_path / "store").write_result("pga", "key-a", {"z": 1.5, "layer": "embed", "unit_key": "key-a"})
+    return tmp_path / "store"
+
+
+def test_verify_gives_up_on_a_read_that_never_returns(tmp_path):
+    """Issue 46 item 5: `verify` hung once for 612 s at 0 % CPU. A read that takes longer than $RAYGEOM_READ_TIMEOUT
+    ends it with one line naming the file, exit 2."""
+    store = _store_with_a_unit(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAYGEOM_READ_TIMEOUT="2")
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", HUNG_READS, str(store)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
+    assert time.monotonic() - began < 30
+    assert_one_line(result, "reading ", "key-a.parquet took more than 2 s", "RAYGEOM_READ_TIMEOUT")
+
+
+def test_verify_obeys_sigterm_during_a_read_that_never_returns(tmp_path):
+    """Issue 46 item 5: that `verify` ignored SIGTERM. Its reads run on a thread of their own, so the main thread takes
+    the signal: exit 143 with the one interrupted line, within seconds."""
+    store = _store_with_a_unit(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen(
+        [sys.executable, "-c", HUNG_READS, str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    time.sleep(4)  # past the imports, inside the read
+    assert process.poll() is None, process.communicate()
+    process.terminate()
+    began = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail("verify ignored SIGTERM")
+    assert time.monotonic() - began < 10 and process.returncode == 143, (process.returncode, stderr)
+    assert [line for line in stderr.splitlines() if line.strip()] == ["interrupted; finished units are kept, rerun to resume"]
+
+
+@pytest.mark.parametrize("where", ["results/pga.parquet", "results/pga/key-b.parquet"])
+def test_verify_never_opens_a_fifo_in_a_stored_files_place(tmp_path, where):
+    """A FIFO where a results table or a unit file belongs would block its reader until someone writes to it: damage,
+    never opened."""
+    store = _store_with_a_unit(tmp_path)
+    os.mkfifo(store / where)
+    result = run_cli("verify", store, timeout=60)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
+    assert lines[0].startswith("damaged:") and where in lines[0] and "not a regular file" in lines[0], lines
