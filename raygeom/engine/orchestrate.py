@@ -47,29 +47,26 @@ DEFAULT_START_TIMEOUT_S = 120.0
 START_TRIES = 2
 
 
+def _seconds(given: float | None, env: str, default: float, what: str) -> float:
+    """``given``, else the number of seconds in $``env``, else ``default``; refused in one line unless positive."""
+    raw = os.environ.get(env, "") if given is None else given
+    try:
+        seconds = float(raw) if raw != "" else default
+    except ValueError:
+        raise RaygeomError(f"{env} must be a number of seconds, got {raw!r}") from None
+    if not (0 < seconds < float("inf")):
+        raise RaygeomError(f"{what} must be a positive number of seconds, got {raw!r}")
+    return seconds
+
+
 def connect_timeout(seconds: float | None = None) -> float:
-    if seconds is None:
-        raw = os.environ.get(CONNECT_TIMEOUT_ENV, "")
-        try:
-            seconds = float(raw) if raw else DEFAULT_CONNECT_TIMEOUT_S
-        except ValueError:
-            raise RaygeomError(f"{CONNECT_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
-    if not seconds > 0:
-        raise RaygeomError(f"the Ray connect timeout must be positive, got {seconds}")
-    return float(seconds)
+    """How long connecting to a Ray at an address may take: ``seconds``, else $RAYGEOM_CONNECT_TIMEOUT, else 30 s."""
+    return _seconds(seconds, CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S, "the Ray connect timeout")
 
 
 def start_timeout(seconds: float | None = None) -> float:
     """How long one try to start a local Ray may take: ``seconds``, else $RAYGEOM_START_TIMEOUT, else 120 s."""
-    if seconds is None:
-        raw = os.environ.get(START_TIMEOUT_ENV, "")
-        try:
-            seconds = float(raw) if raw else DEFAULT_START_TIMEOUT_S
-        except ValueError:
-            raise RaygeomError(f"{START_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
-    if not (seconds > 0 and seconds < float("inf")):
-        raise RaygeomError(f"{START_TIMEOUT_ENV} must be a positive number of seconds, got {seconds}")
-    return float(seconds)
+    return _seconds(seconds, START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV)
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s: float | None = None) -> None:
