@@ -39,9 +39,10 @@ LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000}
 
 CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
-# A local Ray's start: Ray 2.60 waits a fixed 30 s (ray/_private/node.py) for its raylet to register with the GCS, and
-# its raylet's own wait is 10 s (the system config raylet_start_wait_time_s): on a 2-core machine at a load average of
-# 15-35 both ran out. raygeom waits this long instead (each try), and tries twice, the processes of a failed try removed.
+# A local Ray's start: Ray 2.60 waits a fixed 30 s (ray/_private/node.py, not a setting) for its raylet to register
+# with the GCS: on a 2-core machine at a load average of 15-35 it ran out. raygeom waits this long instead (each try),
+# and tries twice, the processes of a failed try removed. (The system config raylet_start_wait_time_s, 10 s, is how long
+# each of the driver's lookups of its node blocks inside C++; left as it is, so that a raylet that died is noticed.)
 START_TIMEOUT_ENV = "RAYGEOM_START_TIMEOUT"
 DEFAULT_START_TIMEOUT_S = 120.0
 START_TRIES = 2
@@ -163,20 +164,34 @@ class _StartTimedOut(Exception):
     """Not a RuntimeError: Ray's own wait loop (which catches those) lets it through at once."""
 
 
-def _patient(get_node: Callable, deadline: float) -> Callable:
+def _patient(get_node: Callable, deadline: float, nodes: list) -> Callable:
     """``ray._private.services.get_node`` that asks again until ``deadline``: the node start's wait for its raylet to
-    register with the GCS, 30 s in Ray 2.60 and not a setting, becomes raygeom's."""
+    register with the GCS, 30 s in Ray 2.60 and not a setting, becomes raygeom's. It gives up at once when the node's
+    GCS or raylet has exited (killed, or its agent died and the raylet with it): Ray would wait out its time."""
 
     def patient(*args, **kwargs):
         while True:
             try:
                 return get_node(*args, **kwargs)
             except RuntimeError:
+                ended = _ended_process(nodes)
+                if ended:
+                    raise _StartTimedOut(f"its {ended} exited while it started") from None
                 if time.monotonic() >= deadline:
                     raise _StartTimedOut("the raylet did not register with the GCS in time") from None
                 time.sleep(0.5)
 
     return patient
+
+
+def _ended_process(nodes: list) -> str | None:
+    """The first of a starting node's GCS server and raylet that has exited, or None."""
+    for node in nodes:
+        for kind in (ray._private.ray_constants.PROCESS_TYPE_GCS_SERVER, ray._private.ray_constants.PROCESS_TYPE_RAYLET):
+            for info in getattr(node, "all_processes", {}).get(kind, []):
+                if info.process.poll() is not None:
+                    return kind
+    return None
 
 
 def _keep_node(init: Callable, nodes: list) -> Callable:
@@ -252,8 +267,6 @@ def _start_local(num_cpus: int | None) -> None:
     # before ray.init: a driver killed while its Ray starts (agents come up seconds after the raylet) leaves none
     watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
     params, node, services = ray._private.parameter.RayParams, ray._private.node.Node, ray._private.services
-    # The raylet's and the GCS port's waits, as long as raygeom's (read when the node starts its processes).
-    system_config = {**LOCAL_SYSTEM_CONFIG, "raylet_start_wait_time_s": int(math.ceil(wait))}
     failure = None
     for _ in range(START_TRIES):
         nodes: list = []
@@ -264,7 +277,8 @@ def _start_local(num_cpus: int | None) -> None:
                 mock.patch.object(node, "__init__", _keep_node(node.__init__, nodes)),
                 mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)),
                 mock.patch.object(services, "ConsolePopen", _own_session(services.ConsolePopen)),
-                mock.patch.object(services, "get_node", _patient(services.get_node, time.monotonic() + wait)),
+                mock.patch.object(services, "get_node", _patient(services.get_node, time.monotonic() + wait, nodes)),
+                # the GCS port's wait, as long as raygeom's (read when the node starts the GCS)
                 mock.patch.dict(os.environ, {"RAY_gcs_server_port_wait_time_s": str(int(math.ceil(wait)))}),
             ):
                 ray.init(
@@ -274,7 +288,7 @@ def _start_local(num_cpus: int | None) -> None:
                     log_to_driver=False,
                     configure_logging=True,
                     logging_level="ERROR",
-                    _system_config=system_config,
+                    _system_config=LOCAL_SYSTEM_CONFIG,
                 )
             return
         except BaseException as error:  # ray.init raises a bare Exception when the node times out

@@ -353,3 +353,25 @@ def test_a_local_ray_that_cannot_start_is_one_line_naming_the_load_and_the_setti
     left = psutil.wait_procs(list(children.values()), timeout=15)[1]
     assert not left, [" ".join(_cmdline(p))[:150] for p in left]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tiny_run_completes_while_16_busy_processes_hold_both_cores(hub_cache, tiny_corpus, tmp_path):
+    """Issue 46 item 1: on a busy machine the local Ray's start ran past Ray's fixed 30 s wait for its raylet. 16 busy
+    loops hold both cores (and whatever else runs on the machine) while a tiny run starts its own Ray and finishes."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(16)]
+    try:
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "pga", *TINY[:-2], "--n-null", "4", "--k", "8"]
+            + ["--corpus", str(tiny_corpus), "--out", str(tmp_path / "out"), "--num-cpus", "1"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "out" / "results" / "pga").glob("*.parquet"))
