@@ -202,7 +202,7 @@ def _keep_node(init: Callable, nodes: list) -> Callable:
     return keep
 
 
-def _remove_failed_start(nodes: list, before: set[int]) -> None:
+def _remove_failed_start(nodes: list, before: set[int], looks: int = 3) -> None:
     """Every process of a failed try: the node's own (GCS, raylet, agents), then whatever else this process started
     since the try began (its workers), ending with SIGKILL for any that outlive a SIGTERM by 3 s."""
     import psutil
@@ -221,7 +221,7 @@ def _remove_failed_start(nodes: list, before: set[int]) -> None:
     # The raylet starts its agents (and they their children) on its own time: one started after the list above, its
     # raylet stopped since, is no descendant of this process any more, only a process of the node's session.
     marks = [m for node in nodes for m in (getattr(node, "_session_dir", None), getattr(node, "_node_id", None)) if m]
-    for look in range(3):
+    for look in range(looks):
         if look:
             time.sleep(1.0)
         leftovers += [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p not in leftovers]
@@ -292,7 +292,8 @@ def _start_local(num_cpus: int | None) -> None:
                 )
             return
         except BaseException as error:  # ray.init raises a bare Exception when the node times out
-            _remove_failed_start(nodes, before)
+            # interrupted (Ctrl-C, SIGTERM): one look, the run ends now (and the CLI stops what is left of its Ray)
+            _remove_failed_start(nodes, before, looks=3 if isinstance(error, Exception) else 1)
             if not isinstance(error, Exception):
                 raise  # Ctrl-C, SIGTERM: the run ends, with nothing of this try left
             failure = error
