@@ -3,6 +3,8 @@ free the activations no unit still needs."""
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
 import typer
@@ -15,6 +17,62 @@ console = Console()
 errors = Console(stderr=True)
 
 
+READ_TIMEOUT_ENV = "RAYGEOM_READ_TIMEOUT"
+DEFAULT_READ_TIMEOUT_S = 120.0
+
+
+def read_timeout() -> float:
+    """Seconds one file's read may take in ``verify`` (default 120, or $RAYGEOM_READ_TIMEOUT)."""
+    raw = os.environ.get(READ_TIMEOUT_ENV, "")
+    try:
+        seconds = float(raw) if raw else DEFAULT_READ_TIMEOUT_S
+    except ValueError:
+        seconds = float("nan")
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise RaygeomError(f"{READ_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return seconds
+
+
+def _audit_within_limits(store: Path):
+    """The audit on a thread of its own, so that this (main) thread only waits, in short steps: a SIGTERM or Ctrl-C is
+    handled within a fraction of a second whatever the read is doing (a read inside a library's C++ wait runs no
+    signal handler: ``verify`` once sat 612 s at 0 % CPU and ignored SIGTERM), and one file's read that takes longer
+    than ``read_timeout()`` ends the command with one line naming the file. The thread is a daemon: a read that never
+    returns is left behind when the process ends."""
+    import threading
+    import time
+
+    from raygeom.store.audit import audit
+
+    limit = read_timeout()
+    current: list = [None, time.monotonic()]  # the file being read, since when
+    outcome: dict = {}
+
+    def watch(path: Path) -> None:
+        current[:] = [path, time.monotonic()]
+
+    def work() -> None:
+        try:
+            outcome["found"] = audit(store, watch)
+        except BaseException as error:  # noqa: BLE001 - raised again on the main thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=work, name="raygeom-verify", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+        path, since = current
+        if thread.is_alive() and time.monotonic() - since > limit:
+            what = f"reading {path}" if path is not None else "listing the store"
+            raise RaygeomError(
+                f"{what} took more than {limit:g} s (a hung filesystem?); nothing was changed. "
+                f"Set ${READ_TIMEOUT_ENV} to wait longer"
+            )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["found"]
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's command to the raygeom app."""
 
@@ -22,10 +80,8 @@ def register(app: typer.Typer) -> None:
     def verify(store: Path = typer.Argument(..., help="The store (a run's --out directory).")):
         """Check every stored file's checksum, and that every layer, unit and completion marker is the one its place
         names. Lists the damaged files (a rerun recomputes them) and exits 1 when there are any."""
-        from raygeom.store.audit import audit
-
         try:
-            found = audit(store)
+            found = _audit_within_limits(store)
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None

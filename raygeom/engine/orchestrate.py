@@ -8,6 +8,7 @@ this module when the cluster is local (the CLI does).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -38,18 +39,35 @@ LOCAL_SYSTEM_CONFIG = {"idle_worker_killing_time_threshold_ms": 60_000}
 
 CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+# A local Ray's start: Ray 2.60 waits a fixed 30 s (ray/_private/node.py, not a setting) for its raylet to register
+# with the GCS: on a 2-core machine at a load average of 15-35 it ran out. raygeom waits this long instead (each try),
+# and tries twice, the processes of a failed try removed. (The system config raylet_start_wait_time_s, 10 s, is how long
+# each of the driver's lookups of its node blocks inside C++; left as it is, so that a raylet that died is noticed.)
+START_TIMEOUT_ENV = "RAYGEOM_START_TIMEOUT"
+DEFAULT_START_TIMEOUT_S = 120.0
+START_TRIES = 2
+
+
+def _seconds(given: float | None, env: str, default: float, what: str) -> float:
+    """``given``, else the number of seconds in $``env``, else ``default``; refused in one line unless positive."""
+    raw = os.environ.get(env, "") if given is None else given
+    try:
+        seconds = float(raw) if raw != "" else default
+    except ValueError:
+        raise RaygeomError(f"{env} must be a number of seconds, got {raw!r}") from None
+    if not (0 < seconds < float("inf")):
+        raise RaygeomError(f"{what} must be a positive number of seconds, got {raw!r}")
+    return seconds
 
 
 def connect_timeout(seconds: float | None = None) -> float:
-    if seconds is None:
-        raw = os.environ.get(CONNECT_TIMEOUT_ENV, "")
-        try:
-            seconds = float(raw) if raw else DEFAULT_CONNECT_TIMEOUT_S
-        except ValueError:
-            raise RaygeomError(f"{CONNECT_TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
-    if not seconds > 0:
-        raise RaygeomError(f"the Ray connect timeout must be positive, got {seconds}")
-    return float(seconds)
+    """How long connecting to a Ray at an address may take: ``seconds``, else $RAYGEOM_CONNECT_TIMEOUT, else 30 s."""
+    return _seconds(seconds, CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S, "the Ray connect timeout")
+
+
+def start_timeout(seconds: float | None = None) -> float:
+    """How long one try to start a local Ray may take: ``seconds``, else $RAYGEOM_START_TIMEOUT, else 120 s."""
+    return _seconds(seconds, START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV)
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s: float | None = None) -> None:
@@ -137,18 +155,131 @@ def _own_session(popen: type) -> type:
 
 def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -> None:
     if address is None:
-        from unittest import mock
+        _start_local(num_cpus)
+        return
+    _connect(address, connect_timeout(timeout_s))
 
-        from raygeom.engine.watchdog import watch_driver
 
-        # before ray.init: a driver killed while its Ray starts (agents come up seconds after the raylet) leaves none
-        watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
-        params, node = ray._private.parameter.RayParams, ray._private.node.Node
+class _StartTimedOut(Exception):
+    """Not a RuntimeError: Ray's own wait loop (which catches those) lets it through at once."""
+
+
+def _patient(get_node: Callable, deadline: float, nodes: list) -> Callable:
+    """``ray._private.services.get_node`` that asks again until ``deadline``: the node start's wait for its raylet to
+    register with the GCS, 30 s in Ray 2.60 and not a setting, becomes raygeom's. It gives up at once when the node's
+    GCS or raylet has exited (killed, or its agent died and the raylet with it): Ray would wait out its time."""
+
+    def patient(*args, **kwargs):
+        while True:
+            try:
+                return get_node(*args, **kwargs)
+            except RuntimeError:
+                ended = _ended_process(nodes)
+                if ended:
+                    raise _StartTimedOut(f"its {ended} exited while it started") from None
+                if time.monotonic() >= deadline:
+                    raise _StartTimedOut("the raylet did not register with the GCS in time") from None
+                time.sleep(0.5)
+
+    return patient
+
+
+def _ended_process(nodes: list) -> str | None:
+    """The first of a starting node's GCS server and raylet that has exited, or None."""
+    for node in nodes:
+        for kind in (ray._private.ray_constants.PROCESS_TYPE_GCS_SERVER, ray._private.ray_constants.PROCESS_TYPE_RAYLET):
+            for info in getattr(node, "all_processes", {}).get(kind, []):
+                if info.process.poll() is not None:
+                    return kind
+    return None
+
+
+def _keep_node(init: Callable, nodes: list) -> Callable:
+    def keep(self, *args, **kwargs):
+        nodes.append(self)  # before it starts anything: a failed start's processes are in its all_processes
+        init(self, *args, **kwargs)
+
+    return keep
+
+
+def _remove_failed_start(nodes: list, before: set[int], looks: int = 3) -> None:
+    """Every process of a failed try: the node's own (GCS, raylet, agents), then whatever else this process started
+    since the try began (its workers), ending with SIGKILL for any that outlive a SIGTERM by 3 s."""
+    import psutil
+
+    # listed first: once the raylet is stopped, its agents and workers are no longer this process's descendants
+    leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - a start that failed halfway may leave state that shuts down badly
+        pass
+    for node in nodes:
+        try:
+            node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        except Exception:  # noqa: BLE001 - what it could not stop is found below
+            pass
+    # The raylet starts its agents (and they their children) on its own time: one started after the list above, its
+    # raylet stopped since, is no descendant of this process any more, only a process of the node's session.
+    marks = [m for node in nodes for m in (getattr(node, "_session_dir", None), getattr(node, "_node_id", None)) if m]
+    for look in range(looks):
+        if look:
+            time.sleep(1.0)
+        leftovers += [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p not in leftovers]
+        leftovers += [p for p in _processes_of(marks) if p not in leftovers]
+        for process in leftovers:
+            try:
+                process.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        for process in psutil.wait_procs(leftovers, timeout=3)[1]:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(leftovers, timeout=3)
+
+
+def _processes_of(marks: list[str]) -> list:
+    """This user's processes whose command line names one of ``marks`` (a node's session folder or node id)."""
+    import psutil
+
+    if not marks:
+        return []
+    found = []
+    for process in psutil.process_iter(["pid", "uids", "cmdline"]):
+        try:
+            line = " ".join(process.info["cmdline"] or ())
+            if process.pid != os.getpid() and process.info["uids"].real == os.getuid() and any(m in line for m in marks):
+                found.append(process)
+        except (psutil.Error, AttributeError, TypeError):
+            continue
+    return found
+
+
+def _start_local(num_cpus: int | None) -> None:
+    from unittest import mock
+
+    import psutil
+
+    from raygeom.engine.watchdog import watch_driver
+
+    wait = start_timeout()
+    # before ray.init: a driver killed while its Ray starts (agents come up seconds after the raylet) leaves none
+    watch_driver()  # this Ray's processes end with this driver, even after a SIGKILL
+    params, node, services = ray._private.parameter.RayParams, ray._private.node.Node, ray._private.services
+    failure = None
+    for _ in range(START_TRIES):
+        nodes: list = []
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
             with (
                 mock.patch.object(params, "__init__", _lean_local_node(params.__init__)),
+                mock.patch.object(node, "__init__", _keep_node(node.__init__, nodes)),
                 mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)),
-                mock.patch.object(ray._private.services, "ConsolePopen", _own_session(ray._private.services.ConsolePopen)),
+                mock.patch.object(services, "ConsolePopen", _own_session(services.ConsolePopen)),
+                mock.patch.object(services, "get_node", _patient(services.get_node, time.monotonic() + wait, nodes)),
+                # the GCS port's wait, as long as raygeom's (read when the node starts the GCS)
+                mock.patch.dict(os.environ, {"RAY_gcs_server_port_wait_time_s": str(int(math.ceil(wait)))}),
             ):
                 ray.init(
                     address="local",
@@ -159,10 +290,19 @@ def _start(address: str | None, num_cpus: int | None, timeout_s: float | None) -
                     logging_level="ERROR",
                     _system_config=LOCAL_SYSTEM_CONFIG,
                 )
-        except Exception as error:  # ray.init raises a bare Exception when the node times out
-            raise RaygeomError(f"could not start a local Ray: {_first_line(error)}") from None
-        return
-    _connect(address, connect_timeout(timeout_s))
+            return
+        except BaseException as error:  # ray.init raises a bare Exception when the node times out
+            # interrupted (Ctrl-C, SIGTERM): one look, the run ends now (and the CLI stops what is left of its Ray)
+            _remove_failed_start(nodes, before, looks=3 if isinstance(error, Exception) else 1)
+            if not isinstance(error, Exception):
+                raise  # Ctrl-C, SIGTERM: the run ends, with nothing of this try left
+            failure = error
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    raise RaygeomError(
+        f"could not start a local Ray ({_first_line(failure)}), {START_TRIES} tries of up to {wait:g} s each, at a "
+        f"load average of {load:.1f} on {os.cpu_count()} CPUs; set ${START_TIMEOUT_ENV} (seconds) to wait longer, "
+        "or start it when the machine is less busy"
+    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -530,6 +670,11 @@ def run_sweep(
             except RaygeomError:  # e.g. a damaged readout: not done; extracted again, or the error comes back below
                 units = None
         done_units = units is not None and all(store.has_result(unit.analysis, unit.key) for unit in units)
+        # Every unit stored is not every file intact: a layer file, the samples or the readout of the extraction may be
+        # gone or damaged, which `raygeom verify` reports. A rerun makes it again (a freed extraction, every layer file
+        # deleted on purpose, is no damage).
+        if done_units and store.extraction_problem(item.request.spec.slug, item.request.spec.revision, key):
+            done_units = False
         need = None if done_units else needs_extraction(store, item.request)
         if need is None:
             progress("texts", len(item.request.corpus.texts))

@@ -67,24 +67,52 @@ def _bbc() -> Corpus:
 
 
 def _read_lines(path: Path) -> list[str]:
-    """The file's lines as text; undecodable bytes are refused, naming the file and the line."""
+    """The file's lines as text, split on ``\\n`` alone (a ``\\r`` before it goes with the line's other edge
+    whitespace); undecodable bytes are refused, naming the file and the line. Not ``str.splitlines``: it also splits
+    on U+0085, U+2028, U+2029, form feeds and more, which are text inside a line (a JSON string may hold a raw U+2028;
+    a .txt line a U+0085), so one text became two, or a valid JSON line two invalid halves."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8").splitlines()
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         raise RaygeomError(
             f"{path}: line {line} is not valid UTF-8 text (byte {error.start}); re-encode the file as UTF-8"
         ) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no line of its own
+    return lines
+
+
+def _lone_surrogate(value: str) -> int | None:
+    """The position of the first lone surrogate (U+D800..U+DFFF, which JSON's \\ud800 escape can spell but UTF-8
+    cannot encode), or None."""
+    try:
+        value.encode("utf-8")
+        return None
+    except UnicodeEncodeError as error:
+        return error.start
 
 
 def _strings(values: list, path: Path, field: str, where: str) -> list[str]:
-    """A corpus field must hold strings: a null, number or list is refused, never turned into 'None' or '3'."""
+    """A corpus field must hold strings: a null, number or list is refused, never turned into 'None' or '3'; so is a
+    string with a lone surrogate, which no file (and no hash of the text) can hold."""
     for index, value in enumerate(values):
         if not isinstance(value, str):
             kind = "null" if value is None else type(value).__name__
             raise RaygeomError(f"{path}: {where} {index + 1}: '{field}' must be a string, got {kind} {value!r:.40}")
+        _refuse_surrogate(value, path, field, f"{where} {index + 1}")
     return values
+
+
+def _refuse_surrogate(value: str, path, field: str, where: str) -> None:
+    position = _lone_surrogate(value)
+    if position is not None:
+        raise RaygeomError(
+            f"{path}: {where}: '{field}' holds a lone surrogate U+{ord(value[position]):04X} at character {position}, "
+            "which is not text (no UTF-8 can spell it); fix or drop that line"
+        )
 
 
 def _from_file(path: Path) -> Corpus:
@@ -111,8 +139,18 @@ def _from_file(path: Path) -> Corpus:
                     if not isinstance(record[field], str):
                         kind = "null" if record[field] is None else type(record[field]).__name__
                         raise RaygeomError(f"{path}: line {number}: '{field}' must be a string, got {kind}")
+                    _refuse_surrogate(record[field], path, field, f"line {number}")
             texts = [r["text"] for r in records]
-            if records and all("label" in r for r in records):
+            # Labels are all or nothing: some lines without one would drop every label (and with them the analyses
+            # that group by label) without a word.
+            unlabelled = next((number for number, r in zip(numbers, records) if "label" not in r), None)
+            if records and unlabelled is not None and any("label" in r for r in records):
+                labelled = sum("label" in r for r in records)
+                raise RaygeomError(
+                    f"{path}: line {unlabelled} has no 'label', but {labelled} of the {len(records)} lines have one; "
+                    "give every line a label, or none"
+                )
+            if records and unlabelled is None:
                 labels = [r["label"] for r in records]
         elif suffix == ".parquet":
             import pyarrow as pa

@@ -95,11 +95,9 @@ def write_activations(
 
     Calling it again for the same (model, revision) adds or replaces layers; every layer must have the same N, and
     ``texts`` (when given) must be the same texts. A (model, revision) that raygeom extracted itself in this store is
-    refused, so the two are never mixed."""
-    from raygeom.numerics import pga
+    refused, so the two are never mixed. Everything given is checked before anything is written, and a write that
+    fails all the same leaves nothing behind (see :class:`_undone_on_failure`)."""
     from raygeom.numerics.arrays import as_array
-    from raygeom.sources.corpus import text_sha1
-    from raygeom.store.tree import Store, check_writable, content_key, recorded_digest
 
     if not isinstance(model, str) or not model or not isinstance(revision, str) or not revision:
         raise InputError("model and revision must be non-empty strings")
@@ -129,12 +127,108 @@ def write_activations(
     if len(shapes) > 1:
         raise InputError(f"every layer needs the same N x d, got {sorted(shapes)}")
     n, d = next(iter(shapes))
-    if texts is not None and len(texts) != n:
-        raise InputError(f"{len(texts)} texts for {n} vectors; give one text per row")
-    if labels is not None and len(labels) != n:
-        raise InputError(f"{len(labels)} labels for {n} vectors; give one label per row")
+    texts = _checked_texts(texts, "texts", n)
+    labels = _checked_texts(labels, "labels", n)
 
     root = Path(store)
+    with _undone_on_failure(root, model, revision):
+        return _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks, source, corpus, settings, step)
+
+
+def _checked_texts(values, what: str, n: int) -> list[str] | None:
+    """``texts`` or ``labels``: a list of N strings, each one UTF-8 can hold (a lone surrogate, e.g. from JSON's
+    \\ud800 escape, cannot be hashed or stored); checked before anything is written. A label may be any value
+    that prints (it is stored as ``str(label)``)."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise InputError(f"{what} must be a list of {n} strings, got {type(values).__name__}")
+    values = list(values)
+    if len(values) != n:
+        raise InputError(f"{len(values)} {what} for {n} vectors; give one per row")
+    for index, value in enumerate(values):
+        if what == "texts" and not isinstance(value, str):
+            raise InputError(f"texts[{index}] must be a string, got {type(value).__name__} {value!r:.40}")
+        text = value if what == "texts" else str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(
+                f"{what}[{index}] holds a lone surrogate U+{ord(text[error.start]):04X} at character {error.start}, "
+                "which is not text (no UTF-8 can spell it)"
+            ) from None
+    return values if what == "texts" else [str(value) for value in values]
+
+
+class _undone_on_failure:
+    """A write that fails leaves the store as it found it: the files and directories this call made under the
+    (model, revision) go again, and so do the store directory, its lock and the parents it made when it was new. A
+    file the call replaced stays replaced (the marker no longer matches it, so the extraction is not complete)."""
+
+    def __init__(self, root: Path, model: str, revision: str):
+        from raygeom.store.tree import LOCK_FILE, Store
+
+        self.root = root.absolute()
+        store = Store(self.root)
+        self.places = [store._partition(kind, model, revision) for kind in ("activations", "readout", "samples")]
+        self.missing = [d for d in (self.root, *self.root.parents) if not d.exists()]
+        self.lock = self.root / LOCK_FILE
+        self.had_lock = self.lock.exists()
+        self.before: set[Path] = set()
+        for place in self.places:
+            for directory in (place, *place.parents):
+                if directory == self.root:
+                    break
+                if directory.exists():
+                    self.before.add(directory)
+            if place.is_dir():
+                self.before.update(place.rglob("*"))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, trace):
+        if kind is None:
+            return False
+        import shutil
+
+        from raygeom.store.tree import unlock_store
+
+        if self.missing:  # a new store: nothing in it is anyone else's (this process holds its lock)
+            unlock_store(self.root)
+            shutil.rmtree(self.root, ignore_errors=True)
+            for directory in self.missing[1:]:
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+            return False
+        made: list[Path] = []
+        for place in self.places:
+            for directory in (place, *place.parents):
+                if directory == self.root:
+                    break
+                if directory.exists() and directory not in self.before:
+                    made.append(directory)
+            if place.is_dir():
+                made.extend(path for path in place.rglob("*") if path not in self.before)
+        for path in sorted(set(made), key=lambda p: len(p.parts), reverse=True):
+            try:
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+            except OSError:
+                pass
+        if not self.had_lock and self.lock.exists():
+            unlock_store(self.root)
+            self.lock.unlink(missing_ok=True)
+        return False
+
+
+def _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks, source, corpus, settings, step) -> dict:
+    from raygeom.numerics import pga
+    from raygeom.numerics.arrays import as_array
+    from raygeom.sources.corpus import text_sha1
+    from raygeom.store.tree import Store, check_writable, content_key, recorded_digest
+
     check_writable(root)
     tree = Store(root)
     markers = [found.marker for found in tree.extractions(model, revision) if found.marker is not None]
@@ -185,7 +279,7 @@ def write_activations(
             "n_tokens": np.zeros(n, dtype=np.int32),
             "text_sha1": hashes,
         }
-        chosen_labels = [str(label) for label in labels] if labels is not None else old.get("label")
+        chosen_labels = labels if labels is not None else old.get("label")
         if chosen_labels is not None:
             columns["label"] = chosen_labels
         tree.write_samples(model, revision, columns, key=place)

@@ -1,13 +1,29 @@
 """Check every file of a store, needed now or not: its checksum, and for layer, unit and marker files whether
-the content is what its place says (``raygeom verify``). Reads only; takes no lock."""
+the content is what its place says (``raygeom verify``). Reads only; takes no lock.
+
+Each file is announced to ``watch`` before it is read, so that a caller can bound the time one read may take (a hung
+mount, a library wait that never returns): ``raygeom verify`` runs the audit on a thread of its own and gives up on a
+read after ``RAYGEOM_READ_TIMEOUT`` seconds. Only regular files are opened: a FIFO (or a device) in a file's place
+would block its reader forever, so it is damage, never read."""
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from raygeom.errors import RaygeomError
-from raygeom.store.tree import COMPLETE_MARKER, EXTRACTION, Store, _decode, checksum_path, decode_segment, read_verified
+from raygeom.store.tree import (
+    COMPLETE_MARKER,
+    EXTRACTION,
+    Store,
+    _decode,
+    checksum_path,
+    decode_segment,
+    encode_segment,
+    read_verified,
+)
 
 
 @dataclass
@@ -21,7 +37,19 @@ def _value(segment: str) -> str:
     return decode_segment(segment.split("=", 1)[1])
 
 
-def audit(root: str | Path) -> Audit:
+def _not_regular(path: Path) -> str | None:
+    """Why ``path`` must not be opened (it is there, but not a regular file), or None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return f"{path} is not a regular file (a FIFO, socket or device in a stored file's place); reading it would block"
+
+
+def audit(root: str | Path, watch: Callable[[Path], None] = lambda path: None) -> Audit:
+    """``watch(path)`` is called before each file is read."""
     store = Store(root)
     root = store.root
     if not root.is_dir():
@@ -37,6 +65,7 @@ def audit(root: str | Path) -> Audit:
         keyed = marker.parent.name.startswith(f"{EXTRACTION}=")
         revision_dir = marker.parent.parent if keyed else marker.parent
         model, revision = _value(revision_dir.parent.name), _value(revision_dir.name)
+        watch(marker)
         info, problem = store._marker_at(model, revision, marker.parent.name if keyed else None)
         result.checked += 1
         if problem:
@@ -50,8 +79,15 @@ def audit(root: str | Path) -> Audit:
         result.damaged.append((path, problem))
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
-        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+        if any(part.startswith(".") for part in relative.parts):
             continue  # sidecars, temporaries, the lock
+        odd = _not_regular(path)
+        if odd:
+            result.checked += 1
+            result.damaged.append((path, odd))
+            continue
+        if not path.is_file():
+            continue
         parts = relative.parts
         if parts[0] == "activations" and path.name == COMPLETE_MARKER:
             continue  # checked above
@@ -68,6 +104,7 @@ def audit(root: str | Path) -> Audit:
                 result.unrecorded += 1
             continue
         result.checked += 1
+        watch(path)
         try:
             data = read_verified(path, digest)
             problem = None
@@ -83,8 +120,10 @@ def audit(root: str | Path) -> Audit:
         if problem:
             result.damaged.append((path, problem))
     for table, units in sorted(_tables_of_units(root)):
+        if _not_regular(table):
+            continue  # reported above
         result.checked += 1
-        problem = _table_problem(store, table, units)
+        problem = _table_problem(store, table, units, watch)
         if problem:
             result.damaged.append((table, problem))
     return result
@@ -125,17 +164,27 @@ def _canonical(row: dict, columns) -> tuple:
     return tuple(value(row.get(c)) for c in columns)
 
 
-def _table_problem(store: Store, table: Path, units: Path) -> str | None:
+def _table_problem(store: Store, table: Path, units: Path, watch: Callable[[Path], None] = lambda path: None) -> str | None:
     """A results table compared with the unit files it was gathered from (with or without its checksum sidecar):
-    every row of a stored unit must be that unit's row, value for value."""
+    every row of a stored unit must be that unit's row, value for value, and every row of a unit must have its unit
+    file (a row whose unit file is gone was kept by nothing: deleted, it is computed again by a rerun). A row that
+    says why it was not scored (``note``) was never stored as a unit, so it has none."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    watch(table)
     try:
-        rows = pq.read_table(table).to_pylist()
+        # One thread: a read on Arrow's pools waits in C++, where no signal handler runs.
+        rows = pq.read_table(pa.BufferReader(table.read_bytes()), use_threads=False).to_pylist()
     except Exception as error:  # noqa: BLE001 - any unreadable table is damage
         return f"{table} cannot be read: {error}"
     by_key: dict[str, list[dict]] = {}
+    present: set[str] = set()
     for path in sorted(units.glob("*.parquet")):
+        present.add(decode_segment(path.name[: -len(".parquet")]))
+        if _not_regular(path):
+            continue  # reported on its own
+        watch(path)
         try:
             for row in store.read_unit_file(path).to_pylist():
                 by_key.setdefault(row.get("unit_key"), []).append(row)
@@ -143,8 +192,14 @@ def _table_problem(store: Store, table: Path, units: Path) -> str | None:
             continue  # a damaged unit file is reported on its own
     mine: dict[str, list[dict]] = {}
     for row in rows:
-        if row.get("unit_key") in by_key:
-            mine.setdefault(row["unit_key"], []).append(row)
+        key = row.get("unit_key")
+        if key in by_key:
+            mine.setdefault(key, []).append(row)
+        elif isinstance(key, str) and key not in present and not row.get("note"):
+            return (
+                f"{table} holds a row of unit {key} ({row.get('layer', '?')}), whose unit file "
+                f"{units / (encode_segment(key) + '.parquet')} is gone (deleted?); rerun the job to compute it again"
+            )
     for key, stored in by_key.items():
         given = mine.get(key)
         if given is None:

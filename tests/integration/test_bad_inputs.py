@@ -87,6 +87,56 @@ def test_undecodable_text_names_the_file_and_line(tmp_path):
     assert_one_line(run_cli("pga", "--corpus", corpus, "--out", tmp_path / "out"), "latin1.txt: line 3", "UTF-8")
 
 
+@pytest.mark.parametrize("field", ["text", "label"])
+def test_a_lone_surrogate_in_jsonl_is_refused_with_its_line(tmp_path, field):
+    """Issue 46 item 4: JSON's escape \\ud800 spells a lone surrogate, which no UTF-8 can hold: it passed the
+    corpus reader and raised a raw UnicodeEncodeError when the corpus was hashed."""
+    corpus = tmp_path / "c.jsonl"
+    records = [{"text": f"text number {i}", "label": "a"} for i in range(5)]
+    records[3][field] = "broken \ud800 here"
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in records))  # json.dumps writes the escape
+    assert "\\ud800" in corpus.read_text()
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--n-samples", "9", "--out", tmp_path / "out"),
+        "c.jsonl: line 4",
+        f"'{field}' holds a lone surrogate U+D800",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "name, separator",  # a raw form feed is no valid JSON (control characters are escaped there): .txt only
+    [(name, separator) for name in ("c.jsonl", "c.txt") for separator in ("\u2028", "\u2029", "\u0085")] + [("c.txt", "\x0c")],
+)
+def test_line_separators_inside_a_text_keep_it_one_text(tmp_path, name, separator):
+    """Issue 46 item 4: str.splitlines also splits on U+2028, U+2029, U+0085 and form feeds: a JSONL string holding a
+    raw U+2028 was refused as invalid JSON, a .txt line with U+0085 became two texts. Records and lines are split on
+    \\n alone (CRLF still reads as lines). The count is read from the one-line refusal of one sample too many."""
+    corpus = tmp_path / name
+    texts = [f"first{separator}still the first", "second text", "third text"]
+    if name.endswith(".jsonl"):
+        corpus.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n" for t in texts), encoding="utf-8")
+    else:
+        corpus.write_text("\r\n".join(texts) + "\r\n", encoding="utf-8")
+    assert separator in corpus.read_text(encoding="utf-8")
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--n-samples", "4", "--out", tmp_path / "out"),
+        f"corpus '{name}' has 3 texts, fewer than the 4 samples asked for",
+    )
+
+
+def test_labels_are_all_or_nothing(tmp_path):
+    """Issue 46 item 4: JSONL where only some lines have a label silently dropped every label."""
+    corpus = tmp_path / "c.jsonl"
+    records = [{"text": f"text number {i}", "label": "ab"[i % 2]} for i in range(8)]
+    del records[5]["label"], records[6]["label"]
+    corpus.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert_one_line(
+        run_cli("pga", "--corpus", corpus, "--n-samples", "6", "--out", tmp_path / "out"),
+        "c.jsonl: line 6 has no 'label', but 6 of the 8 lines have one",
+    )
+
+
 @pytest.mark.parametrize("damage", ["random", "truncated"])
 def test_corrupt_parquet_corpus(tmp_path, damage):
     corpus = tmp_path / "c.parquet"
@@ -687,3 +737,76 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path, hub_cache
         assert got["code"] == 2 and len(got["lines"]) == 1 and fragment in got["lines"][0], (argv[:3], got)
         assert "Traceback" not in got["lines"][0] and got["left"] == [], (argv[:3], got)
         assert got["seconds"] < 10, (argv[:3], got["seconds"])  # about 1 s on an idle machine; the CI box is loaded
+
+
+# ----------------------------------------------------------------------------------------- verify never blocks
+
+# `raygeom verify` with the store's reads blocked the way a hung mount or a library's C++ wait blocks them: the read
+# never returns and runs no signal handler (its thread holds SIGTERM and SIGINT off).
+HUNG_READS = """
+import signal, sys, threading
+import raygeom.store.audit as audit
+
+def hang(*args, **kwargs):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    threading.Event().wait()
+
+audit.read_verified = hang
+sys.argv = ["raygeom", "verify", sys.argv[1]]
+from raygeom.cli.root import run_as_process
+run_as_process()
+"""
+
+
+def _store_with_a_unit(tmp_path) -> Path:
+    from raygeom.store.tree import Store
+
+    Store(tmp_path / "store").write_result("pga", "key-a", {"z": 1.5, "layer": "embed", "unit_key": "key-a"})
+    return tmp_path / "store"
+
+
+def test_verify_gives_up_on_a_read_that_never_returns(tmp_path):
+    """Issue 46 item 5: `verify` hung once for 612 s at 0 % CPU. A read that takes longer than $RAYGEOM_READ_TIMEOUT
+    ends it with one line naming the file, exit 2."""
+    store = _store_with_a_unit(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAYGEOM_READ_TIMEOUT="2")
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", HUNG_READS, str(store)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
+    assert time.monotonic() - began < 30
+    assert_one_line(result, "reading ", "key-a.parquet took more than 2 s", "RAYGEOM_READ_TIMEOUT")
+
+
+def test_verify_obeys_sigterm_during_a_read_that_never_returns(tmp_path):
+    """Issue 46 item 5: that `verify` ignored SIGTERM. Its reads run on a thread of their own, so the main thread takes
+    the signal: exit 143 with the one interrupted line, within seconds."""
+    store = _store_with_a_unit(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen(
+        [sys.executable, "-c", HUNG_READS, str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    time.sleep(4)  # past the imports, inside the read
+    assert process.poll() is None, process.communicate()
+    process.terminate()
+    began = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail("verify ignored SIGTERM")
+    assert time.monotonic() - began < 10 and process.returncode == 143, (process.returncode, stderr)
+    assert [line for line in stderr.splitlines() if line.strip()] == ["interrupted; finished units are kept, rerun to resume"]
+
+
+@pytest.mark.parametrize("where", ["results/pga.parquet", "results/pga/key-b.parquet"])
+def test_verify_never_opens_a_fifo_in_a_stored_files_place(tmp_path, where):
+    """A FIFO where a results table or a unit file belongs would block its reader until someone writes to it: damage,
+    never opened."""
+    store = _store_with_a_unit(tmp_path)
+    os.mkfifo(store / where)
+    result = run_cli("verify", store, timeout=60)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
+    assert lines[0].startswith("damaged:") and where in lines[0] and "not a regular file" in lines[0], lines

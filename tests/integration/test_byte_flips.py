@@ -116,3 +116,85 @@ def test_a_unit_file_copied_over_another_units_name_is_recomputed(pristine, tmp_
     assert numbers(table) == reference
     assert sorted(r["layer"] for r in table) == sorted(r["layer"] for r in outputs.rows)  # each layer exactly once
     assert pq.read_table(b)["layer"].to_pylist() == [layer_b] and pq.read_table(b)["unit_key"][0].as_py() == b.stem
+
+
+def _cli(*args, cwd):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(root), COLUMNS="250")
+    return subprocess.run(
+        [sys.executable, str(root / "cli.py"), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+
+
+def _damage(work, what: str) -> str:
+    """Damage the copy of the pristine store as the issue's cases do; returns the damaged file's path."""
+    from raygeom.store.tree import Store
+
+    store = Store(work)
+    ((slug, revision),) = {(e.model, e.revision) for e in store.extractions()}
+    if what == "a deleted layer file":
+        target = store.layer_path(slug, revision, "final_norm")
+        target.unlink()
+    elif what == "a flipped byte in the samples":
+        target = store.samples_path(slug, revision)
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        target.write_bytes(bytes(data))
+    else:  # a deleted unit file, its sidecar kept
+        target = next(
+            p
+            for p in sorted((work / "results" / "pga").glob("*.parquet"))
+            if pq.read_table(p)["layer"][0].as_py() == "final_norm"
+        )
+        target.unlink()
+    return str(target.relative_to(work))
+
+
+@pytest.fixture(scope="module")
+def every_unit_stored(pristine, warm_replicas, tmp_path_factory):
+    """A store whose every unit is stored (no degenerate embed, whose missing unit made every rerun check the
+    extraction anyway): its rerun has nothing to compute unless something is damaged."""
+    from dataclasses import replace
+
+    _, corpus, reference = pristine
+    root = tmp_path_factory.mktemp("scored") / "store"
+    outputs = run_job(replace(job(root, corpus), layers=SCORED), Console(quiet=True))
+    assert all(not row["note"] for row in outputs.rows) and len(outputs.rows) == 2, outputs.rows
+    return root, corpus, numbers(outputs.rows)
+
+
+SCORED = "0,final_norm"
+
+
+@pytest.mark.parametrize("what", ["a deleted layer file", "a flipped byte in the samples", "a deleted unit file"])
+def test_a_rerun_repairs_everything_verify_reports(every_unit_stored, ray_address, tmp_path, what):
+    """Issue 46 item 5: after a listed layer file of an extraction was deleted, a rerun exited 0 saying `1 read back
+    from the store`, repaired nothing, and `verify` still reported the damage; `verify` passed a results table row
+    whose unit file was deleted (its sidecar kept). Through the CLI: verify names the damage in one line, the rerun
+    repairs it (the extraction made again, or the unit computed again) to the identical numbers, and verify passes."""
+    store, corpus, reference = every_unit_stored
+    work = tmp_path / "work"
+    shutil.copytree(store, work)
+    units = sorted(p.name for p in (work / "results" / "pga").glob("*.parquet"))
+    damaged = _damage(work, what)
+    found = _cli("verify", work, cwd=tmp_path)
+    lines = [line for line in found.stderr.splitlines() if line.strip()]
+    assert found.returncode == 1 and len(lines) == 1 and damaged in lines[0], (found.returncode, found.stderr)
+    flags = ["--model", "EleutherAI/pythia-14m", "--revision", "step1000", "--corpus", corpus, "--n-samples", 16]
+    flags += ["--layers", SCORED, "--seq-len", 16, "--batch-size", 16, "--k", 8, "--n-null", 4]
+    rerun = _cli("pga", *flags, "--null-chunks", 1, "--out", work, "--address", ray_address, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    if what == "a deleted unit file":
+        assert "forward passes: 0 ran, 1 read back from the store" in rerun.stdout, rerun.stdout
+    else:
+        assert "forward passes: 1 ran;" in rerun.stdout, rerun.stdout  # the damaged pass made again, counted
+        assert "extracting it again" in rerun.stderr, rerun.stderr
+    assert (work / damaged).is_file()
+    assert sorted(p.name for p in (work / "results" / "pga").glob("*.parquet")) == units  # the same units, no others
+    assert numbers(pq.read_table(work / "results" / "pga.parquet").to_pylist()) == reference
+    again = _cli("verify", work, cwd=tmp_path)
+    assert again.returncode == 0 and " 0 damaged" in again.stdout, again.stdout + again.stderr

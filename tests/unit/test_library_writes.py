@@ -92,3 +92,54 @@ def test_the_librarys_table_has_the_clis_types_whatever_its_values(tmp_path):
     frame = pd.read_parquet(tmp_path / "results" / "pga.parquet")
     assert str(frame["skip_first"].dtype) == "boolean" and frame["skip_first"].isna().all()
     assert not [c for c in frame.columns if frame[c].dtype == object]
+
+
+def _tree(root):
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*")) if root.exists() else None
+
+
+@pytest.mark.parametrize("field", ["texts", "labels"])
+def test_a_lone_surrogate_is_refused_before_anything_is_written(tmp_path, field):
+    """Issue 46 item 4: a lone surrogate (JSON's \\ud800) in texts wrote the layers and the readout, then raised a raw
+    UnicodeEncodeError, leaving activations/, readout/ and .lock behind."""
+    values = [f"text {i}" for i in range(16)] if field == "texts" else ["a", "b"] * 8
+    values[5] = "broken \ud800"
+    with pytest.raises(InputError, match=rf"{field}\[5\] holds a lone surrogate U\+D800"):
+        raygeom.write_activations(
+            tmp_path / "store", model="m", layer="block_00", vectors=np.eye(16, 8), readout=np.eye(30, 8), **{field: values}
+        )
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("where", ["new", "existing"])
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch, where):
+    """Issue 46 item 4: a write that fails after it started writing (here: the disk fills while the per-sample table
+    is written) leaves the store as it was: a new store goes entirely (activations/, readout/, .lock), an existing
+    one keeps only what it held before."""
+    import errno
+
+    from raygeom.store import tree
+
+    root = tmp_path / "a" / "store"
+    if where == "existing":
+        write(root)
+        tree.unlock_store(root)
+    before = _tree(root)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tree.Store, "write_samples", full)
+    with pytest.raises(OSError):
+        raygeom.write_activations(
+            root,
+            model="other",
+            layer="block_00",
+            vectors=np.eye(16, 8),
+            readout=np.eye(30, 8),
+            texts=[f"t{i}" for i in range(16)],
+        )
+    assert _tree(root) == before
+    assert (tmp_path / "a").exists() == (where == "existing")
+    if where == "existing":
+        assert raygeom.write_activations(root, model="smollm2-hook", layer="block_01", vectors=np.eye(16, 8) * 2)["layers"]

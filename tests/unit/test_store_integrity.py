@@ -500,6 +500,26 @@ def test_a_relative_store_root_is_made_absolute(tmp_path, monkeypatch):
     assert Store("runs/x").root == tmp_path / "runs" / "x"
 
 
+def test_verify_checks_every_results_table_row_against_its_unit_file(tmp_path):
+    """Issue 46 item 5: a results table row whose unit file was deleted (its sidecar kept) passed `verify`. Every row
+    of a unit must have its unit file; a row that says why it was not scored (``note``) never had one."""
+    from raygeom.report.figures import write_rows
+
+    store = Store(tmp_path)
+    rows = [{"z": 1.5, "layer": "embed", "unit_key": "key-a"}, {"z": -0.5, "layer": "block_00", "unit_key": "key-b"}]
+    for row in rows:
+        store.write_result("pga", row["unit_key"], row)
+    degenerate = {"z": float("nan"), "layer": "block_01", "unit_key": "key-c", "note": "rank 1 after CCR-1"}
+    write_rows(store.read_results("pga").to_pylist() + [degenerate], tmp_path / "results" / "pga.parquet")
+    assert verify_cli(tmp_path).exit_code == 0
+    store.result_path("pga", "key-b").unlink()
+    assert checksum_path(store.result_path("pga", "key-b")).is_file()
+    found = verify_cli(tmp_path)
+    damaged = [line for line in found.output.splitlines() if line.startswith("damaged:")]
+    assert found.exit_code == 1 and len(damaged) == 1, found.output
+    assert "holds a row of unit key-b (block_00)" in damaged[0] and "key-b.parquet is gone" in damaged[0], damaged
+
+
 def test_verify_finds_a_deleted_layer_file_and_an_edited_results_table(tmp_path):
     """Issue 41 item 4: a layer file the marker lists, deleted, was '0 damaged'; results/pga.parquet edited (z = 99)
     with its sidecar deleted passed. A freed extraction (every layer file gone, as raygeom gc leaves it) is not damage."""
@@ -513,7 +533,8 @@ def test_verify_finds_a_deleted_layer_file_and_an_edited_results_table(tmp_path)
     for row in rows:
         store.write_result("pga", row["unit_key"], row)
     table = write_rows(
-        store.read_results("pga").to_pylist() + [{"z": float("nan"), "layer": "block_07", "unit_key": "x"}],
+        # a degenerate layer's row: it says why it was not scored, and was never stored as a unit
+        store.read_results("pga").to_pylist() + [{"z": float("nan"), "layer": "block_07", "unit_key": "x", "note": "rank 1"}],
         tmp_path / "results" / "pga.parquet",
     )
     assert verify_cli(tmp_path).exit_code == 0
