@@ -183,6 +183,7 @@ for _module in (
     "raygeom.cli.analyses",
     "raygeom.cli.verify",
     "raygeom.cli.export",
+    "raygeom.cli.explain",
 ):
     __import__(_module, fromlist=["register"]).register(app)
 keep_brackets(app)  # help texts are rich markup to typer: [analyses.<name>] and [[models]] would vanish
