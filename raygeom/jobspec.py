@@ -341,6 +341,22 @@ def _local_model(entry: dict, resolve) -> str:
     return source
 
 
+def looks_like_a_file(name: str) -> bool:
+    """A corpus name that can only be a file: a .txt/.jsonl/.parquet name or a path (not hf:<dataset>)."""
+    return not name.startswith("hf:") and (name.endswith(CORPUS_FILES) or "/" in name or name.startswith((".", "~")))
+
+
+def check_corpus_file(name: str, resolved: str, base: str, where: str = "") -> None:
+    """Refuse a corpus file that is not there, naming the folder (``base``, in words) a relative name was read from."""
+    full = Path(os.path.abspath(Path(resolved).expanduser()))
+    if looks_like_a_file(name) and not full.exists():
+        origin = "" if Path(name).expanduser().is_absolute() else f" resolved from {base} to {full}"
+        raise RaygeomError(
+            f"{where}corpus file not found: '{name}'{origin}; give an existing .txt, .jsonl or .parquet file, "
+            "a built-in corpus (bbc) or hf:<dataset>"
+        )
+
+
 def _local_corpus(name: str, resolve) -> str:
     if name.startswith("hf:") or name == "heldout":
         return name
@@ -421,6 +437,9 @@ def load_job(path: str | Path) -> JobSpec:
         if not entries:
             raise RaygeomError(f"{path}: [sweep] needs 'sizes' or at least one [[models]] entry")
     corpus_name = _local_corpus(str(corpus.get("name", "bbc")), resolve)
+    if not trains:  # a [train] job's texts may be written by its run
+        name = str(corpus.get("name", "bbc"))
+        check_corpus_file(name, corpus_name, f"the job file's folder {path.parent.resolve()}", f"{path}: [corpus] ")
     if corpus_name == "heldout":
         if train is None:
             raise RaygeomError(f"{path}: corpus 'heldout' means the held-out articles of [train]; this job has no [train]")
