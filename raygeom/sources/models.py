@@ -423,6 +423,19 @@ def _dequantised_copy(gguf: Path) -> Path:
     return target
 
 
+def dequantised_copies() -> list[tuple[Path, int]]:
+    """The dequantised copies of GGUF models in the cache (``$RAYGEOM_CACHE/dequantised``, by default
+    ~/.cache/raygeom/dequantised; left-over ``.staging-*`` folders included), each with its size in bytes."""
+    root = cache_dir() / "dequantised"
+    if not root.is_dir():
+        return []
+    return [
+        (folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
+        for folder in sorted(root.iterdir())
+        if folder.is_dir()
+    ]
+
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
 
