@@ -55,3 +55,15 @@ def test_gc_frees_the_dequantised_copies(tmp_path, monkeypatch):
 def test_gc_needs_a_store_or_dequantised():
     shown = CliRunner().invoke(app, ["gc"])
     assert shown.exit_code == 2 and "give a STORE, --dequantised, or both" in shown.output
+
+
+def test_the_tiny_pythia_job_fits_the_models_tiny_pythia_writes():
+    from pathlib import Path
+
+    from raygeom.jobspec import load_job
+
+    job = load_job(Path(__file__).resolve().parents[2] / "jobs" / "tiny-pythia.toml")
+    assert [(m.source, m.revisions) for m in job.models] == [("EleutherAI/pythia-14m", ("step0", "step1000", "step143000"))]
+    info = {"n_samples": job.n_samples, "d": 64, "config": {"hidden_size": 64}, "layers": job.layers}
+    for item in job.planned():  # d = 64: k = 100 (a default) would be refused at the run's start
+        item.spec.check(item.spec.for_width(item.params, 64), info, "EleutherAI/pythia-14m")
