@@ -437,9 +437,6 @@ def load_job(path: str | Path) -> JobSpec:
         if not entries:
             raise RaygeomError(f"{path}: [sweep] needs 'sizes' or at least one [[models]] entry")
     corpus_name = _local_corpus(str(corpus.get("name", "bbc")), resolve)
-    if not trains:  # a [train] job's texts may be written by its run
-        name = str(corpus.get("name", "bbc"))
-        check_corpus_file(name, corpus_name, f"the job file's folder {path.parent.resolve()}", f"{path}: [corpus] ")
     if corpus_name == "heldout":
         if train is None:
             raise RaygeomError(f"{path}: corpus 'heldout' means the held-out articles of [train]; this job has no [train]")
@@ -475,6 +472,9 @@ def load_job(path: str | Path) -> JobSpec:
             width=width,
             analyses=analyses,
         )
+        if not trains:  # a [train] job's texts may be written by its run; the other keys are refused first
+            name = str(corpus.get("name", "bbc"))
+            check_corpus_file(name, corpus_name, f"the job file's folder {path.parent.resolve()}", f"{path}: [corpus] ")
         for item in analyses:
             item.spec.check_job(item.params, spec)
         return spec
