@@ -263,9 +263,20 @@ def section_markdown(section: Section) -> str:
     return "\n".join(lines + [""])
 
 
+def every_analysis_job() -> str:
+    """A job running every registered analysis at its defaults on the two built-in models (from the registry)."""
+    head = '[job]\nname = "every-analysis"\nout = "runs/every-analysis"\n\n[[models]]\nid = "smollm2"\n\n'
+    head += '[[models]]\nid = "gemma3-270m"\n\n[corpus]\nname = "bbc"\nn_samples = 400\n\n'
+    return head + "\n".join(f"[analyses.{name}]" for name in sorted(registry.analyses())) + "\n"
+
+
 def markdown() -> str:
     """docs/job-files.md."""
-    parts = [INTRO, "## The sections of a job file", ""]
+    every = (
+        "## Every analysis\n\nEach registered analysis at its defaults (an empty table), on the two built-in models; "
+        "`raygeom plan` lists the forward passes they share before anything runs:\n\n```toml\n" + every_analysis_job() + "```\n"
+    )
+    parts = [INTRO, every, "## The sections of a job file", ""]
     parts += [section_markdown(s) for s in job_sections()]
     parts += [
         "## The analyses: `[analyses.<name>]`",

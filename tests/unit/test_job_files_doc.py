@@ -75,7 +75,7 @@ def _blocks() -> list[str]:
 
 
 def test_the_page_examples_are_jobs_that_load_as_it_says(tmp_path):
-    grid, ladder, complete = _blocks()
+    grid, ladder, complete, every = _blocks()
     head = "[[models]]\nid = 'smollm2'\n"
     job = tmp_path / "grid.toml"
     job.write_text(head + grid)
@@ -91,6 +91,8 @@ def test_the_page_examples_are_jobs_that_load_as_it_says(tmp_path):
     loaded = load_job(job)
     assert [m.source for m in loaded.models] == ["smollm2", "gemma3-270m"]
     assert [p.analysis for p in loaded.planned()] == ["pga", "pga", "spectral", "convergence"]
+    job.write_text(every)  # every registered analysis at its defaults: a job load_job accepts as it is
+    assert {p.analysis for p in load_job(job).planned()} == set(registry.analyses())
     # [pga] alone is PGA of every layer; beside [analyses] tables it adds no PGA run
     job.write_text(head + "[pga]\nk = 7\n")
     assert [(p.analysis, p.params.k) for p in load_job(job).planned()] == [("pga", 7)]
