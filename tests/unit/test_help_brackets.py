@@ -83,3 +83,18 @@ def test_a_bracketed_store_path_prints_whole(tmp_path, monkeypatch):
     stream = StringIO()
     html.announce_report(store, Console(file=stream, width=3000))
     assert f"report:  {store / 'report.html'}" in stream.getvalue()
+
+
+def test_status_and_plan_titles_keep_their_brackets(tmp_path, monkeypatch):
+    from raygeom.analyses import train
+
+    monkeypatch.setattr(train, "estimate_training_seconds", lambda *args, **kwargs: 60.0)  # no timing steps here
+    folder = tmp_path / "jobs[x]"
+    folder.mkdir()
+    job = folder / "job.toml"
+    job.write_text("[job]\nout = 'runs[final]'\n[[models]]\nid = 'smollm2'\n[corpus]\nname = 'bbc'\nn_samples = 50\n")
+    shown = CliRunner().invoke(app, ["status", str(job)], env={"COLUMNS": "3000"})
+    assert shown.exit_code == 0, shown.output
+    assert f"Status job  ({folder / 'runs[final]'})" in shown.output
+    trajectory = Path(__file__).resolve().parents[2] / "jobs" / "trajectory.toml"
+    assert "Plan trajectory: [train] runs" in CliRunner().invoke(app, ["plan", str(trajectory)], env={"COLUMNS": "3000"}).output
