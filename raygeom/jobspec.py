@@ -300,6 +300,25 @@ def _known(section: dict, allowed: set[str], where: str, path: Path) -> None:
     raise RaygeomError(f"{path}: unknown key(s) in [{where}]: {', '.join(map(str, unknown))}" + nearest(unknown[0], allowed))
 
 
+# The keys of job-file sections that are not a Params class's fields, with their help (docs/job-files.md is made
+# from these and the declarations; load_job reads exactly these).
+MODEL_KEYS = {
+    "id": "A built-in name (smollm2, gemma3-270m), a hub id (EleutherAI/pythia-70m), a model folder or .gguf file, "
+    "or a training run's directory (paths relative to the job file's folder).",
+    "revisions": 'The revisions (hub branches such as "step1000", or "main"); in a job with [sweep] also a rule as in '
+    '[sweep] revisions; for a run directory "all" (default), a label or stepN.',
+    "run_dir": "A training run's directory, whose checkpoints are the revisions (instead of id; or true with an id).",
+}
+SWEEP_EXTRA_KEYS = {
+    "sizes": 'Pythia sizes, e.g. ["14m", "70m"]: one [[models]] entry each (EleutherAI/pythia-<size>).',
+    "deduped": 'false | true | "only": also (or only) the -deduped models.',
+    "revisions": 'all | log | linear | every:N | stepA:stepB | a list such as ["step0", "step1000"] (default: all).',
+}
+TRAIN_EXTRA_KEYS = {
+    "head_dim": "n_heads = hidden_size / head_dim for each run of a grid (instead of n_heads).",
+    "skip": "Tables of grid keys whose grid points are left out, e.g. skip = [{hidden_size = 512, n_layers = 12}].",
+}
+
 CORPUS_FILES = (".txt", ".jsonl", ".parquet")
 JOB_SECTIONS = {"job", "models", "corpus", "extract", "pga", "sweep", "analyses", "train", "trajectory", "width"}
 
@@ -324,6 +343,22 @@ def _local_model(entry: dict, resolve) -> str:
     if entry.get("run_dir") is True or source.endswith(".gguf") or source.startswith((".", "~", "/")) or Path(local).exists():
         return local
     return source
+
+
+def looks_like_a_file(name: str) -> bool:
+    """A corpus name that can only be a file: a .txt/.jsonl/.parquet name or a path (not hf:<dataset>)."""
+    return not name.startswith("hf:") and (name.endswith(CORPUS_FILES) or "/" in name or name.startswith((".", "~")))
+
+
+def check_corpus_file(name: str, resolved: str, base: str, where: str = "") -> None:
+    """Refuse a corpus file that is not there, naming the folder (``base``, in words) a relative name was read from."""
+    full = Path(os.path.abspath(Path(resolved).expanduser()))
+    if looks_like_a_file(name) and not full.exists():
+        origin = "" if Path(name).expanduser().is_absolute() else f" resolved from {base} to {full}"
+        raise RaygeomError(
+            f"{where}corpus file not found: '{name}'{origin}; give an existing .txt, .jsonl or .parquet file, "
+            "a built-in corpus (bbc) or hf:<dataset>"
+        )
 
 
 def _local_corpus(name: str, resolve) -> str:
@@ -383,7 +418,7 @@ def load_job(path: str | Path) -> JobSpec:
             entry = {**entry, "id": entry["run_dir"], "run_dir": True}
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
             raise RaygeomError(f"{path}: every [[models]] entry needs a string 'id' (or a 'run_dir')")
-        _known(entry, {"id", "revisions", "run_dir"}, "models", path)
+        _known(entry, set(MODEL_KEYS), "models", path)
         if entry.get("run_dir", False) not in (True, False):
             raise RaygeomError(f"{path}: 'run_dir' of a [[models]] entry is a path (or true with an 'id')")
         entry = {**entry, "id": _local_model(entry, resolve)}
@@ -443,6 +478,9 @@ def load_job(path: str | Path) -> JobSpec:
             path=str(path),
             gpus=isinstance(sweep_section, dict) and bool({"gpu_memory_gib", "gpus_per_node"} & set(sweep_section)),
         )
+        if not trains:  # a [train] job's texts may be written by its run; the other keys are refused first
+            name = str(corpus.get("name", "bbc"))
+            check_corpus_file(name, corpus_name, f"the job file's folder {path.parent.resolve()}", f"{path}: [corpus] ")
         for item in analyses:
             item.spec.check_job(item.params, spec)
         return spec
@@ -452,7 +490,7 @@ def load_job(path: str | Path) -> JobSpec:
         raise RaygeomError(f"{path}: {error}") from None
 
 
-SWEEP_KEYS = {"sizes", "deduped", "revisions", *(f.name for f in fields(SweepSettings))}
+SWEEP_KEYS = {*SWEEP_EXTRA_KEYS, *(f.name for f in fields(SweepSettings))}
 
 
 def _expand(revisions, path: Path) -> list[str]:
@@ -492,7 +530,7 @@ def _same_path(a: str, b: str) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
-TRAIN_KEYS = {"run_dir", "save_every", "log_until", "head_dim", "skip"}
+TRAIN_KEYS = {"run_dir", "save_every", "log_until", *TRAIN_EXTRA_KEYS}
 # Every run of a [train] grid is trained and evaluated on the same articles, split and tokenizer.
 SHARED_DATA = ("corpus", "seq_len", "vocab_size", "eval_sequences", "heldout_fraction", "max_texts")
 VARIANT_PREFIX = {"hidden_size": "d", "n_layers": "l", "seed": "seed", "lam": "lam"}

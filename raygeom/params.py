@@ -115,7 +115,11 @@ def number_list(
         )
 
     kind = "integers" if integers else "numbers"
-    bounds = [f">= {low:g}" if low is not None else "", f"<= {high:g}" if high is not None else "", "> 0" if positive else ""]
+    bounds = [
+        f">= {bound_text(low)}" if low is not None else "",
+        f"<= {bound_text(high)}" if high is not None else "",
+        "> 0" if positive else "",
+    ]
     text = ("an integer" if integers else "a number") if one else f"comma-separated {kind}"
     text += " " + " and ".join(b for b in bounds if b) if any(bounds) else ""
     return allowed, text + "".join(f", or {word}" for word in words)

@@ -41,13 +41,76 @@ def texts_of(analysis, params, job, specs: list):
     return analysis.pooled_corpus(params, job, specs, job_sample(job))
 
 
-def aligned_corpus(specs: list, corpus, seq_len: int):
-    """``corpus`` cut at the longest character prefix every tokenizer reads within ``seq_len``; (corpus, n cut)."""
-    from raygeom.sources.align import common_prefix
-    from raygeom.sources.models import load_tokenizer
+ALIGNED_VERSION = 1  # of the cut the cache records; bump when common_prefix cuts differently
+_ALIGNED: dict[str, tuple] = {}  # this process's cuts by key
 
-    tokenizers = {f"{spec.name}@{spec.revision}": load_tokenizer(spec) for spec in specs}
-    return common_prefix(corpus, tokenizers, seq_len)
+
+def _tokenizer_identity(spec) -> list:
+    """What a model's tokenizer is, without loading it: a hub revision by the commit the local HF cache resolves it
+    to; a built-in by its name; a local folder, .gguf file or checkpoint by the size and time of its files."""
+    from pathlib import Path
+
+    if spec.kind == "builtin":
+        return [spec.kind, spec.source]
+    if spec.kind == "hub":
+        from raygeom.sources.download import cache_root
+
+        ref = cache_root() / f"models--{spec.source.replace('/', '--')}" / "refs" / spec.revision
+        return [spec.kind, spec.source, spec.revision, ref.read_text().strip() if ref.is_file() else None]
+    where = Path(spec.path if spec.kind == "checkpoint" else spec.source)
+    files = (
+        [where]
+        if where.is_file()
+        else sorted(p for p in where.parent.glob("*") if p.is_file()) + sorted(p for p in where.glob("*") if p.is_file())
+    )
+    return [spec.kind, str(where), spec.revision, [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]]
+
+
+def _aligned_file(key: str):
+    from raygeom.sources.models import cache_dir
+
+    return cache_dir() / "aligned" / f"{key}.json"
+
+
+def aligned_corpus(specs: list, corpus, seq_len: int):
+    """``corpus`` cut at the longest character prefix every tokenizer reads within ``seq_len``; (corpus, n cut).
+
+    The cut depends only on the texts, the tokenizers and seq_len, and finding it loads every tokenizer (tens of
+    seconds for a built-in GGUF's): it is computed once and kept, in this process and as the kept lengths of the texts
+    in ``$RAYGEOM_CACHE/aligned/<key>.json``, so `status` and `plan` of a job that compares models read it back."""
+    import json
+    import os
+
+    from raygeom.sources.corpus import Corpus
+    from raygeom.store.tree import content_key
+
+    key = content_key("aligned", ALIGNED_VERSION, corpus.fingerprint(), seq_len, [_tokenizer_identity(s) for s in specs])
+    if key not in _ALIGNED:
+        path = _aligned_file(key)
+        try:
+            kept = json.loads(path.read_text())
+            lengths, n_cut = kept["lengths"], kept["cut"]
+            if len(lengths) != len(corpus.texts) or not all(0 < n <= len(t) for n, t in zip(lengths, corpus.texts)):
+                raise ValueError("another sample")
+            _ALIGNED[key] = (
+                Corpus(f"{corpus.name}[aligned@{seq_len}]", [t[:n] for t, n in zip(corpus.texts, lengths)], corpus.labels),
+                n_cut,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            from raygeom.sources.align import common_prefix
+            from raygeom.sources.models import load_tokenizer
+
+            tokenizers = {f"{spec.name}@{spec.revision}": load_tokenizer(spec) for spec in specs}
+            _ALIGNED[key] = common_prefix(corpus, tokenizers, seq_len)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                staging = path.with_name(f".{path.name}.{os.getpid()}")
+                staging.write_text(json.dumps({"lengths": [len(t) for t in _ALIGNED[key][0].texts], "cut": _ALIGNED[key][1]}))
+                os.replace(staging, path)
+            except OSError:  # a read-only cache only means the next process finds the cut again
+                pass
+    aligned, n_cut = _ALIGNED[key]
+    return Corpus(aligned.name, list(aligned.texts), aligned.labels), n_cut
 
 
 def extract_models(

@@ -1,6 +1,7 @@
 """The analysis registry, in the manner of lm-evaluation-harness's ``register_task``.
 
-An analysis is one file: a class decorated with :func:`register` that declares, in one place, its name and
+An analysis is one class decorated with :func:`register`, in a file of its own (some keep the steps they run in a
+companion module that registers nothing: converge, diagnostics, knn, dispersion), that declares, in one place, its name and
 version, its typed :class:`Params` (every field declared once with :func:`param`: type, range, help), the
 extraction it needs, its units (pure steps for the engine), its tidy table's columns, the per-layer metrics
 the report draws and the settings that tell its series apart. The CLI commands, the ``[analyses.<name>]``

@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from raygeom.analyses.train import TrainRuns
 from raygeom.errors import RaygeomError
-from raygeom.jobspec import DEFAULT_STORE, CorpusSection, GridSettings
+from raygeom.jobspec import DEFAULT_STORE, CorpusSection, GridSettings, check_corpus_file
 from raygeom.params import (
     PGAParams,
     allowed,
@@ -314,6 +314,8 @@ def grid_job(name: str, values: dict):
         chosen["models"] = model_entries(models, revisions or [default_of(GridSettings, "revision")])
     if "out" in chosen:
         chosen["out"] = str(chosen["out"])
+    if isinstance(chosen.get("corpus"), str):
+        check_corpus_file(chosen["corpus"], chosen["corpus"], f"the current folder {Path.cwd()}")
     return job.with_overrides(**chosen)
 
 

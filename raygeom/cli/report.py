@@ -39,12 +39,12 @@ def register(app: typer.Typer) -> None:
 
         store = stores[0]
         try:
-            with console.status(f"reading {', '.join(map(str, stores))}"):
+            with console.status(escape(f"reading {', '.join(map(str, stores))}")):
                 path = write_report(store, out, overlay=stores[1:])
         except RaygeomError as error:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        console.print(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
+        console.print(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)", markup=False, highlight=False)
         from raygeom.report.html import _UNREADABLE
 
         for unreadable, reason in _UNREADABLE:

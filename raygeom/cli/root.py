@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from raygeom.cli.consoles import output_width
 from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, GridSettings, checked, fail, grid_job, option
+from raygeom.cli.helptext import keep_brackets
 from raygeom.errors import RaygeomError
 from raygeom.params import n_null_settings
 
@@ -163,8 +164,10 @@ for _module in (
     "raygeom.cli.analyses",
     "raygeom.cli.verify",
     "raygeom.cli.export",
+    "raygeom.cli.explain",
 ):
     __import__(_module, fromlist=["register"]).register(app)
+keep_brackets(app)  # help texts are rich markup to typer: [analyses.<name>] and [[models]] would vanish
 
 
 _terminated: dict[str, int] = {}

@@ -55,7 +55,7 @@ def _show_training(job) -> bool:
 
     if not job.trains:
         return False
-    table = Table(title=f"Plan {job.name}: [train] runs", title_justify="left")
+    table = Table(title=escape(f"Plan {job.name}: [train] runs"), title_justify="left")
     for name in ("run", "d", "heads", "blocks", "seed", "steps", "checkpoints", "status", "train time"):
         table.add_column(name, justify="left" if name in ("run", "status") else "right")
     units = 0
@@ -175,8 +175,9 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     memory = settings.gpu_memory_gib if gpu_memory_gib is None else gpu_memory_gib
     gpus_shown = _gpus_in_view(job, gpu_memory_gib)
     table = Table(
-        title=f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}"
-        f"{_pga_grid(job)})",
+        title=escape(
+            f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}{_pga_grid(job)})"
+        ),
         title_justify="left",
     )
     # Per model, the units of its pooled extraction's layers; an analysis with an extraction of its own counts its
@@ -320,7 +321,7 @@ def show_status(job_file: Path, out: Optional[Path]) -> None:
 
     job, plan = _load(_job(job_file, out))
     report = integrity(plan)
-    table = Table(title=f"Status {job.name}  ({plan.store.root})", title_justify="left")
+    table = Table(title=escape(f"Status {job.name}  ({plan.store.root})"), title_justify="left")
     for name in ("model", "revisions extracted", "revisions complete", "units done", "weights flagged"):
         table.add_column(name, justify="left" if name == "model" else "right")
     for model, revisions in plan.by_model().items():

@@ -175,7 +175,7 @@ def train(
                 row = train_job.run_training(store, settings, plan)
             rows.append(row)
             if row.get("run_dir"):
-                console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", highlight=False)
+                console.print(f"checkpoints: {row['n_checkpoints']} in {row['run_dir']}", markup=False, highlight=False)
             console.print(
                 f"lambda={row['lam']:<6g} seed={row['seed']}  held-out perplexity {row['heldout_perplexity']:.3f}  "
                 f"held-out dispersion {row['heldout_dispersion']:.4f}  ({row['wall_s']:.0f}s{', cached' if row.get('cached') else ''})"
@@ -217,7 +217,7 @@ def train(
         )
         paths = train_module.write_tables(store, rows, summary)
         paths["plot"] = dispersion_plots.plot_training(rows, summary, (plots or store.root / "plots") / "push_away_training.png")
-        console.print(f"tables: {paths['runs']}, {paths['table']}\nplots:  {paths['plot']}")
+        console.print(f"tables: {paths['runs']}, {paths['table']}\nplots:  {paths['plot']}", markup=False)
         if report is not None:
             columns = list(train_module.RUN_COLUMNS) + [
                 c for c in train_module.PROVENANCE + ("revision", "settings", "unit_key") if any(c in r for r in rows)
@@ -227,7 +227,7 @@ def train(
                 [p for p in [paths["plot"]] if p],
                 report,
             )
-            console.print(f"report: {report}")
+            console.print(f"report: {report}", markup=False)
         announce_report(store.root, console)
     except RaygeomError as error:
         _fail(str(error))

@@ -1,11 +1,12 @@
 """`raygeom verify STORE`: every checksum and key in a store, including files no unit needs now; `raygeom gc STORE`:
-free the activations no unit still needs."""
+free the activations no unit still needs (and, with --dequantised, the dequantised model copies)."""
 
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -73,6 +74,28 @@ def _audit_within_limits(store: Path):
     return outcome["found"]
 
 
+def free_dequantised(dry_run: bool) -> None:
+    """Delete (or, dry run, list) every dequantised copy of a GGUF model in raygeom's cache, and say how much."""
+    import shutil
+
+    from raygeom.sources.models import cache_dir, dequantised_copies
+
+    copies = dequantised_copies()
+    verb = "would free" if dry_run else "freed"
+    for folder, size in copies:
+        if not dry_run:
+            shutil.rmtree(folder)
+        console.print(f"{verb} {size:,} bytes: {folder}", markup=False, highlight=False, soft_wrap=True)
+    total = sum(size for _, size in copies)
+    console.print(
+        f"{verb} {total:,} bytes of {len(copies)} dequantised cop{'y' if len(copies) == 1 else 'ies'} in "
+        f"{cache_dir() / 'dequantised'}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's command to the raygeom app."""
 
@@ -97,12 +120,27 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def gc(
-        store: Path = typer.Argument(..., help="The store (a run's --out directory)."),
+        store: Optional[Path] = typer.Argument(None, help="The store (a run's --out directory)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List what would be freed; delete nothing."),
+        dequantised: bool = typer.Option(
+            False,
+            "--dequantised",
+            help="Also free the dequantised copies of the built-in GGUF models ($RAYGEOM_CACHE/dequantised, by "
+            "default ~/.cache/raygeom/dequantised: 0.5 GB for SmolLM2, 1.1 GB for Gemma); the next load makes "
+            "them again (20-60 s).",
+        ),
     ):
         """Free the layer files of every extraction whose planned units are all stored (and of interrupted ones).
         Markers, per-sample tables and readouts stay, so rerunning those units computes nothing; a unit not run
-        before extracts the layers again. Prints each extraction freed or kept, with why, and the total."""
+        before extracts the layers again. Prints each extraction freed or kept, with why, and the total. With
+        --dequantised (STORE may then be left out), the cached fp32 copies of GGUF models too."""
+        if store is None and not dequantised:
+            errors.print("[bold red]error:[/] give a STORE, --dequantised, or both", highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        if dequantised:
+            free_dequantised(dry_run)
+        if store is None:
+            return
         from raygeom.store.gc import collect
 
         try:

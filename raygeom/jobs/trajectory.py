@@ -228,7 +228,8 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
             row = train_module.run_training(store, settings, plan)  # reads it back, no Ray needed
             console.print(
                 f"{name}: the {len(plan.steps)} checkpoints in {plan.run_dir} exist and match; not retrained "
-                f"(trained in {row['wall_s'] / 60:.1f} min)"
+                f"(trained in {row['wall_s'] / 60:.1f} min)",
+                markup=False,
             )
             rows[index] = row
         else:
@@ -279,7 +280,8 @@ def train_stage(job, store, console, address=None, num_cpus=None) -> list[dict]:
                         continue
                     console.print(
                         f"{name}: {settings.steps} steps in {row['wall_s'] / 60:.1f} min, held-out perplexity "
-                        f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}"
+                        f"{row['heldout_perplexity']:.2f}; {len(plan.steps)} checkpoints in {plan.run_dir}",
+                        markup=False,
                     )
                     rows[index] = row
             except BaseException:
@@ -390,11 +392,12 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         page = Path(settings.report)
         export_rows(job, store, page.parent / page.stem, rows, by_step, table, outputs["full_run"])
         save_text(render_page(page), page)
-        console.print(f"report: {page} (its rows in {page.parent / page.stem})")
+        console.print(f"report: {page} (its rows in {page.parent / page.stem})", markup=False)
     console.print(
         f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
         f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
-        f"trajectory_dispersion.parquet"
+        f"trajectory_dispersion.parquet",
+        markup=False,
     )
     announce_report(store.root, console)
     return outputs

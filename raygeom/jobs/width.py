@@ -719,7 +719,7 @@ def write_width_report(job, store, console, wall: dict | None = None, gaps: list
     page = Path(job.width.report)
     export_rows(job, store, page.parent / page.stem, wall, gaps)
     save_text(render_page(page), page)
-    console.print(f"width report: {page} (its rows in {page.parent / page.stem})")
+    console.print(f"width report: {page} (its rows in {page.parent / page.stem})", markup=False)
     return page
 
 

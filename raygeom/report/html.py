@@ -24,6 +24,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from rich.markup import escape
+
 from raygeom.analyses import registry
 from raygeom.errors import RaygeomError
 from raygeom.report.other_sections import (
@@ -284,9 +286,9 @@ def announce_report(store_root: str | Path, console) -> Path | None:
             f"results are stored, `raygeom report {store_root}` writes it"
         ) from None
     except Exception as error:  # noqa: BLE001 - a report that cannot be drawn must not turn a finished run into a failed one
-        console.print(f"[yellow]report: not written ({type(error).__name__}: {error})[/]", highlight=False)
+        console.print(f"[yellow]report: not written ({escape(type(error).__name__)}: {escape(str(error))})[/]", highlight=False)
         return None
-    console.print(f"report:  {path}", highlight=False)
+    console.print(f"report:  {path}", markup=False, highlight=False)
     if _UNREADABLE:
         console.print(
             f"[yellow]report: {len(_UNREADABLE)} unreadable file(s) left out, listed at the top of the report[/]", highlight=False

@@ -76,6 +76,34 @@ if TYPE_CHECKING:  # annotations only: importing torch here would slow every ref
     import torch
 
 
+# The names the README and the refusals use for the built-ins.
+ALIASES_SHOWN = ("smollm2", "gemma3-270m")
+
+
+def _cached_hub_ids() -> list[str]:
+    """The hub ids the local HF cache holds (models--org--name folders); none when it cannot be read."""
+    try:
+        from raygeom.sources.download import cache_root
+
+        return sorted(
+            p.name[len("models--") :].replace("--", "/", 1) for p in cache_root().iterdir() if p.name.startswith("models--")
+        )
+    except OSError:
+        return []
+
+
+def model_suggestion(source: str) -> str:
+    """' (did you mean 'X'?)' for the built-in name (short or full) or cached hub id nearest a misspelt model name."""
+    import difflib
+
+    known = {name: name for name in (*ALIASES, *BUILTIN_MODELS)}
+    for repo in _cached_hub_ids():
+        known.setdefault(repo.lower(), repo)
+        known.setdefault(repo.rpartition("/")[2].lower(), repo)  # pythia-14m -> EleutherAI/pythia-14m
+    close = difflib.get_close_matches(source.lower(), list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{known[close[0]]}'?)" if close else ""
+
+
 def builtin_names() -> str:
     """The built-ins as users name them: short names first, full names in brackets."""
     return (
@@ -193,9 +221,9 @@ def resolve_model(source: str, revision: str | None = None) -> ModelSpec:
         check_config(path / "config.json", source)
         return ModelSpec(str(path.resolve()), "local", "main")
     if source.count("/") != 1 or source.startswith((".", "/")) or not HUB_ID.fullmatch(source) or ".." in source:
-        known = builtin_names()
         raise RaygeomError(
-            f"unknown model '{source}': not a built-in ({known}), a .gguf file, a model directory, or a hub id like org/name"
+            f"unknown model '{source}'{model_suggestion(source)}: give a built-in ({', '.join(sorted(ALIASES_SHOWN))}), "
+            "a .gguf file, a model folder, or a hub id such as EleutherAI/pythia-70m"
         )
     return ModelSpec(source, "hub", revision or "main")
 
@@ -465,6 +493,19 @@ def _gguf_tokenizer(gguf: Path) -> Path:
     from transformers import AutoTokenizer
 
     return _publish(target, "tokenizer_config.json", AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
+def dequantised_copies() -> list[tuple[Path, int]]:
+    """The dequantised copies of GGUF models in the cache (``$RAYGEOM_CACHE/dequantised``, by default
+    ~/.cache/raygeom/dequantised; left-over ``.staging-*`` folders included), each with its size in bytes."""
+    root = cache_dir() / "dequantised"
+    if not root.is_dir():
+        return []
+    return [
+        (folder, sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
+        for folder in sorted(root.iterdir())
+        if folder.is_dir()
+    ]
 
 
 def _offline() -> bool:

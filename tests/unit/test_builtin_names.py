@@ -41,13 +41,12 @@ def test_the_new_name_never_shares_a_key_with_a_store_written_under_the_old_one(
     assert old != new
 
 
-def test_an_unknown_name_lists_the_short_and_the_full_names():
-    with pytest.raises(
-        RaygeomError,
-        match=r"gemma3-270m, smollm2-135m \(gemma3-270m is gemma3-270m-q4_k_m, "
-        r"smollm2-135m is smollm2-135m-instruct-q4_1\)",
-    ):
+def test_an_unknown_name_gets_the_nearest_short_or_full_name_and_the_short_names():
+    # issue 48: one line, "did you mean" over the short and full names, the short names the README uses listed
+    with pytest.raises(RaygeomError, match=r"'smollm3' \(did you mean 'smollm2'\?\): give a built-in \(gemma3-270m, smollm2\)"):
         resolve_model("smollm3")
+    with pytest.raises(RaygeomError, match=r"did you mean 'gemma3-270m-q4_k_m'\?"):
+        resolve_model("gemma3-270m-q4-k-m")
 
 
 @pytest.mark.parametrize("path", ["docs/quickstart.ipynb", "Makefile"])

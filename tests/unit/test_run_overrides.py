@@ -33,10 +33,15 @@ def test_run_takes_every_flag_that_pga_takes():
     assert pga_flags() <= run_flags
 
 
-def test_each_override_lands_in_the_job(captured):
+def test_each_override_lands_in_the_job(captured, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    laptop = Path(__file__).resolve().parents[2] / "jobs" / "laptop.toml"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "other.txt").write_text("a text\n")  # a --corpus file must exist (issue 48: else refused as missing)
     args = [
         "run",
-        "jobs/laptop.toml",
+        str(laptop),
         "--out",
         "runs/x",
         "--model",
