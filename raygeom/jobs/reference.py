@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 from raygeom.analyses import registry
 from raygeom.errors import RaygeomError
@@ -220,10 +221,11 @@ def _first_paragraph(text: str | None) -> str:
 def analysis_sections() -> list[Section]:
     out = []
     for name, analysis in sorted(registry.analyses().items()):
+        reads = analysis.reads(analysis.Params(), SimpleNamespace(layers="all"))  # what a job's defaults read
         kind = (
-            "reads the pooled extraction ([extract])"
-            if analysis.extraction == "pooled"
-            else f"makes an extraction of its own ({analysis.extraction})"
+            "reads the job's pooled pass ([extract])" + (f", on {reads.why}" if reads.texts is not None and reads.shared else "")
+            if reads.kind == "pooled"
+            else f"reads the {reads.kind} pass ({reads.why}; analyses of the same settings share it)"
         )
         about = _first_paragraph(type(analysis).__doc__) or f"{analysis.title} of every chosen layer, per model and revision."
         about += (
