@@ -82,7 +82,6 @@ class KnnLM(Analysis):
     command = "knn"
     extraction = "knn"
     results = "knn"
-    section = "raygeom.report.analysis_sections:knn_section"
     columns = (
         "layer",
         "dispersion",
@@ -104,7 +103,6 @@ class KnnLM(Analysis):
         "k",
     )
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
-    figures = "raygeom.report.dispersion_plots:knn_figures"
 
     def console(self, rows, store=None):
         from raygeom.analyses.knn import summary_lines

@@ -174,3 +174,22 @@ def test_back_edges_are_found():
 def test_layers_import_only_downwards():
     wrong = back_edges(import_graph())
     assert not wrong, f"{len(wrong)} imports that run back up a layer:\n" + "\n".join(wrong)
+
+
+def test_every_renderer_is_an_import_the_graph_sees():
+    """How an analysis is drawn is the report layer's (raygeom.report.renderers, keyed by analysis name), never text in
+    an analysis naming a report function: each built-in renderer is a function of a report module that
+    renderers.py imports (so the layer and cycle checks above cover it), keyed by a registered analysis."""
+    from raygeom.analyses import registry
+    from raygeom.report import renderers
+
+    graph = import_graph()
+    for path in (PACKAGE / "analyses").glob("*.py"):
+        assert '"raygeom.report' not in path.read_text(), path.name  # no "module:function" text
+    assert renderers.BUILT_IN
+    for name, renderer in renderers.BUILT_IN.items():
+        assert name in registry.analyses(), name
+        for function in (renderer.section, renderer.figures):
+            if function is not None:
+                assert _inside(function.__module__, "raygeom.report"), (name, function)
+                assert function.__module__ in graph["raygeom.report.renderers"], (name, function.__module__)
