@@ -30,7 +30,7 @@ from raygeom.params import (
 )
 from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources.checkpoints import is_run_directory
-from raygeom.sources.layers import _INSIDE
+from raygeom.sources.layers import INSIDE_POINT
 
 DEFAULT_STORE = "runs/default"  # every command's store unless --out or a job names one
 
@@ -256,7 +256,7 @@ def check_layer_selection(selection: str) -> None:
     if any(not p for p in parts):
         raise RaygeomError(f"layer selection '{selection}' has an empty item; use e.g. 'embed,5:10,-1'")
     for part in parts:
-        inside = _INSIDE.fullmatch(part)  # 0:4.attn_out is the range 0:4, at a point inside each block
+        inside = INSIDE_POINT.fullmatch(part)  # 0:4.attn_out is the range 0:4, at a point inside each block
         start, colon, stop = (inside.group(1) if inside else part).partition(":")
         if not colon:
             continue

@@ -251,11 +251,6 @@ class SweepItem:
     cpus: int | None = None  # CPU replica threads; None: a node's CPUs for a lone revision, else 1
 
 
-def extraction_options(gpus: float, cpus: int = 1) -> tuple[dict, str, str | None]:
-    """Ray options, device and device_map of one extraction replica."""
-    return replica_actor.replica_options(gpus, cpus)
-
-
 def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
     """'extract', 'nll' (complete, but stored without the NLL this request wants) or None (complete)."""
     spec = request.spec

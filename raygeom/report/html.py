@@ -33,7 +33,7 @@ from raygeom.report.other_sections import (
     width_section,
 )
 from raygeom.report.profiles import analysis_section
-from raygeom.report.rows import _OVERLAY, _UNREADABLE, SETTING_COLUMNS, _analysis_rows, pga_rows  # noqa: F401 - the CLI's and tests' names
+from raygeom.report.rows import _OVERLAY, SETTING_COLUMNS, UNREADABLE, _analysis_rows, pga_rows  # noqa: F401 - the CLI's and tests' names
 from raygeom.report.styling import VISIBLE_REVISIONS, Section, _short, setting_text, settings_runs  # noqa: F401 - as above
 
 REPORT_NAME = "report.html"
@@ -83,7 +83,7 @@ def build_sections(root: Path) -> list[Section]:
 
 
 def _build_sections(root: Path) -> list[Section]:
-    _UNREADABLE.clear()
+    UNREADABLE.clear()
     sections = [
         *analysis_sections(root),
         train_section(root),
@@ -173,12 +173,12 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
         for d in unit_dirs
     )
     warning = ""
-    if _UNREADABLE:
+    if UNREADABLE:
         items = "".join(
-            f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>" for p, reason in _UNREADABLE[:50]
+            f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>" for p, reason in UNREADABLE[:50]
         )
         warning = (
-            f"<div class='warning'><b>{len(_UNREADABLE)} file(s) in this store could not be read and are not in this "
+            f"<div class='warning'><b>{len(UNREADABLE)} file(s) in this store could not be read and are not in this "
             f"report:</b><ul>{items}</ul></div>"
         )
     nav = " ".join(f"<a href='#{s.anchor}'>{html.escape(s.title.split(':')[0])}</a>" for s in sections)
@@ -224,7 +224,7 @@ def write_report(store_root: str | Path, out: str | Path | None = None, overlay:
     finally:
         _OVERLAY.clear()
     if not sections:
-        unreadable = f"; {len(_UNREADABLE)} file(s) could not be read, e.g. {_UNREADABLE[0][1]}" if _UNREADABLE else ""
+        unreadable = f"; {len(UNREADABLE)} file(s) could not be read, e.g. {UNREADABLE[0][1]}" if UNREADABLE else ""
         raise RaygeomError(
             f"nothing to report in {root}: no readable result tables under {root / 'results'} and no extractions{unreadable}"
         )
@@ -289,8 +289,8 @@ def announce_report(store_root: str | Path, console) -> Path | None:
         console.print(f"[yellow]report: not written ({type(error).__name__}: {error})[/]", highlight=False)
         return None
     console.print(f"report:  {path}", highlight=False)
-    if _UNREADABLE:
+    if UNREADABLE:
         console.print(
-            f"[yellow]report: {len(_UNREADABLE)} unreadable file(s) left out, listed at the top of the report[/]", highlight=False
+            f"[yellow]report: {len(UNREADABLE)} unreadable file(s) left out, listed at the top of the report[/]", highlight=False
         )
     return path

@@ -13,9 +13,9 @@ import pytest
 
 from raygeom.analyses import registry
 from raygeom.report.html import build_sections, write_report
-from raygeom.report.synthetic import declared_rows, job_store_rows, write_analysis_store, write_job_store
 from raygeom.store.tree import atomic_write_table
 from tests.figures import decode, figures_of
+from tests.synthetic import declared_rows, job_store_rows, write_analysis_store, write_job_store
 
 MODELS, REVISIONS, RANKS = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"), ("step1000", "step143000"), (0, 1, 5)
 
