@@ -142,14 +142,20 @@ class TrajectorySettings(ChunkSettings):
     )
     bootstrap: int = param(2000, "Bootstrap draws of the ranking intervals.", low=100, high=MAX_BOOT)
     seed: int = param(0, "Seed of the bootstrap.", low=0, high=MAX_SEED)
-    report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/trajectory.md.")
+    report: str = param(
+        "",
+        "A page whose rows the run exports into <page>/ (python -m tools.results_pages builds it), e.g. docs/results/trajectory.md.",
+    )
 
 
 @dataclass(frozen=True)
 class WidthSettings(Params):
     """[width]: the page a width ladder (a [train] grid over hidden_size) regenerates, and how it decides."""
 
-    report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/width.md.")
+    report: str = param(
+        "",
+        "A page whose rows the run exports into <page>/ (python -m tools.results_pages builds it), e.g. docs/results/width.md.",
+    )
     positive_z: float = param(2.0, "z whose whole interval lies above this counts as organised.", high=MAX_Z, low=-MAX_Z)
     collapse_z: float = param(0.0, "z whose whole interval lies below this counts as collapsed.", high=MAX_Z, low=-MAX_Z)
     seed: int = param(0, "Seed of the bootstrap intervals.", low=0, high=MAX_SEED)

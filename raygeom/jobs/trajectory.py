@@ -301,7 +301,9 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         page = Path(settings.report)
         export_rows(job, store, page.parent / page.stem, rows, by_step, table, outputs["full_run"])
         console.print(
-            f"trajectory rows: {page.parent / page.stem} (the page: python -m tools.results_pages {page})", highlight=False
+            f"trajectory rows: {page.parent / page.stem} (the page: python -m tools.results_pages {page})",
+            highlight=False,
+            soft_wrap=True,
         )
     console.print(
         f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "

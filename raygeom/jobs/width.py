@@ -239,5 +239,5 @@ def export_page_rows(job, store, console, wall: dict | None = None, gaps: list[d
     repository's ``python -m tools.results_pages <page>`` builds the page."""
     page = Path(job.width.report)
     data = export_rows(job, store, page.parent / page.stem, wall, gaps)
-    console.print(f"width rows: {data} (the page: python -m tools.results_pages {page})", highlight=False)
+    console.print(f"width rows: {data} (the page: python -m tools.results_pages {page})", highlight=False, soft_wrap=True)
     return page
