@@ -58,9 +58,9 @@ def child(workers: int, corpus: str, out: str, n: int, per_model: int) -> None:
 
     prepare_local_ray_environment()
     import ray
+    from sweep_units import pga_units_for
 
     from raygeom.engine import orchestrate
-    from raygeom.jobs.pipeline import pga_units_for
     from raygeom.params import PGAParams
     from raygeom.replica.extract import ExtractionSettings
     from raygeom.replica.request import ExtractionRequest
@@ -296,8 +296,8 @@ def estimate() -> None:
     """Measure one PGA unit's cost at the full suite's N=2000, k=100, per rho, on one CPU thread."""
     import numpy as np
     import torch
+    from sweep_units import full_suite_estimate
 
-    from raygeom.jobs import plan as sweep
     from raygeom.numerics import pga
     from raygeom.sources import revisions as pythia
 
@@ -327,7 +327,7 @@ def estimate() -> None:
     # Forward passes: 2 FLOPs per parameter per token, on an A100 at an assumed 40% of its 312 TFLOPS (fp16)
     # for batches of 32 x 128 tokens. Loading: fp16 weights from local NVMe at an assumed 2 GB/s per replica.
     flops_per_second = 0.40 * 312e12
-    result = sweep.full_suite_estimate(
+    result = full_suite_estimate(
         extract_rate_gpu=2 / flops_per_second, load_seconds_per_param=2 / 2e9, pga_unit_seconds=unit_seconds
     )
     print(

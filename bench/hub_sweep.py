@@ -43,9 +43,10 @@ def child(corpus: str, out: str, n: int, count: int, budget: int) -> None:
     from raygeom.engine.ray_env import prepare_local_ray_environment
 
     prepare_local_ray_environment()
+    from sweep_units import pga_units_for
+
     from raygeom.engine import orchestrate
     from raygeom.engine.weights import WeightsSettings
-    from raygeom.jobs.pipeline import pga_units_for
     from raygeom.params import PGAParams
     from raygeom.replica.extract import ExtractionSettings
     from raygeom.replica.request import ExtractionRequest

@@ -30,7 +30,7 @@ from raygeom.params import (
 )
 from raygeom.replica.settings import ExtractionSettings
 from raygeom.sources.checkpoints import is_run_directory
-from raygeom.sources.layers import _INSIDE
+from raygeom.sources.layers import INSIDE_POINT
 
 DEFAULT_STORE = "runs/default"  # every command's store unless --out or a job names one
 
@@ -142,14 +142,20 @@ class TrajectorySettings(ChunkSettings):
     )
     bootstrap: int = param(2000, "Bootstrap draws of the ranking intervals.", low=100, high=MAX_BOOT)
     seed: int = param(0, "Seed of the bootstrap.", low=0, high=MAX_SEED)
-    report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/trajectory.md.")
+    report: str = param(
+        "",
+        "A page whose rows the run exports into <page>/ (python -m tools.results_pages builds it), e.g. docs/results/trajectory.md.",
+    )
 
 
 @dataclass(frozen=True)
 class WidthSettings(Params):
     """[width]: the page a width ladder (a [train] grid over hidden_size) regenerates, and how it decides."""
 
-    report: str = param("", "A Markdown file regenerated from the store, e.g. docs/results/width.md.")
+    report: str = param(
+        "",
+        "A page whose rows the run exports into <page>/ (python -m tools.results_pages builds it), e.g. docs/results/width.md.",
+    )
     positive_z: float = param(2.0, "z whose whole interval lies above this counts as organised.", high=MAX_Z, low=-MAX_Z)
     collapse_z: float = param(0.0, "z whose whole interval lies below this counts as collapsed.", high=MAX_Z, low=-MAX_Z)
     seed: int = param(0, "Seed of the bootstrap intervals.", low=0, high=MAX_SEED)
@@ -260,7 +266,7 @@ def check_layer_selection(selection: str) -> None:
     if any(not p for p in parts):
         raise RaygeomError(f"layer selection '{selection}' has an empty item; use e.g. 'embed,5:10,-1'")
     for part in parts:
-        inside = _INSIDE.fullmatch(part)  # 0:4.attn_out is the range 0:4, at a point inside each block
+        inside = INSIDE_POINT.fullmatch(part)  # 0:4.attn_out is the range 0:4, at a point inside each block
         start, colon, stop = (inside.group(1) if inside else part).partition(":")
         if not colon:
             continue

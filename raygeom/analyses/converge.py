@@ -279,9 +279,9 @@ def _text_intervals(grid: dict, spread: dict) -> dict:
     Fisher's z scale (delta method) for the two correlations."""
     if not spread:
         return {}
-    from raygeom.numerics.uncertainty import LEVEL, _quantile, bounded_normal_interval
+    from raygeom.numerics.uncertainty import LEVEL, bounded_normal_interval, level_quantile
 
-    q = _quantile(LEVEL)
+    q = level_quantile(LEVEL)
     centres = {
         "rho_full": grid["rho_full"],
         "rho": grid["rho_readout"],

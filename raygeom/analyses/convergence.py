@@ -88,7 +88,6 @@ class Convergence(Analysis):
     command = "converge"
     extraction = "aligned"
     results = "converge"
-    section = "raygeom.report.analysis_sections:converge_section"
     columns = (
         "model_a",
         "revision_a",
@@ -105,7 +104,6 @@ class Convergence(Analysis):
         "n_null",
     )
     series = ("k", "r", "n_null")
-    figures = "raygeom.report.converge_plots:figures"
 
     def console(self, rows, store=None):
         from raygeom.analyses.converge import convergence_markdown, pairs

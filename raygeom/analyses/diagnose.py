@@ -92,7 +92,6 @@ class Diagnose(Analysis):
     # Its own extraction: the job's pooled one, with the per-sample NLL (the full-vocabulary LM head).
     extraction = "pooled_nll"
     results = "diagnostics_layers"
-    figures = "raygeom.report.diagnostics_plots:figures"
     columns = (*SPECTRAL_COLUMNS, "loss_share_spearman", *SETTING_COLUMNS)
     # What only diagnose measures: the z, spectral and probe rows it writes are drawn in their own analyses' sections.
     metrics = (

@@ -612,19 +612,6 @@ def domains_step(root: str, slug: str, revision: str, key: str, layer: str) -> l
     return rows
 
 
-def analyse_unit(unit: dict, analysis: AnalysisSettings, seed: int = 0) -> dict:
-    """In-process form of the engine's units (same pure steps): layers, slices and groups rows of one extraction."""
-    chunks = unit["chunks"].to_pandas()
-    rows, slices, groups = [], [], []
-    for row in unit["layers"].to_pylist():
-        part = chunks[chunks["layer"] == row["layer"]].sort_values("chunk_id")
-        r, s, g = analyse_layer(row, part, unit["pooled"][row["layer"]], gap_parts_of(unit["gap"], row["layer"]), analysis, seed)
-        rows.append(r)
-        slices += s
-        groups += g
-    return {"layers": rows, "slices": slices, "groups": groups}
-
-
 def analysis_key(extraction_key: str, analysis: AnalysisSettings, seed: int) -> str:
     """The content key of one extraction's analysis unit (its rows in results/dispersion_layers/)."""
     return content_key("dispersion_analysis", ANALYSIS_VERSION, extraction_key, asdict(analysis), seed)

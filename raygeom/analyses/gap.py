@@ -38,7 +38,6 @@ class DispersionGap(Analysis):
     command = "select"
     extraction = "chunks"
     results = "dispersion_gap"
-    section = "raygeom.report.analysis_sections:gap_section"
     # results/dispersion_gap.parquet accumulates every stored unit; the ranking of one job's candidates is
     # results/dispersion_select.parquet (rank 1 = largest G), as `raygeom select` writes it.
     columns = (
@@ -59,7 +58,6 @@ class DispersionGap(Analysis):
         "domain_tokens",
     )
     series = ("chunk_len", "chunks_per_domain", "domain_tokens")
-    figures = "raygeom.report.dispersion_plots:gap_figures"
 
     def console(self, rows, store=None):
         """The ranking: G with its interval, the sides and perplexity per candidate; a warning per thin domain side."""

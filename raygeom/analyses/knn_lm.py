@@ -92,7 +92,6 @@ class KnnLM(Analysis):
     command = "knn"
     extraction = "knn"
     results = "knn"
-    section = "raygeom.report.analysis_sections:knn_section"
     columns = (
         "layer",
         "dispersion",
@@ -120,7 +119,6 @@ class KnnLM(Analysis):
     )
     series = ("chunk_len", "train_chunks", "test_chunks", "k")
     measured = ("temperature",)  # the temperature chosen per layer (a result), not the `temperature` setting
-    figures = "raygeom.report.dispersion_plots:knn_figures"
 
     def check_job(self, params: KnnParams, job) -> None:
         """Refuse, before Ray starts, settings that can only give a k larger than the datastore or an evaluation half

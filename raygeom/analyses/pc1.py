@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer, register
+from raygeom.analyses.registry import Metric, Needs, Params, PerLayer, k_per_d_param, param, read_layer, register
 from raygeom.analyses.spectral import check_k
 from raygeom.params import MAX_SEED, MAX_WIDTH
 
@@ -33,7 +32,7 @@ def pc1_task(root: str, model: str, revision: str, layer: str, k: int, seed: int
 
 
 @register
-class PC1Share(Analysis):
+class PC1Share(PerLayer):
     name = "pc1"
     version = 2  # 2: the interval on the logit scale (inside [0, 1]), not clipped
     Params = PC1Params
@@ -57,26 +56,8 @@ class PC1Share(Analysis):
         ),
     )
     series = ("k_per_d", "k")
+    task = pc1_task
+    arguments = ("k", "seed", "text_halves")
 
     def check(self, params: PC1Params, info: dict, model: str) -> None:
         check_k(info, params.k, model)
-
-    def units(self, store, model, revision, layers, params: PC1Params, info):
-        return layer_units(
-            self,
-            params,
-            store,
-            model,
-            revision,
-            layers,
-            info,
-            pc1_task,
-            (params.k, params.seed, params.text_halves),
-            lambda layer, value: {
-                **layer_row(model, revision, layer, info),
-                "k": params.k,
-                "k_per_d": params.k_per_d,
-                "seed": params.seed,
-                **value,
-            },
-        )

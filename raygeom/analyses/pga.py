@@ -338,8 +338,6 @@ class SubspacePGA(Analysis):
     metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
     series = ("k_per_d", "k", "r")
     measured = ("z_half_width",)  # z's 95 % half-width in a row; the --n-null auto target in PGAParams
-    # its rows from the job's table and a sweep's tidy table too, with the sweep's collapse zones
-    section = "raygeom.report.analysis_sections:pga_section"
 
     def units(self, store, model, revision, layers, params: PGAParams, info):
         return units(store, model, revision, layers, params, info=info)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Needs, Params, layer_units, param, read_layer, register
+from raygeom.analyses.registry import Metric, Needs, Params, PerLayer, param, read_layer, register
 from raygeom.errors import RaygeomError
 from raygeom.params import MAX_SEED
 
@@ -48,7 +47,7 @@ def require_labels(corpus_name: str, otherwise: str = "") -> None:
 
 
 @register
-class Probe(Analysis):
+class Probe(PerLayer):
     name = "probe"
     version = 2  # shares its units with `raygeom diagnose`/`probe` (DIAGNOSTICS_VERSION 2)
     Params = ProbeParams
@@ -57,6 +56,8 @@ class Probe(Analysis):
     columns = ("seed", "test_fraction", "c", "accuracy", "accuracy_lo", "accuracy_hi", "chance", "n_test", "converged")
     metrics = (Metric("accuracy", "probe accuracy", "accuracy_lo", "accuracy_hi", chance="chance"),)
     series = ("seed", "test_fraction", "c")
+    task = probe_task
+    arguments = ("test_fraction", "seed", "c")
 
     def check_job(self, params, job) -> None:
         if not job.corpus_pending:
@@ -69,21 +70,4 @@ class Probe(Analysis):
                 f"the corpus of {model}@{revision} has no labels, so there is nothing to probe "
                 "(use the built-in 'bbc' corpus, a JSONL/Parquet file with a 'label' field, or hf:ag_news)"
             )
-        return layer_units(
-            self,
-            params,
-            store,
-            model,
-            revision,
-            layers,
-            info,
-            probe_task,
-            (params.test_fraction, params.seed, params.c),
-            lambda layer, value: {
-                **layer_row(model, revision, layer, info),
-                "seed": params.seed,
-                "test_fraction": params.test_fraction,
-                "c": params.c,
-                **value,
-            },
-        )
+        return super().units(store, model, revision, layers, params, info)

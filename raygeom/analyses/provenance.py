@@ -7,6 +7,29 @@ import re
 
 WORDS = re.compile(r"\[:(\d+)w\]")
 
+# The columns every per-layer row starts with (layer_row): where it comes from (model, revision, layer, its depth, d,
+# the extraction's fingerprint) and extraction_columns' settings. An analysis reading the pooled extraction may not
+# declare one as its own (registry.register refuses it): its value would overwrite the row's provenance.
+PROVENANCE_COLUMNS = (
+    "model",
+    "revision",
+    "layer",
+    "layer_index",
+    "relative_depth",
+    "d",
+    "fingerprint",
+    "step",
+    "corpus",
+    "corpus_fingerprint",
+    "n",
+    "seq_len",
+    "pool",
+    "skip_first",
+    "max_words",
+    "raygeom_version",
+    "source",
+)
+
 
 def extraction_columns(info: dict) -> dict:
     """model, revision, step, corpus and its fingerprint, n, seq_len, pool, skip_first, max_words, raygeom version;

@@ -15,9 +15,11 @@ from __future__ import annotations
 import abc
 import importlib
 import importlib.metadata
+import math
 import pkgutil
+import sys
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 from raygeom.errors import RaygeomError
 from raygeom.params import Params, for_width, k_per_d_param, key_settings, nearest, param  # noqa: F401 - an analysis file declares its Params with these
@@ -38,9 +40,25 @@ class Metric:
 
     column: str
     title: str
-    lo: str | None = None  # columns of its 95 % interval, when it has one
+    lo: str | None = None  # columns of its interval, when it has one
     hi: str | None = None
     chance: str | None = None  # a column with the chance level to draw beside it
+    # The interval's coverage: a number in (0, 1), or the declared column that holds it per row (a parameter such as
+    # ``level``); labels and legends name it ("80 %").
+    level: float | str = 0.95
+
+    def level_label(self, rows: Iterable[dict] = ()) -> str:
+        """The interval's coverage as labels say it: "95 %"; from the rows' column where ``level`` names one (each
+        distinct value, "90 %/95 %"), the declared number otherwise."""
+        if isinstance(self.level, str):
+            values = sorted({row[self.level] for row in rows if _coverage(row.get(self.level))})
+        else:
+            values = [self.level]
+        return "/".join(f"{100 * value:.4g} %" for value in values) or "?"
+
+
+def _coverage(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value < 1
 
 
 @dataclass(frozen=True)
@@ -100,13 +118,9 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     # tokenizer reads them whole), made and analysed by run(); analyses naming the same one share it.
     extraction: ClassVar[str] = "pooled"
     results: ClassVar[str | None] = None  # the results/<dir>/ its unit rows are stored in (None: its name)
-    # "module:function" of the report layer drawing its report section from a store root (this analysis's alone: the
-    # page heads it with its title); None: the generic section (each metric by depth, a step x layer heatmap per setting)
-    section: ClassVar[str | None] = None
+    # How it is drawn is the report layer's: raygeom.report.renderers keys a section and figures by the analysis's
+    # name (the generic ones where it has none); a plugin registers its own there (CONTRIBUTING.md).
     command: ClassVar[str | None] = None  # the name of its generated command (raygeom <command>), if not its name
-    # "module:function" of the report layer drawing this run's plots: function(rows, plots directory) -> [paths]; None:
-    # the generic plots (each metric by depth)
-    figures: ClassVar[str | None] = None
     # CSV name -> a results/ table (e.g. a side table its run writes) whose rows of this run's units --report copies
     tables: ClassVar[dict[str, str]] = {}
 
@@ -189,9 +203,51 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
                 )
 
 
+class PerLayer(Analysis):
+    """A pooled analysis that computes one row per layer: declare ``task``, a module-level function
+    ``task(root, model, revision, layer, *arguments, extraction key) -> dict`` run on a worker (it reads the layer with
+    :func:`read_layer`), and ``arguments``, the names of the Params fields passed to it, in order. Each row is
+    :func:`~raygeom.analyses.provenance.layer_row`, then every parameter that is a declared column, then
+    :meth:`finish` of what the task returned (by default that dict as it is)."""
+
+    task: ClassVar[Callable[..., dict]]
+    arguments: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        task = cls.__dict__.get("task")
+        if callable(task) and not isinstance(task, staticmethod):  # a plain function stays one, not a bound method
+            cls.task = staticmethod(task)
+
+    def finish(self, params, value: dict) -> dict:
+        """This analysis's own columns of one layer's row, from what its task returned."""
+        return value
+
+    def units(self, store, model: str, revision: str, layers: list[str], params, info: dict) -> list:
+        from raygeom.analyses.provenance import layer_row
+
+        given = {name: getattr(params, name) for name in (f.name for f in fields(params)) if name in self.columns}
+        return layer_units(
+            self,
+            params,
+            store,
+            model,
+            revision,
+            layers,
+            info,
+            type(self).task,
+            tuple(getattr(params, name) for name in self.arguments),
+            lambda layer, value: {**layer_row(model, revision, layer, info), **given, **self.finish(params, value)},
+        )
+
+
 _REGISTRY: dict[str, Analysis] = {}
 _DISCOVERED: list[bool] = []  # every analysis module and entry point imported once
 ENTRY_POINTS = "raygeom.analyses"  # the entry-point group through which another package adds analyses
+FAILED: list[str] = []  # the warning line of each entry point that failed to load, in this process
+# The CLI's own commands (raygeom.cli): no analysis may be named or called as one (the built-in would silently win).
+# tests/unit/test_cli.py checks this against the commands the CLI really has.
+RESERVED_COMMANDS = ("analyze", "explain", "export", "gc", "plan", "report", "run", "status", "tiny-pythia", "train", "verify")
 
 
 def _check_declaration(cls: type) -> None:
@@ -202,6 +258,12 @@ def _check_declaration(cls: type) -> None:
     for attribute in ("name", "version", "Params", "title"):
         if not hasattr(cls, attribute):
             raise TypeError(f"{where} declares no {attribute}")
+    if not isinstance(cls.name, str) or not cls.name.isidentifier():
+        raise TypeError(f"{where}: its name must be an identifier (letters, digits and _), as it names a command and files")
+    if cls.command is not None and (not isinstance(cls.command, str) or not cls.command.isidentifier()):
+        raise TypeError(f"{where}: its command {cls.command!r} must be an identifier")
+    if not isinstance(cls.version, int) or isinstance(cls.version, bool) or cls.version < 1:
+        raise TypeError(f"{where}: version must be a positive integer, got {cls.version!r}")
     if not (isinstance(cls.Params, type) and issubclass(cls.Params, Params)):
         raise TypeError(f"{where}: Params must be a raygeom.params.Params dataclass")
     if cls.__abstractmethods__:
@@ -210,6 +272,21 @@ def _check_declaration(cls: type) -> None:
         )
     parameters = {f.name for f in fields(cls.Params)}
     columns = set(cls.columns)
+    if cls.extraction == "pooled":
+        from raygeom.analyses.provenance import PROVENANCE_COLUMNS
+
+        taken = [c for c in cls.columns if c in PROVENANCE_COLUMNS]
+        if taken:
+            raise TypeError(
+                f"{where}: column(s) {', '.join(taken)} are provenance columns every row already carries (layer_row); "
+                "name its own column otherwise"
+            )
+    if issubclass(cls, PerLayer):
+        if not callable(getattr(cls, "task", None)):
+            raise TypeError(f"{where}: a PerLayer analysis declares its task")
+        unknown = [a for a in cls.arguments if a not in parameters]
+        if unknown:
+            raise TypeError(f"{where}: arguments {', '.join(unknown)} are not parameters")
     for name in cls.series:
         if name not in parameters or name not in columns:
             raise TypeError(
@@ -223,11 +300,31 @@ def _check_declaration(cls: type) -> None:
         unknown = [c for c in (metric.column, metric.lo, metric.hi, metric.chance) if c is not None and c not in columns]
         if unknown:
             raise TypeError(f"{where}: metric {metric.column!r} names undeclared column(s) {', '.join(unknown)}")
+        if not (_coverage(metric.level) or (isinstance(metric.level, str) and metric.level in columns)):
+            raise TypeError(
+                f"{where}: metric {metric.column!r} has level {metric.level!r}; a coverage > 0 and < 1, or a declared column"
+            )
+
+
+def _check_names(cls: type) -> None:
+    """Its name and command are no built-in command's, and no other analysis's name or command: the command line
+    would run the other one (analyses may share a command, as token_dispersion and slices share ``dispersion``)."""
+    where = f"analysis {cls.name!r}"
+    for what, value in (("name", cls.name), ("command", cls.command)):
+        if value in RESERVED_COMMANDS:
+            raise TypeError(f"{where}: its {what} {value!r} is a built-in command of raygeom")
+    for other in _REGISTRY.values():
+        if (type(other).__module__, type(other).__qualname__) == (cls.__module__, cls.__qualname__):
+            continue
+        if cls.name == (other.command or other.name) or (cls.command and cls.command == other.name):
+            raise TypeError(f"{where}: its name or command is analysis {other.name!r}'s")
 
 
 def register(cls: type) -> type:
     """Class decorator: check an analysis's declaration and add it to the registry under ``cls.name`` (once)."""
     _check_declaration(cls)
+    if cls.name not in _REGISTRY:
+        _check_names(cls)
     if cls.name in _REGISTRY and (type(_REGISTRY[cls.name]).__module__, type(_REGISTRY[cls.name]).__qualname__) != (
         cls.__module__,
         cls.__qualname__,
@@ -246,13 +343,24 @@ def _discover() -> None:
     for module in pkgutil.iter_modules(package.__path__):
         if module.name != "registry":
             importlib.import_module(f"{package.__name__}.{module.name}")
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+    load_entry_points(ENTRY_POINTS)
+
+
+def load_entry_points(group: str) -> list:
+    """Load every entry point of ``group`` (another package's modules, e.g. its analyses or renderers); return what
+    loaded. One that fails to import (or whose declaration is refused) costs one warning line on stderr naming it and
+    its error, once per process, and is left out: raygeom and every other plugin still work."""
+    loaded = []
+    for entry in importlib.metadata.entry_points(group=group):
         try:
-            entry.load()
+            loaded.append(entry.load())
         except Exception as error:  # noqa: BLE001 - another package's defect gets one line naming it
-            raise RaygeomError(
-                f"the {ENTRY_POINTS} entry point {entry.name!r} ({entry.value}) failed to load: {type(error).__name__}: {error}"
-            ) from error
+            detail = " ".join(str(error).split())
+            line = f"warning: {group} entry point {entry.name!r} ({entry.value}) not loaded: {type(error).__name__}: {detail}"
+            if line not in FAILED:
+                FAILED.append(line)
+                print(line, file=sys.stderr)
+    return loaded
 
 
 def analyses() -> dict[str, Analysis]:

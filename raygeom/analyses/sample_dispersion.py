@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Params, layer_units, param, read_layer, register
+from raygeom.analyses.registry import Metric, Params, PerLayer, param, read_layer, register
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ def sample_dispersion_task(root: str, model: str, revision: str, layer: str, lev
 
 
 @register
-class SampleDispersion(Analysis):
+class SampleDispersion(PerLayer):
     name = "sample_dispersion"
     version = 2  # 2: the interval on the logit scale of D / 2 (inside [0, 2])
     Params = SampleDispersionParams
@@ -33,21 +32,13 @@ class SampleDispersion(Analysis):
     columns = ("level", "dispersion", "dispersion_se", "dispersion_lo", "dispersion_hi")
     metrics = (
         Metric(
-            "dispersion", "dispersion (mean pairwise cosine distance of the pooled vectors)", "dispersion_lo", "dispersion_hi"
+            "dispersion",
+            "dispersion (mean pairwise cosine distance of the pooled vectors)",
+            "dispersion_lo",
+            "dispersion_hi",
+            level="level",  # its coverage is a parameter: labels name each row's
         ),
     )
     series = ("level",)
-
-    def units(self, store, model, revision, layers, params: SampleDispersionParams, info):
-        return layer_units(
-            self,
-            params,
-            store,
-            model,
-            revision,
-            layers,
-            info,
-            sample_dispersion_task,
-            (params.level,),
-            lambda layer, value: {**layer_row(model, revision, layer, info), "level": params.level, **value},
-        )
+    task = sample_dispersion_task
+    arguments = ("level",)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Needs, Params, k_per_d_param, layer_units, param, read_layer, register
+from raygeom.analyses.registry import Metric, Needs, Params, PerLayer, k_per_d_param, param, read_layer, register
 from raygeom.errors import RaygeomError
 from raygeom.params import MAX_WIDTH
 
@@ -34,7 +33,7 @@ def check_k(info: dict, k: int, model: str) -> None:
 
 
 @register
-class Spectral(Analysis):
+class Spectral(PerLayer):
     name = "spectral"
     version = 2  # shares its units with `raygeom diagnose` (DIAGNOSTICS_VERSION 2)
     Params = SpectralParams
@@ -60,20 +59,8 @@ class Spectral(Analysis):
         Metric("condition_number", "condition number"),
     )
     series = ("k_per_d", "k")
+    task = spectral_task
+    arguments = ("k",)
 
     def check(self, params: SpectralParams, info: dict, model: str) -> None:
         check_k(info, params.k, model)
-
-    def units(self, store, model, revision, layers, params: SpectralParams, info):
-        return layer_units(
-            self,
-            params,
-            store,
-            model,
-            revision,
-            layers,
-            info,
-            spectral_task,
-            (params.k,),
-            lambda layer, value: {**layer_row(model, revision, layer, info), "k": params.k, "k_per_d": params.k_per_d, **value},
-        )

@@ -169,7 +169,6 @@ class TokenDispersion(ChunkAnalysis):
     name = "token_dispersion"
     version = 3
     tables = {name: f"dispersion_{name}" for name in ("layers", "slices", "groups", "domains")}
-    figures = "raygeom.report.dispersion_plots:token_dispersion_figures"
     title = "Token-level dispersion"
     columns = (
         "token_dispersion",
@@ -195,5 +194,3 @@ class TokenDispersion(ChunkAnalysis):
         Metric("group_spearman", "Spearman(dispersion, perplexity) over groups", "group_spearman_lo", "group_spearman_hi"),
         Metric("chunk_spearman", "Spearman(dispersion, perplexity) over chunks", "chunk_spearman_lo", "chunk_spearman_hi"),
     )
-    # with the gap of each layer and the perplexity groups and domains its units write beside their rows
-    section = "raygeom.report.analysis_sections:token_dispersion_section"

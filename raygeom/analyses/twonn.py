@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raygeom.analyses.provenance import layer_row
-from raygeom.analyses.registry import Analysis, Metric, Params, layer_units, param, read_layer, register
+from raygeom.analyses.registry import Metric, Params, PerLayer, param, read_layer, register
 
 
 @dataclass(frozen=True)
@@ -24,7 +23,7 @@ def twonn_task(root: str, model: str, revision: str, layer: str, discard_fractio
 
 
 @register
-class TwoNN(Analysis):
+class TwoNN(PerLayer):
     name = "twonn"
     version = 1
     Params = TwoNNParams
@@ -32,21 +31,5 @@ class TwoNN(Analysis):
     columns = ("discard_fraction", "twonn", "twonn_mle", "twonn_mle_lo", "twonn_mle_hi", "twonn_points")
     metrics = (Metric("twonn_mle", "TwoNN dimension (MLE)", "twonn_mle_lo", "twonn_mle_hi"),)
     series = ("discard_fraction",)
-
-    def units(self, store, model, revision, layers, params: TwoNNParams, info):
-        return layer_units(
-            self,
-            params,
-            store,
-            model,
-            revision,
-            layers,
-            info,
-            twonn_task,
-            (params.discard_fraction,),
-            lambda layer, value: {
-                **layer_row(model, revision, layer, info),
-                "discard_fraction": params.discard_fraction,
-                **value,
-            },
-        )
+    task = twonn_task
+    arguments = ("discard_fraction",)

@@ -47,11 +47,6 @@ def _field(params_cls, name: str):
     return next(spec for spec in params_cls.declared() if spec.name == name)
 
 
-def build_job(analysis_name: str, grid: dict, values: dict):
-    """The job a registry command runs: the job file's (or the flags') grid with this one analysis."""
-    return build_group_job((analysis_name,), grid, values)
-
-
 def build_group_job(names: tuple[str, ...], grid: dict, values: dict):
     """The job of a command of one or more analyses (``names``, whose Params take ``values``, the flags given): with
     ``--job``, each of them the job plans, the flags given over its parameters (none planned: from the flags alone);

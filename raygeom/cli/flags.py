@@ -231,7 +231,6 @@ StoreOption = option(
 AddressOption = option(GridSettings, "address")
 NumCpusOption = option(GridSettings, "num_cpus")
 ReportOption = option(GridSettings, "report", path=True)
-PlotsOption = option(GridSettings, "plots", path=True)
 # PGA's parameters, as pga, run and diagnose take them (PGAParams declares them).
 KOption = option(PGAParams, "k")
 CcrOption = option(PGAParams, "r")
@@ -274,7 +273,6 @@ PGA_OPTIONS = {
 }
 SHARED_OPTIONS = {**GRID_OPTIONS, **PGA_OPTIONS}
 TEXT_GRID = tuple(GRID_OPTIONS)  # a command of one vector per text takes them all
-TOKEN_GRID = ("job", "model", "revision", "corpus", "layers", "out", "address", "num_cpus")  # chunks of text instead
 
 # The grid flags every analysis command takes, by the name of its parameter: what a job file can give.
 GRID = ("model", "revision", "corpus", "n_samples", "sample_seed", "seq_len", "pool", "skip_first", "batch_size", "layers", "out")
@@ -317,14 +315,3 @@ def grid_job(name: str, values: dict):
     if isinstance(chosen.get("corpus"), str):
         check_corpus_file(chosen["corpus"], chosen["corpus"], f"the current folder {Path.cwd()}")
     return job.with_overrides(**chosen)
-
-
-def unique_specs(job) -> list:
-    """Every (model, revision) of the job, each once, in order."""
-    from raygeom.jobs.pipeline import job_models
-
-    specs = []
-    for spec in job_models(job):
-        if spec not in specs:
-            specs.append(spec)
-    return specs

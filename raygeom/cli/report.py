@@ -45,9 +45,9 @@ def register(app: typer.Typer) -> None:
             errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         console.print(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)", markup=False, highlight=False)
-        from raygeom.report.html import _UNREADABLE
+        from raygeom.report.html import UNREADABLE
 
-        for unreadable, reason in _UNREADABLE:
+        for unreadable, reason in UNREADABLE:
             errors.print(
                 f"[yellow]warning:[/] left out {escape(str(unreadable))}: {escape(reason)}", highlight=False, soft_wrap=True
             )

@@ -391,11 +391,6 @@ class SweepItem:
     cpus: int | None = None  # CPU replica threads; None: a node's CPUs for a lone revision, else 1
 
 
-def extraction_options(gpus: float, cpus: int = 1) -> tuple[dict, str, str | None]:
-    """Ray options, device and device_map of one extraction replica."""
-    return replica_actor.replica_options(gpus, cpus)
-
-
 def needs_extraction(store: Store, request: ExtractionRequest) -> str | None:
     """'extract', 'nll' (complete, but stored without the NLL this request wants) or None (complete)."""
     spec = request.spec
@@ -659,23 +654,7 @@ def run_sweep(
 
     queue: list[tuple[SweepItem, str]] = []
     for item in items:
-        spec = item.request.spec
-        key = item.request.key()
-        info = store.completion(spec.slug, spec.revision, key)
-        # Revisions whose every unit is done need no activations (they may have been dropped).
-        units = None
-        if info is not None and info.get("key") == key:
-            try:
-                units = units_for(item, info)
-            except RaygeomError:  # e.g. a damaged readout: not done; extracted again, or the error comes back below
-                units = None
-        done_units = units is not None and all(store.has_result(unit.analysis, unit.key) for unit in units)
-        # Every unit stored is not every file intact: a layer file, the samples or the readout of the extraction may be
-        # gone or damaged, which `raygeom verify` reports. A rerun makes it again (a freed extraction, every layer file
-        # deleted on purpose, is no damage).
-        if done_units and store.extraction_problem(item.request.spec.slug, item.request.spec.revision, key):
-            done_units = False
-        need = None if done_units else needs_extraction(store, item.request)
+        info, units, need = _what_is_stored(store, item, units_for)
         if need is None:
             progress("texts", len(item.request.corpus.texts))
             progress("extract", 1)
@@ -686,11 +665,7 @@ def run_sweep(
     # A lone CPU replica gets a whole node; several share the CPUs one each.
     cpus = replica_actor.largest_node_cpus() if len(queue) == 1 else 1
     if max_in_flight is None:
-        slots = max(1, int(ray.cluster_resources().get("CPU", 1)) // cpus)
-        gpu_items = [item.gpus for item, _ in queue if item.gpus > 0]
-        if gpu_items:
-            slots = max(1, int(cluster_gpus() / max(min(gpu_items), 1e-9)))
-        max_in_flight = slots  # a replica whose revision lands is handed the next one
+        max_in_flight = _replica_slots(queue, cpus)  # a replica whose revision lands is handed the next one
     # A revision that cannot be loaded (not on the hub, not in an offline cache) must not stop a
     # days-long sweep: the rest finishes, then one error names every failed revision.
     hub = Weights([item.request.spec for item, _ in queue], weights or default_weights())
@@ -712,23 +687,7 @@ def run_sweep(
     try:
         while queue or extractions.running or runner.busy:
             hub.pump()
-            while queue and extractions.running < max_in_flight:
-                spec = queue[0][0].request.spec
-                state = hub.state(spec)
-                if state == "failed":  # not fetched: the others go on
-                    queue.pop(0)
-                    extractions.failed.append(hub.reason(spec))
-                    failures.record(store.root, spec.slug, spec.revision, hub.reason(spec))
-                    progress("extract", 1)
-                    continue
-                if state != "ready":
-                    break
-                started[id(queue[0][0].request)] = time.monotonic()
-                replicas_before = extractions.replicas.started
-                extractions.start(*queue[0])
-                if extractions.replicas.started > replicas_before:
-                    stages.setdefault("replica_start", []).append((time.monotonic(),) * 2 + (f"{spec.name}@{spec.revision}",))
-                queue.pop(0)
+            _start_ready(store, queue, extractions, hub, max_in_flight, started, stages, progress)
             if not waits_for_downloads:  # replicas that reserve no CPU wait parked until the sweep ends
                 extractions.drop_idle()
             for ref in runner.step(extractions.refs() + hub.refs()):
@@ -743,10 +702,67 @@ def run_sweep(
     stages["download"] = stages.get("download", []) + hub.intervals
     drop_finished()
     rows = [row for unit_rows in runner.rows.values() for row in unit_rows]
-    failed = extractions.failed
+    _refuse_failed(extractions.failed, len(items))
+    return rows
+
+
+def _what_is_stored(store: Store, item: SweepItem, units_for) -> tuple[dict | None, list[Unit] | None, str | None]:
+    """An item's completion marker, its units where its extraction is stored, and what it still needs extracted
+    (None: nothing, as every unit is done or the extraction is stored; else needs_extraction's answer)."""
+    spec = item.request.spec
+    key = item.request.key()
+    info = store.completion(spec.slug, spec.revision, key)
+    # Revisions whose every unit is done need no activations (they may have been dropped).
+    units = None
+    if info is not None and info.get("key") == key:
+        try:
+            units = units_for(item, info)
+        except RaygeomError:  # e.g. a damaged readout: not done; extracted again, or the error comes back below
+            units = None
+    done_units = units is not None and all(store.has_result(unit.analysis, unit.key) for unit in units)
+    # Every unit stored is not every file intact: a layer file, the samples or the readout of the extraction may be
+    # gone or damaged, which `raygeom verify` reports. A rerun makes it again (a freed extraction, every layer file
+    # deleted on purpose, is no damage).
+    if done_units and store.extraction_problem(spec.slug, spec.revision, key):
+        done_units = False
+    return info, units, None if done_units else needs_extraction(store, item.request)
+
+
+def _replica_slots(queue: list, cpus: int) -> int:
+    """How many replicas may extract at once: the cluster's CPUs per replica, or its GPUs per GPU replica."""
+    slots = max(1, int(ray.cluster_resources().get("CPU", 1)) // cpus)
+    gpu_items = [item.gpus for item, _ in queue if item.gpus > 0]
+    if gpu_items:
+        slots = max(1, int(cluster_gpus() / max(min(gpu_items), 1e-9)))
+    return slots
+
+
+def _start_ready(store, queue: list, extractions, hub, max_in_flight: int, started: dict, stages: dict, progress) -> None:
+    """Start the queue's revisions whose weights are ready, in order, while fewer than ``max_in_flight`` extract; a
+    revision whose download failed is recorded and skipped (the others go on)."""
+    while queue and extractions.running < max_in_flight:
+        spec = queue[0][0].request.spec
+        state = hub.state(spec)
+        if state == "failed":  # not fetched: the others go on
+            queue.pop(0)
+            extractions.failed.append(hub.reason(spec))
+            failures.record(store.root, spec.slug, spec.revision, hub.reason(spec))
+            progress("extract", 1)
+            continue
+        if state != "ready":
+            break
+        started[id(queue[0][0].request)] = time.monotonic()
+        replicas_before = extractions.replicas.started
+        extractions.start(*queue[0])
+        if extractions.replicas.started > replicas_before:
+            stages.setdefault("replica_start", []).append((time.monotonic(),) * 2 + (f"{spec.name}@{spec.revision}",))
+        queue.pop(0)
+
+
+def _refuse_failed(failed: list[str], n_items: int) -> None:
+    """One error naming the revisions that could not be fetched or extracted (the others are stored)."""
     if failed:
-        if len(items) == 1:
+        if n_items == 1:
             raise RaygeomError(failed[0])
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise RaygeomError(f"{len(failed)} of {len(items)} revisions failed, the others are stored; first: {failed[0]}{more}")
-    return rows
+        raise RaygeomError(f"{len(failed)} of {n_items} revisions failed, the others are stored; first: {failed[0]}{more}")

@@ -13,7 +13,6 @@ from raygeom.jobs import experiment, passes
 from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (and commands') one progress display
 from raygeom.jobs.preflight import job_models, preflight
 from raygeom.jobspec import JobSpec
-from raygeom.params import PGAParams
 from raygeom.replica.request import ExtractionRequest
 from raygeom.report import figures as report
 from raygeom.report.figures import counted
@@ -85,17 +84,6 @@ def print_passes(console: Console, job: JobSpec, specs: list, before: dict, stor
         highlight=False,
         soft_wrap=True,
     )
-
-
-def pga_units_for(store: Store, params: PGAParams):
-    """``run_sweep``'s ``units_for``: PGA on every layer of each landed extraction."""
-    from raygeom.analyses import pga
-
-    def units_for(item, info: dict) -> list:
-        spec = item.request.spec
-        return pga.units(store, spec.slug, spec.revision, info["layers"], params, info=info)
-
-    return units_for
 
 
 def start_ray(console: Console, address: str | None, num_cpus: int | None) -> None:

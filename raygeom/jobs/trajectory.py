@@ -7,9 +7,8 @@ from pathlib import Path
 
 from raygeom.errors import RaygeomError
 from raygeom.jobs.gap_ranking import agreement  # noqa: F401 - the trajectory's G ranking, re-exported
-from raygeom.jobs.trajectory_report import organisation_summary, page_text, pick_layers  # noqa: F401 - re-exported
+from raygeom.jobs.trajectory_report import organisation_summary, pick_layers  # noqa: F401 - re-exported
 from raygeom.jobspec import TrajectorySettings
-from raygeom.report.figure_keys import drawn_once
 from raygeom.report.figures import save_text
 
 # ------------------------------------------------------------------------------------------- tables
@@ -108,94 +107,6 @@ def dispersion_by_step(layer_rows: list[dict], steps: dict[str, int | None]) -> 
 
 
 # -------------------------------------------------------------------------------------------- plots
-
-
-def _log_step_axis(ax, steps: list[int]) -> None:
-    from matplotlib.ticker import NullLocator
-
-    from raygeom.report.sweep_plots import step_label, step_ticks
-
-    ax.set_xscale("log")
-    ticks = step_ticks(sorted(set(steps)))
-    ax.set_xticks([t + 1 for t in ticks], [step_label(t) for t in ticks])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("training step (log scale of step + 1)")
-
-
-@drawn_once
-def plot_z_vs_step(z_rows: list[dict], layers: dict[str, str], path, title: str):
-    """z against step for the early, middle and late blocks and the final norm; a band where z_lo/z_hi exist."""
-    from raygeom.report.figures import pyplot, save_figure
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
-    for role, layer in layers.items():
-        series = sorted((r for r in z_rows if r["layer"] == layer), key=lambda r: r["step"])
-        x = [r["step"] + 1 for r in series]
-        (line,) = ax.plot(x, [r["z"] for r in series], marker="o", ms=3, label=f"{role}: {layer}")
-        if series and all(r.get("z_lo") is not None and r.get("z_hi") is not None for r in series):
-            ax.fill_between(x, [r["z_lo"] for r in series], [r["z_hi"] for r in series], color=line.get_color(), alpha=0.2, lw=0)
-    flagged = sorted({r["step"] for r in z_rows if r.get("weights_flag")})
-    for step in flagged:
-        ax.axvline(step + 1, color="grey", ls=":", lw=0.8)
-    ax.axhline(0, color="black", lw=0.7)
-    _log_step_axis(ax, [r["step"] for r in z_rows])
-    ax.set_ylabel("Subspace PGA z")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-@drawn_once
-def plot_dispersion_vs_step(rows: list[dict], layers: dict[str, str], path, title: str):
-    from raygeom.report.figures import pyplot, save_figure
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
-    for role, layer in layers.items():
-        series = sorted((r for r in rows if r["layer"] == layer), key=lambda r: r["step"])
-        for ax, name in zip(axes, ("token_dispersion", "sample_dispersion")):
-            ax.plot([r["step"] + 1 for r in series], [r[name] for r in series], marker="o", ms=3, label=f"{role}: {layer}")
-    for ax, name in zip(axes, ("token-level dispersion (within chunks)", "sample-level dispersion (pooled chunks)")):
-        _log_step_axis(ax, [r["step"] for r in rows])
-        ax.set_title(name, fontsize=9)
-    axes[0].set_ylabel("mean cosine distance")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-@drawn_once
-def plot_gap_against_perplexity(rows: list[dict], path, title: str):
-    from raygeom.report.figures import pyplot, save_figure
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
-    steps = [r["step"] + 1 for r in rows]
-    axes[0].plot(steps, [r["gap"] for r in rows], marker="o", ms=3, color="tab:blue")
-    axes[0].set_ylabel("dispersion gap G", color="tab:blue")
-    twin = axes[0].twinx()
-    twin.plot(steps, [r["heldout_perplexity"] for r in rows], marker="s", ms=3, color="tab:red")
-    twin.set_ylabel("held-out perplexity", color="tab:red")
-    _log_step_axis(axes[0], [r["step"] for r in rows])
-    axes[1].scatter([r["heldout_perplexity"] for r in rows], [r["gap"] for r in rows], s=18)
-    for r in rows:
-        axes[1].annotate(str(r["step"]), (r["heldout_perplexity"], r["gap"]), fontsize=6)
-    perplexities = [r["heldout_perplexity"] for r in rows]
-    if perplexities and max(perplexities) > 10 * min(perplexities):
-        from matplotlib.ticker import NullFormatter
-
-        for ax in (twin, axes[1]):
-            (ax.set_yscale if ax is twin else ax.set_xscale)("log")
-        twin.yaxis.set_minor_formatter(NullFormatter())
-        axes[1].xaxis.set_minor_formatter(NullFormatter())
-    axes[1].set_xlabel("held-out perplexity (labels: step)")
-    axes[1].set_ylabel("dispersion gap G")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -339,7 +250,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         ranking = dp.rank_by_gap(store, specs, corpus, dsettings, settings.gap_layer, by_model=True)  # per run
         outputs["computed_dispersion_units"] = len(missing)
     if job.width is not None:
-        from raygeom.jobs.width import write_width_report
+        from raygeom.jobs.width import export_page_rows
 
         together = {"wall_s": sum(r["wall_s"] for r in trained_runs), "cached": all(r.get("cached") for r in trained_runs)}
         record = full_run_record(
@@ -351,7 +262,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
                 pa.Table.from_pylist([r for run in gaps for r in run["rows"]]), store.root / "results" / "width_gap.parquet"
             )
         if job.width.report:
-            outputs["width_report"] = write_width_report(job, store, console, record, gaps)
+            outputs["width_report"] = export_page_rows(job, store, console, record, gaps)
         announce_report(store.root, console)
         return outputs
     if settings is None:
@@ -391,8 +302,12 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     if settings.report:
         page = Path(settings.report)
         export_rows(job, store, page.parent / page.stem, rows, by_step, table, outputs["full_run"])
-        save_text(render_page(page), page)
-        console.print(f"report: {page} (its rows in {page.parent / page.stem})", markup=False)
+        console.print(
+            f"trajectory rows: {page.parent / page.stem} (the page: python -m tools.results_pages {page})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(
         f"trajectory: {swept.computed_units} PGA units and {len(missing)} dispersion units computed in this run; "
         f"{wall / 60:.1f} min\ntables: {results / 'trajectory_checkpoints.parquet'}, trajectory_agreement.parquet, "
@@ -499,42 +414,6 @@ RERUN_NOTE = (
     "store was not kept, so the job was sized down to 400 steps of 8 x 128 tokens and N = 200 held-out articles, "
     "with a checkpoint at 25% of training, to rerun in about 15 minutes of 2 shared cores."
 )
-
-
-def render_page(page: Path) -> str:
-    """The trajectory page's text, and its figures, from the rows in ``<page>/`` alone."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    from raygeom.jobs.width import plot_heatmaps
-
-    page = Path(page)
-    data = page.parent / page.stem
-    meta = json.loads((data / "meta.json").read_text())
-    tables = {
-        name: pq.read_table(data / f"{name}.parquet").to_pylist() if (data / f"{name}.parquet").is_file() else []
-        for name in ("z", "checkpoints", "dispersion", "pga", "spectral", "pc1", "probe")
-    }
-    z_rows, rows, by_step = tables["z"], tables["checkpoints"], tables["dispersion"]
-    picked = pick_layers(_layer_names(z_rows))
-    settings = meta["trajectory"]
-    model = f"d = {meta['train']['hidden_size']}" if meta.get("train") else meta["job"]
-    shaped = [{**r, "run": "run", "width": 0, "depth": 0, "run_seed": 0} for r in z_rows]
-    figures = {
-        "heatmap": plot_heatmaps(shaped, {}, data / "heatmap.png", "Subspace PGA z over step x layer"),
-        "z_vs_step": plot_z_vs_step(z_rows, picked, data / "z_vs_step.png", f"Subspace PGA z over training: {model}"),
-        "dispersion_vs_step": plot_dispersion_vs_step(
-            by_step, picked, data / "dispersion_vs_step.png", f"Dispersion over training: {model} (held-out chunks)"
-        ),
-        "gap_vs_perplexity": plot_gap_against_perplexity(
-            rows,
-            data / "gap_vs_perplexity.png",
-            f"Dispersion gap G ({settings['domain_tokens']}) and held-out perplexity: {model}",
-        ),
-    }
-    links = {name: f"{data.name}/{Path(path).name}" for name, path in figures.items() if path is not None}
-    return page_text(meta, tables, links, page.name)
 
 
 FULL_RUN = "results/trajectory_full_run.json"

@@ -192,15 +192,6 @@ def _check_basis(name: str, basis: np.ndarray, d: int, k: int) -> np.ndarray:
     return basis[:, :k]
 
 
-def convergence_null_rhos(pair: PreparedPair, k: int, seed: int, indices: Iterable[int], device: str | None = None) -> np.ndarray:
-    """Convergence rho in the null subspaces with the given indices; null ``i`` depends only on (seed, i)."""
-    _check_k(k, pair.dim_a)
-    _check_k(k, pair.dim_b)
-    _check_seed(seed)
-    scorer = _PairScorer(pair, device)
-    return np.array([scorer.rho_of_null(k, seed, i) for i in indices], dtype=np.float64)
-
-
 def convergence_result(
     rho_full: float, rho_readout: float, null_rhos: Sequence[float], *, k: int, r: int, n: int, seed: int
 ) -> dict:

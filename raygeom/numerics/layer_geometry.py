@@ -79,15 +79,6 @@ def relative_depths(n_layers: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, n_layers) if n_layers > 1 else np.zeros(1)
 
 
-def layers_at_depths(n_layers: int, n_depths: int) -> list[int]:
-    """Indices of the layers nearest to ``n_depths`` evenly spaced relative depths, without repeats."""
-    if n_depths < 2:
-        raise InputError(f"need at least 2 relative depths, got {n_depths}")
-    depths = relative_depths(n_layers)
-    chosen = [int(np.argmin(np.abs(depths - target))) for target in np.linspace(0.0, 1.0, n_depths)]
-    return sorted(set(chosen))
-
-
 def blindness_summary(z: Sequence[float], metric: Sequence[float]) -> dict[str, float]:
     """How much a per-layer metric moves compared with z, over the same layers.
 

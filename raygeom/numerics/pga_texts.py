@@ -9,7 +9,7 @@ import numpy as np
 from raygeom.errors import InputError
 from raygeom.numerics import pga
 from raygeom.numerics.pga import _check_k, _check_matrix, null_rhos, prepare_layer, subspace_rho
-from raygeom.numerics.uncertainty import LEVEL, _quantile, jackknife_se, text_subsamples
+from raygeom.numerics.uncertainty import LEVEL, jackknife_se, level_quantile, text_subsamples
 
 
 def _subsample_scores(
@@ -100,7 +100,7 @@ def pga_text_interval(
     if n_null < 2:
         raise InputError(f"need at least 2 nulls per subsample; got {n_null}")
     basis = readout[:, :k]
-    q = _quantile(level)
+    q = level_quantile(level)
     full = prepare_layer(h, r)
     rho_full = subspace_rho(full, basis, device)
     if z is None or null_std is None:

@@ -42,7 +42,6 @@ NULL_CAP = 1000
 NULL_MIN = 100
 TARGET_HALF_WIDTH = 0.25
 DECISION_THRESHOLDS = (-2.0, 0.0, 2.0)  # the decisions read off z: its sign, and |z| > 2
-TARGET_REL_WIDTH = 0.05  # --z-rel-width: a half-width of 5 % of |z| is enough far from the thresholds
 # Fewest null draws that carry an interval for z (METRICS.md, "No interval below 20 nulls").
 Z_MIN_NULL = 20
 # A null spread below this is float rounding of rho (float32 cosines), not a distribution: no interval.
@@ -66,7 +65,8 @@ EXACT_PERMUTATIONS_UP_TO = 9  # 9! = 362,880 orderings enumerated; above, seeded
 MONTE_CARLO_PERMUTATIONS = 20000
 
 
-def _quantile(level: float) -> float:
+def level_quantile(level: float) -> float:
+    """The normal quantile of a two-sided interval of coverage ``level`` (1.96 for 0.95)."""
     if not 0.0 < level < 1.0:
         raise InputError(f"level must lie in (0, 1); got {level}")
     return normal_quantile(0.5 + level / 2.0)
@@ -171,7 +171,7 @@ def z_uncertainty(
         raise InputError(f"n_boot must be at least 2, got {n_boot}")
     if np.ptp(nulls) == 0:
         raise InputError("the null rhos have no spread, so z is undefined")
-    q = _quantile(level)
+    q = level_quantile(level)
     sd = float(nulls.std(ddof=1))
     z = (rho - float(nulls.mean())) / sd
     result = {"z": float(z), **_no_interval(), **empirical_p_values(rho, nulls)}
@@ -288,7 +288,7 @@ def expected_auto_nulls(
         if relative_target is None
         else np.maximum(target_half_width, relative_target * z)
     )
-    per_null = (_quantile(level) ** 2) * (1.0 + z * z / 2.0) * inflation
+    per_null = (level_quantile(level) ** 2) * (1.0 + z * z / 2.0) * inflation
     need = per_null / h**2
     if decide_cap:
         nearest = np.min(np.abs(z[..., None] - np.abs(np.asarray(DECISION_THRESHOLDS))), axis=-1)
@@ -412,7 +412,7 @@ def jackknife_se(values: Sequence[float], n: int, size: int) -> float:
 
 def normal_interval(value: float, se: float, level: float = LEVEL) -> tuple[float, float]:
     """``value -+ q se``, ``q`` the normal quantile of ``level`` (1.96 for 95 %)."""
-    half = _quantile(level) * se
+    half = level_quantile(level) * se
     return value - half, value + half
 
 
@@ -427,7 +427,7 @@ def bounded_normal_interval(value: float, se: float, low: float, high: float, le
         return float("nan"), float("nan")
     unit = (value - low) / span
     centre = np.log(unit / (1.0 - unit))
-    half = _quantile(level) * se / (span * unit * (1.0 - unit))
+    half = level_quantile(level) * se / (span * unit * (1.0 - unit))
     lo, hi = (low + span / (1.0 + np.exp(-(centre + sign * half))) for sign in (-1.0, 1.0))
     return float(lo), float(hi)
 
@@ -442,7 +442,7 @@ def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float
     """
     if n <= 0 or not 0 <= successes <= n:
         raise InputError(f"need 0 <= successes <= n and n > 0, got {successes} of {n}")
-    q = _quantile(level)
+    q = level_quantile(level)
     p = successes / n
     denominator = 1.0 + q * q / n
     centre = (p + q * q / (2 * n)) / denominator
@@ -537,7 +537,7 @@ def spearman_with_ci(x, y, seed: int = 0, level: float = LEVEL, method: str = "f
         }
     none = {"note": "", "p_perm": float("nan"), "p_method": ""}
     if method == "fisher":
-        half = _quantile(level) * np.sqrt((1.0 + rho * rho / 2.0) / (n - 3))
+        half = level_quantile(level) * np.sqrt((1.0 + rho * rho / 2.0) / (n - 3))
         lo, hi = float(np.tanh(np.arctanh(rho) - half)), float(np.tanh(np.arctanh(rho) + half))
         return {**base, "lo": lo, "hi": hi, **none}
     rng = np.random.default_rng([int(seed), _BOOT_TAG])

@@ -1,5 +1,4 @@
-"""The sections registered analyses declare (``Analysis.section = "raygeom.report.analysis_sections:<function>"``),
-each drawn from a store root for the one analysis that names it: what its rows need beyond the generic section of
+"""The sections of the analyses that raygeom.report.renderers draws their own way, each drawn from a store root for the one analysis that names it: what its rows need beyond the generic section of
 raygeom.report.profiles (PGA's three tables and collapse zones, dispersion's perplexity groups and domains, the gap's
 ranking, convergence's layer x layer grids, kNN-LM's perplexity beside dispersion). The page heads each with its
 analysis's title (raygeom.report.html)."""

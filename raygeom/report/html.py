@@ -6,8 +6,8 @@ legend entry to show or hide a model or revision), and the only links out of the
 store's own Parquet files. Sections appear only for what the store holds:
 
 - one per registered analysis with rows, from its declaration (raygeom.report.profiles draws the generic one: each
-  declared metric by depth, a (revision x layer) heatmap per setting; raygeom.report.analysis_sections those an
-  analysis names: PGA with its sweep and collapse zones, dispersion, the gap ranking, convergence, kNN-LM);
+  declared metric by depth, a (revision x layer) heatmap per setting; raygeom.report.renderers those drawn their own
+  way, from raygeom.report.analysis_sections: PGA with its sweep and collapse zones, dispersion, the gap ranking, convergence, kNN-LM);
 - what is not an analysis (raygeom.report.other_sections): training curves, a trained trajectory, a width ladder,
   the store's extractions and their settings.
 
@@ -35,9 +35,8 @@ from raygeom.report.other_sections import (
     width_section,
 )
 from raygeom.report.profiles import analysis_section
-from raygeom.report.rows import _OVERLAY, _UNREADABLE, SETTING_COLUMNS, _analysis_rows, pga_rows  # noqa: F401 - the CLI's and tests' names
+from raygeom.report.rows import _OVERLAY, SETTING_COLUMNS, UNREADABLE, _analysis_rows, pga_rows  # noqa: F401 - the CLI's and tests' names
 from raygeom.report.styling import VISIBLE_REVISIONS, Section, _short, setting_text, settings_runs  # noqa: F401 - as above
-from raygeom.report.tables import declared_function
 
 REPORT_NAME = "report.html"
 
@@ -86,7 +85,7 @@ def build_sections(root: Path) -> list[Section]:
 
 
 def _build_sections(root: Path) -> list[Section]:
-    _UNREADABLE.clear()
+    UNREADABLE.clear()
     sections = [
         *analysis_sections(root),
         train_section(root),
@@ -99,7 +98,7 @@ def _build_sections(root: Path) -> list[Section]:
 
 def analysis_sections(root: Path) -> list[Section]:
     """One section per registered analysis the store holds rows of (pga first, then by name), each from its
-    declaration: the function its ``section`` names, else the generic section of its metrics (profiles.py); headed by
+    declaration: its renderer's section (renderers.py), else the generic section of its metrics (profiles.py); headed by
     the analysis's title, anchored by its name. A section without a figure (a settings table alone) is left out."""
     sections = []
     for _, analysis in sorted(registry.analyses().items(), key=lambda item: (item[0] != "pga", item[0])):
@@ -110,10 +109,13 @@ def analysis_sections(root: Path) -> list[Section]:
 
 
 def section_of(root: Path, analysis) -> Section | None:
-    """The section of one registered analysis: its declared ``section`` function of the store root, else the generic
-    section of its rows; None where the store holds none."""
-    if analysis.section:
-        section = declared_function(analysis.section)(root)
+    """The section of one registered analysis: its renderer's ``section`` of the store root (raygeom.report.renderers),
+    else the generic section of its rows; None where the store holds none."""
+    from raygeom.report.renderers import renderer
+
+    drawn = renderer(analysis.name).section
+    if drawn:
+        section = drawn(root)
     else:
         section = analysis_section(analysis, *_analysis_rows(root, analysis))
     if section is not None:
@@ -173,12 +175,12 @@ def render(sections: list[Section], root: Path, out: Path) -> str:
         for d in unit_dirs
     )
     warning = ""
-    if _UNREADABLE:
+    if UNREADABLE:
         items = "".join(
-            f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>" for p, reason in _UNREADABLE[:50]
+            f"<li><code>{html.escape(_relative(p, root))}</code>: {html.escape(reason)}</li>" for p, reason in UNREADABLE[:50]
         )
         warning = (
-            f"<div class='warning'><b>{len(_UNREADABLE)} file(s) in this store could not be read and are not in this "
+            f"<div class='warning'><b>{len(UNREADABLE)} file(s) in this store could not be read and are not in this "
             f"report:</b><ul>{items}</ul></div>"
         )
     nav = " ".join(f"<a href='#{s.anchor}'>{html.escape(s.title.split(':')[0])}</a>" for s in sections)
@@ -224,7 +226,7 @@ def write_report(store_root: str | Path, out: str | Path | None = None, overlay:
     finally:
         _OVERLAY.clear()
     if not sections:
-        unreadable = f"; {len(_UNREADABLE)} file(s) could not be read, e.g. {_UNREADABLE[0][1]}" if _UNREADABLE else ""
+        unreadable = f"; {len(UNREADABLE)} file(s) could not be read, e.g. {UNREADABLE[0][1]}" if UNREADABLE else ""
         raise RaygeomError(
             f"nothing to report in {root}: no readable result tables under {root / 'results'} and no extractions{unreadable}"
         )
@@ -289,8 +291,8 @@ def announce_report(store_root: str | Path, console) -> Path | None:
         console.print(f"[yellow]report: not written ({escape(type(error).__name__)}: {escape(str(error))})[/]", highlight=False)
         return None
     console.print(f"report:  {path}", markup=False, highlight=False)
-    if _UNREADABLE:
+    if UNREADABLE:
         console.print(
-            f"[yellow]report: {len(_UNREADABLE)} unreadable file(s) left out, listed at the top of the report[/]", highlight=False
+            f"[yellow]report: {len(UNREADABLE)} unreadable file(s) left out, listed at the top of the report[/]", highlight=False
         )
     return path

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from raygeom.analyses.train import RUN_COLUMNS
 from raygeom.report.rows import _OVERLAY, _depth_order, _finite, _num, _read, _read_dir, _step
 from raygeom.report.styling import (
     Section,
@@ -90,23 +91,7 @@ def train_section(root: Path) -> Section | None:
         "<h4>Runs</h4>"
         + _table_html(
             list(runs.values()),
-            [
-                c
-                for c in (
-                    "lam",
-                    "seed",
-                    "steps",
-                    "workers",
-                    "push_layer",
-                    "over",
-                    "final_train_loss",
-                    "heldout_perplexity",
-                    "heldout_dispersion",
-                    "wall_s",
-                    "key",
-                )
-                if any(c in r for r in runs.values())
-            ],
+            [c for c in (*RUN_COLUMNS, "key") if any(c in r for r in runs.values())],
         )
     )
     return section

@@ -217,7 +217,10 @@ def analysis_section(analysis, rows: list[dict], files: list[Path]) -> Section |
     metrics = [m for m in analysis.metrics if any(_finite(r.get(m.column)) for r in rows)]
     if not metrics:
         return None
-    banded = [m.title for m in metrics if m.lo and any(_finite(r.get(m.lo)) for r in rows)]
+    banded: dict[str, list[str]] = {}  # the interval's level -> the metrics banded at it
+    for m in metrics:
+        if m.lo and any(_finite(r.get(m.lo)) for r in rows):
+            banded.setdefault(m.level_label(rows), []).append(m.title)
     section = Section(
         analysis.name,
         analysis.title,
@@ -226,7 +229,7 @@ def analysis_section(analysis, rows: list[dict], files: list[Path]) -> Section |
         "revisions: colour by revision, dash and marker by the setting that varies; with one revision "
         "each, colour by model. The legend names what varies; hover a point for every setting. "
         + (
-            f"Bands are 95 % intervals ({', '.join(banded)}). "
+            "Bands are " + "; ".join(f"{level} intervals ({', '.join(titles)})" for level, titles in banded.items()) + ". "
             if banded
             else "These rows carry no interval columns, so no band is drawn. "
         )

@@ -71,7 +71,7 @@ VARIANT_COLUMNS = (
 
 # Files a report could not read (corrupt, unverified, being rewritten): shown at the top of the report, never
 # silently dropped. Reset by build_sections.
-_UNREADABLE: list[tuple[Path, str]] = []
+UNREADABLE: list[tuple[Path, str]] = []
 
 
 # `raygeom report A B ...`: the first store is read as usual and every table is read from the others too, each row
@@ -103,7 +103,7 @@ def _read_one(path: Path) -> list[dict]:
     try:
         return read_table(path).to_pylist()
     except RaygeomError as error:
-        _UNREADABLE.append((path, str(error)))
+        UNREADABLE.append((path, str(error)))
         return []
 
 
@@ -121,7 +121,7 @@ def _read_dir_one(directory: Path) -> list[dict]:
         try:
             tables.append(read(path))
         except RaygeomError as error:  # a unit being rewritten or a damaged file: the report shows the rest and says so
-            _UNREADABLE.append((path, str(error)))
+            UNREADABLE.append((path, str(error)))
     if not tables:
         return []
     return pa.concat_tables(tables, promote_options="permissive").to_pylist()

@@ -34,7 +34,8 @@ def _value(row: dict, column: str, lo: str | None, hi: str | None) -> str:
 
 
 def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
-    """One table per model, revision and setting: every declared metric per layer, with its 95 % interval."""
+    """One table per model, revision and setting: every declared metric per layer, with its interval (headed by its
+    declared level)."""
     for (model, revision, setting), group in _groups(rows, analysis.series).items():
         first = group[0]
         size = f"N={first['n']}" if first.get("n") is not None else f"{first.get('n_chunks')} chunks"
@@ -46,7 +47,7 @@ def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
         )
         table.add_column("layer", no_wrap=True)
         for metric in analysis.metrics:
-            table.add_column(metric.title + (" [95 %]" if metric.lo else ""), justify="right")
+            table.add_column(metric.title + (f" [{metric.level_label(group)}]" if metric.lo else ""), justify="right")
             if metric.chance:
                 table.add_column("chance", justify="right")
         for row in sorted(group, key=lambda r: r.get("layer_index", 0)):
@@ -126,7 +127,8 @@ def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
             if metric.chance:
                 ax.plot(x, [_finite(r.get(metric.chance)) for r in group], color=line.get_color(), ls=":", lw=0.8)
         ax.set_xlabel("relative depth (embedding = 0, final norm = 1)")
-        ax.set_ylabel(metric.title + (" (band: 95 % interval)" if metric.lo else ""))
+        level = metric.level_label(row for _, group in groups for row in group)
+        ax.set_ylabel(metric.title + (f" (band: {level} interval)" if metric.lo else ""))
         ax.set_title(f"{analysis.title} by depth")
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -138,17 +140,9 @@ def _finite(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else math.nan
 
 
-def declared_function(name: str):
-    """The report-layer function a declaration names as ``"module:function"``."""
-    import importlib
-
-    module, _, function = name.partition(":")
-    return getattr(importlib.import_module(module), function)
-
-
 def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -> list[Path]:
     """What a run of ``analysis`` shows and leaves beside its table, from its declaration: its console lines (else
-    the generic table of its metrics or columns), its figures (else each metric by depth) under plots/, its
+    the generic table of its metrics or columns), its figures (its renderer's, else each metric by depth) under plots/, its
     documents under results/. Returns the files written."""
     from raygeom.store.tree import atomic_write_text
 
@@ -166,9 +160,12 @@ def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -
         print_analysis(console, analysis, layered)
     elif not lines:
         print_ranked(console, analysis, rows)
+    from raygeom.report.renderers import renderer
+
     written = []
-    if analysis.figures:
-        written += declared_function(analysis.figures)(rows, Path(root) / "plots")
+    figures = renderer(analysis.name).figures
+    if figures:
+        written += figures(rows, Path(root) / "plots")
     elif layered and analysis.metrics:
         written += plot_analysis(analysis, layered, Path(root) / "plots")
     for name, text in analysis.documents(rows).items():

@@ -20,12 +20,12 @@ SUBLAYERS = ("attn_out", "resid_mid", "mlp_out")
 # Where a point inside block i sits between the block's input (position i) and its output (position i + 1).
 _OFFSET = {"attn_out": 0.25, "resid_mid": 0.5, "mlp_out": 0.75}
 _BLOCK = re.compile(r"block_\d+")
-_INSIDE = re.compile(r"(.+)\.(attn_out|resid_mid|mlp_out)")
+INSIDE_POINT = re.compile(r"(.+)\.(attn_out|resid_mid|mlp_out)")
 
 
 def split(name: str) -> tuple[str, str | None]:
     """``block_05.mlp_out`` -> (``block_05``, ``mlp_out``); any other name -> (name, None)."""
-    found = _INSIDE.fullmatch(name)
+    found = INSIDE_POINT.fullmatch(name)
     return (found.group(1), found.group(2)) if found and _BLOCK.fullmatch(found.group(1)) else (name, None)
 
 
@@ -73,7 +73,7 @@ def select_layers(all_layers: list[str], selection: str) -> list[str]:
     by_number = {int(name[len("block_") :]): name for name in blocks}
     chosen: list[str] = []
     for part in (p.strip() for p in selection.split(",")):
-        inside = _INSIDE.fullmatch(part)
+        inside = INSIDE_POINT.fullmatch(part)
         try:
             if part in all_layers:
                 picks = [part]

@@ -201,10 +201,5 @@ def block_points(model: nn.Module) -> BlockPoints:
     return BLOCK_POINTS[model_type]
 
 
-def is_parallel_residual(model: nn.Module) -> bool:
-    """True where attention and MLP both read the block input (GPT-NeoX/Pythia by default, Phi)."""
-    return block_points(model).parallel
-
-
 def sublayer_module(model: nn.Module, block_index: int, path: str) -> nn.Module:
     return _get(blocks(model)[block_index], path)

@@ -97,36 +97,12 @@ def write_activations(
     ``texts`` (when given) must be the same texts. A (model, revision) that raygeom extracted itself in this store is
     refused, so the two are never mixed. Everything given is checked before anything is written, and a write that
     fails all the same leaves nothing behind (see :class:`_undone_on_failure`)."""
-    from raygeom.numerics.arrays import as_array
 
     if not isinstance(model, str) or not model or not isinstance(revision, str) or not revision:
         raise InputError("model and revision must be non-empty strings")
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0):
         raise InputError(f"step must be a training step (an integer >= 0) or None, got {step!r}")
-    if isinstance(vectors, dict):
-        if layer is not None:
-            raise InputError("give either layer= and one array, or vectors= as a dict of layer -> array")
-        given = dict(vectors)
-    else:
-        if layer is None or vectors is None:
-            raise InputError("write_activations needs layer= and vectors= (N x d), or vectors= as a dict of layer -> array")
-        given = {layer: vectors}
-    if not given:
-        raise InputError("no vectors given")
-    arrays = {}
-    for name, value in given.items():
-        if not isinstance(name, str) or not name:
-            raise InputError(f"layer names must be non-empty strings, got {name!r}")
-        array = as_array(value, np.float32, f"vectors of {name}")
-        if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
-            raise InputError(f"vectors of {name} must be N x d (one row per text), got shape {array.shape}")
-        if not np.isfinite(array).all():
-            raise InputError(f"vectors of {name} contain NaN or inf values")
-        arrays[name] = np.ascontiguousarray(array)
-    shapes = {a.shape for a in arrays.values()}
-    if len(shapes) > 1:
-        raise InputError(f"every layer needs the same N x d, got {sorted(shapes)}")
-    n, d = next(iter(shapes))
+    arrays, n, d = _given_arrays(layer, vectors)
     texts = _checked_texts(texts, "texts", n)
     labels = _checked_texts(labels, "labels", n)
 
@@ -224,8 +200,6 @@ class _undone_on_failure:
 
 
 def _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks, source, corpus, settings, step) -> dict:
-    from raygeom.numerics import pga
-    from raygeom.numerics.arrays import as_array
     from raygeom.sources.corpus import text_sha1
     from raygeom.store.tree import Store, check_writable, content_key, recorded_digest
 
@@ -248,19 +222,7 @@ def _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks
         if texts is not None and previous.get("texts_sha1") not in (None, content_key([text_sha1(t) for t in texts])):
             raise InputError(f"these texts are not the texts {model}@{revision} in {root} was written with")
 
-    if readout is not None:
-        w_u = as_array(readout, np.float64, "readout (W_U)")
-        if w_u.ndim != 2 or w_u.shape[1] != d:
-            raise InputError(f"readout must be W_U (V x d) with d={d}, got shape {w_u.shape}")
-        if not np.isfinite(w_u).all():
-            raise InputError("readout contains NaN or inf values")
-        basis, singular_values = pga.readout_basis_from_gram(w_u.T @ w_u, min(d - 1, READOUT_COMPONENTS))
-        tree.write_readout(model, revision, basis, singular_values)
-        readout_info = {"vocab_size": int(w_u.shape[0]), "readout_components": int(basis.shape[1])}
-    elif previous is None or not tree.readout_path(model, revision).is_file():
-        raise InputError("the first write of a model needs readout=W_U (V x d), e.g. model.lm_head.weight")
-    else:
-        readout_info = {key: previous.get(key) for key in ("vocab_size", "readout_components")}
+    readout_info = _write_readout(tree, model, revision, readout, d, previous)
 
     all_layers = _all_layers(
         list(arrays),
@@ -271,18 +233,7 @@ def _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks
     for name, array in arrays.items():
         tree.write_layer(model, revision, name, layer_position.index(all_layers, name), sample_ids, array, key=place)
     if previous is None or texts is not None or labels is not None or not tree.samples_path(model, revision, place).is_file():
-        old = tree.read_samples(model, revision, place).to_pydict() if previous is not None else {}
-        hashes = [text_sha1(t) for t in texts] if texts is not None else old.get("text_sha1", [""] * n)
-        columns = {
-            "sample_id": sample_ids,
-            "nll": np.full(n, np.nan),
-            "n_tokens": np.zeros(n, dtype=np.int32),
-            "text_sha1": hashes,
-        }
-        chosen_labels = labels if labels is not None else old.get("label")
-        if chosen_labels is not None:
-            columns["label"] = chosen_labels
-        tree.write_samples(model, revision, columns, key=place)
+        _write_samples(tree, model, revision, place, previous, texts, labels, sample_ids)
     layers = sorted({*(previous or {}).get("layers", []), *arrays}, key=lambda name: layer_position.position(all_layers, name))
     files = [tree.layer_path(model, revision, name, place) for name in layers]
     files += [tree.readout_path(model, revision), tree.samples_path(model, revision, place)]
@@ -314,6 +265,77 @@ def _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks
     info.pop("files", None)
     tree.mark_complete(model, revision, info, key=place)
     return tree.completion(model, revision, info["key"])
+
+
+def _given_arrays(layer, vectors) -> tuple[dict, int, int]:
+    """``write_activations``'s vectors as float32 N x d arrays by layer name, with N and d, or the input refused."""
+    from raygeom.numerics.arrays import as_array
+
+    if isinstance(vectors, dict):
+        if layer is not None:
+            raise InputError("give either layer= and one array, or vectors= as a dict of layer -> array")
+        given = dict(vectors)
+    else:
+        if layer is None or vectors is None:
+            raise InputError("write_activations needs layer= and vectors= (N x d), or vectors= as a dict of layer -> array")
+        given = {layer: vectors}
+    if not given:
+        raise InputError("no vectors given")
+    arrays = {}
+    for name, value in given.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"layer names must be non-empty strings, got {name!r}")
+        array = as_array(value, np.float32, f"vectors of {name}")
+        if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
+            raise InputError(f"vectors of {name} must be N x d (one row per text), got shape {array.shape}")
+        if not np.isfinite(array).all():
+            raise InputError(f"vectors of {name} contain NaN or inf values")
+        arrays[name] = np.ascontiguousarray(array)
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) > 1:
+        raise InputError(f"every layer needs the same N x d, got {sorted(shapes)}")
+    n, d = next(iter(shapes))
+    return arrays, n, d
+
+
+def _write_readout(tree, model: str, revision: str, readout, d: int, previous: dict | None) -> dict:
+    """Store the readout basis of ``readout`` (W_U, V x d) where given; returns what the marker says of it (an earlier
+    write's where it is not)."""
+    from raygeom.numerics import pga
+    from raygeom.numerics.arrays import as_array
+
+    if readout is not None:
+        w_u = as_array(readout, np.float64, "readout (W_U)")
+        if w_u.ndim != 2 or w_u.shape[1] != d:
+            raise InputError(f"readout must be W_U (V x d) with d={d}, got shape {w_u.shape}")
+        if not np.isfinite(w_u).all():
+            raise InputError("readout contains NaN or inf values")
+        basis, singular_values = pga.readout_basis_from_gram(w_u.T @ w_u, min(d - 1, READOUT_COMPONENTS))
+        tree.write_readout(model, revision, basis, singular_values)
+        return {"vocab_size": int(w_u.shape[0]), "readout_components": int(basis.shape[1])}
+    elif previous is None or not tree.readout_path(model, revision).is_file():
+        raise InputError("the first write of a model needs readout=W_U (V x d), e.g. model.lm_head.weight")
+    else:
+        return {key: previous.get(key) for key in ("vocab_size", "readout_components")}
+
+
+def _write_samples(tree, model: str, revision: str, place: str, previous, texts, labels, sample_ids) -> None:
+    """The samples table: each row's text hash and label (an earlier write's where not given again)."""
+    from raygeom.sources.corpus import text_sha1
+
+    n = len(sample_ids)
+    old = tree.read_samples(model, revision, place).to_pydict() if previous is not None else {}
+    hashes = [text_sha1(t) for t in texts] if texts is not None else old.get("text_sha1", [""] * n)
+    columns = {
+        "sample_id": sample_ids,
+        "nll": np.full(n, np.nan),
+        "n_tokens": np.zeros(n, dtype=np.int32),
+        "text_sha1": hashes,
+    }
+    chosen_labels = [str(label) for label in labels] if labels is not None else old.get("label")
+    if chosen_labels is not None:
+        columns["label"] = chosen_labels
+    tree.write_samples(model, revision, columns, key=place)
 
 
 def _given_step(step: int | None, revision: str, previous: dict | None) -> int | None:

@@ -505,9 +505,6 @@ class Store:
         order = np.argsort(table["sample_id"].to_numpy())
         return table["sample_id"].to_numpy()[order], column_to_matrix(table["vector"])[order]
 
-    def marker_path(self, model: str, revision: str, key: str | None = None) -> Path:
-        return self.extraction_dir(model, revision, key) / COMPLETE_MARKER
-
     def _marker_at(self, model: str, revision: str, place: str | None) -> tuple[dict | None, str | None]:
         """The completion marker of one place (None when absent or damaged) and, when it is there but unusable, why."""
         path = self._directory("activations", model, revision, place) / COMPLETE_MARKER

@@ -45,6 +45,17 @@ def finished(hub_cache, ray_local, warm_replicas, labelled_corpus, tmp_path_fact
     return store, specs, result
 
 
+def analyse_unit(unit: dict, analysis, seed: int) -> list[dict]:
+    """The layers rows of one extraction in this process, one layer at a time, through the engine's pure steps."""
+    chunks = unit["chunks"].to_pandas()
+    rows = []
+    for row in unit["layers"].to_pylist():
+        part = chunks[chunks["layer"] == row["layer"]].sort_values("chunk_id")
+        pooled, gap = unit["pooled"][row["layer"]], dp.gap_parts_of(unit["gap"], row["layer"])
+        rows.append(dp.analyse_layer(row, part, pooled, gap, analysis, seed)[0])
+    return rows
+
+
 def test_tables_cover_every_layer_and_the_attention_sub_layer(finished):
     store, specs, result = finished
     layers = ["embed", "block_00", "block_01", "block_02", "final_norm", "attn_last"]
@@ -188,7 +199,7 @@ def test_analysis_units_resume_and_tables_accumulate_every_job(finished, labelle
     assert {r["group_size"] for r in combined} == {3, 2}
     # The same seed gives the same numbers in process (one layer at a time) as through the engine's units.
     unit = dp.read_unit_at(str(store.root), specs[0].slug, specs[0].revision, dp.unit_key(specs[0], labelled_corpus, SETTINGS))
-    local = dp.analyse_unit(unit, ANALYSIS, SETTINGS.seed)["layers"]
+    local = analyse_unit(unit, ANALYSIS, SETTINGS.seed)
     engine = [r for r in result["layers"] if r["revision"] == specs[0].revision]
     for mine, theirs in zip(local, engine):
         for name in ("group_spearman_lo", "chunk_pearson_hi", "domain_agreement_token_lo", "gap_se", "gap_hi"):

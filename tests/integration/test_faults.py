@@ -91,7 +91,7 @@ CLUSTER_SCRIPT = textwrap.dedent("""
     report["alive_after"] = len([n for n in ray.nodes() if n["Alive"]])
 
     # Fake GPUs: a node with 2 GPUs and no CPUs; replicas go there by their num_gpus alone.
-    from raygeom.engine import orchestrate
+    from raygeom.engine import replica_actor
     from raygeom.jobs.pipeline import replica_gpus
     from raygeom.sources.revisions import PYTHIA_SIZES
 
@@ -106,7 +106,7 @@ CLUSTER_SCRIPT = textwrap.dedent("""
         return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()], start, time.time()
 
     def run(gpus, count):
-        options, device, device_map = orchestrate.extraction_options(gpus)
+        options, device, device_map = replica_actor.replica_options(gpus)
         return [ray.get(r) for r in [probe.options(**options).remote(0.6) for _ in range(count)]], device, device_map
 
     def most_at_once(spans):
@@ -133,7 +133,7 @@ CLUSTER_SCRIPT = textwrap.dedent("""
 
     # Four half-GPU replicas must be able to run at once (they wait for each other), two on each GPU.
     barrier = Barrier.remote()
-    options, _, _ = orchestrate.extraction_options(replica_gpus(None, job, 2, PYTHIA_SIZES["1b"].params))
+    options, _, _ = replica_actor.replica_options(replica_gpus(None, job, 2, PYTHIA_SIZES["1b"].params))
     met = ray.get([meet.options(**options).remote(barrier, 4) for _ in range(4)])
     half, device, _ = run(replica_gpus(None, job, 2, PYTHIA_SIZES["1b"].params), 8)
     whole, _, sharded_map = run(replica_gpus(None, job.__class__(**{**job.__dict__, "sweep": job.sweep.__class__(gpu_memory_gib=24, gpus_per_node=2)}), 2, PYTHIA_SIZES["12b"].params), 2)

@@ -20,7 +20,7 @@ from raygeom.replica.extract import ExtractionSettings
 from raygeom.replica.request import ExtractionRequest
 from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import resolve_model
-from raygeom.store.tree import Store
+from raygeom.store.tree import COMPLETE_MARKER, Store
 
 
 def run_pga(store, model, revision, layers, params):
@@ -162,7 +162,7 @@ def test_rerun_resumes_without_recomputing(finished_job):
     root, corpus, _ = finished_job
     results = root / "out" / "results" / "pga"
     before = {p.name: p.stat().st_mtime_ns for p in results.glob("*.parquet")}
-    marker = Store(root / "out").marker_path("EleutherAI--pythia-14m", "step0")
+    marker = Store(root / "out").extraction_dir("EleutherAI--pythia-14m", "step0") / COMPLETE_MARKER
     marker_time = marker.stat().st_mtime_ns
     time.sleep(0.01)
     run_job(tiny_job(root / "out", corpus), Console(quiet=True))

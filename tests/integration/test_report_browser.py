@@ -176,7 +176,7 @@ def test_report_of_a_store_every_command_wrote_renders_in_chromium(browser, ever
 
 def test_report_of_the_full_pythia_grid_is_bounded_and_renders(browser, tmp_path):
     from raygeom.report.html import write_report
-    from raygeom.report.synthetic import write_pythia_grid_store
+    from tests.synthetic import write_pythia_grid_store
 
     root = write_pythia_grid_store(tmp_path)
     started = time.perf_counter()

@@ -126,6 +126,10 @@ def test_trajectory_job_ranks_checkpoints_and_writes_its_report(trajectory):
     assert [s["n"] for s in summary] == [4, 3] and np.isfinite(summary[0]["spearman"])
     dispersion = pq.read_table(root / "out" / "results" / "trajectory_dispersion.parquet").to_pylist()
     assert {r["step"] for r in dispersion} == {10, 20, 30, 40} and all(r["chunk_len"] == 32 for r in dispersion)
+    from tools import results_pages
+
+    assert not (root / "docs" / "trajectory.md").exists()  # the job exports its rows; the repository's script writes it
+    assert results_pages.main([str(root / "docs" / "trajectory.md")]) == 0
     report = (root / "docs" / "trajectory.md").read_text()
     for needle in (
         "## Subspace PGA over step x layer",

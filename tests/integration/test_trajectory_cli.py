@@ -99,7 +99,12 @@ def test_a_train_job_runs_from_an_empty_directory_through_the_cli(hub_cache, ray
     assert len([r for r in table if r["r"] == 1]) == 9
     rows = pq.read_table(work / "runs" / "trajectory" / "results" / "trajectory_checkpoints.parquet").to_pylist()
     assert [r["step"] for r in rows] == [0, 1, 2]
-    page = (work / "docs" / "results" / "trajectory.md").read_text()
+    written = work / "docs" / "results" / "trajectory.md"  # the job exports its rows; the repository's script writes it
+    assert not written.exists() and "python -m tools.results_pages" in result.stdout
+    from tools import results_pages
+
+    assert results_pages.main([str(written)]) == 0
+    page = written.read_text()
     for heading in (
         "## The PGA paper's mechanism over training",
         "### Spectral blindness",

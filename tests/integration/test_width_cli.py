@@ -69,6 +69,18 @@ def run_cli(*args, cwd):
     )
 
 
+def results_pages(*args, cwd: Path):
+    """The repository's page builder (tools/results_pages.py), as a shell anywhere runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.results_pages", *map(str, args)],
+        cwd=cwd,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_directory(hub_cache, ray_address, tmp_path):
     from raygeom.testing import write_labelled_corpus
 
@@ -100,7 +112,11 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
         (48, 2, "step0"),
         (48, 2, "step2"),
     ]
+    # the job exports the rows the page cites; the repository's script writes the page from them alone
     page = work / "docs" / "results" / "width.md"
+    assert not page.exists() and f"python -m tools.results_pages {page}" in first.stdout
+    written = results_pages(page, cwd=elsewhere)
+    assert written.returncode == 0, written.stdout + written.stderr
     text = page.read_text()
     for heading in (
         "## Held-out perplexity over training",
@@ -115,17 +131,10 @@ def test_a_width_ladder_trains_sweeps_and_writes_its_page_from_an_empty_director
     ):
         assert heading in text, heading
     assert "| 48 | 2 | block_01 |" in text and "k = 8, 12" in text and "outside the paper's stated range" in text
-    # the page carries its rows, and one command rebuilds it from them alone, from an empty directory
+    # the page carries its rows, and the same command checks it against them
     rows = work / "docs" / "results" / "width"
     assert {"pga.parquet", "evaluations.parquet", "gap.parquet", "meta.json"} <= {p.name for p in rows.iterdir()}
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "raygeom.jobs.results_pages", "--check", str(page)],
-        cwd=elsewhere,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    rebuilt = results_pages("--check", page, cwd=elsewhere)
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     html = (store / "report.html").read_text()
     assert "Width ladder: Subspace PGA by width" in html

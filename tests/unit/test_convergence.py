@@ -5,12 +5,20 @@ from scipy.stats import ortho_group
 from raygeom.errors import InputError
 from raygeom.numerics.convergence import (
     convergence,
-    convergence_null_rhos,
     convergence_result,
     null_subspaces,
     prepare_pair,
 )
 from tests import reference
+
+
+def convergence_null_rhos(pair, k: int, seed: int, indices) -> np.ndarray:
+    """Convergence rho in the null subspaces with the given indices (null ``i`` depends only on (seed, i)), from the
+    scorer the units use: what these tests compare null by null."""
+    from raygeom.numerics.convergence import _PairScorer
+
+    scorer = _PairScorer(pair, None)
+    return np.array([scorer.rho_of_null(k, seed, i) for i in indices], dtype=np.float64)
 
 
 def related_models(seed, n, d_a, d_b, k):

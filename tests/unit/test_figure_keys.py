@@ -84,11 +84,12 @@ def test_each_metric_plot_of_an_analysis_is_keyed_by_its_rows(tmp_path):
 
 
 def test_the_key_covers_the_raygeom_modules_a_plot_imports_from():
-    from raygeom.jobs import width
     from raygeom.report.figure_keys import _raygeom_sources
+    from tools import width_page
 
-    sources = _raygeom_sources(width.plot_heatmaps)
+    sources = _raygeom_sources(width_page.plot_depth)  # a page builder's plot, outside the package
     for module in (
+        "tools/width_page.py",
         "raygeom/jobs/width.py",
         "raygeom/report/figures.py",
         "raygeom/jobs/tidy.py",
@@ -154,12 +155,16 @@ def test_every_plot_function_that_takes_a_path_is_keyed():
 
     import raygeom
 
-    root = Path(raygeom.__file__).parent
     found = []
-    for source in sorted(root.rglob("*.py")):
-        for node in ast.parse(source.read_text()).body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("plot_") and "path" in [a.arg for a in node.args.args]:
-                module = importlib.import_module(".".join(("raygeom", *source.relative_to(root).with_suffix("").parts)))
-                found.append((module.__name__, node.name, hasattr(getattr(module, node.name), "__wrapped__")))
+    for root in (Path(raygeom.__file__).parent, Path(raygeom.__file__).parents[1] / "tools"):  # the package; the page builders
+        for source in sorted(root.rglob("*.py")):
+            for node in ast.parse(source.read_text()).body:
+                if (
+                    isinstance(node, ast.FunctionDef)
+                    and node.name.startswith("plot_")
+                    and "path" in [a.arg for a in node.args.args]
+                ):
+                    module = importlib.import_module(".".join((root.name, *source.relative_to(root).with_suffix("").parts)))
+                    found.append((module.__name__, node.name, hasattr(getattr(module, node.name), "__wrapped__")))
     assert len(found) >= 16
     assert [f"{m}.{n}" for m, n, keyed in found if not keyed] == []

@@ -40,7 +40,7 @@ def test_resid_mid_plus_mlp_out_is_the_block_output(family, extra):
         # ... and the block output adds what the MLP added to that.
         torch.testing.assert_close(mid + mlp, got[block], rtol=1e-5, atol=1e-5)
         assert attn.abs().mean() > 1e-3 and mlp.abs().mean() > 1e-3  # neither is a zero that passes trivially
-    assert model_surgery.is_parallel_residual(model) == (family in PARALLEL and extra.get("use_parallel_residual", True))
+    assert model_surgery.block_points(model).parallel == (family in PARALLEL and extra.get("use_parallel_residual", True))
 
 
 def test_parallel_gpt_neox_mlp_reads_the_block_input_not_resid_mid():

@@ -174,3 +174,44 @@ def test_back_edges_are_found():
 def test_layers_import_only_downwards():
     wrong = back_edges(import_graph())
     assert not wrong, f"{len(wrong)} imports that run back up a layer:\n" + "\n".join(wrong)
+
+
+def test_every_renderer_is_an_import_the_graph_sees():
+    """How an analysis is drawn is the report layer's (raygeom.report.renderers, keyed by analysis name), never text in
+    an analysis naming a report function: each built-in renderer is a function of a report module that
+    renderers.py imports (so the layer and cycle checks above cover it), keyed by a registered analysis."""
+    from raygeom.analyses import registry
+    from raygeom.report import renderers
+
+    graph = import_graph()
+    for path in (PACKAGE / "analyses").glob("*.py"):
+        assert '"raygeom.report' not in path.read_text(), path.name  # no "module:function" text
+    assert renderers.BUILT_IN
+    for name, renderer in renderers.BUILT_IN.items():
+        assert name in registry.analyses(), name
+        for function in (renderer.section, renderer.figures):
+            if function is not None:
+                assert _inside(function.__module__, "raygeom.report"), (name, function)
+                assert function.__module__ in graph["raygeom.report.renderers"], (name, function.__module__)
+
+
+def private_imports(package: Path = PACKAGE) -> list[str]:
+    """``from raygeom.<a>... import _name`` in a module of another package than <a>: a private name used across
+    packages, which should be public (or stay inside its package)."""
+    found = []
+    for module, path in modules(package).items():
+        own = module.split(".")[1] if module.count(".") else ""
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("raygeom."):
+                if node.module.split(".")[1] != own:
+                    found += [f"{module}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return sorted(found)
+
+
+def test_no_private_name_is_imported_across_packages(tmp_path):
+    (tmp_path / "raygeom" / "numerics").mkdir(parents=True)
+    (tmp_path / "raygeom" / "numerics" / "u.py").write_text("_q = 1\n")
+    (tmp_path / "raygeom" / "numerics" / "v.py").write_text("from raygeom.numerics.u import _q\n")  # its own package
+    (tmp_path / "raygeom" / "api.py").write_text("from raygeom.numerics.u import _q\n")
+    assert private_imports(tmp_path / "raygeom") == ["raygeom.api: raygeom.numerics.u._q"]
+    assert private_imports() == []

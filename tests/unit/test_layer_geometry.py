@@ -5,7 +5,6 @@ from raygeom.errors import InputError
 from raygeom.numerics.layer_geometry import (
     align_by_key,
     blindness_summary,
-    layers_at_depths,
     loss_geometry_correlation,
     pc1_variance_fraction,
     per_sample_readout_share,
@@ -54,14 +53,6 @@ def test_alignment_matches_texts_not_positions_and_pairs_duplicates_in_order():
     assert [keys_a[i] for i in ia] == [keys_b[j] for j in ib] == ["x", "y", "dup", "z", "dup"]
     assert list(ia) == [0, 1, 2, 3, 4]
     assert list(ib) == [3, 2, 0, 1, 4]
-
-
-def test_layers_at_depths_picks_nearest_without_repeats():
-    assert layers_at_depths(32, 2) == [0, 31]
-    assert layers_at_depths(5, 5) == [0, 1, 2, 3, 4]
-    assert layers_at_depths(3, 11) == [0, 1, 2]
-    with pytest.raises(InputError):
-        layers_at_depths(10, 1)
 
 
 def test_blindness_summary_flat_metric_against_swinging_z():

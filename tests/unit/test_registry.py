@@ -429,6 +429,141 @@ def test_registration_refuses_a_declaration_the_report_could_not_label(attribute
     assert "some" not in registry.analyses()
 
 
+@pytest.mark.parametrize(
+    "attributes, message",
+    [
+        ({"name": "my analysis!"}, "its name must be an identifier"),
+        ({"name": "report"}, "its name 'report' is a built-in command of raygeom"),
+        ({"name": "run"}, "its name 'run' is a built-in command of raygeom"),
+        ({"command": "export"}, "its command 'export' is a built-in command of raygeom"),
+        ({"command": "bad command"}, "its command 'bad command' must be an identifier"),
+        ({"name": "pc1"}, "registered twice"),
+        ({"name": "select"}, "its name or command is analysis 'gap'"),  # `raygeom select` runs gap
+        ({"command": "twonn"}, "its name or command is analysis 'twonn'"),
+        ({"version": "one"}, "version must be a positive integer, got 'one'"),
+        ({"version": 0}, "version must be a positive integer, got 0"),
+        ({"version": True}, "version must be a positive integer, got True"),
+        ({"version": 1.5}, "version must be a positive integer, got 1.5"),
+        ({"columns": ("k", "value", "model")}, "column\\(s\\) model are provenance columns"),
+        ({"columns": ("k", "d", "n", "value")}, "column\\(s\\) d, n are provenance columns"),
+        ({"metrics": (registry.Metric("value", "v", level=1.0),)}, "has level 1.0; a coverage > 0 and < 1"),
+        ({"metrics": (registry.Metric("value", "v", level="coverage"),)}, "has level 'coverage'; .* or a declared column"),
+    ],
+)
+def test_registration_refuses_a_name_version_column_or_level_the_cli_store_or_report_could_not_hold(attributes, message):
+    """A refused declaration never reaches the registry: the built-in command, the other analysis and the rows'
+    provenance stay what they were."""
+    before = dict(registry.analyses())
+    cls = _declare(units=lambda *a: [], **attributes)
+    with pytest.raises((TypeError, RuntimeError), match=message):
+        registry.register(cls)
+    assert registry.analyses() == before
+
+
+def test_a_column_of_a_provenance_name_is_refused_only_where_the_registry_builds_the_row():
+    """An analysis with an extraction of its own builds its rows itself (convergence's ``n`` is its pair's text count);
+    one reading the pooled extraction starts each row with layer_row, whose ``model`` or ``d`` its column would overwrite."""
+    from raygeom.analyses.provenance import PROVENANCE_COLUMNS, layer_row
+
+    info = {"all_layers": ["embed", "block_00", "final_norm"], "d": 8, "source": "file", "settings": {}}
+    assert tuple(layer_row("m", "main", "embed", info)) == PROVENANCE_COLUMNS
+    own = _declare(extraction="chunks", run=lambda *a: [], planned_units=lambda *a: (0, 0), columns=("k", "value", "n"))
+    registry._check_declaration(own)
+    with pytest.raises(TypeError, match="provenance"):
+        registry._check_declaration(_declare(units=lambda *a: [], columns=("k", "value", "n")))
+
+
+@pytest.mark.parametrize(
+    "level, rows, label",
+    [
+        (0.8, [], "80 %"),
+        (0.95, [], "95 %"),
+        (0.999, [], "99.9 %"),
+        ("level", [{"level": 0.9}, {"level": 0.9}], "90 %"),
+        ("level", [{"level": 0.8}, {"level": 0.95}, {"level": None}], "80 %/95 %"),
+    ],
+)
+def test_a_metric_s_interval_is_labelled_with_its_declared_level(level, rows, label):
+    assert registry.Metric("value", "v", "value_lo", "value_hi", level=level).level_label(rows) == label
+
+
+def test_labels_and_legends_name_a_level_of_0_8_as_80_percent(tmp_path):
+    """The console table's header, the PNG's axis label and the report section's intro of a metric declared at 0.8."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from rich.console import Console
+
+    from raygeom.report import tables
+    from raygeom.report.profiles import analysis_section
+
+    analysis = _declare(
+        units=lambda *a: [],
+        columns=("k", "value", "value_lo", "value_hi"),
+        metrics=(registry.Metric("value", "some value", "value_lo", "value_hi", level=0.8),),
+    )()
+    rows = [
+        {
+            "model": "m",
+            "revision": "main",
+            "layer": f"block_{i:02d}",
+            "layer_index": i,
+            "relative_depth": i / 2,
+            "n": 9,
+            "d": 4,
+            "k": 3,
+            "value": 1.0 + i,
+            "value_lo": 0.5 + i,
+            "value_hi": 1.5 + i,
+        }
+        for i in range(3)
+    ]
+    console = Console(record=True, width=200)
+    tables.print_analysis(console, analysis, rows)
+    assert "some value [80 %]" in console.export_text() and "95" not in console.export_text()
+    section = analysis_section(analysis, rows, [])
+    assert "Bands are 80 % intervals (some value)." in section.intro and "95 %" not in section.intro
+    import matplotlib.pyplot as plt
+
+    labels = []
+    real = plt.Axes.set_ylabel
+    try:
+        plt.Axes.set_ylabel = lambda self, text, *a, **k: labels.append(text) or real(self, text, *a, **k)
+        tables.plot_analysis(analysis, rows, tmp_path)
+    finally:
+        plt.Axes.set_ylabel = real
+    assert labels == ["some value (band: 80 % interval)"]
+
+
+def test_a_per_layer_analysis_is_declared_by_its_task_and_arguments(tmp_path):
+    """PerLayer: one unit per layer running ``task(root, model, revision, layer, *arguments, key)``; its row is
+    layer_row, then the parameters that are columns, then what the task returned (through ``finish``)."""
+
+    def value_task(root, model, revision, layer, k, key):
+        return {"value": k * 10.0}
+
+    some = _declare(registry.PerLayer, task=value_task, arguments=("k",))
+    registry._check_declaration(some)
+    analysis = some()
+
+    class FakeStore:
+        root = tmp_path
+
+    info = {"all_layers": ["embed", "block_00", "final_norm"], "d": 8, "key": "abc", "settings": {}}
+    units = analysis.units(FakeStore(), "m", "main", ["embed", "final_norm"], some.Params(k=4), info)
+    assert [u.key for u in units] == [analysis.unit_key("abc", layer, some.Params(k=4)) for layer in ("embed", "final_norm")]
+    [step] = units[0].parts
+    assert step.args == (str(tmp_path), "m", "main", "embed", 4, "abc") and step.fn is value_task
+    row = units[1].finish([step.fn(*step.args)])
+    assert row["layer"] == "final_norm" and row["relative_depth"] == 1.0 and row["d"] == 8
+    assert (row["k"], row["value"], row["unit_key"]) == (4, 40.0, units[1].key)
+    assert list(row)[-3:] == ["k", "value", "unit_key"]
+    with pytest.raises(TypeError, match="declares its task"):
+        registry._check_declaration(_declare(registry.PerLayer, arguments=("k",)))
+    with pytest.raises(TypeError, match="arguments seed are not parameters"):
+        registry._check_declaration(_declare(registry.PerLayer, task=value_task, arguments=("seed",)))
+
+
 def test_rows_are_checked_against_the_declared_columns():
     analysis = _declare(units=lambda *a: [])()
     analysis.check_rows([{"model": "m", "k": 3, "value": 1.0}, {"model": "m", "note": "refused"}])
@@ -443,12 +578,15 @@ def test_every_module_of_the_package_is_discovered_whatever_its_decorator_line_s
     import raygeom.analyses as package
 
     source = Path(registry.__file__).read_text()
-    assert "read_text" not in source and "entry_points(group=ENTRY_POINTS)" in source
+    assert "read_text" not in source and "load_entry_points(ENTRY_POINTS)" in source
     names = {m.name for m in pkgutil.iter_modules(package.__path__)}
     import sys
 
     assert all(f"raygeom.analyses.{name}" in sys.modules for name in names - {"registry"})
-    assert {type(a).__module__ for a in ANALYSES.values()} <= {f"raygeom.analyses.{n}" for n in names}
+    # an installed plugin's analyses come from its own package, through the entry points (not from raygeom's)
+    modules = {type(a).__module__ for a in ANALYSES.values()}
+    assert {m for m in modules if m.startswith("raygeom.")} <= {f"raygeom.analyses.{n}" for n in names}
+    assert {m.rpartition(".")[2] for m in modules if m.startswith("raygeom.")} >= {"pga", "pc1", "twonn"}
 
 
 def test_discovering_every_analysis_imports_no_torch():
@@ -546,7 +684,7 @@ def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tm
     import typer
 
     from raygeom.cli import analyses as generated
-    from raygeom.report.tables import declared_function
+    from raygeom.report.renderers import renderer
 
     group = typer.main.get_command(app)
     for name, analysis in ANALYSES.items():
@@ -565,10 +703,88 @@ def test_every_analysis_command_job_keys_and_report_come_from_its_declaration(tm
         assert registry.parse_analyses({name: {field: getattr(analysis.Params(), field) for field in own}})
         with pytest.raises(Exception, match="unknown key"):
             registry.parse_analyses({name: {"no_such_setting": 1}})
-        # report: a section and figures drawn by the report layer from the declaration, console and documents text
-        for declared in (analysis.section, analysis.figures):
-            if declared is not None:
-                assert declared.startswith("raygeom.report.") and callable(declared_function(declared)), (name, declared)
-        if analysis.section is not None:
-            assert list(inspect.signature(declared_function(analysis.section)).parameters) == ["root"], name
+        # report: a section and figures drawn by the report layer's renderers (keyed by name), console and documents text
+        drawn = renderer(name)
+        built_in = type(analysis).__module__.startswith("raygeom.")  # a plugin's renderer is its own package's
+        for function in (drawn.section, drawn.figures):
+            if function is not None:
+                assert callable(function) and (function.__module__.startswith("raygeom.report.") or not built_in), name
+        if drawn.section is not None:
+            assert list(inspect.signature(drawn.section).parameters) == ["root"], name
+        if drawn.figures is not None:
+            assert list(inspect.signature(drawn.figures).parameters) == ["rows", "directory"], name
         assert analysis.console([]) == [] and analysis.documents([]) == {}, name
+
+
+def test_the_reserved_command_names_are_the_cli_s_own_commands():
+    """registry.RESERVED_COMMANDS (read by register, below the CLI) is exactly the CLI's commands that no analysis
+    generates: a new built-in command is reserved, or this fails."""
+    import typer
+
+    commands = set(typer.main.get_command(app).commands)
+    generated = {a.command or a.name for a in ANALYSES.values()}
+    assert commands - generated == set(registry.RESERVED_COMMANDS)
+    assert not generated & set(registry.RESERVED_COMMANDS)
+
+
+BROKEN_PLUGIN = {
+    "broken_pkg/__init__.py": "",
+    "broken_pkg/analysis.py": "import no_such_module_anywhere\n",
+    "broken_pkg/renamed.py": (
+        "from raygeom.analyses.registry import Analysis, Params, register\n"
+        "@register\nclass Report(Analysis):\n    name = 'report'\n    version = 1\n    Params = Params\n    title = 'R'\n"
+        "    def units(self, *a):\n        return []\n"
+    ),
+    "broken_pkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: broken-pkg\nVersion: 0.1\n",
+    "broken_pkg-0.1.dist-info/entry_points.txt": (
+        "[raygeom.analyses]\nbroken = broken_pkg.analysis\nrenamed = broken_pkg.renamed\n"
+        "[raygeom.renderers]\nbroken_drawing = broken_pkg.analysis\n"
+    ),
+}
+
+
+def test_a_plugin_that_fails_to_load_costs_one_warning_line_and_every_command_works(tmp_path):
+    """Two entry points of one installed package fail (an import error; a registration refused: an analysis named as
+    the built-in ``report``): ``raygeom --help`` and a command's refusal still work, each failure costing one line
+    on stderr naming the entry point and its error; the report draws with a renderer entry point failing too."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    for name, text in BROKEN_PLUGIN.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}", COLUMNS="200")
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "raygeom.cli", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+        )
+
+    expected = [
+        "warning: raygeom.analyses entry point 'broken' (broken_pkg.analysis) not loaded: ModuleNotFoundError: No module "
+        "named 'no_such_module_anywhere'",
+        "warning: raygeom.analyses entry point 'renamed' (broken_pkg.renamed) not loaded: TypeError: analysis 'report': "
+        "its name 'report' is a built-in command of raygeom",
+    ]
+    helped = cli("--help")
+    assert helped.returncode == 0 and "report" in helped.stdout and "pc1" in helped.stdout, helped.stderr
+    assert helped.stderr.splitlines() == expected
+    report = cli("report", "--help")  # the built-in command, not the refused analysis
+    assert report.returncode == 0 and "store" in report.stdout.lower() and report.stderr.splitlines() == expected
+    refused = cli("pc1", "--k", "0", "--out", "o")
+    assert refused.returncode == 2 and refused.stderr.splitlines()[:2] == expected
+    assert len(refused.stderr.splitlines()) == 3 and "--k" in refused.stderr.splitlines()[2]
+    drawn = subprocess.run(
+        [sys.executable, "-c", "from raygeom.report.renderers import renderer; print(renderer('pga').section.__name__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert drawn.stdout.strip() == "pga_section"
+    assert drawn.stderr.splitlines() == [
+        "warning: raygeom.renderers entry point 'broken_drawing' (broken_pkg.analysis) not loaded: ModuleNotFoundError: "
+        "No module named 'no_such_module_anywhere'"
+    ]

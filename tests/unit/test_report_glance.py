@@ -4,7 +4,6 @@ dash, marker), every line runs left to right, legends stay short and name what v
 analysis that has rows, once."""
 
 import html
-import importlib
 import re
 from collections import Counter
 
@@ -14,9 +13,9 @@ import pytest
 
 from raygeom.analyses import registry
 from raygeom.report.html import build_sections, write_report
-from raygeom.report.synthetic import declared_rows, job_store_rows, write_analysis_store, write_job_store
 from raygeom.store.tree import atomic_write_table
 from tests.figures import decode, figures_of
+from tests.synthetic import declared_rows, job_store_rows, write_analysis_store, write_job_store
 
 MODELS, REVISIONS, RANKS = ("EleutherAI--pythia-14m", "EleutherAI--pythia-31m"), ("step1000", "step143000"), (0, 1, 5)
 
@@ -132,30 +131,31 @@ def test_each_registered_analysis_with_rows_gets_exactly_one_section_from_its_de
     each gets exactly one section, anchored by its name and headed by its title, drawn once by the function its
     declaration names or, without one, as the generic section of its declared metrics (a panel per metric); from a
     store holding the rows of half of them, only those half have sections."""
+    from raygeom.report import renderers
+
     analyses = registry.analyses()
-    named = [a.section for a in analyses.values() if a.section]
-    assert len(named) == len(set(named))  # a declared section draws one analysis
+    own = {name for name in analyses if renderers.renderer(name).section}
+    named = [renderers.renderer(name).section for name in own]
+    assert own and len(named) == len(set(named))  # a section draws one analysis
     drawn = Counter()
-    for analysis in analyses.values():
-        if analysis.section:
-            module_name, _, function = analysis.section.partition(":")
-            module = importlib.import_module(module_name)
+    for name in own:
+        drawing = renderers.renderer(name)
 
-            def spy(root, draw=getattr(module, function), name=analysis.name):
-                drawn[name] += 1
-                return draw(root)
+        def spy(root, draw=drawing.section, name=name):
+            drawn[name] += 1
+            return draw(root)
 
-            monkeypatch.setattr(module, function, spy)
+        monkeypatch.setitem(renderers._RENDERERS, name, renderers.Renderer(section=spy, figures=drawing.figures))
     root = write_analysis_store(tmp_path / "every", analyses, revisions=("step143000",))
     text = write_report(root).read_text()
     headings = [(a, html.unescape(h)) for a, h in re.findall(r"<section id='([^']+)'><h2>([^<]+)</h2>", text)]
     assert headings[-1] == ("files", "Files")
     assert headings[:-1] == [(name, analyses[name].title) for name in ["pga", *sorted(set(analyses) - {"pga"})]]
-    assert drawn == Counter({a.name: 1 for a in analyses.values() if a.section})
+    assert drawn == Counter({name: 1 for name in own})
     for section in build_sections(root):
         analysis = analyses[section.anchor]
         assert section.figures, section.anchor
-        if not analysis.section:  # one revision per model: one panel per declared metric, every model in it
+        if analysis.name not in own:  # one revision per model: one panel per declared metric, every model in it
             titles = [f.layout.title.text for f in section.figures]
             assert titles == [f"{m.title} by depth" for m in analysis.metrics], (section.anchor, titles)
     names = sorted(analyses)
@@ -165,7 +165,7 @@ def test_each_registered_analysis_with_rows_gets_exactly_one_section_from_its_de
     empty = next(
         a
         for a in analyses.values()
-        if a.name not in half and not a.section and a.results_dir not in {h.results_dir for h in half.values()}
+        if a.name not in half and a.name not in own and a.results_dir not in {h.results_dir for h in half.values()}
     )
     blank = [{**r, **{c: None for m in empty.metrics for c in (m.column, m.lo, m.hi)}} for r in declared_rows(empty)]
     atomic_write_table(pa.Table.from_pylist(blank), root / "results" / f"{empty.results_dir}.parquet")

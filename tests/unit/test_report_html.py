@@ -11,8 +11,8 @@ import pytest
 from raygeom.errors import RaygeomError
 from raygeom.report import html as report
 from raygeom.report.profiles import _step_layer_heatmaps
-from raygeom.report.synthetic import pythia_grid_rows, write_pythia_grid_store
 from raygeom.store.tree import atomic_write_table
+from tests.synthetic import pythia_grid_rows, write_pythia_grid_store
 
 SIZES, REVISIONS = ["14m", "70m"], ["step0", "step512", "step1000", "step143000"]
 
@@ -336,3 +336,22 @@ def test_figures_start_from_plotly_white_and_the_callers_default_template_is_res
         pio.templates.default = before
     figures = [figure for section in sections for figure in section.figures]
     assert figures and all(figure.layout.template.layout.plot_bgcolor == white for figure in figures)
+
+
+def test_the_training_runs_table_shows_every_run_column_the_train_analysis_writes(tmp_path):
+    """The report's runs table lists train.RUN_COLUMNS (and the run's key) as the rows hold them, not a copy of them
+    that misses the sequence counts."""
+
+    from raygeom.analyses.train import RUN_COLUMNS
+    from raygeom.report.other_sections import train_section
+    from raygeom.store.tree import atomic_write_table
+
+    run = {c: 1.0 for c in RUN_COLUMNS} | {"lam": 0.5, "seed": 0, "key": "abc"}
+    atomic_write_table(pa.Table.from_pylist([run]), tmp_path / "results" / "train_runs.parquet")
+    history = [{"step": step, "lm_loss": 3.0 - step, "dispersion": 0.5, "heldout_perplexity": 20.0} for step in (0, 1)]
+    atomic_write_table(pa.Table.from_pylist(history), tmp_path / "train" / "history-abc.parquet")
+    section = train_section(tmp_path)
+    runs = next(t for t in section.tables if t.startswith("<h4>Runs"))
+    headers = re.findall(r"<th>([^<]+)</th>", runs)
+    assert headers == [*RUN_COLUMNS, "key"]
+    assert "n_train_sequences" in headers and "n_heldout_sequences" in headers

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from raygeom.report.synthetic import write_pythia_grid_store
 from tests.figures import decode as _decode
 from tests.figures import figures_of
+from tests.synthetic import write_pythia_grid_store
 
 ROOT = Path(__file__).resolve().parents[2]
 

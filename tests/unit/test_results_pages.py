@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raygeom.jobs import results_pages
 from raygeom.numerics.uncertainty import bounds_of
+from tools import results_pages
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
@@ -187,10 +187,10 @@ def _planted_width_rows(tmp_path: Path) -> Path:
 
 
 def test_the_width_page_says_what_its_planted_rows_show(tmp_path):
-    from raygeom.jobs.width import render_page
+    from tools.width_page import render_page
 
     text = render_page(_planted_width_rows(tmp_path))
-    assert "python -m raygeom.jobs.results_pages docs/results/width.md" in text.splitlines()[2]
+    assert "python -m tools.results_pages docs/results/width.md" in text.splitlines()[2]
     assert "outside the paper's stated range** (the paper claims restoration for d >= 768" in text
     assert "step 0 (the initialisation)" in text
     # G is largest at step 0, the worst perplexity: over 5 checkpoints, an exact permutation p and no interval
@@ -305,10 +305,10 @@ def _planted_trajectory_rows(tmp_path: Path) -> Path:
 
 
 def test_the_trajectory_page_decides_set_early_only_where_the_checkpoints_bracket_the_quarter(tmp_path):
-    from raygeom.jobs.trajectory import render_page
+    from tools.trajectory_page import render_page
 
     text = render_page(_planted_trajectory_rows(tmp_path))
-    assert "python -m raygeom.jobs.results_pages docs/results/trajectory.md" in text.splitlines()[2]
+    assert "python -m tools.results_pages docs/results/trajectory.md" in text.splitlines()[2]
     assert "**Organisation is set early** (PGA paper): **contradicted**" in text
     assert "the checkpoint before is step 100" in text
     # G falls while perplexity falls: over all 15 checkpoints Spearman(G, -perplexity) = -1, at the bound: no interval
@@ -320,7 +320,7 @@ def test_the_trajectory_page_decides_set_early_only_where_the_checkpoints_bracke
 
 def test_a_cited_number_follows_its_row_and_a_bad_query_names_its_line(tmp_path):
     from raygeom.errors import RaygeomError
-    from raygeom.jobs import cited_pages
+    from tools import cited_pages
 
     assert cited_pages.fill("z {{ a | +.1f }}, {{ b | .2f }} and {{ b | –.2f }}", {"a": -29.54, "b": (0.721, 0.8649)}) == (
         "z \u221229.5, 0.72 … 0.86 and 0.72–0.86"

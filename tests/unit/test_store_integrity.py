@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["embed", "block_00", "final_norm"]
 
 
+def marker_path(store, model: str, revision: str, key: str | None = None) -> Path:
+    """The completion marker of an extraction (the one the store reads)."""
+    from raygeom.store.tree import COMPLETE_MARKER
+
+    return store.extraction_dir(model, revision, key) / COMPLETE_MARKER
+
+
 def build(root: Path, model="m", revision="main", key="k1", n=12, d=8) -> Store:
     rng = np.random.default_rng(0)
     store = Store(root)
@@ -62,8 +69,8 @@ def test_a_flipped_byte_anywhere_in_an_extraction_makes_it_incomplete(tmp_path, 
         "layer": store.layer_path("m", "main", "block_00"),
         "readout": store.readout_path("m", "main"),
         "samples": store.samples_path("m", "main"),
-        "marker": store.marker_path("m", "main"),
-        "sidecar": checksum_path(store.marker_path("m", "main")),
+        "marker": marker_path(store, "m", "main"),
+        "sidecar": checksum_path(marker_path(store, "m", "main")),
     }[target]
     flip(path)
     assert not store.is_complete("m", "main", "k1")
@@ -106,7 +113,7 @@ def test_keyed_reads_refuse_activations_made_for_other_settings(tmp_path):
     store = build(tmp_path, key="n45")
     store.read_layer("m", "main", "embed", key="n45")
     # Another writer replaces this extraction's marker with one of other settings: its reads refuse.
-    marker = store.marker_path("m", "main", "n45")
+    marker = marker_path(store, "m", "main", "n45")
     forged = {**store.completion("m", "main", "n45"), "key": "n40"}
     tree.atomic_write_text(json.dumps(forged), marker)
     with pytest.raises(RaygeomError, match="not the one this run made"):
@@ -151,7 +158,7 @@ def test_a_store_written_before_extractions_were_keyed_is_read_as_it_is(tmp_path
     marker_file = old / "activations" / f"model={model}" / f"revision={revision}" / "_COMPLETE.json"
     key = json.loads(marker_file.read_text())["key"]
     store = Store(old)
-    assert store.marker_path(model, revision, key) == marker_file and store.marker_path(model, revision) == marker_file
+    assert marker_path(store, model, revision, key) == marker_file and marker_path(store, model, revision) == marker_file
     assert store.is_complete(model, revision, key)
     ids, vectors = store.read_layer(model, revision, "block_01", key=key)
     np.testing.assert_array_equal(store.read_layer(model, revision, "block_01")[1], vectors)
@@ -166,7 +173,7 @@ def test_a_store_written_before_extractions_were_keyed_is_read_as_it_is(tmp_path
     store.write_samples(model, revision, {"sample_id": np.arange(5, dtype=np.int32)}, key="new")
     store.mark_complete(model, revision, {"key": "new", "layers": ["embed"], "all_layers": ["embed"], "n_samples": 5, "d": 64})
     assert store.is_complete(model, revision, "new") and store.is_complete(model, revision, key)
-    assert store.marker_path(model, revision, "new").parent.name == "extraction=new"
+    assert marker_path(store, model, revision, "new").parent.name == "extraction=new"
     assert {e.key: e.place for e in store.extractions()} == {key: None, "new": "extraction=new"}
     assert verify_cli(old).exit_code == 0
     from types import SimpleNamespace as Unit
@@ -311,7 +318,7 @@ def test_a_layer_whose_index_is_not_its_names_is_found(tmp_path):
 def test_a_completion_marker_copied_from_another_revision_is_not_this_ones(tmp_path):
     store = build(tmp_path, revision="step1")
     build(tmp_path, revision="step2")
-    copy_over(store.marker_path("m", "step1"), store.marker_path("m", "step2"))
+    copy_over(marker_path(store, "m", "step1"), marker_path(store, "m", "step2"))
     assert store.completion("m", "step2") is None
     assert not store.is_complete("m", "step2", "k1") and store.is_complete("m", "step1", "k1")
     assert "completion marker of m@step1, not of m@step2" in store.extraction_problem("m", "step2", "k1")
@@ -365,7 +372,7 @@ def test_verify_finds_files_under_another_files_name(tmp_path):
     store.write_result("pga", "key-a", {"z": 1.0, "unit_key": "key-a"})
     store.write_result("pga", "key-b", {"z": 2.0, "unit_key": "key-b"})
     copy_over(store.result_path("pga", "key-a"), store.result_path("pga", "key-b"))
-    copy_over(store.marker_path("m", "step1"), store.marker_path("m", "step2"))
+    copy_over(marker_path(store, "m", "step1"), marker_path(store, "m", "step2"))
     Store(tmp_path).write_layer("m", "step1", "block_09", 0, np.arange(12), np.ones((12, 8)), key="k1")
     copy_over(store.layer_path("m", "step1", "embed"), store.layer_path("m", "step1", "block_09"))
     found = verify_cli(tmp_path)

@@ -15,12 +15,13 @@ from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr
 
 from raygeom.numerics import pga
-from raygeom.numerics.convergence import convergence, convergence_null_rhos, prepare_pair
+from raygeom.numerics.convergence import convergence, prepare_pair
 from raygeom.numerics.convergence_grid import null_grids, observed_grid
 from raygeom.numerics.convergence_grid import prepare_layer as prepare_grid_layer
 from raygeom.numerics.pga import null_rhos, prepare_layer, subspace_pga, subspace_rho
 from raygeom.numerics.ties import duplicate_groups
 from tests import reference
+from tests.unit.test_convergence import convergence_null_rhos
 
 # Distinct distances closer than this could be ordered either way by float32 arithmetic (whose
 # error here is ~1e-7) on some CPU; the data of every 1e-6 comparison have none.

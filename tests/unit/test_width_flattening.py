@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from raygeom.jobs.width import FLAT_FALL, flattening
+from tools.width_page import FLAT_FALL, flattening
 
 
 def _curve(run: str, values: dict[int, float], width: int = 128) -> list[dict]:

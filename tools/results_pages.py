@@ -1,7 +1,11 @@
 """Rebuild the generated pages of docs/results/ from the tidy rows shipped beside each one, no store and no model
-needed: ``python -m raygeom.jobs.results_pages docs/results`` (every generated page there) or
-``python -m raygeom.jobs.results_pages docs/results/width.md`` (one). ``--check`` rebuilds into memory and exits 1,
-naming the page, where a committed page differs from what its rows give (the figures are redrawn beside it)."""
+needed: ``python -m tools.results_pages docs/results`` (every generated page there) or
+``python -m tools.results_pages docs/results/width.md`` (one). ``--check`` rebuilds into memory and exits 1,
+naming the page, where a committed page differs from what its rows give (the figures are redrawn beside it).
+
+These page builders are the repository's write-ups, not the package's: they import raygeom, raygeom imports none of
+them (the jobs export the rows: raygeom.jobs.width.export_rows, raygeom.jobs.trajectory.export_rows); run them from
+the repository's root."""
 
 from __future__ import annotations
 
@@ -11,12 +15,12 @@ from pathlib import Path
 from raygeom.report.figures import save_text
 
 # page file name -> the module whose render_page(page) renders it from its rows folder (<page stem>/): the jobs' own
-# pages from their tidy rows, the hand-written ones from their template's queries over their rows (jobs.cited_pages)
+# pages from their tidy rows, the hand-written ones from their template's queries over their rows (tools/cited_pages.py)
 GENERATED = {
-    "width.md": "raygeom.jobs.width",
-    "trajectory.md": "raygeom.jobs.trajectory",
-    "pga.md": "raygeom.jobs.cited_pages",
-    "dispersion.md": "raygeom.jobs.cited_pages",
+    "width.md": "tools.width_page",
+    "trajectory.md": "tools.trajectory_page",
+    "pga.md": "tools.cited_pages",
+    "dispersion.md": "tools.cited_pages",
 }
 
 
@@ -39,10 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     check = "--check" in args
     args = [a for a in args if a != "--check"]
     if len(args) != 1:
-        print("usage: python -m raygeom.jobs.results_pages [--check] docs/results | docs/results/<page>.md", file=sys.stderr)
+        print("usage: python -m tools.results_pages [--check] docs/results | docs/results/<page>.md", file=sys.stderr)
         return 2
     target = Path(args[0])
-    if not target.exists():
+    if not target.exists() and not (target.parent / target.stem).is_dir():  # a page is written from its rows folder
         print(f"{target}: no such page or folder", file=sys.stderr)
         return 2
     differ = []

@@ -4,7 +4,7 @@ The page's text is a template, ``<page stem>/page.md.in``: every number it cites
 ``{{ query | format }}``, a call of one of the page's queries over its shipped tables (``pga_queries``), written with
 a Python format spec (``+.1f``, ``.3f``, ``,``); a pair of numbers (an interval) prints as ``lo … hi``, or ``lo–hi``
 under a spec that starts with ``–``. Negative
-numbers print with the typographic minus the pages use. ``python -m raygeom.jobs.results_pages docs/results`` fills
+numbers print with the typographic minus the pages use. ``python -m tools.results_pages docs/results`` fills
 the placeholders and writes the page; the regeneration test fails when a page and its rows disagree."""
 
 from __future__ import annotations
