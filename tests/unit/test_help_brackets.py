@@ -92,7 +92,9 @@ def test_status_and_plan_titles_keep_their_brackets(tmp_path, monkeypatch):
     folder = tmp_path / "jobs[x]"
     folder.mkdir()
     job = folder / "job.toml"
-    job.write_text("[job]\nout = 'runs[final]'\n[[models]]\nid = 'smollm2'\n[corpus]\nname = 'bbc'\nn_samples = 50\n[pga]\nk = 8\n")
+    job.write_text(
+        "[job]\nout = 'runs[final]'\n[[models]]\nid = 'smollm2'\n[corpus]\nname = 'bbc'\nn_samples = 50\n[pga]\nk = 8\n"
+    )
     shown = CliRunner().invoke(app, ["status", str(job)], env={"COLUMNS": "3000"})
     assert shown.exit_code == 0, shown.output
     assert f"Status job  ({folder / 'runs[final]'})" in shown.output
