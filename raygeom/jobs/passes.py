@@ -33,10 +33,6 @@ class Pass:
     first: object  # the Planned item that makes it
     why: str
 
-    @property
-    def name(self) -> str:
-        return self.kind
-
 
 def job_passes(job) -> list[Pass]:
     """The fewest passes that serve every planned analysis: the pooled pass first (on the first text set a pooled
@@ -50,13 +46,10 @@ def job_passes(job) -> list[Pass]:
         groups.setdefault(key, []).append(label)
     passes = []
     for (kind, _), served in sorted(groups.items(), key=lambda group: group[0][0] != POOLED or group[0][1] != repr(texts)):
-        first = reads[served[0]]
-        why = (
-            first.why
-            if kind != POOLED or texts is None or len(served) == 1
-            else next(r.why for r in reads.values() if r.texts == texts)
-        )
-        passes.append(Pass(kind, tuple(served), labels[served[0]], why or "one vector per text and layer"))
+        # what the pass reads, in the words of the first analysis that says it (a pooled reader of the sample as it
+        # is says nothing)
+        why = next((reads[label].why for label in served if reads[label].why), "one vector per text and layer")
+        passes.append(Pass(kind, tuple(served), labels[served[0]], why))
     return passes
 
 
