@@ -61,8 +61,10 @@ def stored_passes(store, job, specs: list, pooled_key) -> dict[tuple[str, str, i
     for index, one in enumerate(job_passes(job)):
         for spec in specs:
             if index == 0 and one.kind == POOLED:
-                key = pooled_key(spec)
-                found = store.is_complete(spec.slug, spec.revision, key) or store.is_freed(spec.slug, spec.revision, key)
+                key = pooled_key(spec)  # None: not known here (never "the revision's one extraction")
+                found = key is not None and (
+                    store.is_complete(spec.slug, spec.revision, key) or store.is_freed(spec.slug, spec.revision, key)
+                )
             else:
                 found = one.first.spec.extracted(store, job, spec, one.first.params)
             stored[(spec.slug, spec.revision, index)] = found

@@ -114,6 +114,9 @@ def run_passes(job: JobSpec, console: Console, store: Store, corpus, specs: list
     from raygeom.engine import orchestrate
 
     pooled_key = {(item.request.spec.slug, item.request.spec.revision): item.request.key() for item in items}
+    if not items and passes.job_passes(job)[0].kind == passes.POOLED:  # a pooled reader makes the pass itself
+        texts = passes.pooled_corpus(job, specs)  # its texts, as it reads them (convergence: aligned)
+        pooled_key = {(s.slug, s.revision): ExtractionRequest(s, texts, job.extraction, job.layers).key() for s in specs}
     stored_before = passes.stored_passes(store, job, specs, lambda spec: pooled_key.get((spec.slug, spec.revision)))
     units = experiment.JobUnits(store, job)
     with progress_bar(console) as progress:

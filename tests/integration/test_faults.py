@@ -286,7 +286,7 @@ def test_the_documented_job_submit_recipe_runs_a_sweep_and_resubmitting_resumes(
     job_file = write_tiny_job(
         tmp_path / "sweep.toml", "tiny-sweep", out, corpus, sweep='sizes = ["31m"]\nrevisions = ["step1000"]\n'
     )
-    reference = [row for row in reference if (row["repo"], row["revision"]) == ("EleutherAI/pythia-31m", "step1000")]
+    reference = [row for row in reference if (row["model"], row["revision"]) == ("EleutherAI--pythia-31m", "step1000")]
     units = len(reference)
     assert units == 4
     recipe = documented_recipe()

@@ -280,7 +280,7 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
 
 
 def test_deduped_variants_are_an_option(tmp_path):
-    job_file = write_sweep_job(tmp_path, tmp_path / "out", tmp_path / "corpus.txt", deduped="true")
+    job_file = write_sweep_job(tmp_path, tmp_path / "out", write_corpus(tmp_path / "corpus.txt"), deduped="true")
     assert [m.source for m in load_job(job_file).models] == [
         "EleutherAI/pythia-31m",
         "EleutherAI/pythia-14m",

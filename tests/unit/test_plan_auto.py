@@ -78,8 +78,10 @@ def test_a_stored_pilot_gives_the_expected_count_per_unit(tmp_path, monkeypatch)
 
 def test_plan_prints_the_auto_budget_where_n_null_is_auto(tmp_path, monkeypatch):
     from raygeom.cli.root import app
+    from raygeom.jobs import preflight
 
     monkeypatch.setattr(sweep, "cached_config", lambda spec: None)  # layers from the sizes table, not a test cache
+    monkeypatch.setattr(preflight, "model_config", lambda spec: {})  # nor the test cache's tiny d (64) under k = 100
     fixed = CliRunner().invoke(app, ["plan", str(small_job(tmp_path))], env={"COLUMNS": "250"})
     assert fixed.exit_code == 0, fixed.output
     assert "--n-null auto" not in fixed.output and "n_null=100" in " ".join(fixed.output.split())  # the job fixes 100
