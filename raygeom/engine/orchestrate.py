@@ -106,9 +106,9 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
 def _lean_local_node(init: Callable) -> Callable:
     """``RayParams.__init__`` for raygeom's local node, with defaults ray.init takes no argument for:
 
-    - the dashboard agent's HTTP port left to the OS. The fixed default (52365) is held by any other Ray on the
-      machine: the agent then retries for 3.5 s before the node comes up (every local start in a test session, or a
-      second local job);
+    - the agents' ports (:data:`AGENT_PORTS`) chosen here, free on loopback, not Ray's fixed default (52365, held by
+      any other Ray on the machine: the agent then retried for 3.5 s) nor left to the agents: see
+      :func:`_ports_known_to_raylet`;
     - no log monitor. It only forwards workers' output to the driver, and raygeom's driver does not take it
       (``log_to_driver=False``); it rescans the node's log folder all the time (38 CPU-s in a 20-minute test session
       here);
@@ -118,12 +118,43 @@ def _lean_local_node(init: Callable) -> Callable:
     stats are off, ``raygeom.engine.ray_env``), and ``ray.init`` waits for it: :func:`_no_dashboard_process`."""
 
     def lean(self, *args, **kwargs):
-        kwargs.setdefault("dashboard_agent_listen_port", 0)
+        for name in AGENT_PORTS:
+            kwargs[name] = kwargs.get(name) or _free_loopback_port()  # ray.init passes some as None
         kwargs.setdefault("include_log_monitor", False)
         kwargs.setdefault("no_monitor", True)
         init(self, *args, **kwargs)
 
     return lean
+
+
+# The ports the raylet learns from its agents, each a ``<name>_<node id>`` file in the session folder that the agent
+# writes once it listens. The raylet waits a fixed 15 s for each (Ray 2.60's WaitForPersistedPort, not a setting) and
+# then exits: at a load average of 18 on 2 CPUs the dashboard agent (a Python process importing aiohttp and grpc) took
+# longer, and every start failed ("Timed out waiting for file .../dashboard_agent_listen_port_..."). raygeom picks
+# the ports and writes the files before the raylet starts; the agents listen on them when they are up.
+AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+
+
+def _free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _ports_known_to_raylet(start_raylet: Callable) -> Callable:
+    """``Node.start_raylet`` that first writes each agent's port file (:data:`AGENT_PORTS`)."""
+    from ray._raylet import persist_port
+
+    def start(self, *args, **kwargs):
+        for name in AGENT_PORTS:
+            port = getattr(self._ray_params, name, None)
+            if port:
+                persist_port(self._session_dir, self._node_id, name, port)
+        return start_raylet(self, *args, **kwargs)
+
+    return start
 
 
 def _no_dashboard_process(start_api_server: Callable) -> Callable:
@@ -276,6 +307,7 @@ def _start_local(num_cpus: int | None) -> None:
                 mock.patch.object(params, "__init__", _lean_local_node(params.__init__)),
                 mock.patch.object(node, "__init__", _keep_node(node.__init__, nodes)),
                 mock.patch.object(node, "start_api_server", _no_dashboard_process(node.start_api_server)),
+                mock.patch.object(node, "start_raylet", _ports_known_to_raylet(node.start_raylet)),
                 mock.patch.object(services, "ConsolePopen", _own_session(services.ConsolePopen)),
                 mock.patch.object(services, "get_node", _patient(services.get_node, time.monotonic() + wait, nodes)),
                 # the GCS port's wait, as long as raygeom's (read when the node starts the GCS)

@@ -387,3 +387,27 @@ def test_a_tiny_run_completes_while_16_busy_processes_hold_both_cores(hub_cache,
     stdout, stderr = process.communicate(timeout=400)
     assert process.returncode == 0, stderr[-3000:]
     assert list((tmp_path / "out" / "results" / "pga").glob("*.parquet"))
+
+
+SLOW_AGENTS = """
+import os, sys, time
+if any(part in " ".join(sys.argv) for part in ("dashboard/agent.py", "runtime_env/agent/main.py")):
+    time.sleep(float(os.environ["AGENT_START_DELAY_S"]))
+"""
+
+
+def test_agents_that_take_20_s_to_start_do_not_stop_the_local_ray(hub_cache, tiny_corpus, tmp_path):
+    """Issue 46 item 1, as CI met it: at a load average of 18 the raylet exited while it started ("Timed out waiting
+    for file .../dashboard_agent_listen_port_..."): Ray 2.60's raylet waits a fixed 15 s for each agent to write its
+    port, and the dashboard agent, a Python process, took longer. Here both agents sleep 20 s before they import
+    anything (a sitecustomize on their PYTHONPATH), and the run completes on its first try."""
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_AGENTS)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=f"{tmp_path / 'slow'}{os.pathsep}{ROOT}", AGENT_START_DELAY_S="20")
+    env["RAYGEOM_START_TIMEOUT"] = "18"  # one try cannot outwait the agents: the start must not depend on them
+    args = ["pga", *TINY[:-2], "--n-null", "4", "--k", "8", "--corpus", tiny_corpus, "--out", tmp_path / "out", "--num-cpus", "1"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "out" / "results" / "pga").glob("*.parquet"))
