@@ -82,7 +82,7 @@ def copy_report(analysis, outputs, report: Path, root: Path | None = None) -> No
     from raygeom.report.figures import write_csv
     from raygeom.store.tree import read_table
 
-    rows = getattr(outputs, "analysis_rows", {}).get(analysis.name)
+    rows = outputs.rows.get(analysis.name)
     if rows:
         write_csv(rows, report / f"{analysis.command or analysis.name}.csv")
         keys = {row.get("unit_key") for row in rows}
@@ -90,7 +90,7 @@ def copy_report(analysis, outputs, report: Path, root: Path | None = None) -> No
             path = Path(root or ".") / "results" / f"{table}.parquet"
             if path.is_file():
                 write_csv([r for r in read_table(path).to_pylist() if r.get("unit_key") in keys], report / f"{name}.csv")
-    for path in getattr(outputs, "files", {}).get(analysis.name, []):
+    for path in outputs.files.get(analysis.name, []):
         if path is not None and path.is_file() and path.parent.resolve() != report.resolve():
             temporary = report / f".{path.name}.tmp"
             shutil.copyfile(path, temporary)

@@ -97,7 +97,7 @@ def _run(job, address, num_cpus):
     if job.sweep is not None:  # a job file with a [sweep] section
         return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
     outputs = run_job(job, console, address=address, num_cpus=num_cpus)
-    for row in outputs.rows:
+    for row in (row for rows in outputs.rows.values() for row in rows):
         if row.get("note"):
             errors.print(
                 f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "

@@ -243,7 +243,7 @@ def write_outputs(
     units: JobUnits,
     rows: list[dict],
     console,
-    skip: tuple[str, ...] = ("pga",),
+    skip: tuple[str, ...] = (),
     own: dict[str, list[dict]] | None = None,
     files: dict[str, list[Path]] | None = None,
     shown: dict[str, list[dict]] | None = None,

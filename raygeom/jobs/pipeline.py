@@ -1,4 +1,5 @@
-"""Job driver: corpus -> extraction actors -> Arrow store -> PGA tasks -> tables, plots, Parquet."""
+"""Job driver: corpus -> forward passes (replica actors) -> Arrow store -> analysis units (Ray tasks) -> tables, plots,
+Parquet."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from raygeom.jobs.experiment import progress_bar  # noqa: F401 - the drivers' (a
 from raygeom.jobs.preflight import job_models, preflight
 from raygeom.jobspec import JobSpec
 from raygeom.replica.request import ExtractionRequest
-from raygeom.report import figures as report
 from raygeom.report.figures import counted
 from raygeom.report.html import announce_report
 from raygeom.sources.models import ModelSpec
@@ -23,11 +23,8 @@ from raygeom.store.tree import Store, check_writable
 
 @dataclass
 class JobOutputs:
-    rows: list[dict]
-    table: Path
-    plot: Path
-    files: dict[str, list[Path]] = field(default_factory=dict)  # what each analysis wrote, by name
-    analysis_rows: dict[str, list[dict]] = field(default_factory=dict)  # this job's rows of each analysis but PGA
+    files: dict[str, list[Path]] = field(default_factory=dict)  # what each analysis wrote, by name: its table first
+    rows: dict[str, list[dict]] = field(default_factory=dict)  # this job's rows of each analysis, by name
 
 
 def pooled_stages(job: JobSpec, store: Store, corpus, items: list, stages, plan=None):
@@ -148,32 +145,19 @@ def run_job(job: JobSpec, console: Console, address: str | None = None, num_cpus
     items = pooled_items(job, corpus, [(spec, replica_gpus(spec, job, gpus, None)) for spec in specs])
     every_row, own, units = run_passes(job, console, store, corpus, specs, items)
     order = {(spec.slug, spec.revision): i for i, spec in enumerate(specs)}
-    every_row.sort(
-        key=lambda row: (
-            order[(row["model"], row["revision"])],
-            row.get("r") or 0,
-            row["layer_index"],
-            row.get("relative_depth") or 0.0,
-        )
+    every_row.sort(key=lambda row: (order[(row["model"], row["revision"])], row["layer_index"], row.get("relative_depth") or 0.0))
+    outputs = JobOutputs()
+    written = experiment.write_outputs(
+        store, job, units, every_row, console, skip=(), own=own, files=outputs.files, shown=outputs.rows
     )
-    files: dict[str, list[Path]] = {}
-    shown: dict[str, list[dict]] = {}
-    others = experiment.write_outputs(store, job, units, every_row, console, own=own, files=files, shown=shown)
-    rows, table, plot = units.rows_of("pga", every_row), None, None
-    if "pga" in experiment.analyses_of(job):
-        from raygeom.analyses.results_table import write_results_table
-
-        table = write_results_table(store, "pga", rows)
-        plot = report.plot_z_vs_depth(rows, store.root / "plots" / "pga_z_vs_depth.png", title=f"Subspace PGA: {job.name}")
-        report.print_pga(console, rows)
-        console.print(f"results: {table}" + (f"\nplot:    {plot}" if plot else ""), markup=False)
-    for name, path in others.items():
-        console.print(f"{name + ':':<10}{path}", markup=False, highlight=False)
+    for name, path in written.items():
+        console.print(f"{name + ':':<9}{path}", markup=False, highlight=False)
+    plots = {path for paths in outputs.files.values() for path in paths if path.suffix == ".png"}
+    if plots:
+        console.print(f"plots:   {counted(len(plots), 'figure')} in {store.root / 'plots'}", markup=False)
     console.print(f"store:   {store.root}", markup=False)
     announce_report(store.root, console)
-    if table is not None:
-        files["pga"] = [table, plot]
-    return JobOutputs(rows, table, plot, files, shown)
+    return outputs
 
 
 @dataclass
@@ -288,7 +272,8 @@ def run_sweep_job(
         keep_activations=settings.keep_activations,
         weights=weights_settings(job),
     )
-    experiment.write_outputs(store, job, units, every_row, console, own=own)
+    # PGA's table and figures over revisions are the sweep's own (tidy.write_outputs, below)
+    experiment.write_outputs(store, job, units, every_row, console, skip=("pga",), own=own)
     for row in every_row:  # degenerate units are not stored, so the tables below do not show them: say so here
         if row.get("note"):
             console.print(

@@ -125,6 +125,12 @@ def print_pga(console: Console, rows: list[dict]) -> None:
         console.print(pga_table(sorted(group, key=lambda r: (r["layer_index"], r.get("relative_depth") or 0.0)), title))
 
 
+def pga_figures(rows: list[dict], directory: Path) -> list[Path]:
+    """PGA's figure of a run: z by depth, a line per (model, revision, k, CCR rank)."""
+    plot = plot_z_vs_depth(rows, Path(directory) / "pga_z_vs_depth.png")
+    return [plot] if plot is not None else []
+
+
 @drawn_once
 def plot_z_vs_depth(rows: list[dict], path: Path, title: str = "Subspace PGA by depth") -> Path:
     plt = pyplot()

@@ -1,12 +1,14 @@
 """Who draws each analysis: the report layer's table of renderers, keyed by analysis name.
 
-A renderer has two parts, each optional (None: the generic one, drawn from the analysis's declared metrics):
+A renderer has three parts, each optional (None: the generic one, drawn from the analysis's declared metrics):
 
 - ``section(root: Path) -> Section | None``: the analysis's section of the HTML report, from a store root (it reads
   the store's tables itself; None where the store holds none of its rows). The page heads it with the analysis's
   title and anchors it by its name.
 - ``figures(rows: list[dict], directory: Path) -> list[Path]``: the PNGs a run of it leaves under ``plots/``, from
   that run's rows; returns the files written.
+- ``console(console: Console, rows: list[dict]) -> None``: what a run prints of its rows (rich tables), in place of
+  the analysis's ``console`` lines or the generic table of its metrics.
 
 The built-in analyses' renderers are named here, as imports the import-graph test sees. Another package registers its
 own with :func:`register_renderer` (or the :func:`renders` decorator), called from a module that the entry-point
@@ -21,12 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 from raygeom.analyses.registry import load_entry_points
-from raygeom.report import analysis_sections, converge_plots, diagnostics_plots, dispersion_plots
+from raygeom.report import analysis_sections, converge_plots, diagnostics_plots, dispersion_plots, figures
 
 ENTRY_POINTS = "raygeom.renderers"  # the entry-point group through which another package adds renderers
 
 SectionFunction = Callable[[Path], "object | None"]
 FiguresFunction = Callable[[list, Path], list]
+ConsoleFunction = Callable[["object", list], None]
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class Renderer:
 
     section: SectionFunction | None = None
     figures: FiguresFunction | None = None
+    console: ConsoleFunction | None = None
+
+    PARTS = ("section", "figures", "console")
 
 
 BUILT_IN = {
@@ -43,7 +49,7 @@ BUILT_IN = {
     "gap": Renderer(section=analysis_sections.gap_section, figures=dispersion_plots.gap_figures),
     "knn_lm": Renderer(section=analysis_sections.knn_section, figures=dispersion_plots.knn_figures),
     # its rows from the job's table and a sweep's tidy table too, with the sweep's collapse zones
-    "pga": Renderer(section=analysis_sections.pga_section),
+    "pga": Renderer(section=analysis_sections.pga_section, figures=figures.pga_figures, console=figures.print_pga),
     # with the gap of each layer and the perplexity groups and domains its units write beside their rows
     "token_dispersion": Renderer(
         section=analysis_sections.token_dispersion_section, figures=dispersion_plots.token_dispersion_figures
@@ -54,20 +60,26 @@ _RENDERERS: dict[str, Renderer] = dict(BUILT_IN)
 _DISCOVERED: list[bool] = []
 
 
-def register_renderer(name: str, section: SectionFunction | None = None, figures: FiguresFunction | None = None) -> None:
-    """Draw the analysis called ``name`` with ``section`` and/or ``figures`` (see the module's docstring for their
-    signatures); a part not given stays as it was. Refuses a part that is not callable."""
-    for what, function in (("section", section), ("figures", figures)):
+def register_renderer(
+    name: str,
+    section: SectionFunction | None = None,
+    figures: FiguresFunction | None = None,
+    console: ConsoleFunction | None = None,
+) -> None:
+    """Draw the analysis called ``name`` with ``section``, ``figures`` and/or ``console`` (see the module's docstring
+    for their signatures); a part not given stays as it was. Refuses a part that is not callable."""
+    given = {"section": section, "figures": figures, "console": console}
+    for what, function in given.items():
         if function is not None and not callable(function):
             raise TypeError(f"the {what} renderer of analysis {name!r} must be a function, got {function!r}")
     before = _RENDERERS.get(name, Renderer())
-    _RENDERERS[name] = Renderer(section=section or before.section, figures=figures or before.figures)
+    _RENDERERS[name] = Renderer(**{part: given[part] or getattr(before, part) for part in Renderer.PARTS})
 
 
 def renders(name: str, part: str):
     """Decorator form of :func:`register_renderer`: ``@renders("mean_norm", "section")`` above a section function."""
-    if part not in ("section", "figures"):
-        raise ValueError(f"a renderer part is 'section' or 'figures', not {part!r}")
+    if part not in Renderer.PARTS:
+        raise ValueError(f"a renderer part is one of {', '.join(map(repr, Renderer.PARTS))}, not {part!r}")
 
     def decorate(function):
         register_renderer(name, **{part: function})

@@ -149,21 +149,24 @@ def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -
     if not rows:
         return []
     layered = [row for row in rows if row.get("relative_depth") is not None]
+    from raygeom.report.renderers import renderer
     from raygeom.store.tree import Store
 
-    lines = analysis.console(rows, Store(root))
+    drawn = renderer(analysis.name)
+    lines = [] if drawn.console else analysis.console(rows, Store(root))
     if lines:  # its title heads what it declares, as it heads the generic table
         lines = [analysis.title, *lines]
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    if not lines and layered and analysis.metrics:
+    if drawn.console:
+        drawn.console(console, rows)
+    elif not lines and layered and analysis.metrics:
         print_analysis(console, analysis, layered)
     elif not lines:
         print_ranked(console, analysis, rows)
-    from raygeom.report.renderers import renderer
 
     written = []
-    figures = renderer(analysis.name).figures
+    figures = drawn.figures
     if figures:
         written += figures(rows, Path(root) / "plots")
     elif layered and analysis.metrics:

@@ -58,8 +58,8 @@ def pristine(hub_cache, warm_replicas, tmp_path_factory):
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(f"item {i} {varied_text(i)} ." for i in range(30)) + "\n")
     outputs = run_job(job(root / "store", corpus), Console(quiet=True))
-    reference = numbers(outputs.rows)
-    assert sum(1 for r in outputs.rows if not r["note"]) >= 2, outputs.rows  # real numbers to protect
+    reference = numbers(outputs.rows["pga"])
+    assert sum(1 for r in outputs.rows["pga"] if not r["note"]) >= 2, outputs.rows["pga"]  # real numbers to protect
     return root / "store", corpus, reference
 
 
@@ -84,8 +84,8 @@ def test_random_byte_flips_never_change_a_number(pristine, warm_replicas, tmp_pa
             assert "\n" not in str(error), where
             outcomes["refused"] += 1
             continue
-        assert numbers(outputs.rows) == reference, where
-        assert numbers(pq.read_table(outputs.table).to_pylist()) == reference, where
+        assert numbers(outputs.rows["pga"]) == reference, where
+        assert numbers(pq.read_table(outputs.files["pga"][0]).to_pylist()) == reference, where
         stored = [row for path in (work / "results" / "pga").glob("*.parquet") for row in pq.read_table(path).to_pylist()]
         assert all(numbers([row]).items() <= reference.items() for row in stored), where
         assert not any(isinstance(row["z"], float) and math.isnan(row["z"]) for row in stored), where
@@ -111,10 +111,10 @@ def test_a_unit_file_copied_over_another_units_name_is_recomputed(pristine, tmp_
     outputs = run_job(job(work, corpus), Console(quiet=True))
     warnings = [line for line in capfd.readouterr().err.splitlines() if "copied or moved" in line]
     assert len(warnings) == 1 and layer_b in warnings[0] and "recomputing" in warnings[0], warnings
-    assert numbers(outputs.rows) == reference
-    table = pq.read_table(outputs.table).to_pylist()
+    assert numbers(outputs.rows["pga"]) == reference
+    table = pq.read_table(outputs.files["pga"][0]).to_pylist()
     assert numbers(table) == reference
-    assert sorted(r["layer"] for r in table) == sorted(r["layer"] for r in outputs.rows)  # each layer exactly once
+    assert sorted(r["layer"] for r in table) == sorted(r["layer"] for r in outputs.rows["pga"])  # each layer exactly once
     assert pq.read_table(b)["layer"].to_pylist() == [layer_b] and pq.read_table(b)["unit_key"][0].as_py() == b.stem
 
 
@@ -163,8 +163,8 @@ def every_unit_stored(pristine, warm_replicas, tmp_path_factory):
     _, corpus, reference = pristine
     root = tmp_path_factory.mktemp("scored") / "store"
     outputs = run_job(replace(job(root, corpus), layers=SCORED), Console(quiet=True))
-    assert all(not row["note"] for row in outputs.rows) and len(outputs.rows) == 2, outputs.rows
-    return root, corpus, numbers(outputs.rows)
+    assert all(not row["note"] for row in outputs.rows["pga"]) and len(outputs.rows["pga"]) == 2, outputs.rows["pga"]
+    return root, corpus, numbers(outputs.rows["pga"])
 
 
 SCORED = "0,final_norm"

@@ -62,13 +62,13 @@ def finished_job(hub_cache, ray_local, warm_replicas, tmp_path_factory):
 
 def test_results_cover_every_layer_of_every_revision(finished_job):
     _, _, outputs = finished_job
-    assert len(outputs.rows) == 2 * 5
-    assert {(r["revision"], r["layer"]) for r in outputs.rows} == {
+    assert len(outputs.rows["pga"]) == 2 * 5
+    assert {(r["revision"], r["layer"]) for r in outputs.rows["pga"]} == {
         (rev, layer) for rev in ("step0", "step1000") for layer in ("embed", "block_00", "block_01", "block_02", "final_norm")
     }
-    assert all(np.isfinite(r["z"]) and r["null_std"] > 0 for r in outputs.rows)
-    assert outputs.plot.stat().st_size > 10_000
-    assert pq.read_table(outputs.table).num_rows == 10
+    assert all(np.isfinite(r["z"]) and r["null_std"] > 0 for r in outputs.rows["pga"])
+    assert outputs.files["pga"][1].stat().st_size > 10_000
+    assert pq.read_table(outputs.files["pga"][0]).num_rows == 10
 
 
 def test_activation_store_reads_in_pandas_polars_duckdb_and_ray_data(finished_job):
@@ -301,7 +301,7 @@ def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub
         extraction=ExtractionSettings(seq_len=32, batch_size=10),
         pga=PGAParams(k=8, n_null=6, null_chunks=2),
     )
-    rows = {r["layer"]: r for r in run_job(job, Console(quiet=True)).rows}
+    rows = {r["layer"]: r for r in run_job(job, Console(quiet=True)).rows["pga"]}
     assert np.isnan(rows["embed"]["z"]) and "same vector" in rows["embed"]["note"]
     assert all(np.isfinite(rows[name]["z"]) and rows[name]["note"] == "" for name in rows if name != "embed")
     table = pq.read_table(tmp_path / "out" / "results" / "pga.parquet")

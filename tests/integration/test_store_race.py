@@ -76,7 +76,7 @@ def references(hub_cache, ray_local, warm_replicas, tmp_path_factory):
             extraction=ExtractionSettings(seq_len=SETTINGS["seq_len"]),
             pga=PGAParams(k=SETTINGS["k"], n_null=SETTINGS["n_null"], null_chunks=SETTINGS["null_chunks"]),
         )
-        for row in run_job(spec, Console(quiet=True)).rows:
+        for row in run_job(spec, Console(quiet=True)).rows["pga"]:
             assert math.isfinite(row["z"]), row
             expected[(n, row["layer"])] = (row["rho_readout"], row["z"])
     return corpus, expected

@@ -327,16 +327,16 @@ def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_
         f'[job]\nname = "tiny-run"\nout = "{copy}"\n{models}' + TINY_JOB_SETTINGS.format(corpus=root / "corpus.txt")
     )
     run = run_job(load_job(job_file), Console(quiet=True))
-    assert run.table == copy / "results" / "pga.parquet"
+    assert run.files["pga"][0] == copy / "results" / "pga.parquet"
     swept_tables = sorted(p.name for p in (root / "out" / "results").glob("*.parquet"))
     assert sorted(p.name for p in (copy / "results").glob("*.parquet")) == ["pga.parquet"]
     assert swept_tables == ["collapse.parquet", "pga.parquet", "revisions.parquet"]
-    ran, swept_schema = pq.read_schema(run.table), pq.read_schema(outputs.table)
+    ran, swept_schema = pq.read_schema(run.files["pga"][0]), pq.read_schema(outputs.table)
     assert ran == swept_schema and ran.metadata == swept_schema.metadata
     # the columns the sweep's table used to leave out
     assert {"z_half_width", "note", "n_half_samples", "cpu_seconds", "source"} <= set(ran.names)
     assert "repo" not in ran.names and "weights_flag" not in ran.names  # the revisions table's, not a PGA row's
-    rows, swept_rows = pq.read_table(run.table).to_pylist(), pq.read_table(outputs.table).to_pylist()
+    rows, swept_rows = pq.read_table(run.files["pga"][0]).to_pylist(), pq.read_table(outputs.table).to_pylist()
     assert {r["model"] for r in rows} == {r["model"] for r in swept_rows} == {"EleutherAI--pythia-14m", "EleutherAI--pythia-31m"}
     assert [(r["unit_key"], r["z"], r["step"]) for r in rows] == [(r["unit_key"], r["z"], r["step"]) for r in swept_rows]
     assert {r["model"] for r in pq.read_table(outputs.revisions).to_pylist()} == {r["model"] for r in rows}
