@@ -85,7 +85,7 @@ class SweepSettings(Params):
         low=0,
         high=MAX_WORKERS,
     )
-    pga_threads: int = param(4, "Revisions analysed at once.", low=1, high=MAX_WORKERS)
+    analysis_threads: int = param(4, "Revisions analysed at once.", low=1, high=MAX_WORKERS)
     keep_activations: bool = param(True, "Keep layer files after every unit of a revision is done.")
     collapse_threshold: float = param(0.0, "z below which a late layer counts as collapsed.", high=MAX_Z, low=-MAX_Z)
     positive_z: float = param(2.0, "z above which an earlier layer counts as organised.", high=MAX_Z, low=-MAX_Z)

@@ -628,13 +628,13 @@ def run_sweep(
     units_for: Callable[[SweepItem, dict], list[Unit]],
     progress: Callable[[str, int], None] | None = None,
     max_in_flight: int | None = None,
-    pga_threads: int = 4,
+    analysis_threads: int = 4,
     keep_activations: bool = True,
     weights: WeightsSettings | None = None,
     stages: dict[str, list[tuple[float, float]]] | None = None,
 ) -> list[dict]:
     """Extract every item not already complete and run the units ``units_for(item, info)`` gives each
-    landed extraction (``info``: its completion marker), e.g. PGA on every layer.
+    landed extraction (``info``: its completion marker), e.g. one per layer and analysis.
 
     Replica actors run as resources allow, at most ``max_in_flight`` at once; each finished revision's
     units join the one unit engine at once (their tasks run on the CPUs), so extraction never waits
@@ -653,14 +653,14 @@ def run_sweep(
 
     While revisions download, CPU replicas reserve no CPU (at most ``max_in_flight`` of them) and one whose revision
     landed stays parked until the next downloaded revision takes it (or the sweep ends): a replica that held its CPU
-    while it waited left that CPU idle under queued PGA tasks, and one stopped instead cost the next revision a new
+    while it waited left that CPU idle under queued analysis tasks, and one stopped instead cost the next revision a new
     process (torch and transformers imported again, about 7 CPU-s here; docs/benchmarks.md, bench_sweep --hub).
     """
     progress = progress or (lambda kind, n: None)
     # One driver loop: a revision's units join the engine the moment its extraction lands, and
     # run while the next revisions extract.
     runner = UnitRunner(
-        store, progress=lambda n: progress("steps", n), units_in_flight=4 * pga_threads, grow=lambda n: progress("more", n)
+        store, progress=lambda n: progress("steps", n), units_in_flight=4 * analysis_threads, grow=lambda n: progress("more", n)
     )
     extraction_units: dict[tuple[str, str, str], list[str]] = {}
 

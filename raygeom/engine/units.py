@@ -1,4 +1,4 @@
-"""The one unit engine. Every analysis (PGA, diagnostics, convergence, dispersion, kNN-LM, sweeps) hands
+"""The one unit engine. Every analysis, of a run or a sweep, hands
 its work here as :class:`Unit` objects; this module alone does keys -> resume, Ray fan-out with retries,
 progress, atomic writes of finished rows and the mapping of worker errors to one line.
 

@@ -1,7 +1,7 @@
 """A sweep's hub weights: downloads run ahead of extraction as far as a byte budget allows, and each revision the
 sweep downloaded is deleted again once its extraction is stored (raygeom.sources.download does the I/O).
 
-Downloads are Ray tasks of no CPU, so they run while replicas extract and PGA tasks take the CPUs. The budget counts
+Downloads are Ray tasks of no CPU, so they run while replicas extract and analysis tasks take the CPUs. The budget counts
 every file of a revision from the moment its download starts until it is released (shared blobs counted once per
 revision: the count is never below what the cache holds). Revisions cached before the sweep are neither counted nor
 deleted (``keep``: nothing is; the budget then bounds what is fetched ahead). The cache is the HF cache of the node a download ran on: on one node (or a shared cache) the budget is the

@@ -268,7 +268,7 @@ def run_sweep_job(
         items,
         plan,
         max_in_flight=settings.max_in_flight or None,
-        pga_threads=settings.pga_threads,
+        analysis_threads=settings.analysis_threads,
         keep_activations=settings.keep_activations,
         weights=weights_settings(job),
     )

@@ -42,7 +42,7 @@ def write_job(directory, run_dir, out, corpus, extra: str = ""):
         "own-run",
         out,
         corpus,
-        sweep="pga_threads = 2\n",
+        sweep="analysis_threads = 2\n",
         models=f'[[models]]\nrun_dir = "{run_dir}"\n',
         extra=extra,
     )

@@ -33,7 +33,7 @@ def tiny_trajectory_job(path: Path, corpus: Path) -> Path:
         "eval_every = 100": "eval_every = 2",
         "eval_sequences = 128": "eval_sequences = 4",
         "cpus_per_worker = 2": "cpus_per_worker = 1",
-        "pga_threads = 2": "pga_threads = 1",
+        "analysis_threads = 2": "analysis_threads = 1",
         "n_samples = 200": "n_samples = 16",
         "batch_size = 32": "batch_size = 16",
         "k = 32 ": "k = 8 ",

@@ -35,7 +35,7 @@ def tiny_width_job(path: Path, corpus: Path) -> Path:
         "vocab_size = 1024": "vocab_size = 300",
         "eval_every = 32": "eval_every = 2",
         "eval_sequences = 64": "eval_sequences = 2",
-        "pga_threads = 2": "pga_threads = 1",
+        "analysis_threads = 2": "analysis_threads = 1",
         "n_samples = 160": "n_samples = 40",
         "n_null = 50": "n_null = 20",
         "r = [0, 1, 5, 10]": "r = [0, 1]",

@@ -31,7 +31,7 @@ def test_hub_revisions_say_what_they_download(tmp_path, monkeypatch):
     assert "download: " in text and "of weights (fp16, from the Pythia table)" in text
 
 
-SWEEP = '[sweep]\nsizes = ["14m"]\nrevisions = ["step1000", "step2000"]\npga_threads = 2\n{gpus}[pga]\nk = 8\nn_null = 10\n'
+SWEEP = '[sweep]\nsizes = ["14m"]\nrevisions = ["step1000", "step2000"]\nanalysis_threads = 2\n{gpus}[pga]\nk = 8\nn_null = 10\n'
 
 
 def test_a_sweep_without_gpus_on_a_cpu_machine_shows_no_gpu_line(tmp_path, monkeypatch):
