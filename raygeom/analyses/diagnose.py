@@ -92,11 +92,11 @@ class Diagnose(Analysis):
     # Its own extraction: the job's pooled one, with the per-sample NLL (the full-vocabulary LM head).
     extraction = "pooled_nll"
     results = "diagnostics_layers"
-    columns = (*SPECTRAL_COLUMNS, "loss_share_spearman", *SETTING_COLUMNS)
+    columns = (*SPECTRAL_COLUMNS, "loss_share_spearman", "loss_share_spearman_lo", "loss_share_spearman_hi", *SETTING_COLUMNS)
     # What only diagnose measures: the z, spectral and probe rows it writes are drawn in their own analyses' sections.
     metrics = (
         Metric("pc1_readout_share", "PC1 readout share", chance="pc1_readout_chance"),
-        Metric("loss_share_spearman", "Spearman(loss, readout share)"),
+        Metric("loss_share_spearman", "Spearman(loss, readout share)", "loss_share_spearman_lo", "loss_share_spearman_hi"),
     )
     series = ("k", "ccr_ranks", "sample_ccr")
 

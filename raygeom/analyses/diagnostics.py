@@ -99,14 +99,28 @@ def _sample_geometry_task(root: str, model: str, revision: str, layer: str, k: i
 
     share = layer_geometry.per_sample_readout_share(h, basis[:, :k], r)
     summary = layer_geometry.loss_geometry_correlation(nll, share)
+    interval = _spearman_interval(nll, share, summary["spearman"])
     per_sample = {"sample_id": ids.astype(np.int32), "nll": nll, "readout_share": share}
     return {
         "loss_share_spearman": summary["spearman"],
+        "loss_share_spearman_lo": interval["lo"],
+        "loss_share_spearman_hi": interval["hi"],
         "loss_share_pearson": summary["pearson"],
         "readout_share_mean": float(np.nanmean(share)),
         "readout_share_chance": k / h.shape[1],
         "nll_mean": float(np.mean(nll)),
     }, per_sample
+
+
+def _spearman_interval(nll, share, rho: float) -> dict[str, float]:
+    """The Spearman correlation's 95 % interval over samples (Fisher's z with the Bonett-Wright variance); none
+    (NaN) where the correlation has none: too few samples, a constant column, or |rho| = 1."""
+    from raygeom.numerics.uncertainty import spearman_with_ci
+
+    keep = np.isfinite(nll) & np.isfinite(share)
+    if keep.sum() < 4 or not np.isfinite(rho):
+        return {"lo": float("nan"), "hi": float("nan")}
+    return spearman_with_ci(nll[keep], share[keep])
 
 
 def _layer_units(
@@ -345,6 +359,9 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
                 {
                     "nll_mean": row["nll_mean"],
                     "loss_share_spearman": row["loss_share_spearman"],
+                    # rows stored before the interval was added have none
+                    "loss_share_spearman_lo": row.get("loss_share_spearman_lo"),
+                    "loss_share_spearman_hi": row.get("loss_share_spearman_hi"),
                     "readout_share_mean": row["readout_share_mean"],
                 }
             )

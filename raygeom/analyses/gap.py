@@ -24,7 +24,12 @@ from raygeom.params import MAX_BOOT
 @dataclass(frozen=True)
 class GapParams(ChunkExtractionParams):
     layer: str = param("final_norm", "Layer whose gap is measured.", nonempty=True)
-    n_boot: int = param(1000, "Bootstrap draws of G's interval over chunks.", low=10, high=MAX_BOOT)
+    n_boot: int = param(
+        1000,
+        "Bootstrap draws of G's interval over chunks (at least 100, so that each 2.5 % tail holds a few draws).",
+        low=100,
+        high=MAX_BOOT,
+    )
 
 
 @register

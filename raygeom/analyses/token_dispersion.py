@@ -30,7 +30,7 @@ class ChunkParams(ChunkExtractionParams):
     n_groups: int = param(100, "Most perplexity groups (a correlation over groups needs 3).", low=3, high=MAX_COUNT)
     n_slices: int = param(8, "k-means difficulty slices (a rank agreement needs 3).", low=3, high=10_000)
     gap_layer: str = param("final_norm", "Layer whose dispersion gap G every row carries.", nonempty=True)
-    n_boot: int = param(1000, "Bootstrap draws of every interval.", low=10, high=MAX_BOOT)
+    n_boot: int = param(1000, "Bootstrap draws of every interval (100 at least, as kNN-LM's).", low=100, high=MAX_BOOT)
 
 
 SERIES = ("chunk_len", "chunks_per_domain", "domain_tokens", "group_size", "n_slices")

@@ -219,3 +219,46 @@ def pc1_readout_share_interval(h: np.ndarray, readout_basis: np.ndarray, seed: i
         "pc1_readout_share_hi": high,
         "n_half_samples": n_half,
     }
+
+
+SPECTRAL_INTERVALS = ("rankme", "alpha_req", "isotropy", "condition_number")
+
+
+def spectral_intervals(
+    h: np.ndarray, seed: int = 0, n_half: int = 10, alpha_fit_range: tuple[int, int | None] | None = None, level: float = 0.95
+) -> dict[str, float]:
+    """An interval over texts for each of :data:`SPECTRAL_INTERVALS`: the delete-half jackknife standard error of the
+    metric on ``n_half`` seeded half-samples of the rows (as :func:`pc1_readout_share_interval`), and its normal
+    interval at ``level`` (isotropy's on the logit scale inside [0, 1], the condition number's on the log scale).
+
+    None (NaN, with ``spectral_interval_note`` saying why) where a half-sample holds fewer rows than ``H`` has
+    columns: these metrics count directions, and a half of fewer than d rows spans fewer of them by construction, a
+    bias the jackknife would read as noise."""
+    from raygeom.numerics.uncertainty import bounded_normal_interval, jackknife_se, level_quantile, text_subsamples
+
+    h = _checked(h)
+    n, d = h.shape
+    size = n // 2
+    out: dict[str, float] = {}
+    if size < d or n_half < 2:
+        for metric in SPECTRAL_INTERVALS:
+            out.update({f"{metric}_se": float("nan"), f"{metric}_lo": float("nan"), f"{metric}_hi": float("nan")})
+        why = f"half of the N={n} texts is below d={d}" if size < d else f"{n_half} half-samples"
+        return {**out, "spectral_half_samples": 0, "spectral_interval_note": f"no interval over texts: {why}"}
+    full = spectral_summary(h, alpha_fit_range=alpha_fit_range)
+    halves = [spectral_summary(h[rows], alpha_fit_range=alpha_fit_range) for rows in text_subsamples(n, size, seed, n_half)]
+    q = level_quantile(level)
+    for metric in SPECTRAL_INTERVALS:
+        values = [half[metric] for half in halves if np.isfinite(half[metric])]
+        value = full[metric]
+        se = jackknife_se(values, n, size) if len(values) >= 2 and np.isfinite(value) else float("nan")
+        if not (np.isfinite(se) and se > 0):
+            low = high = float("nan")
+        elif metric == "isotropy":
+            low, high = bounded_normal_interval(value, se, 0.0, 1.0, level)
+        elif metric == "condition_number":  # positive and skewed: the interval of its log
+            low, high = (float(value * np.exp(sign * q * se / value)) for sign in (-1.0, 1.0))
+        else:
+            low, high = value - q * se, value + q * se
+        out.update({f"{metric}_se": se, f"{metric}_lo": low, f"{metric}_hi": high})
+    return {**out, "spectral_half_samples": n_half, "spectral_interval_note": ""}

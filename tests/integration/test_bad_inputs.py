@@ -670,7 +670,7 @@ def test_issue_41_cases_are_one_line_from_an_empty_directory(tmp_path, hub_cache
         "top.toml": ("analysis = 3\n", "unknown top-level key 'analysis'"),
         "kd.toml": ("[analyses.pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
         "one.toml": ("[analyses.convergence]\n", "needs at least two models"),
-        "boot.toml": ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
+        "boot.toml": ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 100 and <= 100,000"),
         "nulls.toml": ("[pga]\nn_null = 5000000000000\n", "n_null must be an integer >= 2 and <= 1,000,000"),
         "nan.toml": ("[pga]\nn_null = 9223372036854775807\n", "n_null must be an integer"),
         "knn.toml": ("[analyses.knn_lm]\nk = 100000000\n", "k must be an integer >= 1 and <= 65,536"),

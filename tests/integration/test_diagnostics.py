@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from scipy import stats
 from typer.testing import CliRunner
 
 from raygeom.analyses import diagnostics
@@ -120,7 +121,12 @@ def test_loss_sits_beside_per_sample_geometry(planted):
         share = layer_geometry.per_sample_readout_share(h, basis, params.sample_ccr)
         np.testing.assert_allclose([r["readout_share"] for r in mine], share, rtol=1e-9)
         summary = next(r for r in result["sample_geometry"] if r["layer"] == layer)
-        assert summary["loss_share_spearman"] == pytest.approx(layer_geometry.loss_geometry_correlation(nll, share)["spearman"])
+        rho = stats.spearmanr(nll, share)[0]
+        assert summary["loss_share_spearman"] == pytest.approx(rho)
+        # Fisher's z with the Bonett-Wright variance (1 + rho^2/2) / (N - 3), computed here from its definition
+        half = 1.959963984540054 * np.sqrt((1 + rho * rho / 2) / (N - 3))
+        assert summary["loss_share_spearman_lo"] == pytest.approx(np.tanh(np.arctanh(rho) - half))
+        assert summary["loss_share_spearman_hi"] == pytest.approx(np.tanh(np.arctanh(rho) + half))
 
 
 def test_rerun_reads_every_unit_back(planted):

@@ -618,7 +618,7 @@ def test_discovering_every_analysis_imports_no_torch():
         ("[pga]\nk = 20\nk_per_d = 0.25\n", "k and k_per_d conflict"),
         ("[analyses.convergence]\n", "convergence needs at least two models"),
         ("[pga]\nn_null = 9223372036854775807\n", "[pga] n_null must be an integer >= 2 and <= 1,000,000"),
-        ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 10 and <= 100,000"),
+        ("[analyses.gap]\nn_boot = 9223372036854775807\n", "n_boot must be an integer >= 100 and <= 100,000"),
     ],
 )
 def test_every_word_of_a_job_file_is_known_and_conflicts_are_refused(body, expected, tmp_path):
