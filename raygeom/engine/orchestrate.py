@@ -20,6 +20,7 @@ import ray
 
 from raygeom.engine import replica_actor
 from raygeom.engine.contract import Unit
+from raygeom.engine.ray_env import DRIVER_ONLY_ENV
 from raygeom.engine.units import UnitRunner, warn_damaged
 from raygeom.engine.weights import Weights, WeightsSettings
 from raygeom.errors import RaygeomError
@@ -41,8 +42,9 @@ CONNECT_TIMEOUT_ENV = "RAYGEOM_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 # A local Ray's start: Ray 2.60 waits a fixed 30 s (ray/_private/node.py, not a setting) for its raylet to register
 # with the GCS: on a 2-core machine at a load average of 15-35 it ran out. raygeom waits this long instead (each try),
-# and tries twice, the processes of a failed try removed. (The system config raylet_start_wait_time_s, 10 s, is how long
-# each of the driver's lookups of its node blocks inside C++; left as it is, so that a raylet that died is noticed.)
+# and tries twice, the processes of a failed try removed. (Each of the driver's lookups of its node blocks inside C++
+# for raylet_start_wait_time_s, made 2 s by raygeom.engine.ray_env.DRIVER_ONLY_ENV, so that a raylet that died is
+# noticed between lookups.)
 START_TIMEOUT_ENV = "RAYGEOM_START_TIMEOUT"
 DEFAULT_START_TIMEOUT_S = 120.0
 START_TRIES = 2
@@ -179,6 +181,7 @@ def _own_session(popen: type) -> type:
     class OwnSession(popen):
         def __init__(self, *args, **kwargs):
             kwargs.setdefault("start_new_session", True)
+            kwargs["env"] = {k: v for k, v in (kwargs.get("env") or os.environ).items() if k not in DRIVER_ONLY_ENV}
             super().__init__(*args, **kwargs)
 
     return OwnSession

@@ -18,11 +18,18 @@ LOCAL_RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
+# How long one of the driver's lookups of its starting node blocks inside C++ (GlobalStateAccessor::GetNode, Ray's
+# default 10 s; a raylet killed while it started kept the driver there 30 s a try under load). raygeom's start asks
+# again until its own wait is over and looks between lookups whether the node's processes still run, so the lookup
+# is kept short. Read once, when Ray's C++ config is first made in this process, so it is set before ``import ray``;
+# the node's processes are started without it (raygeom.engine.orchestrate._own_session).
+DRIVER_ONLY_ENV = {"RAY_raylet_start_wait_time_s": "2"}
+
 
 def prepare_local_ray_environment() -> None:
     if "ray" in sys.modules and os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
         raise RuntimeError("ray was imported before raygeom could keep the local cluster on loopback")
-    for name, value in LOCAL_RAY_ENV.items():
+    for name, value in {**LOCAL_RAY_ENV, **DRIVER_ONLY_ENV}.items():
         os.environ.setdefault(name, value)
     # Short path: Ray's socket names must stay under the 107-byte Unix limit.
     ray_tmp = Path(tempfile.gettempdir()) / f"raygeom-ray-{os.getuid()}"
