@@ -157,6 +157,21 @@ def given_value(value: Any) -> bool:
     return value is not None and not (isinstance(value, (list, tuple)) and not value)
 
 
+# Flags that only a Ray raygeom starts itself reads: with --address they would be ignored, so they are refused.
+LOCAL_ONLY = {"num_cpus": "--num-cpus"}
+
+
+def check_local_only(kwargs: dict) -> None:
+    if not given_value(kwargs.get("address")):
+        return
+    for name, flag in LOCAL_ONLY.items():
+        if given_value(kwargs.get(name)):
+            raise RaygeomError(
+                f"{flag} sets the CPUs of the local Ray raygeom starts; with --address the cluster's nodes have their "
+                f"own, so it would be ignored: drop {flag} (or --address)"
+            )
+
+
 def checked(func=None, *, grid: tuple[str, ...] = ()):
     """``func`` with every flag made by :func:`option` parsed and checked by its declaration before its body runs;
     a refusal is one line and exit 2. ``grid``: the shared options (:data:`SHARED_OPTIONS`) the command takes
@@ -196,6 +211,7 @@ def checked(func=None, *, grid: tuple[str, ...] = ()):
                     values[name] = [declared_flag.parse(item) for item in value]
                 else:
                     values[name] = declared_flag.parse(value)
+            check_local_only(kwargs)
         except RaygeomError as error:
             fail(str(error))
         if "given" in signature.parameters:

@@ -90,7 +90,7 @@ def _run(job, address, num_cpus):
         from raygeom.jobs.preflight import preflight
         from raygeom.jobs.trajectory import run_trajectory_job
 
-        preflight(job, console)  # the other drivers call it themselves, before Ray starts
+        preflight(job, console, local=address is None)  # the other drivers call it themselves, before Ray starts
         _prepare_ray(address)
         return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
     _prepare_ray(address)

@@ -77,6 +77,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
     $RAYGEOM_CONNECT_TIMEOUT) and otherwise fail with one line; never hang."""
     if num_cpus is not None and num_cpus <= 0:
         raise RaygeomError(f"--num-cpus must be at least 1, got {num_cpus}")
+    if address is not None and num_cpus is not None:  # Ray ignores num_cpus when it attaches to a cluster
+        raise RaygeomError("num_cpus sets the CPUs of a local Ray; with an address the cluster's nodes have their own")
     if ray.is_initialized():
         return
     # Refs of a layer dropped as degenerate are never fetched; Ray would print each one's traceback.

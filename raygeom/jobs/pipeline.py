@@ -130,7 +130,9 @@ def run_passes(job: JobSpec, console: Console, store: Store, corpus, specs: list
 def run_job(job: JobSpec, console: Console, address: str | None = None, num_cpus: int | None = None) -> JobOutputs:
     """A job's every (model, revision): its passes, its analyses, their tables, plots and console lines."""
     # Everything that can fail on bad input fails here, before Ray starts (what `raygeom plan` checks too).
-    corpus = preflight(job, console)  # sampled when the pooled extraction reads it; the others read it their own way
+    corpus = preflight(
+        job, console, local=address is None
+    )  # sampled when the pooled extraction reads it; the others read it their own way
     specs = job_models(job)
     store = Store(job.out)
     check_writable(store.root)
@@ -238,7 +240,7 @@ def run_sweep_job(
     from raygeom.store.manifest import write_manifest
 
     job = hub_revision_lists(job, console)
-    corpus = preflight(job, console)  # every refusal, before Ray starts (what `raygeom plan` checks too)
+    corpus = preflight(job, console, local=address is None)  # every refusal, before Ray starts (what `raygeom plan` checks too)
     store = Store(job.out)
     check_writable(store.root)
     corpus = passes.pooled_corpus(job, job_models(job), corpus)

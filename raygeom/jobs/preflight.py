@@ -85,6 +85,161 @@ def check_sizes(job, specs: list[ModelSpec]) -> None:
         item.spec.check_job(item.params, job)
 
 
+def machine_memory() -> int:
+    """Bytes of memory this machine gives a process: its physical memory, or its cgroup's limit where lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def gib(size: float) -> str:
+    return f"{size / 2**30:,.1f} GiB"
+
+
+# More than any one machine holds: a config past it is a typo, refused wherever the run goes.
+MAX_MODEL_BYTES = 2**42
+
+
+def check_configs(job, specs: list[ModelSpec], local: bool) -> None:
+    """Each model's config.json before anything reads it as a model: a hub snapshot's or a checkpoint's sizes (a
+    local folder's were checked when it was named), its tokenizer in the cache when offline, and its float32
+    weights (as the replicas load them) against this machine's memory when the run starts a local Ray."""
+    from raygeom.sources.models import check_cached_tokenizer, check_config_values, config_params
+
+    memory = machine_memory()
+    for spec in specs:
+        config = model_config(spec)
+        if not config:
+            continue
+        where = f"{spec.name}@{spec.revision}"
+        if spec.kind in ("hub", "checkpoint"):
+            check_config_values(config, f"the config.json of {where}")
+        if spec.kind == "hub":
+            check_cached_tokenizer(spec)
+        params = config_params(config)
+        need = 4 * params if params else 0
+        if need > MAX_MODEL_BYTES or (local and need > memory):
+            raise RaygeomError(
+                f"{where}: its config declares about {params:,} parameters, {gib(need)} in float32, more than "
+                f"this machine's {gib(memory)} of memory: use a smaller model, or run it on a cluster with --address"
+            )
+
+
+def check_train_memory(job) -> None:
+    """Each [train] run's model, its gradients and AdamW's two moments (16 bytes a parameter) and a batch's logits
+    against this machine's memory, before `plan` times a pilot or `run` builds it (a 48 GiB allocation failed after
+    82 s). The vocabulary is the one asked for: the trained BPE may come out smaller."""
+    from raygeom.sources.models import config_params
+
+    memory = machine_memory()
+    for run in job.trains:
+        s = run.settings
+        shape = {"model_type": "gpt_neox", "hidden_size": s.hidden_size, "num_hidden_layers": s.n_layers}
+        shape.update({"num_attention_heads": s.n_heads, "intermediate_size": 4 * s.hidden_size, "vocab_size": s.vocab_size})
+        params = config_params(shape)
+        need = 16 * params + 2 * 4 * -(-s.batch_size // s.workers) * s.seq_len * s.vocab_size
+        if need > memory:
+            raise RaygeomError(
+                f"[train] hidden_size = {s.hidden_size}, n_layers = {s.n_layers}, vocab_size = {s.vocab_size}: "
+                f"training needs about {gib(need)} ({params:,} parameters with their gradients and AdamW's moments, "
+                f"and a batch's logits), more than this machine's {gib(memory)} of memory; use a smaller hidden_size, "
+                "n_layers or vocab_size"
+            )
+
+
+class _Ids:
+    """A ``tokenizers.Tokenizer`` called as make_chunks calls a transformers tokenizer (the same ids: a fast
+    tokenizer is this tokenizer), without importing transformers."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
+
+
+def tokenizer_file(spec: ModelSpec) -> Path | None:
+    """The model's tokenizer.json where it is on this machine (a folder, a checkpoint, the hub cache); else None."""
+    if spec.kind == "hub":
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(spec.source, "tokenizer.json", revision=spec.revision)
+        return Path(found) if isinstance(found, str) else None
+    if spec.kind in ("local", "checkpoint"):
+        return next((p for p in (spec.path / "tokenizer.json", Path(spec.source) / "tokenizer.json") if p.is_file()), None)
+    return None
+
+
+def read_tokenizer(path: Path):
+    """The tokenizer a tokenizer.json holds; None where it does not read (the replica then says why, in one line)."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception:  # noqa: BLE001 - any failure only means the chunks are counted by the replica, as before
+        return None
+
+
+def chunk_supply(texts: list[str], labels, chunk_len: int, count: int, seed: int, tokenizer=None) -> tuple[str, int, bool]:
+    """(domain, chunks it yields, whether that is the byte bound) of the first domain that yields fewer than
+    ``count`` chunks of ``chunk_len`` tokens; ("", count, False) when every one yields enough. First the bound no
+    tokenizer passes (a token per UTF-8 byte, two per text and its separator; a special prefix of one token), then,
+    with the model's tokenizer, make_chunks' own count (it tokenizes only as many texts as it needs)."""
+    import re
+
+    from raygeom.replica.tokenize import SEPARATOR, make_chunks
+
+    domains = labels if labels is not None else ["all"] * len(texts)
+    for domain in sorted(set(domains)):
+        members = [text for text, label in zip(texts, domains) if label == domain]
+        tokens = sum(len(text.encode("utf-8")) + 2 + len(SEPARATOR) for text in members)
+        if tokens // (chunk_len - 1) < count:
+            return domain, tokens // (chunk_len - 1), True
+    if tokenizer is not None:
+        try:
+            make_chunks(_Ids(tokenizer), texts, labels, chunk_len, count, seed)
+        except RaygeomError as error:
+            short = re.match(r"domain '(.*)' yields (\d+) chunks", str(error))
+            if short is None:
+                raise
+            return short[1], int(short[2]), False
+    return "", count, False
+
+
+def check_chunk_counts(job, specs: list[ModelSpec], corpus) -> None:
+    """Every chunk count the corpus bounds (a chunk analysis's chunks_per_domain, kNN-LM's train_chunks and
+    test_chunks), before Ray starts: they were refused after 37-48 s, once a replica had tokenized the corpus."""
+    from raygeom.analyses.knn import split_corpus
+
+    wanted = []  # (section, key, count, chunk_len, seed, texts, labels)
+    for item in job.planned():
+        p, section = item.params, f"[analyses.{item.analysis}]"
+        if item.spec.extraction == "chunks":
+            wanted.append((section, "chunks_per_domain", p.chunks_per_domain, p.chunk_len, p.seed, corpus.texts, corpus.labels))
+        elif item.spec.extraction == "knn":
+            train, test = split_corpus(corpus, p.heldout_fraction, p.seed)
+            wanted.append((section, "train_chunks", p.train_chunks, p.chunk_len, p.seed, train.texts, None))
+            wanted.append((section, "test_chunks", p.test_chunks, p.chunk_len, p.seed, test.texts, None))
+    files = sorted({path.resolve() for path in map(tokenizer_file, specs) if path is not None}) if wanted else []
+    tokenizers = [tokenizer for tokenizer in map(read_tokenizer, files) if tokenizer is not None] or [None]
+    for section, key, count, chunk_len, seed, texts, labels in wanted:
+        for tokenizer in tokenizers:
+            domain, have, by_bytes = chunk_supply(texts, labels, chunk_len, count, seed, tokenizer)
+            if domain:
+                half = {"train_chunks": "the datastore half of ", "test_chunks": "the held-out half of "}.get(key, "")
+                whose = f"domain '{domain}' of corpus '{corpus.name}'" if labels else f"{half}corpus '{corpus.name}'"
+                bound = " whatever the tokenizer" if by_bytes else ""
+                flag = f"--{key.replace('_', '-')}"  # a command's flags, where no job file named it
+                said, name = (f"{section} {key} = {count}", key) if job.path else (f"{flag} {count}", flag)
+                raise RaygeomError(
+                    f"{said}: {whose} has text for at most {have:,} chunks of {chunk_len} tokens{bound}; "
+                    f"use {name} <= {have:,} or a shorter {'chunk_len' if job.path else '--chunk-len'}"
+                )
+
+
 def check_store(root: str | Path) -> None:
     """The store can be written: the directory, or the nearest folder above it that exists. Nothing is made here."""
     from raygeom.names import check_path
@@ -113,11 +268,12 @@ def check_corpus(job, corpus) -> str | None:
     return next((line for line in lines if line), None)
 
 
-def preflight(job, console=None):
+def preflight(job, console=None, local: bool = False):
     """Make every refusal `raygeom run` makes before its first forward pass (one RaygeomError line), in a second or
     two: the built-ins' packages, the layer selection, each analysis's sizes against N and d, the job-wide checks,
     the store's folder, the corpus and its distinct texts. Returns the corpus sampled as the pooled extraction reads
-    it (None while [train] has yet to write it); ``console``: where the line on repeated texts is printed."""
+    it (None while [train] has yet to write it); ``console``: where the line on repeated texts is printed; ``local``:
+    the run starts a local Ray, so its models must fit this machine's memory."""
     from rich.markup import escape
 
     from raygeom.jobs import experiment
@@ -125,12 +281,15 @@ def preflight(job, console=None):
 
     specs = job_models(job)
     check_packages(specs)
+    check_train_memory(job)
+    check_configs(job, specs, local)
     check_layers(job, specs)
     check_sizes(job, specs)
     check_store(job.out)
     if job.corpus_pending:
         return None
     corpus = load_corpus(job.corpus)
+    check_chunk_counts(job, specs, corpus)
     if not job.sweep and not experiment.needs_pooled(job):
         return corpus
     corpus = corpus.sample(job.n_samples, job.sample_seed)

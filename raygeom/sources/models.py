@@ -247,9 +247,49 @@ def check_config(config: Path, source: str) -> dict:
             f"{config} does not describe a model: it needs its width ({' or '.join(WIDTH_KEYS)}) and "
             f"depth ({' or '.join(DEPTH_KEYS)})"
         )
+    check_config_values(data, str(config))
     if not any(next(config.parent.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise RaygeomError(f"{source} holds a config.json but no weights ({', '.join(WEIGHT_FILES)}), so it cannot load")
+    from raygeom.sources.checkpoints import TOKENIZER_FILES, has_tokenizer
+
+    if not has_tokenizer(config.parent):
+        raise RaygeomError(
+            f"{source} holds a model but no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "save its tokenizer beside it (tokenizer.save_pretrained)"
+        )
     return data
+
+
+# The most blocks a config may declare: released decoders have at most a few hundred; more is a typo that would
+# otherwise build (or name) a layer per block for minutes before failing.
+MAX_DEPTH = 10_000
+MAX_VOCAB = 16_777_216
+MAX_CONTEXT = 2**31 - 1
+
+
+def config_bounds() -> dict[str, int]:
+    """The size keys a config is checked on, each with its largest accepted value."""
+    from raygeom.params import MAX_WIDTH
+
+    sizes = {key: MAX_WIDTH for key in (*WIDTH_KEYS, "num_attention_heads", "n_head", "num_key_value_heads", "head_dim")}
+    sizes.update({key: MAX_DEPTH for key in DEPTH_KEYS})
+    sizes.update({key: MAX_CONTEXT for key in CONTEXT_KEYS})
+    sizes.update({"intermediate_size": 16 * MAX_WIDTH, "n_inner": 16 * MAX_WIDTH, "vocab_size": MAX_VOCAB})
+    return sizes
+
+
+def check_config_values(config: dict, where: str) -> None:
+    """Refuse a config whose sizes no model can have (a string, a fraction, NaN, zero or negative, past the bounds
+    above) with one line naming the key, before transformers meets it (a 168-line traceback after 20-40 s) or a
+    layer list is built from it. A null optional size (GPT-2's n_inner, head_dim) is the architecture's default."""
+    shape = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key, high in config_bounds().items():
+        if key not in shape or (shape[key] is None and key not in WIDTH_KEYS + DEPTH_KEYS):
+            continue
+        value = shape[key]
+        if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high):
+            shown = json.dumps(value)[:40]
+            raise RaygeomError(f'{where}: "{key}" must be an integer from 1 to {high:,}, got {shown}')
 
 
 # The names transformers' configs give a model's width and depth (GPT-2 and others use their own).
@@ -510,6 +550,21 @@ def dequantised_copies() -> list[tuple[Path, int]]:
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def check_cached_tokenizer(spec: ModelSpec) -> None:
+    """Offline, a cached hub snapshot without any tokenizer file cannot load (it failed after 17-22 s)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from raygeom.sources.checkpoints import TOKENIZER_FILES
+
+    if not _offline():
+        return
+    if not any(isinstance(try_to_load_from_cache(spec.source, name, revision=spec.revision), str) for name in TOKENIZER_FILES):
+        raise RaygeomError(
+            f"{spec.name}@{spec.revision}: the Hugging Face cache holds its config.json but no tokenizer "
+            f"({', '.join(TOKENIZER_FILES)}) and HF_HUB_OFFLINE=1: download it once online"
+        )
 
 
 def _locations(spec: ModelSpec, snapshot: Path | None = None, weights: bool = True) -> tuple[str, str | None, str]:
