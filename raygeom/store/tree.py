@@ -223,6 +223,8 @@ def read_table(path: Path, expected: str | None = None) -> pa.Table:
 
 def _decode(data: bytes, path: Path, columns: list[str] | None = None) -> pa.Table:
     try:
+        if columns is None:  # pq.read_table goes through pyarrow.dataset, which imports pandas (0.5 s a command)
+            return pq.ParquetFile(pa.BufferReader(data)).read()
         return pq.read_table(pa.BufferReader(data), columns=columns)
     except (OSError, pa.ArrowInvalid, KeyError) as error:
         raise CorruptFile(f"corrupt or unreadable Parquet file {path}: {error}") from None

@@ -76,3 +76,50 @@ def test_a_changed_corpus_file_is_read_again(tmp_path):
     loaded = corpus_module.load_corpus(str(path))
     loaded.texts.append("mine")  # each caller gets its own lists
     assert corpus_module.load_corpus(str(path)).texts == ["one", "two", "three", "four"]
+
+
+HEAVY = ("pandas", "scipy", "torch", "transformers", "ray", "matplotlib")
+STATUS_IN_A_FRESH_PROCESS = """
+import json, sys
+import pyarrow as pa
+from raygeom.store.tree import Store, read_table
+store = Store(sys.argv[2])
+table = read_table(next((store.root / "results" / "pga").glob("*.parquet")))
+assert table.column("z").to_pylist() == [1.0], table
+sys.argv = ["raygeom", "status", sys.argv[1]]
+from raygeom.cli.root import main
+try:
+    main()
+except SystemExit as done:
+    code = done.code
+print(json.dumps([code, sorted(name for name in HEAVY if name in sys.modules)]))
+"""
+
+
+def test_status_and_a_store_read_import_nothing_heavy(tmp_path):
+    """Issue 48: `raygeom status` under 2 s on a loaded machine. pq.read_table goes through pyarrow.dataset, which
+    imports pandas (0.5 s of every status here); the store reads a file with ParquetFile instead, and status imports
+    none of the heavy libraries."""
+    import os
+    import subprocess
+    import sys
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"text number {i} about markets\n" for i in range(30)))
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"[job]\nout = 'store'\n[[models]]\nid = 'EleutherAI/pythia-14m'\n[corpus]\nname = '{texts}'\nn_samples = 20\n[pga]\nk = 8\n"
+    )
+    from raygeom.store.tree import Store
+
+    Store(tmp_path / "read").write_result("pga", "k0", [{"model": "m", "z": 1.0}])  # (pa.Table.from_pylist imports pandas)
+    script = f"HEAVY = {HEAVY!r}\n" + STATUS_IN_A_FRESH_PROCESS
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(job), str(tmp_path / "read")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")},
+    )
+    code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and heavy == [], (code, heavy, done.stderr[-2000:])
