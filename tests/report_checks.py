@@ -185,7 +185,8 @@ def assert_no_rough_edges(store: Path) -> tuple[str, list[dict]]:
 
 
 def box_table(output: str) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of the rich box table printed in ``output``, each heading's and cell's wrapped lines joined."""
+    """(header, rows) of the first rich box table printed in ``output`` (of a table split between columns, its first
+    part), each heading's and cell's wrapped lines joined."""
 
     def cells(line: str, bar: str) -> list[str]:
         return [cell.strip() for cell in line.strip().strip(bar).split(bar)]
@@ -196,6 +197,8 @@ def box_table(output: str) -> tuple[list[str], list[list[str]]]:
     head: list[str] = []
     rows: list[list[str]] = []
     for line in output.splitlines():
+        if line.startswith("└"):
+            break
         if line.startswith("┃"):
             head = joined(head, cells(line, "┃")) if head else cells(line, "┃")
         elif line.startswith("│"):
