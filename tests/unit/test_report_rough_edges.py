@@ -102,3 +102,24 @@ def test_markdown_console_lines_print_as_box_tables_that_fit_a_log_line():
     table = [line for line in printed if re.match(r"[┏┃┡│└]", line)]
     assert table and max(len(line) for line in table) <= TABLE_WIDTH
     assert sum("block_0" in line for line in printed) >= 3
+
+
+def test_the_extractions_table_lists_every_kind_the_store_holds(tmp_path):
+    from raygeom.store.tree import atomic_write_text
+    from tests.report_checks import extraction_kinds
+    from tests.synthetic import write_job_store
+
+    root = write_job_store(tmp_path / "store", models=("EleutherAI--pythia-14m",), revisions=("step0",), ranks=(0,))
+    (root / "activations" / "model=m" / "revision=step0").mkdir(parents=True)
+    atomic_write_text(
+        '{"model": "m", "revision": "step0", "settings": {"pool": "mean"}}',
+        root / "activations" / "model=m" / "revision=step0" / "_COMPLETE.json",
+    )
+    summary = [{"model": "m", "revision": "step0", "layer": name, "d": 8, "key": "abc", "chunk_len": 64} for name in "xy"]
+    atomic_write_table(pa.Table.from_pylist(summary), root / "dispersion" / "model=m" / "revision=step0" / "summary-abc.parquet")
+    atomic_write_text(
+        '{"key": "def", "layers": ["embed", "attn_last"], "model": "m", "revision": "step0", "settings": {"chunk_len": 48}}',
+        root / "knn" / "model=m" / "revision=step0" / "def" / "_COMPLETE.json",
+    )
+    page = write_report(root).read_text()
+    assert extraction_kinds(page) == {"pooled", "chunks", "knn"}
