@@ -204,4 +204,27 @@ def write_results_table(store, analysis, job_rows: list[dict], write_empty: bool
     if spec.extraction == "pooled":  # an analysis with an extraction of its own keeps its rows' order (e.g. a ranking)
         rows = sorted(rows, key=lambda row: _order(spec, row))
     atomic_write_table(typed_table(rows, spec), path)
+    record_asked(store.root, spec.name)
     return path
+
+
+ASKED = "analyses.json"  # results/analyses.json: the analyses a job asked for, so far, in this store
+
+
+def record_asked(root: Path, name: str) -> None:
+    """Note in the store that a job asked for the analysis ``name``: analyses that share a results directory (token
+    dispersion and its slices) each get their report section only where asked for, not wherever the shared rows are."""
+    from raygeom.store.tree import atomic_write_text
+
+    names = asked(root) or set()
+    if name not in names:
+        atomic_write_text(json.dumps({"asked": sorted(names | {name})}, indent=2) + "\n", Path(root) / "results" / ASKED)
+
+
+def asked(root: Path) -> set[str] | None:
+    """The analyses jobs asked for in the store at ``root`` (:func:`record_asked`); None where no job said (a store
+    written before this record, or a damaged one)."""
+    try:
+        return set(json.loads((Path(root) / "results" / ASKED).read_text())["asked"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

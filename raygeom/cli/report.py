@@ -10,10 +10,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from raygeom.cli.consoles import output_width
+from raygeom.cli.consoles import LogConsole, output_width
 from raygeom.errors import RaygeomError
 
-console = Console(width=output_width())
+console = LogConsole(width=output_width())
 errors = Console(stderr=True)
 
 

@@ -10,18 +10,17 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.errors import MarkupError
 from rich.markup import escape
 
-from raygeom.cli.consoles import output_width
+from raygeom.cli.consoles import LogConsole, output_width
 from raygeom.cli.flags import PGA_OPTIONS, TEXT_GRID, GridSettings, checked, fail, grid_job, option
 from raygeom.cli.helptext import keep_brackets
 from raygeom.errors import RaygeomError
 from raygeom.params import n_null_settings
 
 
-class SafeConsole(Console):
+class SafeConsole(LogConsole):
     """A last line of defence: text that is not valid rich markup (a path or model name with '[/x]' in it)
     prints as plain text instead of raising MarkupError after the work is done. User strings are
     escaped where they are printed; this catches any that are not."""

@@ -14,7 +14,22 @@ from raygeom.analyses import registry
 from raygeom.analyses.registry import Metric
 from raygeom.report.profiles import _profile_figures, analysis_section
 from raygeom.report.rows import _analysis_rows, _finite, _num, _read, _read_dir, pga_rows
-from raygeom.report.styling import Section, _bar, _colour, _fig, _heatmap, _hover, _scatter, _settings_block, _table_html
+from raygeom.report.styling import (
+    PALETTE,
+    TICK_SIZE,
+    Section,
+    _bar,
+    _colour,
+    _depth_colour,
+    _depth_colour_bar,
+    _fig,
+    _heatmap,
+    _hover,
+    _scatter,
+    _settings_block,
+    _table_html,
+    table_order,
+)
 
 
 def pga_section(root: Path) -> Section | None:
@@ -104,8 +119,8 @@ def converge_section(root: Path) -> Section | None:
                 row=row,
                 col=col,
             )
-            fig.update_xaxes(title_text=f"{mb}@{rb} layer", tickfont={"size": 7}, row=row, col=col)
-            fig.update_yaxes(title_text=f"{ma}@{ra} layer", tickfont={"size": 7}, row=row, col=col)
+            fig.update_xaxes(title_text=f"{mb}@{rb} layer", tickfont={"size": TICK_SIZE}, row=row, col=col)
+            fig.update_yaxes(title_text=f"{ma}@{ra} layer", tickfont={"size": TICK_SIZE}, row=row, col=col)
         fig.update_layout(
             title={
                 "text": f"{ma}@{ra} vs {mb}@{rb} (k={group[0].get('k')}, CCR-{group[0].get('r')}, "
@@ -146,30 +161,9 @@ def token_dispersion_section(root: Path) -> Section | None:
             Metric("gap", "dispersion gap G (domain minus generic positions)", "gap_lo", "gap_hi"),
             registry.get("token_dispersion").series,
         )
+    depth = {(r["model"], r["layer"]): r["relative_depth"] for r in layers if _finite(r.get("relative_depth"))}
     for model in dict.fromkeys(r["model"] for r in groups):
-        part = [r for r in groups if r["model"] == model]
-        names = list(dict.fromkeys(r["layer"] for r in part))
-        shown = {names[len(names) // 2], names[-1], *(n for n in names if n in ("final_norm", "attn_last"))}
-        fig = _fig(
-            f"{model}: perplexity groups (mean dispersion against mean perplexity)",
-            xaxis_title="group mean perplexity",
-            yaxis_title="group mean token dispersion",
-            xaxis_type="log",
-        )
-        for i, layer in enumerate(names):
-            line = sorted((r for r in part if r["layer"] == layer), key=lambda r: r["mean_perplexity"])
-            fig.add_trace(
-                _scatter(
-                    x=_num(line, "mean_perplexity"),
-                    y=_num(line, "mean_dispersion"),
-                    mode="markers",
-                    marker={"size": 5, "color": _colour(i)},
-                    name=layer,
-                    visible=True if layer in shown else "legendonly",
-                    hovertemplate=_hover("perplexity %{x:.2f}, dispersion %{y:.4f}", layer),
-                )
-            )
-        section.figures.append(fig)
+        section.figures.append(_groups_figure(model, [r for r in groups if r["model"] == model], depth))
     if domains:
         fig = _fig("Per domain: dispersion against perplexity", xaxis_title="perplexity", yaxis_title="token dispersion")
         for i, model in enumerate(dict.fromkeys(r["model"] for r in domains)):
@@ -190,6 +184,37 @@ def token_dispersion_section(root: Path) -> Section | None:
     columns = ["model", "revision", "step", "layer", *(c for m in chunk_layer_columns(layers) for c in m), "perplexity"]
     section.tables.insert(0, "<h4>Per layer</h4>" + _table_html(layers, [c for c in columns if any(c in r for r in layers)]))
     return section
+
+
+def _groups_figure(model: str, part: list[dict], depth: dict):
+    """One model's perplexity groups, a trace per layer coloured by its depth on one sequential scale (a model has 20-40
+    layers: a palette of ten would repeat), with a colour bar where a legend could not tell the colours apart; the
+    middle and last layers shown, the rest a click away in the legend."""
+    names = sorted(dict.fromkeys(r["layer"] for r in part), key=lambda n: (depth.get((model, n), 2.0), n))
+    shown = {names[len(names) // 2], names[-1], *(n for n in names if n in ("final_norm", "attn_last"))}
+    fig = _fig(
+        f"{model}: perplexity groups (mean dispersion against mean perplexity)",
+        xaxis_title="group mean perplexity",
+        yaxis_title="group mean token dispersion",
+        xaxis_type="log",
+    )
+    for layer in names:
+        colour = _depth_colour(depth.get((model, layer), 1.0))
+        line = sorted((r for r in part if r["layer"] == layer), key=lambda r: r["mean_perplexity"])
+        fig.add_trace(
+            _scatter(
+                x=_num(line, "mean_perplexity"),
+                y=_num(line, "mean_dispersion"),
+                mode="markers",
+                marker={"size": 6, "color": colour},
+                name=layer,
+                visible=True if layer in shown else "legendonly",
+                hovertemplate=_hover("perplexity %{x:.2f}, dispersion %{y:.4f}", layer),
+            )
+        )
+    if len(names) > len(PALETTE):  # more than a legend's colours tell apart: the scale says the depth
+        _depth_colour_bar(fig)
+    return fig
 
 
 def chunk_layer_columns(rows: list[dict]) -> list[tuple[str, ...]]:
@@ -256,7 +281,7 @@ def gap_section(root: Path) -> Section | None:
     columns = ["rank", "model", "revision", "step", "layer", "gap", "gap_lo", "gap_hi", "gap_se", "perplexity", "bits_per_byte"]
     section.tables.append(
         "<h4>Candidates by the gap</h4>"
-        + _table_html(ranked, [c for c in (*columns, "gap_warning") if any(c in r for r in ranked)])
+        + _table_html(ranked, [c for c in (*columns, "gap_warning") if any(c in r for r in ranked)], ordered=False)
     )
     section.tables.append(_settings_block(ranked))
     return section
@@ -268,13 +293,14 @@ def knn_section(root: Path) -> Section | None:
     directory = root / "results" / "knn"
     if not directory.is_dir():
         directory = root / "results" / "knn_layers"  # stores written before kNN-LM ran on the unit engine
-    rows = _read_dir(directory) or _read(root / "results" / "knn.parquet")
+    table = root / "results" / "knn.parquet"
+    rows = table_order(_read_dir(directory) or _read(table))
     if not rows:
         return None
     section = Section(
         "knn_lm",
         "kNN-LM layer selection",
-        files=sorted(directory.glob("*.parquet")) if directory.is_dir() else [],
+        files=[table],  # the tidy table, not its unit files
         intro="Held-out perplexity of the kNN-LM built on each layer (lower is better) beside the dispersion "
         "of that layer's datastore keys.",
     )
@@ -332,7 +358,7 @@ def knn_section(root: Path) -> Section | None:
         )
         fig.update_yaxes(title_text="held-out perplexity", secondary_y=False)
         fig.update_yaxes(title_text="dispersion of keys", secondary_y=True)
-        fig.update_xaxes(type="category", tickangle=-60)
+        fig.update_xaxes(type="category", tickfont={"size": TICK_SIZE})
         fig.update_layout(title={"text": f"kNN-LM {label}", "x": 0.01}, height=420, margin={"l": 60, "r": 60, "t": 50, "b": 90})
         section.figures.append(fig)
     section.tables.append(

@@ -99,9 +99,18 @@ def _build_sections(root: Path) -> list[Section]:
 def analysis_sections(root: Path) -> list[Section]:
     """One section per registered analysis the store holds rows of (pga first, then by name), each from its
     declaration: its renderer's section (renderers.py), else the generic section of its metrics (profiles.py); headed by
-    the analysis's title, anchored by its name. A section without a figure (a settings table alone) is left out."""
+    the analysis's title, anchored by its name. A section without a figure (a settings table alone) is left out, and
+    so is an analysis whose rows share a results directory with another's (slices, token dispersion) where the store
+    records the analyses asked for and this one is not among them."""
+    from raygeom.analyses.results_table import asked
+
     sections = []
-    for _, analysis in sorted(registry.analyses().items(), key=lambda item: (item[0] != "pga", item[0])):
+    analyses = registry.analyses()
+    wanted = asked(root)
+    for name, analysis in sorted(analyses.items(), key=lambda item: (item[0] != "pga", item[0])):
+        shared = any(other != name and a.results_dir == analysis.results_dir for other, a in analyses.items())
+        if shared and wanted is not None and name not in wanted:  # its rows are another analysis's, not asked for
+            continue
         section = section_of(root, analysis)
         if section is not None and section.figures:
             sections.append(section)

@@ -13,12 +13,18 @@ import numpy as np
 from raygeom.analyses.train import RUN_COLUMNS
 from raygeom.report.rows import _OVERLAY, _depth_order, _finite, _num, _read, _read_dir, _step
 from raygeom.report.styling import (
+    DASHES,
+    MARKERS,
+    PALETTE,
+    SCALE_END,
     Section,
     _band,
     _colour,
+    _colours,
     _fig,
     _heatmap,
     _hover,
+    _scale_bar,
     _scatter,
     _settings_block,
     _table_html,
@@ -39,12 +45,14 @@ def train_section(root: Path) -> Section | None:
         "train",
         "Push-away training",
         files=[p for p in (runs_path, summary_path) if p.is_file()],
-        intro="Per run (lambda, seed): training LM loss, D_batch and held-out perplexity against step.",
+        intro="Per run (lambda, seed): training LM loss, D_batch and held-out perplexity against step; colour by "
+        "lambda, dash and marker by seed. Each run's per-step history is train/history-<run key>.parquet.",
     )
     fig = make_subplots(
         rows=1, cols=3, subplot_titles=["training LM loss (nats)", "D_batch", "held-out perplexity"], horizontal_spacing=0.07
     )
     lams = sorted({r["lam"] for r in runs.values()})
+    seeds = sorted({r["seed"] for r in runs.values()})
     for run in sorted(runs.values(), key=lambda r: (r["lam"], r["seed"])):
         history_path = root / "train" / f"history-{run['key']}.parquet"
         history = _read(history_path) if history_path.is_file() else _read(Path(run.get("history", "")))
@@ -67,8 +75,8 @@ def train_section(root: Path) -> Section | None:
                     x=x,
                     y=y,
                     mode="lines+markers" if c == 3 else "lines",
-                    line={"color": colour, "width": 1},
-                    marker={"size": 4},
+                    line={"color": colour, "width": 1, "dash": DASHES[seeds.index(run["seed"]) % len(DASHES)]},
+                    marker={"size": 4, "symbol": MARKERS[seeds.index(run["seed"]) % len(MARKERS)]},
                     name=label,
                     legendgroup=label,
                     showlegend=c == 1,
@@ -77,7 +85,6 @@ def train_section(root: Path) -> Section | None:
                 row=1,
                 col=c,
             )
-        section.files.append(history_path)
     if not fig.data:
         return None
     fig.update_yaxes(type="log", row=1, col=3)
@@ -121,7 +128,8 @@ def trajectory_section(root: Path) -> Section | None:
         )
         layers = _depth_order([r for r in by_step if r["layer"] != "attn_last"])
         shown = _visible_revisions(layers, 4)
-        for i, layer in enumerate(layers):
+        colour_of = _colours(layers, ordered=True)  # layers by depth on the sequential scale: a palette would repeat
+        for layer in layers:
             line = sorted((r for r in by_step if r["layer"] == layer), key=lambda r: r["step"])
             fig.add_trace(
                 _scatter(
@@ -129,13 +137,16 @@ def trajectory_section(root: Path) -> Section | None:
                     y=_num(line, "token_dispersion"),
                     mode="lines+markers",
                     marker={"size": 4},
-                    line={"color": _colour(i)},
+                    line={"color": colour_of[layer]},
                     name=layer,
                     visible=True if layer in shown else "legendonly",
                     text=[r["revision"] for r in line],
                     hovertemplate="%{text}: %{y:.4f}<extra>" + html.escape(layer) + "</extra>",
                 )
             )
+        if len(layers) > len(PALETTE):
+            ends = sorted({0, len(layers) // 2, len(layers) - 1})
+            _scale_bar(fig, "layer (by depth)", [SCALE_END * i / (len(layers) - 1) for i in ends], [layers[i] for i in ends])
         section.figures.append(fig)
     if checkpoints:
         checkpoints.sort(key=lambda r: r["step"])
@@ -300,6 +311,7 @@ def extraction_section(root: Path) -> Section | None:
                     **({"store": label} if label else {}),
                     "model": info.get("model") or revision_dir.parent.name.split("=", 1)[1],
                     "revision": info.get("revision") or revision_dir.name.split("=", 1)[1],
+                    "kind": "pooled",
                     "corpus": info.get("corpus"),
                     "source": info.get("source"),
                     "n_samples": info.get("n_samples"),
@@ -314,7 +326,8 @@ def extraction_section(root: Path) -> Section | None:
                     "key": info.get("key"),
                 }
             )
-        rows += sorted(found, key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"], str(r["key"])))
+        found += [{**({"store": label} if label else {}), **row} for row in _token_extractions(Path(store))]
+        rows += sorted(found, key=lambda r: (r["model"], _step(r["revision"]) or 0, r["revision"], r["kind"], str(r["key"])))
     manifest_path = root / "sweep" / "manifest.json"
     manifest = None
     if manifest_path.is_file():
@@ -327,12 +340,58 @@ def extraction_section(root: Path) -> Section | None:
     section = Section(
         "settings",
         "Extractions and their settings",
-        intro="One row per extraction in the store, from its completion marker: a (model, revision) has one "
-        "per set of extraction settings (pool, seq_len, corpus, n, ...), each with its own settings key. "
-        "'layers stored' counts the layer files still there ('raygeom gc' frees those no unit needs).",
+        intro="One row per extraction in the store, of every kind: 'pooled' (one vector per text: PGA and the "
+        "per-layer analyses), 'chunks' (token states of fixed-length chunks: token dispersion, slices, the gap) and "
+        "'knn' (token states with next-token targets: kNN-LM). A (model, revision) has one per kind and set of "
+        "extraction settings, each with its own key. 'layers stored' counts the layer files still there "
+        "('raygeom gc' frees those no unit needs).",
     )
     if manifest:
         section.tables.append("<h4>Sweep corpus (sweep/manifest.json)</h4>" + _table_html([manifest]))
     if rows:
         section.tables.append(_table_html(rows, limit=2000))
     return section
+
+
+def _token_extractions(store: Path) -> list[dict]:
+    """The chunk extractions (``dispersion/``: each one's per-layer summary) and kNN-LM's (``knn/``: each one's
+    completion marker) of one store, a row each."""
+    from raygeom.store.tree import read_table
+
+    rows = []
+    for summary in sorted(store.glob("dispersion/model=*/revision=*/summary-*.parquet")):
+        try:
+            layers = read_table(summary).to_pylist()
+        except Exception:  # noqa: BLE001 - a damaged file: the row of what its path says
+            layers = []
+        first = layers[0] if layers else {}
+        rows.append(
+            {
+                "model": first.get("model") or summary.parent.parent.name.split("=", 1)[1],
+                "revision": first.get("revision") or summary.parent.name.split("=", 1)[1],
+                "kind": "chunks",
+                "corpus": first.get("corpus"),
+                **{c: first.get(c) for c in ("chunk_len", "chunks_per_domain", "domain_tokens", "n_chunks") if c in first},
+                "d": first.get("d"),
+                "layers extracted": len(layers),
+                "fingerprint": (first.get("fingerprint") or "")[:12],
+                "key": first.get("key") or summary.stem.split("-", 1)[1],
+            }
+        )
+    for marker in sorted(store.glob("knn/model=*/revision=*/*/_COMPLETE.json")):
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        settings = info.get("settings") or {}
+        rows.append(
+            {
+                "model": info.get("model") or marker.parent.parent.parent.name.split("=", 1)[1],
+                "revision": info.get("revision") or marker.parent.parent.name.split("=", 1)[1],
+                "kind": "knn",
+                **{c: settings.get(c) for c in ("chunk_len", "train_chunks", "test_chunks", "batch_size") if c in settings},
+                "layers extracted": len(info.get("layers", [])),
+                "key": info.get("key"),
+            }
+        )
+    return rows

@@ -13,6 +13,9 @@ from raygeom.report.rows import _depth_order, _finite, _num, _revision_order, _s
 from raygeom.report.styling import (
     DEPTH_AXIS,
     HOVER_COLUMNS,
+    PALETTE,
+    SCALE_END,
+    TICK_SIZE,
     VISIBLE_REVISIONS,
     Section,
     _band,
@@ -22,6 +25,7 @@ from raygeom.report.styling import (
     _hover,
     _is_z,
     _model_order,
+    _scale_bar,
     _scatter,
     _settings_block,
     _settings_text,
@@ -40,7 +44,8 @@ def _profile_figure(rows: list[dict], metric, extra: tuple[str, ...], colour_by:
     chance level dotted; a model's revisions beyond VISIBLE_REVISIONS start hidden."""
     fig = _fig(title, xaxis_title=DEPTH_AXIS, yaxis_title=metric.title)
     lines = _styled_lines(rows, colour_by, extra)
-    colour_of = _colours(list(dict.fromkeys(key for _, key, _, _ in lines)))
+    keys = list(dict.fromkeys(key for _, key, _, _ in lines))
+    colour_of = _colours(keys, ordered=colour_by == "revision")
     visible = _visible_revisions(_revision_order(r["revision"] for r in rows)) if colour_by == "revision" else None
     hover_extra = [h for h in HOVER_COLUMNS.get(metric.column, ()) if any(h[0] in r for r in rows)]
     has_interval = bool(metric.lo and metric.hi) and any(_finite(r.get(metric.lo)) for r in rows)
@@ -92,6 +97,9 @@ def _profile_figure(rows: list[dict], metric, extra: tuple[str, ...], colour_by:
             )
     if _is_z(metric):
         _zero_lines(fig)
+    if colour_by == "revision" and len(keys) > len(PALETTE):  # too many for the legend to tell apart by colour
+        ends = sorted({0, len(keys) // 2, len(keys) - 1})
+        _scale_bar(fig, "revision (training order)", [SCALE_END * i / (len(keys) - 1) for i in ends], [keys[i] for i in ends])
     return fig
 
 
@@ -196,11 +204,10 @@ def _step_layer_heatmaps(rows: list[dict], metric, extra: tuple[str, ...]) -> li
             type="category",
             categoryorder="array",
             categoryarray=revisions,
-            tickangle=-60,
-            tickfont={"size": 8},
+            tickfont={"size": TICK_SIZE},
             tickvals=[revisions[i] for i in _tick_positions([_step(v) for v in revisions])],
         )
-        fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": 8})
+        fig.update_yaxes(type="category", categoryorder="array", categoryarray=layers, tickfont={"size": TICK_SIZE})
         fig.update_layout(
             legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
             margin={"l": 60, "r": 20, "t": 70, "b": 50},

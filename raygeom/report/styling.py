@@ -12,10 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from raygeom.report.rows import SETTING_COLUMNS, VARIANT_COLUMNS, _num, _revision_order, _setting_key
+from raygeom.report.rows import SETTING_COLUMNS, VARIANT_COLUMNS, _num, _revision_order, _setting_key, _step
 
 VISIBLE_REVISIONS = 8  # per model, evenly spaced over training; the others start hidden ("legendonly")
 MAX_TABLE_ROWS = 400
+# px: the smallest tick label a reader reads; plotly turns labels only where they would overlap (tickangle "auto")
+TICK_SIZE = 10
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
@@ -160,9 +162,49 @@ def _zero_lines(fig, levels=(-2.0, 2.0)) -> None:
         fig.add_hline(y=level, line={"color": "grey", "width": 0.8, "dash": "dash"})
 
 
-def _table_html(rows: list[dict], columns: list[str] | None = None, limit: int = MAX_TABLE_ROWS) -> str:
+def table_order(rows: list[dict]) -> list[dict]:
+    """Rows as every table of the report lists them: by model (smallest first, then by name), revision by training
+    step, layer from the embedding down (relative depth, else layer index, attn_last inside the last block);
+    otherwise in the order given."""
+    size: dict = {}
+    last_block: dict = {}  # per model: the last block's layer index (attn_last is inside that block)
+    for row in rows:
+        model = str(row.get("model"))
+        params = row.get("params") if _finite_number(row.get("params")) else math.inf
+        size[model] = min(size.get(model, math.inf), params)
+        if str(row.get("layer", "")).startswith("block_") and _finite_number(row.get("layer_index")):
+            last_block[model] = max(last_block.get(model, -math.inf), row["layer_index"])
+
+    def key(row: dict):
+        revision = row.get("revision")
+        step = _step(str(revision)) if revision is not None else None
+        depth = row.get("relative_depth")
+        index = row.get("layer_index")
+        if row.get("layer") == "attn_last" and str(row.get("model")) in last_block:
+            index = last_block[str(row.get("model"))] - 0.5
+        return (
+            size.get(str(row.get("model")), math.inf),
+            str(row.get("model")),
+            step is None,
+            step or 0,
+            depth if _finite_number(depth) else math.inf,
+            index if _finite_number(index) else math.inf,
+        )
+
+    return sorted(rows, key=key) if any("model" in r for r in rows) else list(rows)
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _table_html(rows: list[dict], columns: list[str] | None = None, limit: int = MAX_TABLE_ROWS, ordered: bool = True) -> str:
+    """An HTML table of ``rows`` (``columns``: which, in that order); in :func:`table_order` unless ``ordered`` is
+    False (a ranking keeps its own)."""
     if not rows:
         return ""
+    if ordered:
+        rows = table_order(rows)
     columns = columns or list(dict.fromkeys(c for r in rows for c in r))
 
     def cell(value) -> str:
@@ -206,8 +248,9 @@ def _settings_block(rows: list[dict], by: tuple[str, ...] = ("model", "revision"
     return f"<h4>{html.escape(title)}</h4>" + _table_html(runs)
 
 
-def _tick_positions(steps: list[int | None], most: int = 24) -> list[int]:
-    """Column indices worth a tick label: at most ``most``, evenly spaced."""
+def _tick_positions(steps: list[int | None], most: int = 12) -> list[int]:
+    """Column indices worth a tick label: at most ``most``, evenly spaced (12 revision names fit a page's width
+    unturned at TICK_SIZE)."""
     n = len(steps)
     if n <= most:
         return list(range(n))
@@ -245,13 +288,78 @@ def _order(value):
     return (1, 0.0, str(value))
 
 
-def _colours(keys: list) -> dict:
-    """One colour per key: the palette's ten, or evenly spaced on Viridis for more."""
-    if len(keys) <= len(PALETTE):
+DEPTH_SCALE = "Viridis"  # an ordered kind (layers by depth, revisions by step): one sequential scale
+SCALE_END = 0.8  # Viridis's last yellows are unreadable on white
+
+
+def _colours(keys: list, ordered: bool = False) -> dict:
+    """One colour per key: for unordered keys (models) the palette's ten, or evenly spaced on Viridis for more; for
+    ordered ones (revisions by step) evenly spaced on the sequential scale, so a colour reads as a place in the order
+    rather than repeating a palette."""
+    if len(keys) <= len(PALETTE) and not ordered:
         return {key: _colour(i) for i, key in enumerate(keys)}
+    return dict(zip(keys, _scale_colours(len(keys))))
+
+
+def _scale_colours(n: int) -> list[str]:
     from plotly.colors import sample_colorscale
 
-    return dict(zip(keys, sample_colorscale("Viridis", list(np.linspace(0, 1, len(keys))))))
+    return sample_colorscale(DEPTH_SCALE, [SCALE_END * i / max(1, n - 1) for i in range(n)])
+
+
+def _scale_bar(fig, title: str, tickvals: list[float], ticktext: list[str]) -> None:
+    """A colour bar under the plot for traces coloured on the sequential scale (positions 0..1 of it): an
+    invisible trace that carries only the bar, so the legend (beside the plot) still toggles each series."""
+    fig.add_trace(
+        _scatter(
+            x=[None],
+            y=[None],
+            mode="markers",
+            showlegend=False,
+            hoverinfo="skip",
+            name=title,
+            meta={"role": "colour bar"},
+            marker={
+                "color": [0.0],
+                "cmin": 0.0,
+                "cmax": 1.0,
+                "colorscale": [[p / SCALE_END, c] for p, c in zip(*_scale_points())],
+                "showscale": True,
+                "colorbar": {
+                    "title": {"text": title, "side": "top"},
+                    "orientation": "h",
+                    "x": 0.5,
+                    "xanchor": "center",
+                    "y": -0.22,
+                    "yanchor": "top",
+                    "len": 0.6,
+                    "thickness": 10,
+                    "tickvals": [v / SCALE_END for v in tickvals],
+                    "ticktext": ticktext,
+                    "tickfont": {"size": TICK_SIZE},
+                },
+            },
+        )
+    )
+    fig.update_layout(margin={"b": 130}, height=(fig.layout.height or 420) + 60)
+
+
+def _scale_points() -> tuple[list[float], list[str]]:
+    from plotly.colors import sample_colorscale
+
+    positions = [SCALE_END * i / 10 for i in range(11)]
+    return positions, sample_colorscale(DEPTH_SCALE, positions)
+
+
+def _depth_colour_bar(fig) -> None:
+    """The colour bar of traces coloured by relative depth (:func:`_depth_colour`)."""
+    _scale_bar(fig, "relative depth (embedding = 0, final norm = 1)", [0.0, SCALE_END / 2, SCALE_END], ["0", "0.5", "1"])
+
+
+def _depth_colour(depth: float) -> str:
+    from plotly.colors import sample_colorscale
+
+    return sample_colorscale(DEPTH_SCALE, [SCALE_END * min(max(depth, 0.0), 1.0)])[0]
 
 
 def _short(label: str, most: int = LEGEND_LABEL_MAX) -> str:

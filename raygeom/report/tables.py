@@ -4,6 +4,7 @@ intervals, one table and one line per model, revision and setting (never two set
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -34,56 +35,138 @@ def _value(row: dict, column: str, lo: str | None, hi: str | None) -> str:
 
 
 def print_analysis(console: Console, analysis, rows: list[dict]) -> None:
-    """One table per model, revision and setting: every declared metric per layer, with its interval (headed by its
-    declared level)."""
+    """One table per model, revision and setting: every declared metric per layer, with its interval, each column
+    headed by the metric's column name (the table stays within a log line); below the tables, each metric named in
+    full with its interval's level."""
     for (model, revision, setting), group in _groups(rows, analysis.series).items():
         first = group[0]
         size = f"N={first['n']}" if first.get("n") is not None else f"{first.get('n_chunks')} chunks"
-        table = Table(
-            title=f"{analysis.title}  {escape(model)}@{escape(revision)}  ({size}, d={first.get('d')}"
+        title = (
+            f"{analysis.title}  {escape(model)}@{escape(revision)}  ({size}, d={first.get('d')}"
             + (f", {escape(setting)}" if setting else "")
-            + ")",
-            title_justify="left",
+            + ")"
         )
-        table.add_column("layer", no_wrap=True)
+        head = ["layer"]
         for metric in analysis.metrics:
-            table.add_column(metric.title + (f" [{metric.level_label(group)}]" if metric.lo else ""), justify="right")
-            if metric.chance:
-                table.add_column("chance", justify="right")
+            head += [metric.column, *(["chance"] if metric.chance else [])]
+        body = []
         for row in sorted(group, key=lambda r: r.get("layer_index", 0)):
             cells = [escape(str(row["layer"]))]
             for metric in analysis.metrics:
                 cells.append(_value(row, metric.column, metric.lo, metric.hi))
                 if metric.chance:
                     cells.append(_value(row, metric.chance, None, None))
-            table.add_row(*cells)
-        console.print(table)
+            body.append(cells)
+        _print_tables(console, fitted_tables(title, head, body, [False] + [True] * (len(head) - 1)))
+    for metric in analysis.metrics if rows else ():
+        level = f" [{metric.level_label(rows)}]" if metric.lo else ""
+        console.print(f"  {metric.column}: {metric.title}{level}", markup=False, highlight=False, soft_wrap=True)
 
 
 def print_ranked(console: Console, analysis, rows: list[dict], most: int = 30) -> None:
     """An analysis whose rows are not per layer (one per model and revision, e.g. the gap G): one table of its
     declared columns, in the rows' order, each value with its interval where the row carries ``<column>_lo/_hi``;
     the first ``most`` rows (the table under results/ has them all)."""
-    table = Table(
-        title=analysis.title + (f" (first {most} of {len(rows)} rows)" if len(rows) > most else ""), title_justify="left"
-    )
+    title = analysis.title + (f" (first {most} of {len(rows)} rows)" if len(rows) > most else "")
     shown = [
         c
         for c in ("rank", "model", "revision", *analysis.columns)
         if not c.endswith(("_lo", "_hi", "_se")) and any(c in row for row in rows)
     ]
-    for column in shown:
-        table.add_column(column, justify="left" if column in ("model", "revision", "layer") else "right")
-    for row in rows[:most]:
-        table.add_row(
-            *(
-                escape(str(row.get(c)))
-                if isinstance(row.get(c), str) or row.get(c) is None
-                else _value(row, c, f"{c}_lo", f"{c}_hi")
-                for c in shown
-            )
-        )
-    console.print(table)
+    body = [
+        [
+            escape(str(row.get(c))) if isinstance(row.get(c), str) or row.get(c) is None else _value(row, c, f"{c}_lo", f"{c}_hi")
+            for c in shown
+        ]
+        for row in rows[:most]
+    ]
+    _print_tables(console, fitted_tables(title, shown, body, [c not in ("model", "revision", "layer") for c in shown]))
+
+
+TABLE_WIDTH = 120  # columns: the widest console table, so that a log viewer of that width never wraps one
+KEY_COLUMNS = 3  # at most: the leading columns that name a row, repeated in each part of a table split by columns
+
+
+def fitted_tables(title: str, head: list[str], body: list[list[str]], right: list[bool], width: int = TABLE_WIDTH) -> list:
+    """A console table (``right``: which columns are right-aligned) as one box Table, or, where its values and the
+    longest word of each heading would not fit ``width`` columns, several, split between columns, each repeating the
+    leading columns that name a row (the first, and the text columns after it). Headings wrap by word; values never
+    wrap."""
+
+    def need(i: int) -> int:
+        return max([len(w) for w in head[i].split()] + [len(row[i]) for row in body if i < len(row)])
+
+    keys = [0] + [i for i in range(1, min(KEY_COLUMNS, len(head))) if not right[i]]
+    keys = keys[: next((n for n, i in enumerate(keys) if i != n), len(keys))]  # only a leading run
+    base = 1 + sum(need(i) + 3 for i in keys)
+    parts: list[list[int]] = [[]]
+    used = base
+    for i in range(len(keys), len(head)):
+        if parts[-1] and used + need(i) + 3 > width:
+            parts.append([])
+            used = base
+        parts[-1].append(i)
+        used += need(i) + 3
+    tables = []
+    for n, part in enumerate(parts):
+        columns = [*keys, *part]
+        sizes = {i: need(i) for i in columns}
+        spare = width - 1 - sum(size + 3 for size in sizes.values())
+        for i in columns:  # what room is left unwraps headings, left to right
+            grow = max(0, min(len(head[i]) - sizes[i], spare))
+            sizes[i] += grow
+            spare -= grow
+        table = Table(title=title if n == 0 else f"{title} (continued)".strip(), title_justify="left")
+        for i in columns:
+            table.add_column(head[i], justify="right" if right[i] else "left", width=sizes[i])
+        for row in body:
+            table.add_row(*(row[i] if i < len(row) else "" for i in columns))
+        tables.append(table)
+    return tables
+
+
+def print_lines(console: Console, lines: list[str]) -> None:
+    """An analysis's console lines as they are, but a Markdown table among them (its documents keep those) drawn as
+    the box table every other command prints."""
+    block: list[str] = []
+    for line in (part for entry in lines for part in entry.split("\n")):  # an entry may hold several lines
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            _print_tables(console, markdown_table(block))
+            block = []
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if block:
+        _print_tables(console, markdown_table(block))
+
+
+def _print_tables(console: Console, tables: list) -> None:
+    for table in tables:
+        console.print(table)
+
+
+def markdown_table(block: list[str]) -> list:
+    """A Markdown table (a header row, its ``|---|`` rule, rows) as the box tables of :func:`fitted_tables`: numbers
+    right-aligned."""
+
+    def cells(line: str) -> list[str]:
+        inner = line.strip().removeprefix("|").removesuffix("|")
+        return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", inner)]
+
+    head, *body = [cells(line) for line in block if not set(line.replace("|", "").strip()) <= set("-: ")]
+    right = [bool(body) and all(_numeric(row[i]) for row in body if i < len(row)) for i in range(len(head))]
+    # an identifier's underscores become spaces, so a heading wraps by word
+    return fitted_tables("", [escape(h.replace("_", " ")) for h in head], [[escape(c) for c in row] for row in body], right)
+
+
+def _numeric(text: str) -> bool:
+    first = text.strip().split(" ")[0].replace("±", "")
+    try:
+        float(first)
+    except ValueError:
+        return text.strip() in ("", "-", "nan")
+    return True
 
 
 def plot_analysis(analysis, rows: list[dict], directory: Path) -> list[Path]:
@@ -156,8 +239,7 @@ def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -
     lines = [] if drawn.console else analysis.console(rows, Store(root))
     if lines:  # its title heads what it declares, as it heads the generic table
         lines = [analysis.title, *lines]
-    for line in lines:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    print_lines(console, lines)
     if drawn.console:
         drawn.console(console, rows)
     elif not lines and layered and analysis.metrics:

@@ -164,3 +164,23 @@ def test_one_report_holds_one_section_per_registered_analysis(every):
     anchors = re.findall(r"<section id='([^']+)'>", text)
     for name in registry.analyses():
         assert anchors.count(name) == 1, (name, anchors)
+
+
+def test_the_report_has_no_rough_edges_and_lists_every_extraction_kind(every):
+    from raygeom.analyses.results_table import asked
+    from tests.report_checks import assert_no_rough_edges, extraction_kinds, title_of
+
+    page, figures = assert_no_rough_edges(every)
+    assert extraction_kinds(page) == {kind for kind, n in stored_extractions(every).items() if n}
+    groups = [f for f in figures if "perplexity groups" in title_of(f)]
+    assert len(groups) == 2  # a model's layers by depth on one scale (alike_series: no two share a colour)
+    assert asked(every) == set(registry.analyses())
+
+
+def test_the_piped_log_prints_its_tables_in_one_box_style_that_fits_120_columns(job):
+    from raygeom.cli.consoles import TABLE_WIDTH
+
+    lines = [line for _, line in job[2]]
+    assert not [line for line in lines if line.startswith("|")]  # no Markdown table (select, knn, converge had them)
+    drawn = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert drawn and max(map(len, drawn)) <= TABLE_WIDTH, max(drawn, key=len)

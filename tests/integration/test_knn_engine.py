@@ -15,6 +15,7 @@ from raygeom.jobs import train as train_job
 from raygeom.sources.corpus import load_corpus
 from raygeom.sources.models import resolve_model
 from raygeom.store.tree import Store, atomic_write_table
+from tests.report_checks import box_table
 
 pytestmark = pytest.mark.integration
 PROVENANCE = (
@@ -124,8 +125,7 @@ def test_knn_command_prints_the_intervals_and_writes_its_report(hub_cache, ray_l
     assert "ppl difference [95% CI]" in output and "runner-up" in output and "target-among-neighbours" in output
     assert "lambda sits at the upper edge of its grid (0.01,0.02)" in " ".join(output.split())
     # the chosen lam is marked in its layer's row where it sits at an edge, beside the temperature scale chosen
-    table = [line.split(" | ") for line in output.splitlines() if line.startswith("| ") and "---" not in line]
-    header, body = table[0], table[1:]
+    header, body = box_table(output)  # the box table every command prints, its wrapped cells joined
     assert len(body) == 6 and {"T scale", "lam"} <= set(header)
     assert all(cells[header.index("lam")] == "0.02 (upper edge)" for cells in body), body
     # 2 x ceil(47 / 8) = 12 blocks: intervals; the Spearman over 6 layers gives its permutation p instead of one

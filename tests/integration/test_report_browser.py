@@ -186,3 +186,13 @@ def test_report_of_the_full_pythia_grid_is_bounded_and_renders(browser, tmp_path
     print(f"full Pythia grid (32,956 units): {size / 1e6:.1f} MB in {seconds:.0f} s")
     assert size < 30e6
     check_page(path, "pythia-grid", {"pga"})  # the sweep heatmaps are in the PGA section
+
+
+def test_report_of_a_store_every_command_wrote_has_no_rough_edges(every_command_store):
+    """As the every-analysis job's report (tests/integration/test_every_analysis_job.py), on the store the commands
+    filled one by one: three revisions of one model (a heatmap), each command's extraction kind listed."""
+    from tests.report_checks import assert_no_rough_edges, extraction_kinds
+
+    page, figures = assert_no_rough_edges(every_command_store)
+    assert extraction_kinds(page) == {"pooled", "chunks", "knn"}
+    assert any(trace.get("type") == "heatmap" for figure in figures for trace in figure["data"])
