@@ -152,6 +152,19 @@ def handover():
     return replica_actor.Handover()
 
 
+def release_worker(worker, replicas, handed_on: bool) -> None:
+    """A ``start_worker`` replica when its work is done: stopped without ``replicas``, else parked in it for the next
+    (model, revision), or stopped if its work failed (not handed on)."""
+    from raygeom.engine import replica_actor
+
+    if replicas is None:
+        replica_actor.stop(worker)
+    elif handed_on:
+        replicas.park(worker)
+    else:
+        replicas.discard(worker)
+
+
 def _get(ref):
     from raygeom.engine import replica_actor
 
@@ -233,14 +246,7 @@ def extract_unit(
                 progress(sum(e - s for s, e in some))
         handed_on = True
     finally:
-        from raygeom.engine import replica_actor
-
-        if replicas is None:
-            replica_actor.stop(worker)
-        elif handed_on:
-            replicas.park(worker)
-        else:  # failed: not handed to the next model
-            replicas.discard(worker)
+        release_worker(worker, replicas, handed_on)
     _write_unit(paths, spec, corpus, settings, described, layers, domains, np.asarray(n_bytes), results, key)
     return {"key": key, "layers": layers, "cached": False}
 

@@ -239,7 +239,9 @@ def _write_features(
     batch_size: int,
     progress,
     at_once: int = 1,
+    spec: ModelSpec | None = None,
 ) -> None:
+    """``spec``: the model every call names (a replica handed on from another model loads it at its first call)."""
     from raygeom.analyses.dispersion import _get
 
     parts: dict[str, dict[str, list]] = {"train": {}, "test": {}}
@@ -249,7 +251,7 @@ def _write_features(
         batches = [chunks[start : start + batch_size] for start in range(0, len(chunks), batch_size)]
         for first in range(0, len(batches), at_once):
             some = batches[first : first + at_once]
-            for features, next_tokens, lm_logprob in _get(worker.features_batches.remote(some, layers)):
+            for features, next_tokens, lm_logprob in _get(worker.features_batches.remote(some, layers, spec=spec)):
                 for layer in layers:
                     parts[which].setdefault(layer, []).append(features[layer])
                 tokens[which].append(next_tokens)
@@ -541,6 +543,70 @@ def edge_warnings(rows: list[dict], settings: KnnSettings) -> list[str]:
     return lines
 
 
+def extract_features(
+    store: Store,
+    spec: ModelSpec,
+    corpus: Corpus,
+    settings: KnnSettings,
+    test_corpus: Corpus | None = None,
+    features_progress: Callable[[int], Callable[[int], None]] | None = None,
+    replicas=None,
+) -> tuple[Path, dict, Corpus, Corpus]:
+    """``run_knn``'s datastore features of ``spec``, extracted unless the store holds them: (their directory, their
+    marker's info, datastore text, held-out text). ``replicas`` (``dispersion.handover()``): the replica is taken from
+    it and parked in it for the next (model, revision), instead of a new replica process for each.
+    """
+    from raygeom.analyses.dispersion import _get, release_worker, start_worker
+
+    train_text, test_text = (
+        (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
+    )
+    key = features_key(spec, train_text, test_text, settings)
+    directory = _features_dir(store, spec, key)
+    marker = directory / MARKER
+    if marker.is_file():
+        info = json.loads(marker.read_text())
+    else:
+        worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None, replicas)
+        handed_on = False
+        try:
+            selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
+            from raygeom.sources.layers import select_layers
+
+            layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
+            inside = [name for name in layers if "." in name]
+            if inside:
+                raise RaygeomError(
+                    f"knn takes block outputs, not points inside a block ({inside[0]}); "
+                    "those are for pga, sweeps, diagnose and dispersion"
+                )
+            train = _get(
+                worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed, spec=spec)
+            )[0]
+            test = _get(
+                worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed, spec=spec)
+            )[0]
+            # The chunks have their own count: on the units' bar they ran it past its total (9/3).
+            advance = features_progress(len(train) + len(test)) if features_progress else None
+            _write_features(
+                directory, worker, train, test, layers, settings.batch_size, advance, batches_at_once(described), spec
+            )
+            handed_on = True
+        finally:
+            release_worker(worker, replicas, handed_on)
+        info = {
+            "key": key,
+            "layers": layers,
+            "all_layers": described["layers"],
+            "vocab_size": described["vocab_size"],
+            "model": spec.name,
+            "revision": spec.revision,
+            "settings": asdict(settings),
+        }
+        atomic_write_text(json.dumps(info, indent=2), marker)
+    return directory, info, train_text, test_text
+
+
 def run_knn(
     store: Store,
     spec: ModelSpec,
@@ -556,52 +622,11 @@ def run_knn(
     held-out text comes from ``test_corpus``; otherwise ``corpus`` is split by article.
     ``progress`` advances by the units' steps (its total is set from them); ``features_progress(total)``, called only
     when the features are extracted, gives what advances by chunks forwarded, out of ``total`` chunks.
+    The features' replica is stopped before the units run (a parked one would hold the CPUs they need).
     """
-    from raygeom.analyses.dispersion import _get, start_worker
     from raygeom.engine.units import accumulated_rows, run_units
 
-    train_text, test_text = (
-        (corpus, test_corpus) if test_corpus is not None else split_corpus(corpus, settings.heldout_fraction, settings.seed)
-    )
-    key = features_key(spec, train_text, test_text, settings)
-    directory = _features_dir(store, spec, key)
-    marker = directory / MARKER
-    if marker.is_file():
-        info = json.loads(marker.read_text())
-    else:
-        worker, described = start_worker(spec, 1.0 if settings.gpus_per_task > 0 else None)
-        try:
-            selection = ",".join(p for p in settings.layers.split(",") if p.strip() != "attn_last") or "all"
-            from raygeom.sources.layers import select_layers
-
-            layers = select_layers(described["layers"][:-1], selection) + ["attn_last"]
-            inside = [name for name in layers if "." in name]
-            if inside:
-                raise RaygeomError(
-                    f"knn takes block outputs, not points inside a block ({inside[0]}); "
-                    "those are for pga, sweeps, diagnose and dispersion"
-                )
-            train = _get(worker.chunks.remote(train_text.texts, None, settings.chunk_len, settings.train_chunks, settings.seed))[
-                0
-            ]
-            test = _get(worker.chunks.remote(test_text.texts, None, settings.chunk_len, settings.test_chunks, settings.seed))[0]
-            # The chunks have their own count: on the units' bar they ran it past its total (9/3).
-            advance = features_progress(len(train) + len(test)) if features_progress else None
-            _write_features(directory, worker, train, test, layers, settings.batch_size, advance, batches_at_once(described))
-        finally:
-            from raygeom.engine import replica_actor
-
-            replica_actor.stop(worker)
-        info = {
-            "key": key,
-            "layers": layers,
-            "all_layers": described["layers"],
-            "vocab_size": described["vocab_size"],
-            "model": spec.name,
-            "revision": spec.revision,
-            "settings": asdict(settings),
-        }
-        atomic_write_text(json.dumps(info, indent=2), marker)
+    directory, info, train_text, test_text = extract_features(store, spec, corpus, settings, test_corpus, features_progress)
     provenance = _settings_columns(spec, corpus if test_corpus is None else train_text, train_text, test_text, settings)
     rows = run_units(store, units(store, directory, info, settings, provenance), progress)
     table = write_rows(accumulated_rows(store, "knn", rows), store.root / "results" / "knn.parquet")

@@ -151,9 +151,23 @@ class KnnLM(Analysis):
 
     def run(self, store, job, specs, params: KnnParams, progress):
         from raygeom.analyses import knn
+        from raygeom.analyses.dispersion import handover
         from raygeom.sources.corpus import load_corpus
 
         corpus, settings, rows = load_corpus(job.corpus), settings_of(params, job.layers), []
+        # Every (model, revision)'s features first, on one replica process handed from each to the next (a new one
+        # each imports torch and transformers again, about 7 s of a CPU); it is stopped before the units run.
+        with handover() as replicas:
+            for spec in specs:
+                label = f"{spec.name}@{spec.revision}"
+                knn.extract_features(
+                    store,
+                    spec,
+                    corpus,
+                    settings,
+                    features_progress=lambda total, label=label: progress(f"knn pass, {label}", total),
+                    replicas=replicas,
+                )
         for spec in specs:
             label = f"{spec.name}@{spec.revision}"
             rows += knn.run_knn(
