@@ -152,8 +152,9 @@ def run_job(job: JobSpec, console: Console, address: str | None = None, num_cpus
     written = experiment.write_outputs(
         store, job, units, every_row, console, skip=(), own=own, files=outputs.files, shown=outputs.rows
     )
+    width = max([9, *(len(name) + 2 for name in written)])
     for name, path in written.items():
-        console.print(f"{name + ':':<9}{path}", markup=False, highlight=False)
+        console.print(f"{name + ':':<{width}}{path}", markup=False, highlight=False)
     plots = {path for paths in outputs.files.values() for path in paths if path.suffix == ".png"}
     if plots:
         console.print(f"plots:   {counted(len(plots), 'figure')} in {store.root / 'plots'}", markup=False)
