@@ -17,6 +17,7 @@ MAX_SEED = 2**32 - 1  # numpy's legacy seeds and torch's manual_seed both take 3
 MAX_NULLS = 1_000_000  # random subspaces per layer: z's Monte-Carlo error is far below its bias long before this
 MAX_BOOT = 100_000  # bootstrap resamples: the percentile interval is settled to the third digit well before
 MAX_WIDTH = 65_536  # hidden width d (and so k, r, heads) of any model raygeom can load
+MAX_BLOCKS = 65_536  # blocks (layers) of any model raygeom can load
 MAX_NEIGHBOURS = 65_536  # kNN-LM neighbours of one query
 MAX_TOKENS = 1_048_576  # tokens of one sequence: beyond every model's context
 MAX_COUNT = 10_000_000  # texts, chunks, groups, training steps
