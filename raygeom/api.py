@@ -42,6 +42,11 @@ def declared(cls, name: str, value, label: str):
     """``value`` checked by the declaration ``cls.name`` that the CLI's flag and the job key are checked by."""
     from raygeom.params import allowed, check_value
 
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(f"{label} holds a lone surrogate U+{ord(value[error.start]):04X}, which is not text") from None
     try:
         return check_value(cls, name, value, label=label)
     except RaygeomError:
@@ -207,8 +212,10 @@ def select_layers(all_layers: list[str], selection: str | list[str] = "all") -> 
     from raygeom.sources.layers import select_layers as select
 
     all_layers = checked_strings(all_layers, "all_layers", "layer names")
+    if isinstance(selection, (list, tuple)):  # block numbers may be ints, as in a --layers string
+        selection = [str(part) if isinstance(part, int) and not isinstance(part, bool) else part for part in selection]
     if not isinstance(selection, str):
-        selection = ",".join(checked_strings(selection, "layers", "layer names or block numbers (strings)"))
+        selection = ",".join(checked_strings(selection, "layers", "layer names or block numbers"))
     return select(all_layers, declared(GridSettings, "layers", selection, "layers"))
 
 

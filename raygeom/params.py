@@ -169,7 +169,9 @@ def check_value(cls: type, name: str, value: Any, where: str = "", label: str | 
     spec = next(f for f in fields(cls) if f.name == name)
     meta, kind = spec.metadata, declared_type(cls, name)
     label = label or f"{where}{name}"
-    refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {value!r}")
+    shown = repr(value)
+    shown = shown if "\n" not in shown else type(value).__name__  # an array from the API: the line stays one line
+    refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {shown}")
     if kind is bool:
         if not isinstance(value, bool):
             raise refuse

@@ -13,7 +13,7 @@ def as_array(x, dtype=np.float64, name: str = "array") -> np.ndarray:
     list) as a numpy array of ``dtype``. bf16 and fp16 tensors are widened on their device, then copied to the CPU."""
     try:
         dtype = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):  # numpy parses a string as a dtype spec: ',' is a SyntaxError
         dtype = None
     if dtype is None or dtype.kind not in "fiu":
         raise InputError(f"dtype must be a real numpy dtype (float or integer), got {dtype!r}")

@@ -40,9 +40,13 @@ def integer(low: int, high: int):
     return check
 
 
+# Beyond any statistic raygeom computes (|z| of a few hundred at most), and far from float64's overflow.
+BIG = 1e12
+
+
 def number(low: float | None = None, high: float | None = None, open_: bool = True):
     def check(name: str, value):
-        bad = isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value)
+        bad = isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or abs(value) > BIG
         if not bad and low is not None:
             bad = value <= low if open_ else value < low
         if not bad and high is not None:
@@ -53,7 +57,9 @@ def number(low: float | None = None, high: float | None = None, open_: bool = Tr
                 f"{'<' if open_ else '<='} {high:g}" if high is not None else "",
             ]
             limits = " and ".join(side for side in sides if side)
-            raise InputError(f"{name} must be a finite number{' ' + limits if limits else ''}, got {_shown(value)}")
+            raise InputError(
+                f"{name} must be a number{' ' + limits if limits else ''} with |{name}| <= {BIG:g}, got {_shown(value)}"
+            )
         return float(value)
 
     return check
@@ -69,7 +75,7 @@ def array(ndim: int | None):
         if ndim is not None and values.ndim != ndim:
             raise InputError(f"{name} must be a {ndim}-D array, got shape {values.shape}")
         if not np.isfinite(values).all():
-            raise InputError(f"{name} holds NaN or Inf ({int((~np.isfinite(values)).sum())} of {values.size} values)")
+            raise InputError(f"{name} contains NaN or inf values ({int((~np.isfinite(values)).sum())} of {values.size})")
         return values
 
     return check
@@ -125,6 +131,16 @@ def numbers(name: str, value):
         raise InputError(f"{name} must be a list of finite numbers, got {_shown(value)}")
     check = number()
     return tuple(check(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+def samples(name: str, value):
+    """bootstrap_ci's ``data``: one array of samples, or a tuple of arrays resampled together; checked, kept as given."""
+    parts = value if isinstance(value, tuple) else (value,)
+    for i, part in enumerate(parts):
+        values = array(None)(f"{name}[{i}]" if isinstance(value, tuple) else name, part)
+        if values.ndim == 0:
+            raise InputError(f"{name} must be an array of samples (or a tuple of them), got a single number")
+    return value
 
 
 def optional(rule):
@@ -184,7 +200,8 @@ RULES = {
     "weights": optional(array(1)),
     "nulls": array(1),
     "rhos": array(1),
-    "chunk": array(None),
+    "chunk": array(1),
+    "data": samples,
 }
 
 

@@ -162,7 +162,10 @@ def average_ranks(values: np.ndarray, weights: np.ndarray | None = None) -> np.n
     if n == 0:
         return np.empty(0)
     if weights is not None:
-        return _weighted_average_ranks(values, np.asarray(weights, dtype=np.float64).ravel())
+        weights = np.asarray(weights, dtype=np.float64).ravel()
+        if weights.size != n or not (weights >= 1).all():  # O(n), as the ranking itself
+            raise InputError(f"weights must be {n} counts >= 1 (one per value), got {weights.size} values")
+        return _weighted_average_ranks(values, weights)
     order = np.argsort(values)
     sorted_values = values[order]
     starts_group = np.empty(n, dtype=bool)

@@ -64,7 +64,8 @@ CASES = {
     "select_layers(names, 5)": (lambda: raygeom.select_layers(NAMES, 5), ("layers", "int")),
     "select_layers(names, None)": (lambda: raygeom.select_layers(NAMES, None), ("layers",)),
     "select_layers(None, 'all')": (lambda: raygeom.select_layers(None, "all"), ("all_layers",)),
-    "select_layers(names, [5])": (lambda: raygeom.select_layers(NAMES, [5]), ("layers[0]",)),
+    "select_layers(names, [True])": (lambda: raygeom.select_layers(NAMES, [True]), ("layers[0]",)),
+    "select_layers(names, [5])": (lambda: raygeom.select_layers(NAMES, [5]), ("layer '5' not found",)),
     # not a model
     "unembedding_matrix(None)": (lambda: raygeom.unembedding_matrix(None), ("model", "NoneType")),
     "layer_names(None)": (lambda: raygeom.layer_names(None), ("model", "NoneType")),
@@ -136,4 +137,5 @@ def test_what_is_allowed_still_works():
     assert raygeom.dispersion(rows) == pytest.approx(pdist(rows, "cosine").mean(), abs=1e-12)
     assert raygeom.select_layers(NAMES, "all") == NAMES
     assert raygeom.select_layers(NAMES, ["embed", "-1"]) == ["embed", "block_02"]
+    assert raygeom.select_layers(NAMES, [0, "final_norm"]) == ["block_00", "final_norm"]
     assert raygeom.as_array([[1, 2]], np.float32).dtype == np.float32
