@@ -47,6 +47,9 @@ def declared(cls, name: str, value, label: str):
             value.encode("utf-8")
         except UnicodeEncodeError as error:
             raise InputError(f"{label} holds a lone surrogate U+{ord(value[error.start]):04X}, which is not text") from None
+        control = next((c for c in value if c in "\n\r\x00\x0b\x0c\x85\u2028\u2029"), None)
+        if control is not None:  # a name never holds one; a refusal that quoted it would not be one line
+            raise InputError(f"{label} must be one line (no line break or NUL), got {value!r:.80}")
     try:
         return check_value(cls, name, value, label=label)
     except RaygeomError:
@@ -80,7 +83,10 @@ def checked_path(value, name: str):
     return value
 
 
-def checked_model(model, tokenizer=False):
+_NO_TOKENIZER = object()
+
+
+def checked_model(model, tokenizer=_NO_TOKENIZER):
     """``model`` as a Hugging Face causal LM (what load_model returns); with ``tokenizer``, it too."""
     import torch
 
@@ -89,10 +95,13 @@ def checked_model(model, tokenizer=False):
             "model must be a Hugging Face causal LM (a torch.nn.Module with .config, as raygeom.load_model returns), "
             f"got {type(model).__name__}"
         )
-    if tokenizer is not False and not callable(tokenizer):
-        raise InputError(
-            f"tokenizer must be a Hugging Face tokenizer (as raygeom.load_model returns), got {type(tokenizer).__name__}"
-        )
+    if tokenizer is not _NO_TOKENIZER:
+        from transformers import PreTrainedTokenizerBase
+
+        if not isinstance(tokenizer, PreTrainedTokenizerBase):
+            raise InputError(
+                f"tokenizer must be a Hugging Face tokenizer (as raygeom.load_model returns), got {type(tokenizer).__name__}"
+            )
     return model
 
 

@@ -138,8 +138,16 @@ def samples(name: str, value):
     parts = value if isinstance(value, tuple) else (value,)
     for i, part in enumerate(parts):
         values = array(None)(f"{name}[{i}]" if isinstance(value, tuple) else name, part)
-        if values.ndim == 0:
-            raise InputError(f"{name} must be an array of samples (or a tuple of them), got a single number")
+        if values.ndim == 0 or values.shape[0] == 0:
+            raise InputError(f"{name} must be an array of at least 1 sample (or a tuple of them), got shape {values.shape}")
+    return value
+
+
+def labels(name: str, value):
+    """bootstrap_ci's ``clusters``: one label per sample (a list or 1-D array); kept as given."""
+    shape = np.shape(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if shape is None or len(shape) != 1:
+        raise InputError(f"{name} must be a list of one label per sample, or None, got {_shown(value)} of shape {shape}")
     return value
 
 
@@ -202,6 +210,7 @@ RULES = {
     "rhos": array(1),
     "chunk": array(1),
     "data": samples,
+    "clusters": labels,
 }
 
 

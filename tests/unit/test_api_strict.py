@@ -26,6 +26,12 @@ def low_rank(rank: int, rows: int = 50, d: int = 16) -> np.ndarray:
     return rng.standard_normal((rows, rank)) @ rng.standard_normal((rank, d)) if rank else np.zeros((rows, d))
 
 
+def tiny_model():
+    from raygeom.testing import tiny_llama
+
+    return tiny_llama(64, seed=0, hidden_size=16, layers=1)
+
+
 def refused(call, *words: str) -> str:
     with pytest.raises(RaygeomError) as caught:
         call()
@@ -70,6 +76,10 @@ CASES = {
     "unembedding_matrix(None)": (lambda: raygeom.unembedding_matrix(None), ("model", "NoneType")),
     "layer_names(None)": (lambda: raygeom.layer_names(None), ("model", "NoneType")),
     "layer_activations(None, ...)": (lambda: raygeom.layer_activations(None, None, ["a text"]), ("model",)),
+    "layer_activations(model, tokenizer=False)": (
+        lambda: raygeom.layer_activations(tiny_model(), False, ["a text"]),
+        ("tokenizer", "bool"),
+    ),
     "pga_by_layer(None, ...)": (lambda: raygeom.pga_by_layer(None, None, ["a text"]), ("model",)),
     # load_texts: the declarations of --corpus, --n-samples and --sample-seed
     "load_texts(n=40.9)": (lambda: raygeom.load_texts("bbc", n=40.9), ("n must be an integer", "40.9")),
@@ -80,6 +90,7 @@ CASES = {
     # names of models and stores
     "load_builtin(None)": (lambda: raygeom.load_builtin(None), ("name",)),
     "load_builtin(5)": (lambda: raygeom.load_builtin(5), ("name",)),
+    'load_builtin("0\\n")': (lambda: raygeom.load_builtin("0\n"), ("name must be one line",)),
     "load_model('')": (lambda: raygeom.load_model(""), ("name",)),
     "readout_basis(None, 3)": (lambda: raygeom.readout_basis(None, 3), ("W_U", "None")),
     "readout_basis(W_U, 2.5)": (lambda: raygeom.readout_basis(FULL, 2.5), ("k must be an integer", "2.5")),

@@ -606,14 +606,17 @@ def test_every_public_function_returns_a_finite_result_or_refuses_in_one_line(na
         )
         for p, v in kwargs.items()
     }
-    try:
-        result = call_public(function, name, dict(kwargs))
-    except RaygeomError as error:
-        one_line(error)
-        return
-    except Exception as error:  # noqa: BLE001 - the property: nothing else escapes
-        pytest.fail(f"{name}: {type(error).__name__}: {error} ({shown})")
-    expected_result(name, result, kwargs)
+    import contextlib
+
+    with contextlib.chdir(tmp_path_factory.mktemp("cwd")):  # a relative path drawn (out="x") lands here
+        try:
+            result = call_public(function, name, dict(kwargs))
+        except RaygeomError as error:
+            one_line(error)
+            return
+        except Exception as error:  # noqa: BLE001 - the property: nothing else escapes
+            pytest.fail(f"{name}: {type(error).__name__}: {error} ({shown})")
+        expected_result(name, result, kwargs)
 
 
 def _basis(rng, d: int, m: int) -> np.ndarray:
