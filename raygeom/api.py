@@ -23,6 +23,7 @@ import numpy as np
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics import pga
 from raygeom.numerics.arrays import as_array  # noqa: F401 - raygeom.as_array
+from raygeom.numerics.checks import shown
 from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
@@ -53,8 +54,7 @@ def declared(cls, name: str, value, label: str):
     try:
         return check_value(cls, name, value, label=label)
     except RaygeomError:
-        shown = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-        raise InputError(f"{label} must be {allowed(cls, name)}, got {shown:.80}") from None
+        raise InputError(f"{label} must be {allowed(cls, name)}, got {shown(value)}") from None
 
 
 def checked_strings(values, name: str, what: str = "strings") -> list[str]:
@@ -63,8 +63,8 @@ def checked_strings(values, name: str, what: str = "strings") -> list[str]:
         raise InputError(f"{name} must be a non-empty list of {what}, got {type(values).__name__}")
     bad = next((i for i, value in enumerate(values) if not isinstance(value, str) or not value.strip()), None)
     if not values or bad is not None:
-        shown = f"{name}[{bad}] = {values[bad]!r:.40}" if values else "an empty list"
-        raise InputError(f"{name} must be a non-empty list of {what}, got {shown}")
+        text = f"{name}[{bad}] = {shown(values[bad])}" if values else "an empty list"
+        raise InputError(f"{name} must be a non-empty list of {what}, got {text}")
     return list(values)
 
 
@@ -74,8 +74,7 @@ def checked_path(value, name: str):
     from pathlib import Path
 
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        shown = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
-        raise InputError(f"{name} must be a path (a non-empty str or os.PathLike), got {shown:.60}")
+        raise InputError(f"{name} must be a path (a non-empty str or os.PathLike), got {shown(value)}")
     try:
         Path(value).exists()
     except (OSError, ValueError) as error:  # a name too long, a NUL byte
@@ -188,7 +187,7 @@ def layer_activations(
     if settings is not None and not isinstance(settings, ExtractionSettings):
         raise InputError(f"settings must be a raygeom.ExtractionSettings or None, got {type(settings).__name__}")
     if not isinstance(nll, bool):
-        raise InputError(f"nll must be true or false, got {nll!r:.40}")
+        raise InputError(f"nll must be true or false, got {shown(nll)}")
     settings = settings or ExtractionSettings()
     chosen = _chosen_layers(model, layers)
     # As the CLI's replicas extract: one torch thread per batch, as many batches at once as torch has threads here.
@@ -498,7 +497,7 @@ def store_analysis(
     declared(GridSettings, "model", model, "model")
     declared(GridSettings, "revision", revision, "revision")
     if extraction is not None and (not isinstance(extraction, str) or not extraction.strip()):
-        raise InputError(f"extraction must be a settings key (a non-empty string) or None, got {extraction!r:.40}")
+        raise InputError(f"extraction must be a settings key (a non-empty string) or None, got {type(extraction).__name__}")
     if not isinstance(analysis, str):
         raise InputError(f"analysis must be a registered analysis's name (a string), got {type(analysis).__name__}")
     spec = registry.get(analysis)

@@ -19,7 +19,8 @@ from raygeom.errors import InputError, RaygeomError
 from raygeom.params import MAX_BOOT, MAX_COUNT, MAX_NULLS, MAX_SEED, MAX_WIDTH, PGAParams, allowed, check_value
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
+    """A value as a refusal names it, on one line: a scalar or string by its repr, anything else by its type."""
     return repr(value)[:60] if isinstance(value, (str, Real, type(None))) else type(value).__name__
 
 
@@ -28,13 +29,13 @@ def declared(name: str, value, cls=PGAParams, field: str | None = None):
     try:
         return check_value(cls, field or name, value, label=name)
     except RaygeomError:
-        raise InputError(f"{name} must be {allowed(cls, field or name)}, got {_shown(value)}") from None
+        raise InputError(f"{name} must be {allowed(cls, field or name)}, got {shown(value)}") from None
 
 
 def integer(low: int, high: int):
     def check(name: str, value):
         if isinstance(value, bool) or not isinstance(value, Integral) or not low <= value <= high:
-            raise InputError(f"{name} must be an integer >= {low:,} and <= {high:,}, got {_shown(value)}")
+            raise InputError(f"{name} must be an integer >= {low:,} and <= {high:,}, got {shown(value)}")
         return int(value)
 
     return check
@@ -58,7 +59,7 @@ def number(low: float | None = None, high: float | None = None, open_: bool = Tr
             ]
             limits = " and ".join(side for side in sides if side)
             raise InputError(
-                f"{name} must be a number{' ' + limits if limits else ''} with |{name}| <= {BIG:g}, got {_shown(value)}"
+                f"{name} must be a number{' ' + limits if limits else ''} with |{name}| <= {BIG:g}, got {shown(value)}"
             )
         return float(value)
 
@@ -88,7 +89,7 @@ def device(name: str, value):
     import torch
 
     if not isinstance(value, (str, torch.device)):
-        raise InputError(f"{name} must be cpu, cuda, cuda:N or mps (a string), got {_shown(value)}")
+        raise InputError(f"{name} must be cpu, cuda, cuda:N or mps (a string), got {shown(value)}")
     try:
         where = torch.device(value)
     except (RuntimeError, TypeError) as error:
@@ -107,19 +108,19 @@ def prepared_layer(name: str, value):
     from raygeom.numerics.pga import PreparedLayer
 
     if not isinstance(value, PreparedLayer):
-        raise InputError(f"{name} must be a PreparedLayer (from raygeom.numerics.prepare_layer), got {_shown(value)}")
+        raise InputError(f"{name} must be a PreparedLayer (from raygeom.numerics.prepare_layer), got {shown(value)}")
     return value
 
 
 def function(name: str, value):
     if not callable(value):
-        raise InputError(f"{name} must be a function, got {_shown(value)}")
+        raise InputError(f"{name} must be a function, got {shown(value)}")
     return value
 
 
 def indices(name: str, value):
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise InputError(f"{name} must be a list of null indices (integers >= 0), got {_shown(value)}")
+        raise InputError(f"{name} must be a list of null indices (integers >= 0), got {shown(value)}")
     values = list(value)
     check = integer(0, MAX_SEED)
     return [check(f"{name}[{i}]", v) for i, v in enumerate(values)]
@@ -128,7 +129,7 @@ def indices(name: str, value):
 def numbers(name: str, value):
     """A short list of finite numbers (thresholds)."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise InputError(f"{name} must be a list of finite numbers, got {_shown(value)}")
+        raise InputError(f"{name} must be a list of finite numbers, got {shown(value)}")
     check = number()
     return tuple(check(f"{name}[{i}]", v) for i, v in enumerate(value))
 
@@ -147,7 +148,7 @@ def labels(name: str, value):
     """bootstrap_ci's ``clusters``: one label per sample (a list or 1-D array); kept as given."""
     shape = np.shape(value) if isinstance(value, (list, tuple, np.ndarray)) else None
     if shape is None or len(shape) != 1:
-        raise InputError(f"{name} must be a list of one label per sample, or None, got {_shown(value)} of shape {shape}")
+        raise InputError(f"{name} must be a list of one label per sample, or None, got {shown(value)} of shape {shape}")
     return value
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from raygeom.errors import InputError, RaygeomError
+from raygeom.numerics.checks import shown
 from raygeom.params import MAX_BLOCKS
 from raygeom.sources import layers as layer_position
 
@@ -106,7 +107,7 @@ def write_activations(
         isinstance(n_blocks, bool) or not isinstance(n_blocks, (int, np.integer)) or not 1 <= n_blocks <= MAX_BLOCKS
     ):
         raise InputError(
-            f"n_blocks must be an integer >= 1 and <= {MAX_BLOCKS:,} (the model's blocks) or None, got {n_blocks!r:.40}"
+            f"n_blocks must be an integer >= 1 and <= {MAX_BLOCKS:,} (the model's blocks) or None, got {shown(n_blocks)}"
         )
     if settings is not None:
         import json
@@ -143,7 +144,7 @@ def _checked_arguments(store, **names) -> None:
         if value is None and what in ("layer", "source", "corpus"):
             continue
         if not isinstance(value, str) or not value.strip():
-            raise InputError(f"{what} must be a non-empty string, got {type(value).__name__} {value!r:.40}")
+            raise InputError(f"{what} must be a non-empty string, got {type(value).__name__} {shown(value)}")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
@@ -163,7 +164,7 @@ def _checked_texts(values, what: str, n: int) -> list[str] | None:
         raise InputError(f"{len(values)} {what} for {n} vectors; give one per row")
     for index, value in enumerate(values):
         if what == "texts" and not isinstance(value, str):
-            raise InputError(f"texts[{index}] must be a string, got {type(value).__name__} {value!r:.40}")
+            raise InputError(f"texts[{index}] must be a string, got {type(value).__name__} {shown(value)}")
         text = value if what == "texts" else str(value)
         try:
             text.encode("utf-8")
