@@ -58,6 +58,12 @@ def write_report(store_root, out=None, overlay=()):
     """Write the interactive HTML report of everything the store at ``store_root`` holds (default
     ``<store>/report.html``, as ``raygeom report STORE`` does) and return its path. ``overlay``: more stores drawn
     in the same figures, one facet each (as ``raygeom report STORE OTHER ...``)."""
+    from raygeom.api import checked_path
     from raygeom.report.html import write_report as write
 
-    return write(store_root, out, overlay=overlay)
+    checked_path(store_root, "store_root")
+    if out is not None:
+        checked_path(out, "out")
+    if isinstance(overlay, (str, bytes)) or not isinstance(overlay, (list, tuple)):
+        raise InputError(f"overlay must be a list of store paths, got {type(overlay).__name__}")
+    return write(store_root, out, overlay=[checked_path(other, "overlay") for other in overlay])

@@ -23,6 +23,7 @@ import numpy as np
 from raygeom.errors import InputError, RaygeomError
 from raygeom.numerics import pga
 from raygeom.numerics.arrays import as_array  # noqa: F401 - raygeom.as_array
+from raygeom.numerics.checks import shown
 from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
@@ -38,10 +39,77 @@ def matrix(x, name: str, dtype=np.float64) -> np.ndarray:
     return array
 
 
+def declared(cls, name: str, value, label: str):
+    """``value`` checked by the declaration ``cls.name`` that the CLI's flag and the job key are checked by."""
+    from raygeom.params import allowed, check_value
+
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(f"{label} holds a lone surrogate U+{ord(value[error.start]):04X}, which is not text") from None
+        control = next((c for c in value if c in "\n\r\x00\x0b\x0c\x85\u2028\u2029"), None)
+        if control is not None:  # a name never holds one; a refusal that quoted it would not be one line
+            raise InputError(f"{label} must be one line (no line break or NUL), got {value!r:.80}")
+    try:
+        return check_value(cls, name, value, label=label)
+    except RaygeomError:
+        raise InputError(f"{label} must be {allowed(cls, name)}, got {shown(value)}") from None
+
+
+def checked_strings(values, name: str, what: str = "strings") -> list[str]:
+    """``values`` as a non-empty list of non-empty strings (a str is one value, not a list of characters)."""
+    if isinstance(values, str) or not isinstance(values, (list, tuple)):
+        raise InputError(f"{name} must be a non-empty list of {what}, got {type(values).__name__}")
+    bad = next((i for i, value in enumerate(values) if not isinstance(value, str) or not value.strip()), None)
+    if not values or bad is not None:
+        text = f"{name}[{bad}] = {shown(values[bad])}" if values else "an empty list"
+        raise InputError(f"{name} must be a non-empty list of {what}, got {text}")
+    return list(values)
+
+
+def checked_path(value, name: str):
+    """A path argument: str or os.PathLike, not empty."""
+    import os
+    from pathlib import Path
+
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise InputError(f"{name} must be a path (a non-empty str or os.PathLike), got {shown(value)}")
+    try:
+        Path(value).exists()
+    except (OSError, ValueError) as error:  # a name too long, a NUL byte
+        raise InputError(f"{name} {str(value)!r:.60} is not a usable path: {getattr(error, 'strerror', None) or error}") from None
+    return value
+
+
+_NO_TOKENIZER = object()
+
+
+def checked_model(model, tokenizer=_NO_TOKENIZER):
+    """``model`` as a Hugging Face causal LM (what load_model returns); with ``tokenizer``, it too."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise InputError(
+            "model must be a Hugging Face causal LM (a torch.nn.Module with .config, as raygeom.load_model returns), "
+            f"got {type(model).__name__}"
+        )
+    if tokenizer is not _NO_TOKENIZER:
+        from transformers import PreTrainedTokenizerBase
+
+        if not isinstance(tokenizer, PreTrainedTokenizerBase):
+            raise InputError(
+                f"tokenizer must be a Hugging Face tokenizer (as raygeom.load_model returns), got {type(tokenizer).__name__}"
+            )
+    return model
+
+
 def checked_params(**values) -> None:
     """The API's analysis arguments checked by the same declarations as the CLI's flags and job keys."""
     from raygeom.params import PGAParams
 
+    for name, value in values.items():  # each by its flag's declaration: a value, never a word such as 'auto'
+        declared(PGAParams, name, value, name)
     try:
         PGAParams.from_mapping(values)
     except RaygeomError as error:
@@ -50,35 +118,32 @@ def checked_params(**values) -> None:
 
 def checked_device(device: str | None) -> str | None:
     """``device`` if torch can use it here (None: the default), else one line; not torch's AssertionError."""
-    if device is None:
-        return None
-    import torch
+    from raygeom.numerics.checks import device as usable
 
-    try:
-        where = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise InputError(f"device must be cpu, cuda, cuda:N or mps, got {device!r} ({error})") from None
-    if where.type == "cuda" and (not torch.cuda.is_available() or (where.index or 0) >= torch.cuda.device_count()):
-        raise InputError(f"device {device!r} is not available: torch sees {torch.cuda.device_count()} CUDA device(s)")
-    if where.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise InputError(f"device {device!r} is not available on this machine")
-    return device
+    return usable("device", device)
 
 
 def load_model(name: str = "smollm2", revision: str | None = None, device: str = "cpu"):
     """``(model, tokenizer)`` of anything ``--model`` takes (built-in name, HF hub id, model directory, .gguf
     file), loaded exactly as the CLI loads it; a GGUF is dequantised once and cached (see the README)."""
+    from raygeom.jobspec import GridSettings
     from raygeom.sources.models import load_model as load
     from raygeom.sources.models import resolve_model
 
+    declared(GridSettings, "model", name, "name")
+    if revision is not None:
+        declared(GridSettings, "revision", revision, "revision")
+    device = checked_device("cpu" if device is None else device)
     return load(resolve_model(name, revision), device=device)
 
 
 def load_builtin(name: str = "smollm2", device: str = "cpu"):
     """``(model, tokenizer)`` of a built-in offline model: ``smollm2`` (``smollm2-135m-instruct-q4_1``: SmolLM2-135M-Instruct,
     Q4_1-quantised, dequantised to fp32) or ``gemma3-270m`` (``gemma3-270m-q4_k_m``: Gemma 3 270M base, Q4_K_M)."""
+    from raygeom.jobspec import GridSettings
     from raygeom.sources.models import builtin_names, resolve_model
 
+    declared(GridSettings, "model", name, "name")
     spec = resolve_model(name) if "/" not in name and not name.endswith(".gguf") else None
     if spec is None or spec.kind != "builtin":
         raise InputError(
@@ -90,8 +155,13 @@ def load_builtin(name: str = "smollm2", device: str = "cpu"):
 
 def load_texts(source: str = "bbc", n: int | None = None, seed: int = 0) -> tuple[list[str], list[str] | None]:
     """``(texts, labels)`` of a corpus the CLI's ``--corpus`` takes; ``n`` texts in the CLI's seeded order."""
+    from raygeom.jobspec import CorpusSection
     from raygeom.sources.corpus import load_corpus
 
+    declared(CorpusSection, "name", source, "source")
+    if n is not None:
+        declared(CorpusSection, "n_samples", n, "n")
+    declared(CorpusSection, "seed", seed, "seed")
     corpus = load_corpus(source)
     if n is not None:
         corpus = corpus.sample(n, seed)
@@ -112,6 +182,12 @@ def layer_activations(
     ``"block_05.mlp_out"``) or a list of such parts, parsed by :func:`select_layers` exactly as the CLI parses it.
     ``nll=False`` skips the full-vocabulary LM head and returns NaN NLLs. ``settings`` defaults to the CLI's
     (128 tokens, last-token pooling, batches of 16)."""
+    checked_model(model, tokenizer)
+    texts = checked_strings(texts, "texts", "texts (strings)")
+    if settings is not None and not isinstance(settings, ExtractionSettings):
+        raise InputError(f"settings must be a raygeom.ExtractionSettings or None, got {type(settings).__name__}")
+    if not isinstance(nll, bool):
+        raise InputError(f"nll must be true or false, got {shown(nll)}")
     settings = settings or ExtractionSettings()
     chosen = _chosen_layers(model, layers)
     # As the CLI's replicas extract: one torch thread per batch, as many batches at once as torch has threads here.
@@ -123,20 +199,14 @@ def layer_activations(
 
 
 def _chosen_layers(model, layers: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    from raygeom.sources.layers import select_layers
-
-    if layers is None:
-        layers = "all"
-    if not isinstance(layers, str):
-        layers = ",".join(str(part) for part in layers)
-    return select_layers(model_surgery.layer_names(model), layers)
+    return select_layers(model_surgery.layer_names(checked_model(model)), "all" if layers is None else layers)
 
 
 def layer_names(model) -> list[str]:
     """Every layer name raygeom extracts by default from ``model``, in depth order: ``embed`` (the first block's
     input), ``block_XX`` (each block's output) and ``final_norm``. Points inside blocks (``block_XX.attn_out``,
     ``block_XX.mlp_out``, ``block_XX.resid_mid``) are extracted when named (see :func:`select_layers`)."""
-    return model_surgery.layer_names(model)
+    return model_surgery.layer_names(checked_model(model))
 
 
 def select_layers(all_layers: list[str], selection: str | list[str] = "all") -> list[str]:
@@ -146,22 +216,29 @@ def select_layers(all_layers: list[str], selection: str | list[str] = "all") -> 
     ``a:b`` block ranges (blocks a to b-1), and points inside a block (``block_05.mlp_out``, ``5.attn_out``,
     ``-1.resid_mid``). Integers count blocks only; ``embed`` and ``final_norm`` are named. An unknown part raises
     :class:`InputError`-style :class:`RaygeomError` with one line."""
+    from raygeom.jobspec import GridSettings
     from raygeom.sources.layers import select_layers as select
 
+    all_layers = checked_strings(all_layers, "all_layers", "layer names")
+    if isinstance(selection, (list, tuple)):  # block numbers may be ints, as in a --layers string
+        selection = [str(part) if isinstance(part, int) and not isinstance(part, bool) else part for part in selection]
     if not isinstance(selection, str):
-        selection = ",".join(str(part) for part in selection)
-    return select(list(all_layers), selection)
+        selection = ",".join(checked_strings(selection, "layers", "layer names or block numbers"))
+    return select(all_layers, declared(GridSettings, "layers", selection, "layers"))
 
 
 def unembedding_matrix(model) -> np.ndarray:
     """``W_U`` (V x d, float32 numpy) of an HF causal LM; the input embedding when the model ties them."""
-    return as_array(model_surgery.unembedding(model), np.float32, "W_U")
+    return as_array(model_surgery.unembedding(checked_model(model)), np.float32, "W_U")
 
 
 def readout_basis(w_u, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` right singular vectors (``d x k``, float64) and singular values of ``W_U`` (``V x d``), the readout
     subspace Subspace PGA scores against. ``w_u`` may be a torch tensor (e.g. ``model.lm_head.weight``)."""
-    return pga.readout_basis(as_array(w_u, np.float64, "W_U"), k)
+    from raygeom.params import PGAParams
+
+    declared(PGAParams, "k", k, "k")
+    return pga.readout_basis(matrix(w_u, "W_U", np.float64), k)
 
 
 @dataclass(frozen=True)
@@ -221,14 +298,23 @@ def subspace_pga(
     checked_params(k=k, r=r, n_null=n_null, seed=seed, text_halves=text_halves)
     device = checked_device(device)
     h = matrix(h, "H", np.float32)
+    if (readout is None) == (w_u is None):
+        raise InputError(
+            "give either W_U or a readout basis, not both" if w_u is not None else "give either W_U or a readout basis"
+        )
+    if h.shape[1] <= k:
+        raise InputError(f"k must be below d = {h.shape[1]} (H's width), got {k}")
     if readout is None:
-        if w_u is None:
-            raise InputError("give either W_U or a readout basis")
         w_u = matrix(w_u, "W_U", np.float64)
         if w_u.shape[1] != h.shape[1]:
             raise InputError(f"W_U has shape {w_u.shape} but H has shape {h.shape}; both need the same d")
         readout, _ = pga.readout_basis(w_u, k)
     readout = matrix(readout, "readout", np.float64)
+    if readout.shape[0] != h.shape[1] or readout.shape[1] < k:
+        raise InputError(
+            f"readout must be a d x k' basis with d = {h.shape[1]} (H's) and k' >= k = {k}, got shape {readout.shape}"
+        )
+    rank.check_readout_rank(np.linalg.svd(readout[:, :k], compute_uv=False), k, (h.shape[1], k), "readout")
     # What the CLI would not score is not scored here either: one InputError with the store's "not scored" reason.
     if h.shape[0] < 3:
         raise InputError(f"not scored: pairwise geometry needs at least 3 rows of H, got {h.shape[0]}")
@@ -260,7 +346,14 @@ def dispersion(h) -> float:
     (numpy or torch of any dtype and device)."""
     from raygeom.numerics.dispersion import dispersion as mean_cosine_distance
 
-    return mean_cosine_distance(matrix(h, "H", np.float64))
+    h = matrix(h, "H", np.float64)
+    zero = np.flatnonzero(~h.any(axis=1))
+    if zero.size:
+        raise InputError(
+            f"H row {zero[0]} is a zero vector ({zero.size} of {h.shape[0]} rows): it has no direction, so its cosine "
+            "distance to the others is undefined; every row of H must be nonzero"
+        )
+    return mean_cosine_distance(h)
 
 
 def pga_by_layer(
@@ -280,10 +373,12 @@ def pga_by_layer(
     such as ``"embed,5,-1,final_norm"`` or ``"block_05.mlp_out"``): one dict per layer, in depth order, with its
     index, relative depth and the fields of :class:`PGAResult` (``text_halves`` >= 2 adds the interval over texts).
     A degenerate layer (e.g. every text has the same vector) gets NaN z and its reason in ``note``."""
+    checked_model(model, tokenizer)
+    checked_params(k=k, r=r, n_null=n_null, seed=seed, text_halves=text_halves)
     all_layers = model_surgery.layer_names(model)
     chosen = _chosen_layers(model, layers)
+    basis, _ = pga.readout_basis(unembedding_matrix(model), k)  # k against d and W_U's rank before any forward pass
     activations, _ = layer_activations(model, tokenizer, texts, settings, chosen, nll=False)
-    basis, _ = pga.readout_basis(unembedding_matrix(model), k)
     rows = []
     for name, h in activations.items():
         try:
@@ -395,8 +490,16 @@ def store_analysis(
     from pathlib import Path
 
     from raygeom.analyses import registry
+    from raygeom.jobspec import GridSettings
     from raygeom.store.tree import Store, lock_store
 
+    checked_path(store, "store")
+    declared(GridSettings, "model", model, "model")
+    declared(GridSettings, "revision", revision, "revision")
+    if extraction is not None and (not isinstance(extraction, str) or not extraction.strip()):
+        raise InputError(f"extraction must be a settings key (a non-empty string) or None, got {type(extraction).__name__}")
+    if not isinstance(analysis, str):
+        raise InputError(f"analysis must be a registered analysis's name (a string), got {type(analysis).__name__}")
     spec = registry.get(analysis)
     if spec.extraction != "pooled":
         raise InputError(
@@ -418,7 +521,11 @@ def store_analysis(
         which = f" with settings key {extraction}" if extraction else ""
         raise InputError(f"no complete extraction of {model}@{revision}{which} in {root}")
     stored = list(info.get("layers", []))
-    chosen = stored if layers in ("all", None) else select_layers([*info["all_layers"], *stored], layers)
+    chosen = (
+        stored
+        if layers is None or (isinstance(layers, str) and layers == "all")
+        else select_layers([*info["all_layers"], *stored], layers)
+    )
     missing = [name for name in chosen if name not in stored]
     if missing:
         raise InputError(f"{model}@{revision} in {root} stores no layer {missing[0]} (stored: {', '.join(stored)})")

@@ -17,6 +17,7 @@ MAX_SEED = 2**32 - 1  # numpy's legacy seeds and torch's manual_seed both take 3
 MAX_NULLS = 1_000_000  # random subspaces per layer: z's Monte-Carlo error is far below its bias long before this
 MAX_BOOT = 100_000  # bootstrap resamples: the percentile interval is settled to the third digit well before
 MAX_WIDTH = 65_536  # hidden width d (and so k, r, heads) of any model raygeom can load
+MAX_BLOCKS = 65_536  # blocks (layers) of any model raygeom can load
 MAX_NEIGHBOURS = 65_536  # kNN-LM neighbours of one query
 MAX_TOKENS = 1_048_576  # tokens of one sequence: beyond every model's context
 MAX_COUNT = 10_000_000  # texts, chunks, groups, training steps
@@ -168,7 +169,9 @@ def check_value(cls: type, name: str, value: Any, where: str = "", label: str | 
     spec = next(f for f in fields(cls) if f.name == name)
     meta, kind = spec.metadata, declared_type(cls, name)
     label = label or f"{where}{name}"
-    refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {value!r}")
+    shown = repr(value)
+    shown = shown if "\n" not in shown else type(value).__name__  # an array from the API: the line stays one line
+    refuse = RaygeomError(f"{label} must be {allowed(cls, name)}, got {shown}")
     if kind is bool:
         if not isinstance(value, bool):
             raise refuse

@@ -223,9 +223,15 @@ def units(
     if info is None:
         raise RaygeomError(f"no complete extraction of {model}@{revision} in {store.root}")
     params = for_width(params, info.get("d"))
+    singular = None
     if basis is None:
-        basis = store.read_readout(model, revision, key=info["key"])[0]
+        basis, singular = store.read_readout(model, revision, key=info["key"])
     check_params(info, params, model, basis.shape[1])
+    if singular is not None:  # the API's rule (raygeom.numerics.pga.readout_basis), on the stored singular values
+        from raygeom.numerics.rank import check_readout_rank
+
+        d = int(info["d"])
+        check_readout_rank(singular, params.k, (int(info.get("vocab_size") or d), d), f"the readout of {model}")
     basis = np.ascontiguousarray(basis[:, : params.k])
     device = "cuda" if params.gpus_per_task > 0 else "cpu"
     options = {"num_gpus": params.gpus_per_task} if params.gpus_per_task > 0 else {}

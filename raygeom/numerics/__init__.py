@@ -1,6 +1,7 @@
 """Pure numerics: arrays in, arrays out. No Ray, no files, no models.
 
-The names below load their module on first use (PEP 562), so importing one torch-free module of this package (say
+The names below load their module on first use (PEP 562), each function with its arguments checked
+(:mod:`raygeom.numerics.checks`; the modules' own functions are not), so importing one torch-free module of this package (say
 ``raygeom.numerics.uncertainty``) does not import torch, which ``raygeom.numerics.pga``'s fast path needs."""
 
 from importlib import import_module
@@ -49,6 +50,10 @@ __all__ = sorted(_MODULE_OF)
 def __getattr__(name: str):
     if name in _MODULE_OF:
         value = getattr(import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+        if not isinstance(value, type):  # a function: its arguments checked first (raygeom.numerics.checks)
+            from raygeom.numerics.checks import checked
+
+            value = checked(value)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,6 +35,7 @@ from threadpoolctl import ThreadpoolController
 
 from raygeom.errors import InputError
 from raygeom.numerics.limits import MIN_SAMPLES  # noqa: F401 - re-exported
+from raygeom.numerics.rank import check_readout_rank
 from raygeom.numerics.tensors import shared_tensor
 from raygeom.numerics.ties import Groups, duplicate_groups
 from raygeom.numerics.uncertainty import summarize_null, z_uncertainty  # noqa: F401 - summarize_null re-exported
@@ -67,7 +68,9 @@ def readout_basis(w_u: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     w_u = _check_matrix("W_U", w_u)
     _check_k(k, w_u.shape[1])
     w64 = w_u.astype(np.float64, copy=False)
-    return readout_basis_from_gram(w64.T @ w64, k)
+    basis, singular = readout_basis_from_gram(w64.T @ w64, k)
+    check_readout_rank(singular, k, w_u.shape)
+    return basis, singular
 
 
 def readout_basis_from_gram(gram: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +162,10 @@ def average_ranks(values: np.ndarray, weights: np.ndarray | None = None) -> np.n
     if n == 0:
         return np.empty(0)
     if weights is not None:
-        return _weighted_average_ranks(values, np.asarray(weights, dtype=np.float64).ravel())
+        weights = np.asarray(weights, dtype=np.float64).ravel()
+        if weights.size != n or not (weights >= 1).all():  # O(n), as the ranking itself
+            raise InputError(f"weights must be {n} counts >= 1 (one per value), got {weights.size} values")
+        return _weighted_average_ranks(values, weights)
     order = np.argsort(values)
     sorted_values = values[order]
     starts_group = np.empty(n, dtype=bool)

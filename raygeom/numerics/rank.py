@@ -88,3 +88,19 @@ def check_distinct_distances(values: np.ndarray, n_pairs: int, info: LayerRank, 
             f"{np.unique(np.asarray(values)).size} distinct values over {n_pairs} pairs "
             f"({per_100:.2g} per 100, below {MIN_DISTINCT_PER_100_PAIRS:g})"
         )
+
+
+def readout_rank(singular_values: np.ndarray, shape: tuple[int, int]) -> int:
+    """Numerical rank of ``W_U`` (``shape`` = (V, d)) from its singular values: layer_rank's rule (float32's eps,
+    since weights are float32 or narrower), with sigma_max >= max|W_U| standing for the entries' size."""
+    values = np.asarray(singular_values, dtype=np.float64)
+    top = float(values.max(initial=0.0))
+    return int(np.count_nonzero(values > max(shape) * FLOAT32_EPS * top)) if top > 0 else 0
+
+
+def check_readout_rank(singular_values: np.ndarray, k: int, shape: tuple[int, int], name: str = "W_U") -> None:
+    """Refuse a readout of rank below ``k``: its top-k subspace would hold directions ``W_U`` never reads (their
+    basis vectors are whatever the eigensolver returns for a zero eigenvalue), so z would score noise."""
+    found = readout_rank(singular_values, shape)
+    if found < k:
+        raise InputError(f"{name} ({shape[0]} x {shape[1]}) has rank {found}, below k = {k}: k must be <= the readout's rank")

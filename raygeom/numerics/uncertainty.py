@@ -405,6 +405,8 @@ def jackknife_se(values: Sequence[float], n: int, size: int) -> float:
     (half-sampling) the factor is 1.
     """
     values = _finite_1d("subsample values", values)
+    if not 0 < size < n:
+        raise InputError(f"size must be an integer > 0 and < n = {n} (subsamples of size of n units), got {size}")
     if values.size < 2:
         return float("nan")
     return float(np.sqrt(size / (n - size) * values.var(ddof=1)))

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from raygeom.errors import InputError, RaygeomError
+from raygeom.numerics.checks import shown
+from raygeom.params import MAX_BLOCKS
 from raygeom.sources import layers as layer_position
 
 BYO_VERSION = 1
@@ -100,6 +102,22 @@ def write_activations(
 
     if not isinstance(model, str) or not model or not isinstance(revision, str) or not revision:
         raise InputError("model and revision must be non-empty strings")
+    _checked_arguments(store, model=model, revision=revision, layer=layer, source=source, corpus=corpus)
+    if n_blocks is not None and (
+        isinstance(n_blocks, bool) or not isinstance(n_blocks, (int, np.integer)) or not 1 <= n_blocks <= MAX_BLOCKS
+    ):
+        raise InputError(
+            f"n_blocks must be an integer >= 1 and <= {MAX_BLOCKS:,} (the model's blocks) or None, got {shown(n_blocks)}"
+        )
+    if settings is not None:
+        import json
+
+        try:
+            json.dumps(settings if isinstance(settings, dict) else None, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise InputError(f"settings must be a dict of JSON values (str, numbers, lists, dicts), got {error}") from None
+        if not isinstance(settings, dict):
+            raise InputError(f"settings must be a dict of JSON values or None, got {type(settings).__name__}")
     if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0):
         raise InputError(f"step must be a training step (an integer >= 0) or None, got {step!r}")
     arrays, n, d = _given_arrays(layer, vectors)
@@ -109,6 +127,28 @@ def write_activations(
     root = Path(store)
     with _undone_on_failure(root, model, revision):
         return _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks, source, corpus, settings, step)
+
+
+def _checked_arguments(store, **names) -> None:
+    """The store a path; each of ``names`` (model, revision, layer, source, corpus) a non-empty string that UTF-8
+    can spell (it becomes a file name or a marker field), or None where None is allowed."""
+    import os
+
+    if not isinstance(store, (str, os.PathLike)) or not str(store).strip():
+        raise InputError(f"store must be a path (a non-empty str or os.PathLike), got {type(store).__name__}")
+    try:
+        Path(store).exists()
+    except (OSError, ValueError) as error:  # a name too long, a NUL byte
+        raise InputError(f"store {str(store)!r:.60} is not a usable path: {getattr(error, 'strerror', None) or error}") from None
+    for what, value in names.items():
+        if value is None and what in ("layer", "source", "corpus"):
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise InputError(f"{what} must be a non-empty string, got {type(value).__name__} {shown(value)}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(f"{what} holds a lone surrogate U+{ord(value[error.start]):04X}, which is not text") from None
 
 
 def _checked_texts(values, what: str, n: int) -> list[str] | None:
@@ -124,7 +164,7 @@ def _checked_texts(values, what: str, n: int) -> list[str] | None:
         raise InputError(f"{len(values)} {what} for {n} vectors; give one per row")
     for index, value in enumerate(values):
         if what == "texts" and not isinstance(value, str):
-            raise InputError(f"texts[{index}] must be a string, got {type(value).__name__} {value!r:.40}")
+            raise InputError(f"texts[{index}] must be a string, got {type(value).__name__} {shown(value)}")
         text = value if what == "texts" else str(value)
         try:
             text.encode("utf-8")
@@ -303,6 +343,7 @@ def _write_readout(tree, model: str, revision: str, readout, d: int, previous: d
     write's where it is not)."""
     from raygeom.numerics import pga
     from raygeom.numerics.arrays import as_array
+    from raygeom.numerics.rank import check_readout_rank
 
     if readout is not None:
         w_u = as_array(readout, np.float64, "readout (W_U)")
@@ -311,6 +352,7 @@ def _write_readout(tree, model: str, revision: str, readout, d: int, previous: d
         if not np.isfinite(w_u).all():
             raise InputError("readout contains NaN or inf values")
         basis, singular_values = pga.readout_basis_from_gram(w_u.T @ w_u, min(d - 1, READOUT_COMPONENTS))
+        check_readout_rank(singular_values, 1, w_u.shape, "readout (W_U)")  # a k-rank check waits for the analysis's k
         tree.write_readout(model, revision, basis, singular_values)
         return {"vocab_size": int(w_u.shape[0]), "readout_components": int(basis.shape[1])}
     elif previous is None or not tree.readout_path(model, revision).is_file():

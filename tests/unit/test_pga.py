@@ -150,7 +150,8 @@ def test_ties_share_their_mean_rank():
     "make, message",
     [
         (lambda: subspace_pga(np.ones((10, 5)), np.ones((20, 5)), k=5), "k must satisfy"),
-        (lambda: subspace_pga(np.ones((2, 5)), np.ones((20, 5)), k=2), "at least 3 samples"),
+        (lambda: subspace_pga(np.ones((2, 5)), np.random.default_rng(0).standard_normal((20, 5)), k=2), "at least 3 samples"),
+        (lambda: subspace_pga(np.random.default_rng(0).random((10, 5)), np.ones((20, 5)), k=2), "rank 1, below k = 2"),
         (lambda: subspace_pga(np.full((10, 5), np.nan), np.ones((20, 5)), k=2), "NaN or inf"),
         (lambda: subspace_pga(np.ones((10, 5)), np.ones((20, 4)), k=2), "W_U has d=4"),
         (lambda: ccr(np.random.default_rng(0).random((10, 5)), 5), "CCR rank"),
