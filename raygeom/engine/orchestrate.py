@@ -81,6 +81,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
         raise RaygeomError("num_cpus sets the CPUs of a local Ray; with an address the cluster's nodes have their own")
     if ray.is_initialized():
         return
+    _import_pandas_now()
     # Refs of a layer dropped as degenerate are never fetched; Ray would print each one's traceback.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     handler = signal.getsignal(signal.SIGTERM)
@@ -105,6 +106,17 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, timeout_s
             _start(address, num_cpus, timeout_s)
     finally:
         signal.signal(signal.SIGTERM, handler)
+
+
+def _import_pandas_now() -> None:
+    """pyarrow imports pandas the first time it converts (``to_numpy``, ``Table.from_pylist``), inside Cython code that
+    swallows exceptions: a SIGTERM or Ctrl-C that landed during that import (seconds, on a loaded machine; the first
+    conversion of a run is often its first analysis) raised KeyboardInterrupt into it, and the run went on as if
+    nothing had happened. Imported here, before the work, where an interrupt ends the command."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _lean_local_node(init: Callable) -> Callable:

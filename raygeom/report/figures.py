@@ -82,7 +82,8 @@ def sweep_table(rows: list[dict], zones: list[dict], limit: int = 40) -> Table:
             groups.setdefault((row["model"], row["revision"]), []).append(row)
     table = Table(title=f"Subspace PGA over the sweep ({counted(len(groups), 'model revision')})", title_justify="left")
     for name in ("model", "revision", "step", "layers", "max z ± 95%", "at", "min z ± 95%", "at", "collapse zone"):
-        table.add_column(name, justify="left" if name in ("model", "revision", "at") else "right")
+        # held to 120 columns in a log: a long name wraps whole inside its cell, never cut to "…"
+        table.add_column(name, justify="left" if name in ("model", "revision", "at") else "right", overflow="fold")
 
     def cell(row: dict) -> str:
         interval = interval_bounds(row)

@@ -114,6 +114,20 @@ def _pc1_cases():
     ]
 
 
+def _isotropy_cases():
+    from raygeom.numerics.spectral import spectral_intervals, spectral_summary
+
+    rng = np.random.default_rng(6)
+    round_cloud = rng.normal(size=(200, 8))  # isotropy near 1
+    needle = rng.normal(size=(200, 8)) * np.array([30.0, *[0.05] * 7])  # one direction: near 0
+    middle = rng.normal(size=(200, 8)) * np.linspace(1.0, 4.0, 8)
+    out = []
+    for h in (round_cloud, needle, middle):
+        r = spectral_intervals(h, seed=0, n_half=10)
+        out.append((spectral_summary(h)["isotropy"], r["isotropy_lo"], r["isotropy_hi"]))
+    return out
+
+
 def _probe_cases():
     return [(k / n, *u.wilson_interval(k, n)) for k, n in ((0, 20), (20, 20), (37, 40), (1, 3))]
 
@@ -168,6 +182,8 @@ PLANTED = {
     ("token_dispersion", "sample_dispersion"): _sample_dispersion_cases,
     ("token_dispersion", "group_spearman"): _rank_cases,
     ("token_dispersion", "chunk_spearman"): _rank_cases,
+    ("diagnostics", "loss_share_spearman"): _rank_cases,  # diagnostics._spearman_interval is spearman_with_ci's Fisher
+    ("spectral", "isotropy"): _isotropy_cases,
     **{("slices", f"{kind}_agreement_{level}"): _slice_cases for kind in ("domain", "kmeans") for level in ("token", "sample")},
 }
 
