@@ -51,8 +51,11 @@ def _one_line(stderr: str) -> list[str]:
 
 
 def test_a_raylet_killed_at_every_start_ends_the_command_with_one_line(hub_cache, tiny_corpus, tmp_path):
-    """Each try's raylet is killed the moment it exists: each try gives up at its next look at the node, and after the
-    last one line says why, exit 2, within 60 s of the command's start."""
+    """Each try's raylet is killed the moment it is seen: each try gives up at its next look at the node, and after
+    the last one line says why, exit 2, within 60 s of the command's start. On a loaded machine the kill can land
+    after the raylet registered and before the driver's core worker connected to it: Ray's C++ then ends the process
+    itself (exit 1) with its own one line (`Failed to get the system config from raylet ...`), which Python cannot
+    intercept; one line within 60 s either way."""
     args = ["pga", *TINY, "--n-null", "4", "--k", "8", "--corpus", tiny_corpus, "--out", tmp_path / "out", "--num-cpus", "1"]
     began = time.monotonic()
     process = _run(args, tmp_path)
@@ -66,9 +69,13 @@ def test_a_raylet_killed_at_every_start_ends_the_command_with_one_line(hub_cache
     stdout, stderr = process.communicate(timeout=60)
     took = time.monotonic() - began
     lines = _one_line(stderr)
-    assert process.returncode == 2 and len(lines) == 1, (process.returncode, stderr[-3000:])
-    assert "could not start a local Ray (its raylet exited while it started), 2 tries" in lines[0], lines[0]
-    assert len(killed) == 2 and took < 60, (killed, took)
+    assert process.returncode in (1, 2) and len(lines) == 1 and "Traceback" not in stderr, (process.returncode, stderr[-3000:])
+    if process.returncode == 2:
+        assert "could not start a local Ray (its raylet exited while it started), 2 tries" in lines[0], lines[0]
+        assert len(killed) == 2, killed
+    else:
+        assert "raylet" in lines[0], lines[0]
+    assert killed and took < 60, (killed, took)
     assert not (tmp_path / "out" / "results").exists()
 
 
