@@ -7,6 +7,7 @@ Store.read_layer (which reads the bytes once, hashes them and decodes the Parque
 """
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,5 +42,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured, also into a pipe or a log
     with section_if_asked(__file__):
         main()

@@ -593,5 +593,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured, also into a pipe or a log
     with section_if_asked(__file__):
         main()

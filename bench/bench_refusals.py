@@ -105,6 +105,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # each figure as it is measured, also into a pipe or a log
     with section_if_asked(__file__):
         code = main()
     sys.exit(code)
