@@ -196,6 +196,12 @@ STAGES = {
     "ray.init": ("[extract]\nseq_len = 16\n[analyses.twonn]\n", "raylet"),
     "extraction": ("[extract]\nseq_len = 16\n[analyses.twonn]\n", "ray::Replica"),
     "analysis": ("[analyses.slices]\nchunk_len = 16\nchunks_per_domain = 10\ngroup_size = 5\nn_boot = 100000\n", "ray::_call"),
+    # issue 46 item 6: Ctrl-C during kNN-LM's units printed `(raylet) Task Replica.features_batches failed ... killed
+    # by ray.kill` after the one line; SIGINT here, as a terminal sends it to the foreground group
+    "knn_lm": (
+        "[analyses.knn_lm]\nchunk_len = 16\ntrain_chunks = 12\ntest_chunks = 12\nbootstrap_block = 4\nk = 8\nn_boot = 100000\n",
+        "ray::_call",
+    ),
 }
 
 
@@ -246,16 +252,18 @@ def test_a_group_sigterm_in_a_registered_analysis_and_a_sigkill_leave_no_ray_beh
         time.sleep(0.2 if stage == "ray.init" else 1.0)
         assert process.poll() is None, process.communicate()
         finished = sorted(extracted.glob("activations/**/_COMPLETE.json")) + sorted(extracted.glob("dispersion/**/summary-*"))
-        assert bool(finished) == (stage == "analysis"), finished  # signalled in the stage this case is about
+        if stage != "knn_lm":  # (kNN-LM's features are kept elsewhere; its units run as ray::_call tasks)
+            assert bool(finished) == (stage == "analysis"), finished  # signalled in the stage this case is about
         return process, psutil.Process(process.pid).children(recursive=True)
 
     process, children = start()
-    os.killpg(process.pid, signal.SIGTERM)  # as timeout does: the whole group
+    sent = signal.SIGINT if stage == "knn_lm" else signal.SIGTERM
+    os.killpg(process.pid, sent)  # as timeout (SIGTERM) or a terminal's Ctrl-C (SIGINT) does: the whole group
     began = time.time()
     stdout, stderr = process.communicate(timeout=60)
     # 0.6 s on a quiet machine (docs/reliability.md); 15 s was seen at a load average of 11 on 2 cores, where
     # ray.shutdown's waits dominate: the bound is the loaded CI machine's, not the issue's 10 s
-    assert time.time() - began < 30 and process.returncode == 143, (process.returncode, stderr[-2000:])
+    assert time.time() - began < 30 and process.returncode == 128 + sent, (process.returncode, stderr[-2000:])
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines == ["interrupted; finished units are kept, rerun to resume"], stderr[-2000:]
     assert not psutil.wait_procs(children, timeout=30)[1]
