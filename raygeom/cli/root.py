@@ -71,7 +71,9 @@ def _prepare_ray(address: Optional[str]) -> None:
     """Before anything imports ray: loopback for a local cluster and for a loopback address alike."""
     from raygeom.engine.ray_env import prepare_ray_environment
 
-    if address is None:
+    # Only a Ray this command starts is stopped at its end: one already running in this process (a caller's, or a test
+    # session's) is not, and neither is anything after an earlier command of the same process.
+    if address is None and not ("ray" in sys.modules and sys.modules["ray"].is_initialized()):
         _local_ray["started"] = True
     prepare_ray_environment(address)
 
@@ -223,6 +225,7 @@ def _stop_local_ray() -> None:
     ``ray.shutdown`` leaves running for a while after the raylet is gone."""
     if not _local_ray["started"]:
         return
+    _local_ray["started"] = False
     import psutil
 
     leftovers = psutil.Process().children(recursive=True)
