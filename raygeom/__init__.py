@@ -58,8 +58,8 @@ def write_report(store_root, out=None, overlay=()):
     """Write the interactive HTML report of everything the store at ``store_root`` holds (default
     ``<store>/report.html``, as ``raygeom report STORE`` does) and return its path. ``overlay``: more stores drawn
     in the same figures, one facet each (as ``raygeom report STORE OTHER ...``)."""
-    from raygeom.api import checked_path
     from raygeom.report.html import write_report as write
+    from raygeom.store.activations import checked_path
 
     checked_path(store_root, "store_root")
     if out is not None:

@@ -27,6 +27,7 @@ from raygeom.numerics.checks import shown
 from raygeom.replica.extract import ExtractionSettings, extract_batches
 from raygeom.sources import layers as layer_position
 from raygeom.sources import model_surgery
+from raygeom.store.activations import checked_path
 
 
 def matrix(x, name: str, dtype=np.float64) -> np.ndarray:
@@ -66,20 +67,6 @@ def checked_strings(values, name: str, what: str = "strings") -> list[str]:
         text = f"{name}[{bad}] = {shown(values[bad])}" if values else "an empty list"
         raise InputError(f"{name} must be a non-empty list of {what}, got {text}")
     return list(values)
-
-
-def checked_path(value, name: str):
-    """A path argument: str or os.PathLike, not empty."""
-    import os
-    from pathlib import Path
-
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise InputError(f"{name} must be a path (a non-empty str or os.PathLike), got {shown(value)}")
-    try:
-        Path(value).exists()
-    except (OSError, ValueError) as error:  # a name too long, a NUL byte
-        raise InputError(f"{name} {str(value)!r:.60} is not a usable path: {getattr(error, 'strerror', None) or error}") from None
-    return value
 
 
 _NO_TOKENIZER = object()

@@ -129,17 +129,24 @@ def write_activations(
         return _write(root, model, revision, arrays, n, d, texts, labels, readout, n_blocks, source, corpus, settings, step)
 
 
+def checked_path(value, name: str):
+    """A path argument: str or os.PathLike, not empty."""
+    import os
+
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise InputError(f"{name} must be a path (a non-empty str or os.PathLike), got {shown(value)}")
+    try:
+        Path(value).exists()
+    except (OSError, ValueError) as error:  # a name too long, a NUL byte
+        raise InputError(f"{name} {str(value)!r:.60} is not a usable path: {getattr(error, 'strerror', None) or error}") from None
+    return value
+
+
 def _checked_arguments(store, **names) -> None:
     """The store a path; each of ``names`` (model, revision, layer, source, corpus) a non-empty string that UTF-8
     can spell (it becomes a file name or a marker field), or None where None is allowed."""
-    import os
 
-    if not isinstance(store, (str, os.PathLike)) or not str(store).strip():
-        raise InputError(f"store must be a path (a non-empty str or os.PathLike), got {type(store).__name__}")
-    try:
-        Path(store).exists()
-    except (OSError, ValueError) as error:  # a name too long, a NUL byte
-        raise InputError(f"store {str(store)!r:.60} is not a usable path: {getattr(error, 'strerror', None) or error}") from None
+    checked_path(store, "store")
     for what, value in names.items():
         if value is None and what in ("layer", "source", "corpus"):
             continue
