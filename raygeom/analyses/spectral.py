@@ -26,7 +26,7 @@ def spectral_task(root: str, model: str, revision: str, layer: str, k: int, seed
     basis, _ = Store(root).read_readout(model, revision, key)
     summary = spectral.spectral_summary(h, basis[:, :k])
     summary["pc1_variance_fraction"] = layer_geometry.pc1_variance_fraction(h)
-    return {**summary, **spectral.spectral_intervals(h, seed, halves)}
+    return {**summary, **spectral.spectral_intervals(h, seed, halves, full=summary)}
 
 
 def check_k(info: dict, k: int, model: str) -> None:

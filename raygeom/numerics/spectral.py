@@ -225,7 +225,12 @@ SPECTRAL_INTERVALS = ("rankme", "alpha_req", "isotropy", "condition_number")
 
 
 def spectral_intervals(
-    h: np.ndarray, seed: int = 0, n_half: int = 10, alpha_fit_range: tuple[int, int | None] | None = None, level: float = 0.95
+    h: np.ndarray,
+    seed: int = 0,
+    n_half: int = 10,
+    alpha_fit_range: tuple[int, int | None] | None = None,
+    level: float = 0.95,
+    full: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """An interval over texts for each of :data:`SPECTRAL_INTERVALS`: the delete-half jackknife standard error of the
     metric on ``n_half`` seeded half-samples of the rows (as :func:`pc1_readout_share_interval`), and its normal
@@ -233,7 +238,7 @@ def spectral_intervals(
 
     None (NaN, with ``spectral_interval_note`` saying why) where a half-sample holds fewer rows than ``H`` has
     columns: these metrics count directions, and a half of fewer than d rows spans fewer of them by construction, a
-    bias the jackknife would read as noise."""
+    bias the jackknife would read as noise. ``full``: :func:`spectral_summary` of ``h``, where the caller has it."""
     from raygeom.numerics.uncertainty import bounded_normal_interval, jackknife_se, level_quantile, text_subsamples
 
     h = _checked(h)
@@ -245,7 +250,7 @@ def spectral_intervals(
             out.update({f"{metric}_se": float("nan"), f"{metric}_lo": float("nan"), f"{metric}_hi": float("nan")})
         why = f"half of the N={n} texts is below d={d}" if size < d else f"{n_half} half-samples"
         return {**out, "spectral_half_samples": 0, "spectral_interval_note": f"no interval over texts: {why}"}
-    full = spectral_summary(h, alpha_fit_range=alpha_fit_range)
+    full = full if full is not None else spectral_summary(h, alpha_fit_range=alpha_fit_range)
     halves = [spectral_summary(h[rows], alpha_fit_range=alpha_fit_range) for rows in text_subsamples(n, size, seed, n_half)]
     q = level_quantile(level)
     for metric in SPECTRAL_INTERVALS:
