@@ -383,20 +383,24 @@ def pga_by_layer(
     return rows
 
 
-def _call(step, prepared: list, marker):
+def _call(step, prepared: list, marker, seconds: list[float]):
+    from raygeom.engine.contract import timed
+
     args = []
     for value in step.args:
         if value is marker:
             args.extend(prepared)
         else:
             args.append(value)
-    return step.fn(*args)
+    value, taken = timed(step.fn, *args)
+    seconds.append(taken)
+    return value
 
 
 def _run_units_here(store, units) -> list[dict]:
     """The unit engine's contract, run in this process (no Ray): prepare, parts, finish (asking for more parts where
     ``finish`` does), each unit's rows written as ``results/<analysis>/<key>.parquet``; stored units are read back."""
-    from raygeom.engine.contract import PREPARED, More
+    from raygeom.engine.contract import PREPARED, More, finished_rows
 
     rows = []
     store.record_planned(units)
@@ -404,12 +408,13 @@ def _run_units_here(store, units) -> list[dict]:
         if unit.store_rows and store.has_result(unit.analysis, unit.key):
             rows += store.read_results(unit.analysis, [unit.key]).to_pylist()
             continue
+        seconds: list[float] = []
         try:
-            prepared = [step.fn(*step.args) for step in unit.prepare]
-            values = [_call(step, prepared, PREPARED) for step in unit.parts]
+            prepared = [_call(step, [], PREPARED, seconds) for step in unit.prepare]
+            values = [_call(step, prepared, PREPARED, seconds) for step in unit.parts]
             produced = unit.finish(values)
             while isinstance(produced, More):
-                values += [_call(step, prepared, PREPARED) for step in produced.parts]
+                values += [_call(step, prepared, PREPARED, seconds) for step in produced.parts]
                 produced = unit.finish(values)
         except InputError as error:
             if unit.degenerate is None:
@@ -417,7 +422,7 @@ def _run_units_here(store, units) -> list[dict]:
             produced = unit.degenerate(str(error))
             rows += [produced] if isinstance(produced, dict) else list(produced)
             continue
-        produced = [produced] if isinstance(produced, dict) else list(produced)
+        produced = finished_rows(produced, unit.key, sum(seconds))
         if unit.store_rows:
             store.write_result(unit.analysis, unit.key, produced)
         rows += produced

@@ -7,8 +7,6 @@ however the nulls are split into chunks or tasks. No Ray here: the engine runs t
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from raygeom.analyses.provenance import extraction_columns
@@ -46,7 +44,6 @@ def read_keyed_layer(root: str, model: str, revision: str, layer: str, extractio
 def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extraction_key: str, k: int):
     from raygeom.numerics import pga, rank
 
-    start = time.perf_counter()
     h = read_keyed_layer(root, model, revision, layer, extraction_key)
     # Only what has the rank to be scored is scored: an InputError here is the unit's "not scored" reason.
     info = rank.layer_rank(h)
@@ -55,23 +52,19 @@ def prepare_step(root: str, model: str, revision: str, layer: str, r: int, extra
     prepared = pga.prepare_layer(h, r)
     n = prepared.n_samples
     rank.check_distinct_distances(prepared.centred_full_ranks, n * (n - 1) // 2, info, r)
-    return prepared, time.perf_counter() - start
+    return prepared
 
 
-def readout_step(prepared, basis: np.ndarray, device: str | None) -> tuple[float, float]:
+def readout_step(layer, basis: np.ndarray, device: str | None) -> float:
     from raygeom.numerics import pga
 
-    layer, prepare_seconds = prepared
-    start = time.perf_counter()
-    return pga.subspace_rho(layer, basis, device), time.perf_counter() - start + prepare_seconds
+    return pga.subspace_rho(layer, basis, device)
 
 
-def null_step(prepared, k: int, seed: int, indices: list[int], device: str | None) -> tuple[np.ndarray, float]:
+def null_step(layer, k: int, seed: int, indices: list[int], device: str | None) -> np.ndarray:
     from raygeom.numerics import pga
 
-    layer, _ = prepared
-    start = time.perf_counter()
-    return pga.null_rhos(layer, k, seed, indices, device), time.perf_counter() - start
+    return pga.null_rhos(layer, k, seed, indices, device)
 
 
 def texts_step(
@@ -89,14 +82,13 @@ def texts_step(
 ) -> dict:
     from raygeom.numerics.pga_texts import half_sample_spread
 
-    start = time.perf_counter()
     try:
         spread = half_sample_spread(
             read_keyed_layer(root, model, revision, layer, extraction_key), basis, r, k, seed, n_half=halves, device=device
         )
     except InputError:
         spread = {"rho_texts_se": float("nan"), "margin_texts_se": float("nan"), "n_half_samples": 0}
-    return {**spread, "seconds": time.perf_counter() - start}
+    return spread
 
 
 def texts_columns(rho: float, margin: float, spread: dict | None) -> dict:
@@ -242,30 +234,24 @@ def units(
         key = pga_unit_key(info["key"], layer, params)
 
         def finish(values, layer=layer, key=key):
-            (rho, seconds), *null_parts = values
+            rho, *null_parts = values
             spread = None
             if params.text_halves:  # the texts part sits after the first block's null chunks
                 spread = null_parts.pop(len(chunks))
-                seconds += spread["seconds"]
-            nulls = np.concatenate([part[0] for part in null_parts])
+            nulls = np.concatenate(null_parts)
             if not np.isfinite(rho) or not np.isfinite(nulls).all() or float(np.std(nulls)) == 0.0:
                 raise InputError(f"distances are constant after CCR-{params.r} or the nulls have no spread, so z is undefined")
             extra = more_nulls(params, rho, nulls)
             if extra:
                 return More(tuple(Step(null_step, (PREPARED, params.k, params.seed, chunk, device), options) for chunk in extra))
             result = row(model, revision, layer, info, params, rho, nulls)
-            result.update(
-                texts_columns(rho, rho - result["null_mean"], spread),
-                unit_key=key,
-                cpu_seconds=seconds + sum(part[1] for part in null_parts),
-            )
+            result.update(texts_columns(rho, rho - result["null_mean"], spread), unit_key=key)
             return result
 
         def degenerate(reason: str, layer=layer, key=key) -> dict:
             return {
                 **row(model, revision, layer, info, params, float("nan"), np.array([np.nan]), note=reason),
                 "unit_key": key,
-                "cpu_seconds": 0.0,
             }
 
         out.append(
@@ -344,6 +330,26 @@ class SubspacePGA(Analysis):
     metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
     series = ("k_per_d", "k", "r")
     measured = ("z_half_width",)  # z's 95 % half-width in a row; the --n-null auto target in PGAParams
+    work_words = "(n_null + 1) x N^2"  # every subspace's Spearman over all N^2 pairs
+    headline = ("k", "r", "n_null", "seed")
+
+    def work(self, row: dict) -> float:
+        return (row["n_null"] + 1) * float(row["n"]) ** 2
+
+    def reference_seconds(self, row: dict) -> float | None:
+        from raygeom.analyses.pga_budget import reference_seconds_per_work
+
+        return None if row.get("d") is None else reference_seconds_per_work(row["d"]) * self.work(row)
+
+    def headline_values(self, params: PGAParams) -> dict:
+        return {**super().headline_values(params), "n_null": "auto" if params.n_null_auto else params.n_null}
+
+    def plan_lines(self, plan, cost) -> list[str]:
+        """What ``n_null = "auto"`` may cost for the units still to compute (where a planned PGA has it)."""
+        from raygeom.analyses.pga_budget import budget_lines, job_budget
+
+        budget = job_budget(plan, cost.rate if cost is not None else None)
+        return budget_lines(budget) if budget is not None else []
 
     def units(self, store, model, revision, layers, params: PGAParams, info):
         return units(store, model, revision, layers, params, info=info)

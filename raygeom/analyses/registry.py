@@ -123,6 +123,10 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     command: ClassVar[str | None] = None  # the name of its generated command (raygeom <command>), if not its name
     # CSV name -> a results/ table (e.g. a side table its run writes) whose rows of this run's units --report copies
     tables: ClassVar[dict[str, str]] = {}
+    # What one unit's CPU time scales with (raygeom plan's cost model), in the words plan prints: see work()
+    work_words: ClassVar[str] = "N d min(N, d)"
+    # Settings raygeom plan names in its title (each one value, or the grid's values)
+    headline: ClassVar[tuple[str, ...]] = ()
 
     def reads(self, params, job) -> Reads:
         """The forward pass this analysis reads (see :class:`Reads`): by default the pooled extraction, or, for an
@@ -189,6 +193,27 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         from raygeom.store.tree import content_key
 
         return content_key(self.name, self.version, extraction_key, layer, *key_settings(params))
+
+    def work(self, row: dict) -> float:
+        """The work of one unit, from a row's settings, ``n`` and ``d`` (a stored row, or the settings of a unit still
+        to run): ``raygeom plan`` prices missing units at the CPU-seconds per work of the stored ones. By default
+        N d min(N, d), a decomposition of one layer's N x d matrix; 1 (seconds per unit) where a row has no N or d."""
+        n, d = row.get("n"), row.get("d")
+        return float(n) * d * min(n, d) if n and d else 1.0
+
+    def reference_seconds(self, row: dict) -> float | None:
+        """CPU-seconds of one unit (settings as for :meth:`work`) before a store has measured any, from a benchmark;
+        None: not priced until measured."""
+        return None
+
+    def headline_values(self, params) -> dict:
+        """The :attr:`headline` settings of ``params`` as ``raygeom plan``'s title says them."""
+        return {name: getattr(params, name) for name in self.headline}
+
+    def plan_lines(self, plan, cost) -> list[str]:
+        """Lines ``raygeom plan`` adds for this analysis (``plan``: raygeom.jobs.plan.SweepPlan; ``cost``: its
+        AnalysisCost), e.g. what PGA's ``n_null = "auto"`` may cost."""
+        return []
 
     def check_rows(self, rows: list[dict]) -> None:
         """Rows as the declaration says: each (but a refused layer's, which carries a ``note``) holds every declared

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from raygeom.analyses import registry
 from raygeom.cli.consoles import output_width
 from raygeom.cli.flags import GridSettings, checked, option
 from raygeom.cli.flags import fail as _fail
@@ -100,7 +101,7 @@ def _show_training(job) -> bool:
 def print_per_analysis(plan) -> None:
     """Units and progress per planned analysis (each grid point of an analysis on its own line)."""
     per = plan.per_analysis()
-    if not per or list(per) == ["pga"]:
+    if len(per) <= 1:  # one analysis: the grid line says it all
         return
     table = Table(title="Per analysis", title_justify="left")
     for name in ("analysis", "units", "done", "to compute"):
@@ -131,28 +132,29 @@ def print_passes(job, plan) -> None:
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
-def _pga_grid(job) -> str:
-    """The job's PGA settings as it gives them: one value, or the grid's values (``r = 0, 1, 5``)."""
-    pgas = [item.params for item in job.planned() if item.analysis == "pga"]
-    if not pgas:
-        return ""
+def _headline(job) -> str:
+    """Each planned analysis's :attr:`~raygeom.analyses.registry.Analysis.headline` settings as the job gives them: one
+    value, or the grid's values (``pga k=8, r = 0, 1, 5, n_null=20, seed=0``)."""
 
     def said(name: str, values: list) -> str:
         return f"{name}={values[0]}" if len(values) == 1 else f"{name} = {', '.join(map(str, values))}"
 
-    nulls = list(dict.fromkeys("auto" if p.n_null_auto else p.n_null for p in pgas))
-    words = [said(name, list(dict.fromkeys(getattr(p, name) for p in pgas))) for name in ("k", "r")]
-    return ", " + ", ".join([*words, said("n_null", nulls), said("seed", list(dict.fromkeys(p.seed for p in pgas)))])
+    parts = []
+    for name in dict.fromkeys(item.analysis for item in job.planned()):
+        items = [item for item in job.planned() if item.analysis == name]
+        shown = [item.spec.headline_values(item.params) for item in items]
+        if shown[0]:
+            words = [said(key, list(dict.fromkeys(values[key] for values in shown))) for key in shown[0]]
+            parts.append(f"{name} " + ", ".join(words))
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def _revision_units(revision) -> tuple[int, int]:
-    """(units, done) of one revision over every planned analysis (the [pga] section's alone without [analyses])."""
-    if revision.analysis_units:
-        return (
-            sum(len(units) for units in revision.analysis_units.values()),
-            sum(len(revision.analysis_done.get(name, ())) for name in revision.analysis_units),
-        )
-    return len(revision.units), len(revision.done)
+    """(units, done) of one revision over every planned analysis that reads its pooled extraction."""
+    return (
+        sum(len(units) for units in revision.analysis_units.values()),
+        sum(len(revision.analysis_done.get(name, ())) for name in revision.analysis_units),
+    )
 
 
 def _gpus_in_view(job, gpu_memory_gib) -> bool:
@@ -176,7 +178,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     gpus_shown = _gpus_in_view(job, gpu_memory_gib)
     table = Table(
         title=escape(
-            f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}{_pga_grid(job)})"
+            f"Plan {job.name}: models x revisions x layers  (N={job.n_samples}, seq_len={job.extraction.seq_len}{_headline(job)})"
         ),
         title_justify="left",
     )
@@ -221,19 +223,26 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     print_passes(job, plan)
     _show_weights(plan, settings)
     cost = sweep.estimate(plan)
-    if any(item.analysis == "pga" and item.params.n_null_auto for item in job.planned()):
-        _show_auto_budget(sweep.auto_budget(plan, cost if cost.pga_rate is not None else None))
+    for name, analysis_cost in cost.analyses.items():
+        for line in registry.get(name).plan_lines(plan, analysis_cost):
+            console.print(line, highlight=False, markup=False)
     if cost.measured_extractions == 0 and cost.measured_units == 0:
-        reference = sweep.reference_estimate(plan)
-        if reference is None:
+        gpu_seconds, cpu = sweep.reference_estimate(plan)
+        priced = {name: seconds for name, seconds in cpu.items() if seconds is not None}
+        if not priced and (gpu_seconds is None or not gpus_shown):
             console.print("cost: no measured units in this store yet; run a few revisions first (`raygeom run`), then plan again")
-        else:
-            gpu = f"extraction {reference[0] / 3600:,.1f} GPU-hours (A100), " if gpus_shown else ""
-            console.print(
-                f"cost (no measured units in this store yet; reference rates, see docs/sweeps.md): {gpu}"
-                f"PGA {reference[1] / 3600:,.0f} CPU-hours; "
-                "run a few revisions, then plan again to scale from this store's own unit times"
-            )
+            return
+        gpu = f"extraction {gpu_seconds / 3600:,.1f} GPU-hours (A100), " if gpus_shown and gpu_seconds is not None else ""
+        unpriced = [name for name, seconds in cpu.items() if seconds is None]
+        console.print(
+            "cost (no measured units in this store yet; reference rates, see docs/sweeps.md): "
+            + gpu
+            + ", ".join(f"{name} {seconds / 3600:,.0f} CPU-hours" for name, seconds in priced.items())
+            + (f"; not priced until measured: {', '.join(unpriced)}" if unpriced else "")
+            + "; run a few revisions, then plan again to scale from this store's own unit times",
+            highlight=False,
+            markup=False,
+        )
         return
     stored = ", ".join(f"{label} {count:,}" for label, count in cost.stored.items() if count)
     console.print(
@@ -244,12 +253,21 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
     )
     if cost.extract_rate is not None:
         console.print(f"  forward {cost.extract_rate:.3e} s per parameter-token, loading {cost.load_rate:.3e} s per parameter")
-    if cost.pga_rate is not None:
-        console.print(f"  PGA {cost.pga_rate:.3e} CPU-s per (nulls+1) x N^2")
+    for name, analysis_cost in cost.analyses.items():
+        if analysis_cost.rate is not None:
+            console.print(
+                f"  {name} {analysis_cost.rate:.3e} CPU-s per {analysis_cost.words} ({counted(analysis_cost.measured, 'unit')})",
+                highlight=False,
+                markup=False,
+            )
+    each = ", ".join(f"{name} {sweep.format_seconds(c.remaining_seconds)}" for name, c in cost.analyses.items())
     console.print(
         f"estimate for what is missing: extraction {sweep.format_seconds(cost.remaining_extract_seconds)} "
-        f"of {cost.device} time, PGA {sweep.format_seconds(cost.remaining_pga_seconds)} of CPU time "
-        "(scaled from the measured units; see docs/sweeps.md)"
+        f"of {cost.device} time, analyses {sweep.format_seconds(cost.remaining_analysis_seconds)} of CPU time"
+        + (f" ({each})" if len(cost.analyses) > 1 or cost.remaining_analysis_seconds is None else "")
+        + " (scaled from the measured units; see docs/sweeps.md)",
+        highlight=False,
+        markup=False,
     )
 
 
@@ -279,41 +297,6 @@ def _show_weights(plan, settings) -> None:
         highlight=False,
         markup=False,
     )
-
-
-def _show_auto_budget(budget) -> None:
-    """The nulls and CPU time `--n-null auto` takes for the units to compute (shown where the job's n_null is auto)."""
-
-    def hours(key: str) -> str:
-        value = budget.cpu_seconds[key]
-        return "? CPU-h" if value is None else f"{value / 3600:,.0f} CPU-h"
-
-    if not budget.units:
-        return
-    console.print(f"--n-null auto ({budget.rule}) for the {budget.units:,} units to compute:", highlight=False, markup=False)
-    console.print(
-        f"  pga: {budget.low_nulls:,} to {budget.high_nulls:,} nulls ({budget.low_nulls // budget.units:,} to "
-        f"{budget.high_nulls // budget.units:,} per unit for Gaussian nulls), {hours('low')} to {hours('high')}; "
-        f"fixed --n-null: {budget.fixed_nulls:,} nulls, {hours('fixed')}",
-        highlight=False,
-        markup=False,
-    )
-    if budget.expected_nulls is None:
-        console.print(
-            "  expected: no pilot in this store; run 100 nulls per unit on a few revisions of each model "
-            "(`raygeom run JOB --n-null 100`), then plan again",
-            highlight=False,
-            markup=False,
-        )
-    else:
-        console.print(
-            f"  expected from the z of {budget.pilot_rows:,} stored units (a pilot or an earlier run of the same "
-            f"model and layer): {budget.expected_nulls:,.0f} nulls for {budget.pilot_units:,} of the "
-            f"{budget.units:,} units, {hours('expected')} (the need (1.96 / h)^2 (1 + z^2/2) at the stop half-width h, "
-            "times the pilot's (z_se / delta-method se)^2, in blocks of 100; docs/METRICS.md)",
-            highlight=False,
-            markup=False,
-        )
 
 
 def show_status(job_file: Path, out: Optional[Path]) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import ray
 
-from raygeom.engine.contract import PREPARED, More, Step, Unit  # noqa: F401 - re-exported
+from raygeom.engine.contract import PREPARED, More, Step, Unit, finished_rows, timed
 from raygeom.engine.threads import one_thread
 from raygeom.errors import InputError, RaygeomError
 from raygeom.params import canonical_rows
@@ -27,12 +27,13 @@ PUT_BYTES = 1 << 20  # numpy arguments at least this big travel through the obje
 UNITS_IN_FLIGHT = 4  # units whose tasks are submitted at once: bounds object-store memory, keeps CPUs busy
 
 
-def _call(fn: Callable, *args):
+def _call(fn: Callable, *args) -> tuple:
+    """(value, seconds) as two returns: a part waits on the value alone, the seconds are summed when its unit ends."""
     one_thread()
-    return fn(*args)
+    return timed(fn, *args)
 
 
-_remote_call = ray.remote(max_retries=3)(_call)
+_remote_call = ray.remote(max_retries=3, num_returns=2)(_call)
 
 
 def one_line(error: BaseException, where: str) -> RaygeomError:
@@ -115,15 +116,18 @@ class UnitRunner:
                 args.extend(prepared)
             else:
                 args.append(self._arg(value))
-        ref = _remote_call.options(**step.options).remote(step.fn, *args)
+        ref, seconds = _remote_call.options(**step.options).remote(step.fn, *args)
         self._refs[ref] = (key, index)
+        self._active[key]["seconds"].append(seconds)
 
     def _start(self, unit: Unit) -> None:
-        prepared = []
+        prepared, seconds = [], []
         for step in unit.prepare:
             args = [self._arg(v) for v in step.args]
-            prepared.append(_remote_call.options(**step.options).remote(step.fn, *args))
-        state = {"unit": unit, "prepared": prepared, "values": {}, "parts": list(unit.parts)}
+            value, taken = _remote_call.options(**step.options).remote(step.fn, *args)
+            prepared.append(value)
+            seconds.append(taken)
+        state = {"unit": unit, "prepared": prepared, "values": {}, "parts": list(unit.parts), "seconds": seconds}
         self._active[unit.key] = state
         # Preparation is waited on through the parts that consume it; count it as done once they run.
         for index, step in enumerate(state["parts"]):
@@ -178,8 +182,11 @@ class UnitRunner:
             for offset, step in enumerate(produced.parts):
                 self._submit(key, step, start + offset, state["prepared"])
             return
-        # Each row names its unit, so a unit file read back under another unit's name is recognised as damaged.
-        rows = [{**row, "unit_key": key} for row in ([produced] if isinstance(produced, dict) else produced)]
+        try:
+            seconds = float(sum(ray.get(state["seconds"])))
+        except ray.exceptions.RayError:  # a prepare step no part read failed: its time is unknown, the rows are not
+            seconds = None
+        rows = finished_rows(produced, key, seconds)
         if unit.store_rows:
             self.store.write_result(unit.analysis, key, rows)
         self.rows[key] = rows

@@ -1,6 +1,8 @@
-"""A sweep's plan over models x revisions x layers, from the store's point of view: each revision's layers and
-unit keys, what is done, and the cost estimates (from measured unit times, or a reference GPU) and the null
-budget of --n-null auto.
+"""A job's plan over models x revisions x layers, from the store's point of view: each revision's layers and the unit
+keys of every planned analysis, what is done, and the cost estimates: forward passes from measured extractions (or
+a reference GPU), and each analysis from the CPU-seconds the engine measured on its stored units, scaled by the work
+it declares (``Analysis.work``; before any is measured, its ``reference_seconds``). What an analysis adds to the plan
+of its own (PGA: the null budget of ``n_null = "auto"``) is its ``plan_lines``.
 
 No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.pipeline), so
 `raygeom plan` and `raygeom status` read the store without starting or importing Ray.
@@ -12,12 +14,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
-from raygeom.analyses.pga import PGA_VERSION, pga_unit_key  # noqa: F401 - part of the plan's API
+from raygeom.analyses import registry
 from raygeom.jobs.passes import planned_labels, pooled_reader
-from raygeom.params import AUTO_NULL_BLOCK as AUTO_FIRST_BLOCK
 from raygeom.replica.request import READOUT_COMPONENTS, extraction_key
 from raygeom.sources import revisions as pythia
 from raygeom.sources.layers import layer_names, select_layers
@@ -33,9 +33,8 @@ class RevisionPlan:
     layers: list[str]
     layers_from: str  # store | config | pythia table | unknown
     params: int | None
-    units: dict[str, str]  # layer -> unit key
+    d: int | None  # width: the store's, the config's or the Pythia table's
     extracted: bool
-    done: set[str] = field(default_factory=set)
     marker: dict | None = None
     # Every planned analysis (raygeom.analyses.registry), by its label in planned_labels: layer -> unit key, and done keys
     analysis_units: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -43,9 +42,8 @@ class RevisionPlan:
 
     @property
     def complete(self) -> bool:
-        if self.analysis_units:
-            return all(len(self.analysis_done.get(name, ())) == len(units) for name, units in self.analysis_units.items())
-        return bool(self.units) and len(self.done) == len(self.units)
+        """Every unit of every planned analysis that reads this revision's pooled extraction is stored."""
+        return all(len(self.analysis_done.get(name, ())) == len(units) for name, units in self.analysis_units.items())
 
 
 @dataclass
@@ -59,17 +57,15 @@ class SweepPlan:
 
     @property
     def n_units(self) -> int:
-        return sum(len(r.units) for r in self.revisions)
+        return self.all_units()[0]
 
     @property
     def n_done(self) -> int:
-        return sum(len(r.done) for r in self.revisions)
+        return self.all_units()[1]
 
     def all_units(self) -> tuple[int, int]:
-        """(units, done) of every planned analysis (the [pga] section's alone for a job without [analyses])."""
+        """(units, done) of every planned analysis."""
         per = self.per_analysis()
-        if not per:
-            return self.n_units, self.n_done
         return sum(t for t, _ in per.values()), sum(d for _, d in per.values())
 
     def per_analysis(self) -> dict[str, tuple[int, int]]:
@@ -80,6 +76,10 @@ class SweepPlan:
                 total, done = out.get(name, (0, 0))
                 out[name] = (total + len(units), done + len(revision.analysis_done.get(name, ())))
         return {**out, **self.own}
+
+    def planned_labels(self) -> dict:
+        """The job's planned analyses by label (:func:`raygeom.jobs.passes.planned_labels`)."""
+        return planned_labels(self.job)
 
     def by_model(self) -> dict[str, list[RevisionPlan]]:
         groups: dict[str, list[RevisionPlan]] = {}
@@ -153,8 +153,6 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None, 
             layers, source, params = [], "unknown", None
         if params:
             params_of_model.setdefault(spec.source, params)
-        units = {layer: pga_unit_key(key, layer, job.pga) for layer in layers}
-        done = {layer for layer, unit in units.items() if store.has_result("pga", unit)}
         d = (marker or {}).get("d") or (config or {}).get("hidden_size") or (size.d if size else None)
         analysis_units = {
             label: {layer: item.spec.unit_key(key, layer, item.spec.for_width(item.params, d)) for layer in layers}
@@ -165,9 +163,7 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None, 
             for label, keys in analysis_units.items()
         }
         plans.append(
-            RevisionPlan(
-                spec, key, layers, source, params, units, marker is not None, done, marker, analysis_units, analysis_done
-            )
+            RevisionPlan(spec, key, layers, source, params, d, marker is not None, marker, analysis_units, analysis_done)
         )
     for plan in plans:  # revisions not yet loaded take the measured size of their model
         if plan.marker is None and plan.spec.source in params_of_model:
@@ -180,36 +176,90 @@ def build_plan(job, store: Store | None = None, fingerprint: str | None = None, 
 
 
 @dataclass
+class AnalysisCost:
+    """What one planned analysis costs: CPU-seconds per unit of its declared ``work`` (``Analysis.work``), measured
+    on this store's units, and the CPU-seconds of its units still missing (None: nothing measured to scale from)."""
+
+    words: str  # what its work counts, e.g. "(n_null + 1) x N^2"
+    rate: float | None
+    measured: int  # stored units the rate comes from
+    remaining_seconds: float | None
+
+
+@dataclass
 class CostEstimate:
     measured_extractions: int
     measured_units: int  # stored units of every planned analysis
     extract_rate: float | None  # device-seconds per (parameter x token) of forward pass
     load_rate: float | None  # seconds per parameter to load a revision
-    pga_rate: float | None  # CPU-seconds per ((n_null + 1) x N^2)
     remaining_extract_seconds: float | None
-    remaining_pga_seconds: float | None
     device: str
     stored: dict[str, int] = field(default_factory=dict)  # planned analysis label -> its stored units
+    analyses: dict[str, AnalysisCost] = field(default_factory=dict)  # by analysis name
+
+    @property
+    def remaining_analysis_seconds(self) -> float | None:
+        """CPU-seconds of every analysis's missing units; None when one of them has nothing measured."""
+        seconds = [cost.remaining_seconds for cost in self.analyses.values()]
+        return None if any(s is None for s in seconds) else float(sum(seconds))
 
 
-def pga_units(plan: SweepPlan) -> list[tuple[object, str, bool]]:
-    """(PGA parameters, unit key, stored) of every PGA unit the plan counts: a [pga] section's, or each grid point's
-    of [analyses.pga]."""
+def missing_work(plan: SweepPlan) -> dict[str, list[dict]]:
+    """Analysis name -> the settings of each unit still missing, as its rows will carry them (its parameters at the
+    revision's width, ``n`` and ``d``): what its ``work`` and ``reference_seconds`` price. An analysis with an
+    extraction of its own counts its missing units only (a row each of its parameters)."""
+    from dataclasses import asdict
+
     labels = planned_labels(plan.job)
-    out = []
+    out: dict[str, list[dict]] = {item.analysis: [] for item in labels.values()}
     for revision in plan.revisions:
         for label, units in revision.analysis_units.items():
-            item = labels.get(label)
-            if item is not None and item.analysis == "pga":
-                done = revision.analysis_done.get(label, set())
-                out += [(item.params, unit, layer in done) for layer, unit in units.items()]
+            item = labels[label]
+            settings = {**asdict(item.spec.for_width(item.params, revision.d)), "n": plan.job.n_samples, "d": revision.d}
+            done = revision.analysis_done.get(label, set())
+            out[item.analysis] += [{**settings, "layer": layer} for layer in units if layer not in done]
+    for label, (total, done) in plan.own.items():
+        item = labels[label]
+        out[item.analysis] += [asdict(item.params)] * (total - done)
     return out
 
 
+def measured_rows(plan: SweepPlan, analysis) -> list[dict]:
+    """One stored row per unit of ``analysis`` with the CPU-seconds the engine measured (``cpu_seconds``): the units
+    this plan counts as done (a pooled analysis's), or every unit of it in the store (one with its own extraction)."""
+    labels = planned_labels(plan.job)
+    if analysis.extraction == "pooled":
+        keys = [
+            unit
+            for revision in plan.revisions
+            for label, units in revision.analysis_units.items()
+            if labels[label].analysis == analysis.name
+            for layer, unit in units.items()
+            if layer in revision.analysis_done.get(label, set())
+        ]
+        if not keys:
+            return []
+        table = plan.store.read_results(analysis.results_dir, keys)
+    else:
+        table = (
+            plan.store.read_results(analysis.results_dir)
+            if (plan.store.root / "results" / analysis.results_dir).is_dir()
+            else pa.table({})
+        )
+    if "cpu_seconds" not in table.column_names:
+        return []
+    once = {}
+    for row in table.to_pylist():
+        if row.get("cpu_seconds") is not None and (row.get("note") or "") == "":
+            once.setdefault(row.get("unit_key") or len(once), row)  # the rows of one unit share its seconds
+    return list(once.values())
+
+
 def estimate(plan: SweepPlan) -> CostEstimate:
-    """Scale measured unit times to the units still missing: forward passes by parameters x tokens,
-    loading by parameters, PGA by (n_null + 1) x N^2 (all pairs of N samples for every subspace). The measured units
-    are the stored units of every planned analysis; PGA's give its rate."""
+    """Scale measured times to the units still missing: forward passes by parameters x tokens, loading by
+    parameters, and each analysis by its declared work (``Analysis.work``: PGA's (n_null + 1) x N^2, all pairs of N
+    samples for every subspace; by default N d min(N, d), a decomposition of one layer), from the CPU-seconds the
+    engine measured on its stored units."""
     markers = [
         r.marker for r in plan.revisions if r.marker and r.marker.get("forward_seconds") is not None and r.marker.get("params")
     ]
@@ -219,14 +269,6 @@ def estimate(plan: SweepPlan) -> CostEstimate:
         extract_rate = sum(m["forward_seconds"] for m in markers) / sum(m["params"] * m["tokens"] for m in markers)
         load_rate = sum(m["load_seconds"] for m in markers) / sum(m["params"] for m in markers)
         device = ", ".join(sorted({m.get("device", "?") for m in markers}))
-    units = pga_units(plan)
-    keys = [unit for _, unit, done in units if done]
-    pga_rate = None
-    table = plan.store.read_results("pga", keys) if keys else pa.table({})
-    if table.num_rows and "cpu_seconds" in table.column_names:
-        rows = [row for row in table.select(["cpu_seconds", "n", "n_null"]).to_pylist() if row["cpu_seconds"] is not None]
-        if rows:
-            pga_rate = sum(r["cpu_seconds"] for r in rows) / sum((r["n_null"] + 1) * r["n"] ** 2 for r in rows)
     job = plan.job
     tokens = job.n_samples * job.extraction.seq_len
     if markers:  # measured tokens per sample beat the seq_len bound
@@ -235,154 +277,44 @@ def estimate(plan: SweepPlan) -> CostEstimate:
     remaining_extract = None
     if extract_rate is not None and all(r.params for r in todo):
         remaining_extract = sum(r.params * (tokens * extract_rate + load_rate) for r in todo)
-    remaining_pga = None
-    if pga_rate is not None:
-        remaining_pga = pga_rate * sum((params.n_null + 1) * job.n_samples**2 for params, _, done in units if not done)
+    analyses = {}
+    for name, missing in missing_work(plan).items():
+        spec = registry.get(name)
+        rows = measured_rows(plan, spec)
+        work = sum(spec.work(row) for row in rows)
+        rate = sum(row["cpu_seconds"] for row in rows) / work if rows and work > 0 else None
+        remaining = rate * sum(spec.work(row) for row in missing) if rate is not None else (0.0 if not missing else None)
+        analyses[name] = AnalysisCost(spec.work_words, rate, len(rows), remaining)
     stored = {label: done for label, (_, done) in plan.per_analysis().items()}
-    return CostEstimate(
-        len(markers), sum(stored.values()), extract_rate, load_rate, pga_rate, remaining_extract, remaining_pga, device, stored
-    )
+    return CostEstimate(len(markers), sum(stored.values()), extract_rate, load_rate, remaining_extract, device, stored, analyses)
 
 
-# CPU-seconds of one PGA unit (N=2000, k=100, CCR-1, 100 nulls) by width d, measured on one thread of a
-# 2-core CI machine by `python bench/bench_sweep.py --estimate`; used by `raygeom plan` before a store has
-# measured units of its own. Forward passes: an A100 at an assumed 40% of 312 fp16 TFLOPS.
-REFERENCE_PGA_UNIT_SECONDS = {128: 6.9, 512: 6.7, 2048: 9.1, 5120: 11.9}
+# Forward passes before a store has measured any: an A100 at an assumed 40% of 312 fp16 TFLOPS. An analysis's units
+# are priced by its own reference_seconds (PGA's from bench/bench_sweep.py --estimate).
 REFERENCE_GPU_FLOPS = 0.40 * 312e12
 REFERENCE_LOAD_BYTES_PER_SECOND = 2e9
 
 
-def reference_estimate(plan: SweepPlan) -> tuple[float, float] | None:
-    """(GPU-seconds of extraction, CPU-seconds of PGA) for the missing units, from the reference rates."""
+def reference_estimate(plan: SweepPlan) -> tuple[float | None, dict[str, float | None]]:
+    """(GPU-seconds of extraction, None where a revision's size is unknown; analysis name -> CPU-seconds of its
+    missing units from its reference rate, None where it declares none or a width is unknown)."""
     job = plan.job
-    widths = sorted(REFERENCE_PGA_UNIT_SECONDS)
-    scale = (job.pga.n_null + 1) * job.n_samples**2 / (101 * 2000**2)
-    gpu = cpu = 0.0
+    gpu: float | None = 0.0
     for revision in plan.revisions:
-        size = pythia.size_of(revision.spec.source)
-        d = (revision.marker or {}).get("d") or (size.d if size else None)
-        if revision.params is None or d is None:
-            return None
-        if not revision.extracted and not revision.complete:
-            gpu += revision.params * (
-                2 * job.n_samples * job.extraction.seq_len / REFERENCE_GPU_FLOPS + 2 / REFERENCE_LOAD_BYTES_PER_SECOND
-            )
-        unit = float(np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths]))
-        cpu += (len(revision.units) - len(revision.done)) * unit * scale
-    return gpu, cpu
-
-
-@dataclass
-class AutoBudget:
-    """What ``--n-null auto`` is expected to cost for the units still to compute (``auto_budget``)."""
-
-    rule: str  # the stopping rule in words
-    units: int  # units to compute
-    fixed_nulls: int  # at the job's fixed n_null
-    low_nulls: int  # every unit stops at its first block
-    high_nulls: int  # every unit needs the most the rule can ask for Gaussian nulls (at |z| where the targets meet)
-    expected_nulls: float | None  # from the pilot's z, for the units of models with a pilot
-    pilot_rows: int  # stored units the expectation comes from
-    pilot_units: int  # units to compute whose model has a pilot
-    cpu_seconds: dict[str, float | None]  # fixed, low, high, expected (None where a rate or a width is unknown)
-
-
-def _seconds_per_null(plan: SweepPlan, cost: CostEstimate | None) -> dict[str, float | None]:
-    """CPU-seconds of one subspace scoring of a unit of each model revision: the store's measured rate x N^2,
-    else the reference rate at the model's width (REFERENCE_PGA_UNIT_SECONDS, 101 scorings at N = 2000)."""
-    n = plan.job.n_samples
-    widths = sorted(REFERENCE_PGA_UNIT_SECONDS)
-    out = {}
-    for revision in plan.revisions:
-        if cost is not None and cost.pga_rate is not None:
-            out[revision.key] = cost.pga_rate * n**2
+        if revision.extracted or revision.complete:
             continue
-        size = pythia.size_of(revision.spec.source)
-        d = (revision.marker or {}).get("d") or (size.d if size else None)
-        out[revision.key] = (
-            None
-            if d is None
-            else float(np.interp(d, widths, [REFERENCE_PGA_UNIT_SECONDS[w] for w in widths])) * (n / 2000) ** 2 / 101
+        if revision.params is None:
+            gpu = None
+            break
+        gpu += revision.params * (
+            2 * job.n_samples * job.extraction.seq_len / REFERENCE_GPU_FLOPS + 2 / REFERENCE_LOAD_BYTES_PER_SECOND
         )
-    return out
-
-
-def pilot_z(store: Store) -> tuple[dict[tuple[str, str], tuple[float, float]], int]:
-    """(model, layer) -> (median z, median (z_se / delta-method se)^2) over every intact PGA unit of the store (a pilot
-    of 100 nulls per unit, or any earlier run of the same model), and the number of rows behind it."""
-    table = store.read_results("pga") if (store.root / "results" / "pga").is_dir() else pa.table({})
-    if not table.num_rows or not {"model", "layer", "z", "n_null"} <= set(table.column_names):
-        return {}, 0
-    rows = table.select([c for c in ("model", "layer", "z", "z_se", "n_null") if c in table.column_names]).to_pylist()
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        if row["z"] is not None and np.isfinite(row["z"]):
-            groups.setdefault((row["model"], row["layer"]), []).append(row)
-    out = {}
-    for key, group in groups.items():
-        ratios = [
-            (r["z_se"] / np.sqrt((1 + r["z"] ** 2 / 2) / r["n_null"])) ** 2
-            for r in group
-            if r.get("z_se") is not None and np.isfinite(r["z_se"]) and r["n_null"]
-        ]
-        out[key] = (float(np.median([r["z"] for r in group])), float(np.median(ratios)) if ratios else 1.0)
-    return out, sum(len(group) for group in groups.values())
-
-
-def auto_budget(plan: SweepPlan, cost: CostEstimate | None = None) -> AutoBudget:
-    """Nulls and CPU time of ``--n-null auto`` under the job's rule (max(z_half_width, z_rel_width |z|), cap
-    n_null_cap) for the units still missing: bounds for Gaussian nulls (the first block; the most the rule asks,
-    900 at |z| = 5 for the defaults), and, where the store holds a pilot or an earlier run of the same model and
-    layer, the expected count ``expected_auto_nulls(z, inflation)`` from its z."""
-    from raygeom.numerics.uncertainty import expected_auto_nulls
-
-    pga = plan.job.pga
-    rule = {
-        "target_half_width": pga.z_half_width,
-        "relative_target": pga.z_rel_width or None,
-        "cap": pga.n_null_cap,
-        "min_null": AUTO_FIRST_BLOCK,
-        "block": AUTO_FIRST_BLOCK,
-        "decide_cap": pga.n_null_decide,
-    }
-    per_unit_high = float(expected_auto_nulls(np.linspace(0.0, 200.0, 20_001), **rule).max())
-    per_null = _seconds_per_null(plan, cost)
-    pilot, pilot_rows = pilot_z(plan.store)
-    missing = [(r, layer) for r in plan.revisions for layer in r.layers if layer not in r.done]
-    expected = {}
-    for revision, layer in missing:
-        if (revision.spec.slug, layer) in pilot:
-            z, inflation = pilot[(revision.spec.slug, layer)]
-            expected[(revision.key, layer)] = float(expected_auto_nulls(z, inflation=inflation, **rule))
-    known = all(per_null[r.key] is not None for r, _ in missing)
-
-    def cpu(per_unit) -> float | None:
-        if not known:
-            return None
-        return sum(per_null[r.key] * (per_unit(r, layer) + 1) for r, layer in missing)
-
-    cpu_seconds = {
-        "fixed": cpu(lambda r, layer: pga.n_null),
-        "low": cpu(lambda r, layer: AUTO_FIRST_BLOCK),
-        "high": cpu(lambda r, layer: per_unit_high),
-        "expected": cpu(lambda r, layer: expected.get((r.key, layer), 0.0)) if expected else None,
-    }
-    words = (
-        (f"stop at max({pga.z_half_width:g}, {pga.z_rel_width:g} x |z|)" if pga.z_rel_width else f"stop at {pga.z_half_width:g}")
-        + (f", on while 0 or ±2 is inside, up to {pga.n_null_decide:,}" if pga.n_null_decide else "")
-        + f", cap {pga.n_null_cap:,}"
-    )
-    return AutoBudget(
-        words,
-        len(missing),
-        pga.n_null * len(missing),
-        AUTO_FIRST_BLOCK * len(missing),
-        int(per_unit_high * len(missing)),
-        sum(expected.values()) if expected else None,
-        pilot_rows,
-        len(expected),
-        cpu_seconds,
-    )
+    cpu: dict[str, float | None] = {}
+    for name, missing in missing_work(plan).items():
+        spec = registry.get(name)
+        seconds = [spec.reference_seconds(row) for row in missing]
+        cpu[name] = None if any(s is None for s in seconds) else float(sum(seconds))
+    return gpu, cpu
 
 
 def format_seconds(seconds: float | None) -> str:

@@ -59,7 +59,15 @@ def revisions_rows(plan: SweepPlan, report: IntegrityReport | None = None) -> li
 def plan_rows(plan: SweepPlan, revisions: list[dict]) -> list[dict]:
     """This plan's finished PGA units, each row with its revision's columns (:data:`JOINED`): what the sweep's
     plots, collapse zones and console table are drawn from (the table on disk is the run's, results/pga.parquet)."""
-    keys = [unit for r in plan.revisions for layer, unit in r.units.items() if layer in r.done]
+    labels = plan.planned_labels()
+    keys = [
+        unit
+        for r in plan.revisions
+        for label, units in r.analysis_units.items()
+        if labels[label].analysis == "pga"
+        for layer, unit in units.items()
+        if layer in r.analysis_done.get(label, set())
+    ]
     stored = plan.store.read_results("pga", keys).to_pylist() if keys else []
     by_revision = {(r["model"], r["revision"]): r for r in revisions}
     out = []

@@ -184,3 +184,21 @@ def test_the_piped_log_prints_its_tables_in_one_box_style_that_fits_120_columns(
     assert not [line for line in lines if line.startswith("|")]  # no Markdown table (select, knn, converge had them)
     drawn = [line for line in lines if line[:1] in "┏┃┡│└"]
     assert drawn and max(map(len, drawn)) <= TABLE_WIDTH, max(drawn, key=len)
+
+
+def test_the_engine_times_every_unit_and_plan_prices_every_analysis_from_them(job):
+    """Every unit's rows carry the CPU-seconds the engine measured where its steps ran, whatever the analysis; plan
+    then scales each analysis's missing units from its own stored ones (issue 45: the cost model was PGA's alone)."""
+    workdir, _, _ = job
+    for name, analysis in sorted(registry.analyses().items()):
+        rows = pq.read_table(workdir / "store" / "results" / f"{analysis.results_dir}.parquet").to_pylist()
+        seconds = [row.get("cpu_seconds") for row in rows if not row.get("note")]
+        assert seconds and all(s is not None and s > 0 for s in seconds), (name, seconds[:5])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), COLUMNS="200")
+    again = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", "job.toml"], capture_output=True, text=True, env=env, cwd=workdir
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    priced = set(re.findall(r"^  (\w+) \d\.\d{3}e[+-]\d+ CPU-s per .+ \(\d+ units?\)$", again.stdout, re.M))
+    assert priced == set(registry.analyses()), again.stdout
+    assert re.search(r"analyses 0\.0 s of CPU time \(", again.stdout), again.stdout  # nothing missing, each named

@@ -154,7 +154,8 @@ def test_plan_of_a_fresh_store_estimates_from_measured_units(swept, tmp_path):
     plan = sweep.build_plan(load_job(job_file))
     cost = sweep.estimate(plan)
     assert cost.measured_extractions == 5 and cost.measured_units == UNITS
-    assert cost.extract_rate > 0 and cost.pga_rate > 0 and cost.remaining_pga_seconds == 0
+    pga = cost.analyses["pga"]
+    assert cost.extract_rate > 0 and pga.rate > 0 and pga.remaining_seconds == 0 and pga.measured == UNITS
 
 
 def test_rerun_recomputes_nothing(swept):
@@ -180,7 +181,7 @@ def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
     job = load_job(job_file)
     plan = sweep.build_plan(job)
     revision = next(r for r in plan.revisions if r.spec.revision == "step1000" and r.spec.source.endswith("14m"))
-    path = plan.store.result_path("pga", revision.units["block_01"])
+    path = plan.store.result_path("pga", revision.analysis_units["pga"]["block_01"])
     good = pq.read_table(path).to_pylist()[0]
     path.write_bytes(path.read_bytes()[:40])
     assert sweep.build_plan(job).n_done == UNITS - 1
@@ -268,14 +269,15 @@ def test_the_full_pythia_job_is_every_size_by_154_revisions(monkeypatch):
     plan = sweep.build_plan(job, fingerprint="not-run")
     assert len(plan.revisions) == 10 * 154
     assert plan.n_units == 154 * sum(s.n_blocks + 2 for s in pythia.PYTHIA_SIZES.values()) == 32_956
-    gpu_seconds, cpu_seconds = sweep.reference_estimate(plan)
+    gpu_seconds, cpu = sweep.reference_estimate(plan)
     # 2 x 24.6e9 parameters x 2000 x 128 tokens x 154 revisions at 124.8 TFLOPS, plus loading 2 bytes/parameter at 2 GB/s
     assert gpu_seconds / 3600 == pytest.approx((2 * 24.5876e9 * 256_000 / 124.8e12 + 24.5876e9 * 2 / 2e9) * 154 / 3600, rel=1e-3)
-    rates = sweep.REFERENCE_PGA_UNIT_SECONDS
+    from raygeom.analyses.pga_budget import REFERENCE_PGA_UNIT_SECONDS as rates
+
     per_revision = sum(
         (s.n_blocks + 2) * np.interp(s.d, sorted(rates), [rates[w] for w in sorted(rates)]) for s in pythia.PYTHIA_SIZES.values()
     )
-    assert cpu_seconds == pytest.approx(154 * per_revision, rel=1e-9)
+    assert cpu == {"pga": pytest.approx(154 * per_revision, rel=1e-9)}
     assert job.sweep.gpu_memory_gib == 80 and job.n_samples == 2000
 
 
@@ -301,7 +303,7 @@ def test_plan_counts_the_layers_of_a_built_in_model_before_it_is_ever_loaded(tmp
     plan = sweep.build_plan(dataclasses.replace(job, out=str(tmp_path / "out")), fingerprint="not-run")
     (revision,) = plan.revisions
     assert revision.layers == ["embed", *(f"block_{i:02d}" for i in range(30)), "final_norm"]  # SmolLM2-135M: 30 blocks
-    assert plan.n_units == 32 and not revision.done
+    assert plan.n_units == 32 and not revision.analysis_done["pga"]
 
 
 def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_path):

@@ -119,7 +119,7 @@ def test_a_pga_unit_on_a_planted_low_rank_layer_is_not_scored(tmp_path):
     store.mark_complete("m", "main", {"key": "x", "layers": list(layers), "all_layers": list(layers), "n_samples": N, "d": D})
     with pytest.raises(InputError, match=r"^rank 8 after CCR-1, below k \+ 2 = 10"):
         prepare_step(str(tmp_path), "m", "main", "low", 1, "x", 8)
-    prepared, _ = prepare_step(str(tmp_path), "m", "main", "full", 1, "x", 8)
+    prepared = prepare_step(str(tmp_path), "m", "main", "full", 1, "x", 8)
     assert prepared.corrected.shape == (N, D)
 
 

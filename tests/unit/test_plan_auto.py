@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
+from raygeom.analyses.pga_budget import REFERENCE_PGA_UNIT_SECONDS, job_budget
 from raygeom.jobs import plan as sweep
 from raygeom.jobspec import load_job
 from raygeom.store.tree import Store
@@ -28,8 +29,11 @@ def small_job(tmp_path):
 
 
 def small_plan(tmp_path, monkeypatch):
+    """The small job with ``n_null = "auto"`` (its first block: 100 nulls, the count the job fixes)."""
     monkeypatch.setattr(sweep, "cached_config", lambda spec: None)  # layers from the sizes table
-    job = load_job(small_job(tmp_path))
+    path = small_job(tmp_path)
+    path.write_text(path.read_text().replace("n_null = 100", 'n_null = "auto"'))
+    job = load_job(path)
     plan = sweep.build_plan(job, Store(job.out), fingerprint="not-run")
     assert len(plan.revisions) == 2 and plan.n_units == 16
     return plan
@@ -47,13 +51,13 @@ def need(z: float, inflation: float = 1.0) -> float:
 
 def test_without_a_pilot_plan_gives_the_rule_s_bounds(tmp_path, monkeypatch):
     plan = small_plan(tmp_path, monkeypatch)
-    budget = sweep.auto_budget(plan)
+    budget = job_budget(plan)
     units = 2 * 8
     assert budget.units == units and budget.expected_nulls is None
     assert (budget.low_nulls, budget.fixed_nulls) == (100 * units, 100 * units)
     # Most the rule asks: at |z| = 5 both targets are 0.25, need 61.5 x 13.5 = 830 -> 900.
     assert budget.high_nulls == 900 * units
-    per_scoring = sweep.REFERENCE_PGA_UNIT_SECONDS[128] / 101  # N = 2000 as the reference
+    per_scoring = REFERENCE_PGA_UNIT_SECONDS[128] / 101  # N = 2000 as the reference
     assert budget.cpu_seconds["fixed"] == pytest.approx(units * 101 * per_scoring)
     assert budget.cpu_seconds["high"] == pytest.approx(units * 901 * per_scoring)
 
@@ -68,11 +72,11 @@ def test_a_stored_pilot_gives_the_expected_count_per_unit(tmp_path, monkeypatch)
         store.write_result(
             "pga", f"pilot{i}", {"model": "EleutherAI--pythia-14m", "layer": layer, "z": z, "z_se": se, "n_null": 100}
         )
-    budget = sweep.auto_budget(plan)
+    budget = job_budget(plan)
     expected = 2 * sum(need(z, 2.25 if layer == layers[5] else 1.0) for layer, z in planted.items())
     assert budget.expected_nulls == pytest.approx(expected)
     assert budget.pilot_rows == 8 and budget.pilot_units == 16
-    per_scoring = sweep.REFERENCE_PGA_UNIT_SECONDS[128] / 101
+    per_scoring = REFERENCE_PGA_UNIT_SECONDS[128] / 101
     assert budget.cpu_seconds["expected"] == pytest.approx((expected + 16) * per_scoring)
 
 

@@ -2,6 +2,8 @@
 built-in downloads nothing), GPU columns and GPU-hours only where the job or this machine has GPUs, and the measured
 cost counts the stored units of every planned analysis."""
 
+import pytest
+
 from raygeom.jobs import plan as sweep
 from tests.unit.test_plan_words import plan_of
 
@@ -59,10 +61,19 @@ def test_the_measured_cost_counts_every_analysis(tmp_path):
     (revision,) = built.revisions
     for label, units in revision.analysis_units.items():
         revision.analysis_done[label] = set(units)  # every unit stored
-    rows = pa.table({"cpu_seconds": [1.0], "n": [40], "n_null": [10]})
-    built.store.read_results = lambda name, keys=None: rows if name == "pga" else pa.table({})
+    pga = pa.table({"cpu_seconds": [1.0, 3.0], "n": [40, 40], "n_null": [10, 10], "unit_key": ["a", "b"]})
+    spectral = pa.table({"cpu_seconds": [0.5], "n": [40], "d": [576], "unit_key": ["c"]})
+    built.store.read_results = lambda name, keys=None: {"pga": pga, "spectral": spectral}[name]
     cost = sweep.estimate(built)
     assert cost.measured_units == 3 * 2 and cost.stored == {"pga r=0": 2, "pga r=1": 2, "spectral": 2}
-    assert cost.pga_rate == 1.0 / (11 * 40**2) and cost.remaining_pga_seconds == 0
+    # every analysis's rate: CPU-seconds per its declared work, (n_null + 1) N^2 for PGA, N d min(N, d) by default
+    assert cost.analyses["pga"].rate == 4.0 / (2 * 11 * 40**2) and cost.analyses["pga"].remaining_seconds == 0
+    assert cost.analyses["spectral"].rate == 0.5 / (40 * 576 * 40) and cost.remaining_analysis_seconds == 0
     revision.analysis_done["pga r=1"] = set()  # two PGA units of 10 nulls to compute
-    assert sweep.estimate(built).remaining_pga_seconds == 2 * 11 * 40**2 * cost.pga_rate
+    revision.analysis_done["spectral"] = set(list(revision.analysis_units["spectral"])[:1])  # and one spectral unit
+    missing = sweep.estimate(built)
+    assert missing.analyses["pga"].remaining_seconds == 2 * 11 * 40**2 * cost.analyses["pga"].rate
+    assert missing.analyses["spectral"].remaining_seconds == pytest.approx(0.5)  # smollm2: d = 576, as measured
+    assert missing.remaining_analysis_seconds == pytest.approx(2 * 2.0 + 0.5)
+    revision.analysis_done["spectral"] = set()  # none measured: its missing units are not priced
+    assert sweep.estimate(built).analyses["spectral"].remaining_seconds is None
