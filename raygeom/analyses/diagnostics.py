@@ -377,4 +377,9 @@ def merge_layer_rows(parts: dict[str, list[dict]]) -> list[dict]:
                     "probe_converged": row["converged"],
                 }
             )
+    for name in ("spectral", "pga", "sample_geometry", "probe"):  # a merged row costs its parts' units together
+        for row in parts.get(name, []):
+            target = merged.get((row["model"], row["revision"], row["layer"]))
+            if target is not None and row.get("cpu_seconds") is not None:
+                target["cpu_seconds"] = target.get("cpu_seconds", 0.0) + row["cpu_seconds"]
     return sorted(merged.values(), key=lambda r: (r["model"], r["revision"], r["layer_index"], r.get("relative_depth") or 0.0))

@@ -330,11 +330,13 @@ class SubspacePGA(Analysis):
     metrics = (Metric("z", "Subspace PGA z", "z_lo", "z_hi"),)
     series = ("k_per_d", "k", "r")
     measured = ("z_half_width",)  # z's 95 % half-width in a row; the --n-null auto target in PGAParams
-    work_words = "(n_null + 1) x N^2"  # every subspace's Spearman over all N^2 pairs
     headline = ("k", "r", "n_null", "seed")
 
     def work(self, row: dict) -> float:
         return (row["n_null"] + 1) * float(row["n"]) ** 2
+
+    def work_words(self, row: dict) -> str:
+        return "(n_null + 1) x N^2"  # every subspace's Spearman over all N^2 pairs
 
     def reference_seconds(self, row: dict) -> float | None:
         from raygeom.analyses.pga_budget import reference_seconds_per_work

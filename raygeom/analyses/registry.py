@@ -123,8 +123,6 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
     command: ClassVar[str | None] = None  # the name of its generated command (raygeom <command>), if not its name
     # CSV name -> a results/ table (e.g. a side table its run writes) whose rows of this run's units --report copies
     tables: ClassVar[dict[str, str]] = {}
-    # What one unit's CPU time scales with (raygeom plan's cost model), in the words plan prints: see work()
-    work_words: ClassVar[str] = "N d min(N, d)"
     # Settings raygeom plan names in its title (each one value, or the grid's values)
     headline: ClassVar[tuple[str, ...]] = ()
 
@@ -200,6 +198,10 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         N d min(N, d), a decomposition of one layer's N x d matrix; 1 (seconds per unit) where a row has no N or d."""
         n, d = row.get("n"), row.get("d")
         return float(n) * d * min(n, d) if n and d else 1.0
+
+    def work_words(self, row: dict) -> str:
+        """What :meth:`work` counts for rows like ``row``, as ``raygeom plan`` says it."""
+        return "N d min(N, d)" if row.get("n") and row.get("d") else "unit"
 
     def reference_seconds(self, row: dict) -> float | None:
         """CPU-seconds of one unit (settings as for :meth:`work`) before a store has measured any, from a benchmark;

@@ -109,7 +109,10 @@ def _run(job, address, num_cpus):
     return outputs
 
 
-PGA_FLAGS = {
+# Flags of `raygeom run` for parameters several analyses declare (k: pga, spectral, pc1, convergence, ...; seed: most):
+# each overrides that parameter of every analysis the job runs that declares it (JobSpec.with_overrides). Their
+# declarations (help, rules) are PGAParams', the fullest declaration of them.
+SHARED_PARAMETER_FLAGS = {
     "k": "k",
     "ccr": "r",
     "z_half_width": "z_half_width",
@@ -121,10 +124,10 @@ PGA_FLAGS = {
 }
 
 
-def pga_overrides(values: dict) -> dict:
-    """PGA's parameters given on `raygeom run`'s command line."""
+def parameter_overrides(values: dict) -> dict:
+    """The analyses' parameters given on `raygeom run`'s command line (:data:`SHARED_PARAMETER_FLAGS`)."""
     given = values["given"]
-    chosen = {field: values[name] for name, field in PGA_FLAGS.items() if name in given}
+    chosen = {field: values[name] for name, field in SHARED_PARAMETER_FLAGS.items() if name in given}
     return {**chosen, **n_null_settings(values["n_null"] if "n_null" in given else None)}
 
 
@@ -148,10 +151,11 @@ def run(
     **grid,
 ):
     """Run a job file: extract every model and revision, then every analysis it names ([analyses.<name>]; Subspace
-    PGA of every layer where it names none). Every flag of `raygeom pga` overrides the job's setting of the same name."""
+    PGA of every layer where it names none). A parameter flag (--k, --ccr, --n-null, --seed, ...) overrides that
+    parameter of every analysis the job runs that declares it."""
     values = {**grid, "job": job_file, "out": out, "model": model, "revision": revision, "given": given}
     try:
-        job = grid_job(job_file.stem, values).with_overrides(**pga_overrides(values))
+        job = grid_job(job_file.stem, values).with_overrides(**parameter_overrides(values))
         _run(job, values["address"], values["num_cpus"])
     except RaygeomError as error:
         _fail(str(error))

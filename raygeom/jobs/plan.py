@@ -23,7 +23,7 @@ from raygeom.sources import revisions as pythia
 from raygeom.sources.layers import layer_names, select_layers
 from raygeom.sources.models import ModelSpec, cached_config, config_params
 from raygeom.store.manifest import corpus_fingerprint
-from raygeom.store.tree import Store
+from raygeom.store.tree import Store, read_table
 
 
 @dataclass
@@ -240,12 +240,14 @@ def measured_rows(plan: SweepPlan, analysis) -> list[dict]:
         if not keys:
             return []
         table = plan.store.read_results(analysis.results_dir, keys)
-    else:
-        table = (
-            plan.store.read_results(analysis.results_dir)
-            if (plan.store.root / "results" / analysis.results_dir).is_dir()
-            else pa.table({})
-        )
+    else:  # its units' rows, or, for one that merges its rows anew each run (diagnostics), the table it wrote
+        results = plan.store.root / "results"
+        if (results / analysis.results_dir).is_dir():
+            table = plan.store.read_results(analysis.results_dir)
+        elif (results / f"{analysis.results_dir}.parquet").is_file():
+            table = read_table(results / f"{analysis.results_dir}.parquet")
+        else:
+            table = pa.table({})
     if "cpu_seconds" not in table.column_names:
         return []
     once = {}
@@ -284,7 +286,7 @@ def estimate(plan: SweepPlan) -> CostEstimate:
         work = sum(spec.work(row) for row in rows)
         rate = sum(row["cpu_seconds"] for row in rows) / work if rows and work > 0 else None
         remaining = rate * sum(spec.work(row) for row in missing) if rate is not None else (0.0 if not missing else None)
-        analyses[name] = AnalysisCost(spec.work_words, rate, len(rows), remaining)
+        analyses[name] = AnalysisCost(spec.work_words(rows[0] if rows else {}), rate, len(rows), remaining)
     stored = {label: done for label, (_, done) in plan.per_analysis().items()}
     return CostEstimate(len(markers), sum(stored.values()), extract_rate, load_rate, remaining_extract, device, stored, analyses)
 
