@@ -811,6 +811,14 @@ def summary_lines(store: Store, rows: list[dict]) -> list[str]:
             }
             lines.append("| " + " | ".join(_cell(cells.get(c, "")) for c in columns) + " |")
         lines.append("")
+        no_help = [r["layer"] for r in group if r["lam"] == 0 and "kNN does not help" in (r.get("selection") or "")]
+        if no_help:
+            lines += [
+                f"kNN does not help at {len(no_help)} of {len(group)} layers ({', '.join(no_help)}): no (temperature, "
+                f"lam) of the grid lowers the tuning perplexity by more than {TUNE_RTOL:g} relative, so lam is 0 (the "
+                "base LM) and the temperature undetermined",
+                "",
+            ]
         versus = result["best_vs_runner_up"]
         if versus["runner_up"] is not None:
             verdict = {True: "separated", False: "NOT separated (the interval contains 0)", None: "not compared"}[
