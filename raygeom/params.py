@@ -30,8 +30,15 @@ MAX_Z = 1_000.0  # a z threshold
 # blocks) or 0.1 (block_06 on) and a lam of 0.02-0.05: the earlier scales {0.1, 0.3, 1} put it on their lower edge in
 # 33 of 33 layers. These grids hold every one of those optima inside them with room on both sides; lam up to 0.9 and
 # down to 0.001 for datastores that help more (larger, or close to the held-out text) or less. A lam of 0 or 1 is
-# allowed (no edge: nothing lies beyond it) but not a default: lam = 0 makes every temperature tie.
-KNN_SCALES = "0.001,0.003,0.01,0.03,0.1,0.3,1"
+# allowed (no edge: nothing lies beyond it) but not a default: lam = 0, the base LM, is always compared (kNN may not
+# help at a layer; raygeom.analyses.knn.choose_tuning_point).
+# The scales run from 1e-4 to 100 because the temperature's range has two limits the objective flattens towards: at
+# 1e-4 of the median neighbour distance the weight is the nearest neighbour's alone, at 100 the k neighbours weigh
+# (nearly) the same. On the every-analysis run (chunk_len 128) the optimum lay at one of them in 10 of 54 layers:
+# SmolLM2 block_00/09/10 fall towards equal weights (the objective at 100 within 2e-5 of the limit), block_11/12 are
+# best at 10-30, attn_last at 3e-4; Gemma-3 block_01 at 30, block_13/16/attn_last at 1e-4-3e-4. Within those limits
+# every layer of both models has its optimum inside the grid, up to the tolerance TUNE_RTOL.
+KNN_SCALES = "0.0001,0.0003,0.001,0.003,0.01,0.03,0.1,0.3,1,3,10,30,100"
 KNN_LAMS = "0.001,0.002,0.005,0.01,0.02,0.03,0.05,0.1,0.2,0.3,0.5,0.7,0.9"
 
 

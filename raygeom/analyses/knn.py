@@ -59,8 +59,9 @@ from raygeom.store.tree import (
 
 FEATURES_VERSION = 2  # 2: chunks come from the one tokenize module (BOS as the model was trained)
 # 2: one engine unit per layer, bootstrap interval of the perplexity difference; 3: no interval below BLOCK_MIN blocks
-# (NaN bounds and a note), k never clamped to the datastore, lam at 0 or 1 is no grid edge
-KNN_VERSION = 3
+# (NaN bounds and a note), k never clamped to the datastore, lam at 0 or 1 is no grid edge; 4: choose_tuning_point (lam 0
+# compared always, ties within TUNE_RTOL go to the interior, an edge only when the optimum lies beyond; a selection column)
+KNN_VERSION = 4
 MARKER = "_COMPLETE.json"
 
 
@@ -305,6 +306,70 @@ def grid_edge(value: float, grid: list[float], bounds: tuple[float, float] | Non
 
 
 LAM_BOUNDS = (0.0, 1.0)
+# Tuning perplexities within this relative distance of the best count as equal when (temperature scale, lam) is chosen:
+# 1e-4 (0.01 %, 0.004 at a perplexity of 40) is far above float noise (about 1e-13 here) and far below what could change a
+# reported result: the evaluation half's interval of the perplexity difference is 0.1-1.5 % of the base perplexity
+# wide on the built-in models (delta_se), and the block-bootstrap SE of the tuning difference of two neighbouring grid
+# points is itself 1e-5 to 1e-3. Below it the tuning half cannot tell two points apart in any way that matters.
+TUNE_RTOL = 1e-4
+
+
+def choose_tuning_point(tuning, base: float, scales: list[float], lams: list[float], rtol: float = TUNE_RTOL) -> dict:
+    """The (temperature scale, lam) a layer uses, from ``tuning`` (n_scales, n_lams): the tuning half's perplexity at
+    each grid point (NaN: not tried), and ``base``, the base LM's (lam = 0, the bound of lam's range).
+
+    - lam = 0 (no kNN) when ``base`` is within ``rtol`` (relative) of the best point: kNN does not help at this layer,
+      the temperature is undetermined (``scale_index`` None) and neither grid has an edge.
+    - else, of the points within ``rtol`` of the best, the one on the fewest grid edges, then the lowest: a flat
+      objective that reaches an edge is no optimum beyond it. An edge is flagged (``scale_edge``/``lam_edge``
+      'lower'/'upper') only when the edge point is better than every interior point by more than ``rtol``, so the
+      optimum lies beyond the grid. lam = 1 is a bound as well (no edge).
+
+    Returns scale_index, lam_index (None for lam = 0), tuning_perplexity, scale_edge, lam_edge and ``selection``: what
+    was chosen and why, in words ('' for the plain best of the grid inside both grids)."""
+    grid = np.asarray(tuning, dtype=np.float64)
+    if grid.shape != (len(scales), len(lams)):
+        raise InputError(f"tuning grid of shape {grid.shape} for {len(scales)} scales and {len(lams)} lams")
+    log_grid = np.log(np.where(np.asarray(lams)[None, :] > 0, grid, np.nan))
+    tried = sorted({lams[j] for j in range(len(lams)) if np.isfinite(grid[:, j]).any()})
+    if not np.isfinite(log_grid).any() or np.log(base) - np.nanmin(log_grid) <= rtol:
+        best = float(np.exp(np.nanmin(log_grid))) if np.isfinite(log_grid).any() else float("nan")
+        return {
+            "scale_index": None,
+            "lam_index": None,
+            "tuning_perplexity": float(base),
+            "scale_edge": "",
+            "lam_edge": "",
+            "selection": f"lam 0, the base LM: kNN does not help at this layer (no point of the grid lowers the tuning "
+            f"perplexity {base:.6g} by more than {rtol:g} relative; best {best:.6g}); the temperature is undetermined",
+        }
+    low = np.nanmin(log_grid)
+    candidates = []
+    for i, j in zip(*np.nonzero(np.isfinite(log_grid) & (log_grid - low <= rtol))):
+        edges = (grid_edge(scales[i], scales), grid_edge(lams[j], tried, LAM_BOUNDS))
+        candidates.append((sum(bool(e) for e in edges), log_grid[i, j], int(i), int(j), edges))
+    n_edges, _, i, j, (scale_edge, lam_edge) = min(candidates)
+    a, b = np.unravel_index(np.nanargmin(log_grid), log_grid.shape)
+    if n_edges:
+        where = " and ".join(
+            f"{name} at the {edge} edge" for name, edge in (("temperature scale", scale_edge), ("lam", lam_edge)) if edge
+        )
+        selection = f"{where}: better than every interior point by more than {rtol:g} relative; the optimum may lie beyond"
+    elif (a, b) != (i, j):
+        selection = (
+            f"scale {scales[i]:g}, lam {lams[j]:g}: within {rtol:g} relative of the grid's best (scale {scales[a]:g}, "
+            f"lam {lams[b]:g}, on an edge), a flat objective there; the interior point is kept"
+        )
+    else:
+        selection = ""
+    return {
+        "scale_index": i,
+        "lam_index": j,
+        "tuning_perplexity": float(grid[i, j]),
+        "scale_edge": scale_edge,
+        "lam_edge": lam_edge,
+        "selection": selection,
+    }
 
 
 def _difference_interval(base, other, blocks: np.ndarray, settings: KnnSettings) -> dict:
@@ -367,20 +432,27 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
     n_chunks = int(chunk.max()) + 1
     tune, held = chunk < n_chunks // 2, chunk >= n_chunks // 2
     # (temperature, lam) are chosen on the tuning half only; the other half is reported.
-    best, tried = None, set()
-    for scale in settings.scale_values():
-        temperature = base_temperature * scale
-        knn = knn_log_probs(queries, searched, values, vocab_size, k, temperature, chunk_size=len(queries), targets=targets)
-        for lam in settings.lam_values():
+    scales, lams = settings.scale_values(), settings.lam_values()
+    tuning_grid = np.full((len(scales), len(lams)), np.nan)
+    knn_by_scale = []
+    for i, scale in enumerate(scales):
+        knn = knn_log_probs(
+            queries, searched, values, vocab_size, k, base_temperature * scale, chunk_size=len(queries), targets=targets
+        )
+        knn_by_scale.append(knn)
+        for j, lam in enumerate(lams):
             if lam == 1.0 and not np.isfinite(knn).all():
-                continue
-            tried.add(lam)
-            score = interpolated_perplexity(lm[tune], knn[tune], lam)
-            if best is None or score < best[0]:
-                best = (score, temperature, scale, lam, knn)
-    if best is None:
+                continue  # lam = 1 gives the target probability 0 where no neighbour holds it
+            tuning_grid[i, j] = interpolated_perplexity(lm[tune], knn[tune], lam)
+    if np.isnan(tuning_grid).all():
         raise RaygeomError(f"layer {layer}: lam=1 needs every target among the neighbours; add a lam below 1")
-    tuning, temperature, scale, lam, knn = best
+    choice = choose_tuning_point(tuning_grid, float(np.exp(-lm[tune].mean())), scales, lams)
+    i, j = choice["scale_index"], choice["lam_index"]
+    if i is None:  # lam = 0: the base LM, the temperature plays no part
+        lam, scale, temperature, knn = 0.0, float("nan"), float("nan"), knn_by_scale[0]
+    else:
+        lam, scale, temperature, knn = lams[j], scales[i], base_temperature * scales[i], knn_by_scale[i]
+    tuning = choice["tuning_perplexity"]
     mixed = interpolated_log_probs(lm[held], knn[held], lam)
     knn_ppl = float(np.exp(-mixed.mean()))
     base_ppl = float(np.exp(-lm[held].mean()))
@@ -411,8 +483,9 @@ def evaluate_layer(directory: str, layer: str, settings: KnnSettings, vocab_size
         "delta_hi": interval["hi"],
         "bootstrap_units": interval["n_units"],
         "note": interval["note"],
-        "lam_edge": grid_edge(lam, sorted(tried), LAM_BOUNDS),  # the lams tried (lam = 1 only where it is finite)
-        "scale_edge": grid_edge(scale, settings.scale_values()) if lam > 0 else "",  # lam = 0: every scale ties
+        "lam_edge": choice["lam_edge"],
+        "scale_edge": choice["scale_edge"],
+        "selection": choice["selection"],
         "target_in_neighbours": target_in_neighbours,
         "nearest_is_target": nearest_is_target,
         "k": k,
@@ -738,6 +811,14 @@ def summary_lines(store: Store, rows: list[dict]) -> list[str]:
             }
             lines.append("| " + " | ".join(_cell(cells.get(c, "")) for c in columns) + " |")
         lines.append("")
+        no_help = [r["layer"] for r in group if r["lam"] == 0 and "kNN does not help" in (r.get("selection") or "")]
+        if no_help:
+            lines += [
+                f"kNN does not help at {len(no_help)} of {len(group)} layers ({', '.join(no_help)}): no (temperature, "
+                f"lam) of the grid lowers the tuning perplexity by more than {TUNE_RTOL:g} relative, so lam is 0 (the "
+                "base LM) and the temperature undetermined",
+                "",
+            ]
         versus = result["best_vs_runner_up"]
         if versus["runner_up"] is not None:
             verdict = {True: "separated", False: "NOT separated (the interval contains 0)", None: "not compared"}[

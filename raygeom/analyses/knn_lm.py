@@ -40,7 +40,7 @@ class KnnParams(ChunkShape):
     )
     lams: str = param(
         KNN_LAMS,
-        "Interpolation weights tried; (T, lam) chosen on a tuning half.",
+        "Interpolation weights tried; (T, lam) chosen on a tuning half, against lam 0 (the base LM).",
         nonempty=True,
         flag="--lam",
         rule=number_list(low=0.0, high=1.0),
@@ -86,7 +86,10 @@ class KnnLM(Analysis):
     """kNN-LM layer selection: per layer a datastore, interpolated held-out perplexity; is the max-dispersion layer best?"""
 
     name = "knn_lm"
-    version = 3  # 3: a note column (no interval below 10 blocks), lam_edge/scale_edge declared, k never clamped
+    # 3: a note column (no interval below 10 blocks), lam_edge/scale_edge declared, k never clamped; 4: lam = 0 (the
+    # base LM) always compared, ties within TUNE_RTOL go to an interior point, an edge flagged only when the optimum
+    # lies beyond the grid, a selection column saying what was chosen and why; the scale grid 1e-4-100
+    version = 4
     Params = KnnParams
     title = "kNN-LM layer selection"
     command = "knn"
@@ -108,6 +111,7 @@ class KnnLM(Analysis):
         "scale_edge",
         "lam",
         "lam_edge",
+        "selection",
         "target_in_neighbours",
         "nearest_is_target",
         "n_keys",

@@ -388,3 +388,123 @@ def test_the_default_grids_hold_the_optima_measured_on_smollm2_inside_them():
     # room on both sides: a neighbour of each optimum either way
     assert min(scales) < min(SMOLLM2_OPTIMA["scale"]) and max(scales) > max(SMOLLM2_OPTIMA["scale"])
     assert min(lams) < min(SMOLLM2_OPTIMA["lam"]) and max(lams) > max(SMOLLM2_OPTIMA["lam"])
+
+
+# Issue 45 item 5: an edge is flagged only when the optimum lies beyond the grid; a flat objective is no edge optimum;
+# lam = 0 (the base LM) is the bound of lam's range, "kNN does not help" a result, not an edge.
+
+
+def _write_planted(directory, keys, values, queries, targets, lm, chunks):
+    """A features directory as run_knn writes it, from given arrays (one layer, block_00)."""
+    import pyarrow as pa
+
+    from raygeom.store.tree import atomic_write_table, vector_column
+
+    layer = directory / "layer=block_00"
+    atomic_write_table(pa.table({"vector": vector_column(np.asarray(keys, np.float32))}), layer / "keys.parquet")
+    atomic_write_table(pa.table({"vector": vector_column(np.asarray(queries, np.float32))}), layer / "queries.parquet")
+    atomic_write_table(pa.table({"value": np.asarray(values, np.int64)}), directory / "values.parquet")
+    chunk = np.repeat(np.arange(chunks), len(targets) // chunks).astype(np.int32)
+    atomic_write_table(
+        pa.table({"target": np.asarray(targets, np.int64), "lm_logprob": np.asarray(lm, np.float64), "chunk": chunk}),
+        directory / "targets.parquet",
+    )
+
+
+def test_a_temperature_that_changes_nothing_is_chosen_inside_its_grid_and_flagged_nowhere(tmp_path):
+    # Every key equals every query: all distances are 0, so every temperature gives the same kNN distribution and
+    # the tuning objective is exactly flat in the scale. 6 of each chunk's 10 targets are every key's value.
+    targets = np.tile([0, 0, 0, 0, 0, 0, 1, 2, 3, 4], 4)
+    _write_planted(tmp_path, np.ones((60, 4)), np.zeros(60), np.ones((40, 4)), targets, np.full(40, np.log(0.1)), 4)
+    settings = knn.KnnSettings(
+        chunk_len=11, train_chunks=6, test_chunks=4, k=5, lams="0.1,0.3,0.5,0.7,0.9", temperature_scales="0.1,1,10"
+    )
+    row = knn.evaluate_layer(str(tmp_path), "block_00", settings, 7, "cpu")["row"]
+    # mean log(0.1 + 0.9 lam) * 0.6 + log(0.1 (1 - lam)) * 0.4 is highest at lam = 5/9: 0.5 of the grid
+    assert row["lam"] == 0.5 and row["lam_edge"] == ""
+    assert row["temperature_scale"] == 1.0 and row["scale_edge"] == ""  # the old choice: 0.1, flagged "lower"
+    assert "flat objective" in row["selection"]
+
+
+def test_a_temperature_still_improving_at_the_grid_top_is_flagged_upper_and_the_row_says_why(tmp_path):
+    # Each query's nearest key (distance 0) holds a wrong token, four keys at distance 1 the target of half the
+    # queries: p_knn(target) = 4 e^(-1/T) / (1 + 4 e^(-1/T)) rises with T up to 0.8 at T = inf, beyond any grid.
+    keys = np.array([[1, 0, 0, 0]] + [[1, 1, 0, 0]] * 4 + [[9, 9, 9, 9]] * 55, dtype=float)
+    values = np.array([0] + [1] * 4 + [3] * 55)
+    targets = np.tile([1, 2], 20)
+    _write_planted(tmp_path, keys, values, np.tile([1.0, 0, 0, 0], (40, 1)), targets, np.full(40, np.log(0.1)), 4)
+    settings = knn.KnnSettings(
+        chunk_len=11, train_chunks=6, test_chunks=4, k=5, lams="0.1,0.3,0.5,0.7", temperature_scales="0.1,1,10"
+    )
+    row = knn.evaluate_layer(str(tmp_path), "block_00", settings, 7, "cpu")["row"]
+    assert row["temperature_scale"] == 10.0 and row["scale_edge"] == "upper"
+    assert row["lam"] in (0.3, 0.5) and row["lam_edge"] == ""
+    assert "upper edge" in row["selection"] and "optimum may lie beyond" in row["selection"]
+
+
+def test_a_datastore_that_never_helps_chooses_the_base_lm_and_says_so_not_a_lower_lam_edge(tmp_path):
+    lm, chunk = _planted_features(tmp_path, useless=True)
+    settings = knn.KnnSettings(chunk_len=11, train_chunks=6, test_chunks=4, k=5, temperature_scales="0.1,1,10")
+    row = knn.evaluate_layer(str(tmp_path), "block_00", settings, 7, "cpu")["row"]  # the default lams: 0.001-0.9
+    # the old choice: lam 0.001 (the smallest tried), flagged "lower"
+    assert row["lam"] == 0.0 and row["lam_edge"] == "" and row["scale_edge"] == ""
+    assert row["knn_perplexity"] == pytest.approx(np.exp(-lm[chunk >= 2].mean()), rel=1e-12)
+    assert np.isnan(row["temperature_scale"]) and np.isnan(row["temperature"])  # undetermined, not an edge
+    assert "kNN does not help at this layer" in row["selection"]
+
+
+SCALES, LAMS = [0.01, 0.1, 1.0, 10.0], [0.01, 0.05, 0.2]
+
+
+def _objective(scale_part, lam_part=(0.002, 0.0, 0.003), level=30.0):
+    """A tuning-perplexity grid (scales x lams): level * exp(scale_part[i] + lam_part[j]) (log-perplexity offsets)."""
+    return level * np.exp(np.add.outer(np.asarray(scale_part, float), np.asarray(lam_part, float)))
+
+
+@pytest.mark.parametrize(
+    "scale_part, want, edge",
+    [
+        ([1e-3, 0.0, 0.0, 0.0], 1, ""),  # flat from 0.1 on: the lowest interior, not the edge the argmin may pick
+        ([1e-3, 2e-5, 1e-5, 0.0], 2, ""),  # falls at the edge by less than the tolerance: the best interior point
+        ([1e-2, 5e-3, 2e-3, 0.0], 3, "upper"),  # still falls by 2e-3 at the edge: the optimum lies beyond
+        ([0.0, 5e-3, 6e-3, 7e-3], 0, "lower"),
+        ([3e-3, 0.0, 1e-3, 2e-3], 1, ""),  # an interior optimum, the plain argmin
+    ],
+)
+def test_planted_objectives_choose_the_known_point_and_flag_only_an_optimum_beyond_the_grid(scale_part, want, edge):
+    choice = knn.choose_tuning_point(_objective(scale_part), 40.0, SCALES, LAMS)
+    assert (choice["scale_index"], choice["lam_index"]) == (want, 1)
+    assert choice["scale_edge"] == edge and choice["lam_edge"] == ""
+    assert choice["tuning_perplexity"] == pytest.approx(_objective(scale_part)[want, 1], rel=1e-15)
+    assert ("optimum may lie beyond" in choice["selection"]) == bool(edge)
+
+
+def test_planted_lam_objectives_base_lm_within_tolerance_and_an_optimum_below_the_smallest_lam():
+    grid = _objective([1e-3, 0.0, 1e-3, 2e-3])  # best 30.0 at (0.1, 0.05)
+    for base in (29.0, 30.0, 30.0 * (1 + 0.5 * knn.TUNE_RTOL)):  # better than every point, or within the tolerance
+        choice = knn.choose_tuning_point(grid, base, SCALES, LAMS)
+        assert choice["scale_index"] is None and choice["lam_index"] is None
+        assert choice["scale_edge"] == choice["lam_edge"] == "" and choice["tuning_perplexity"] == base
+        assert "kNN does not help" in choice["selection"] and "temperature is undetermined" in choice["selection"]
+    assert knn.choose_tuning_point(grid, 30.0 * (1 + 2 * knn.TUNE_RTOL), SCALES, LAMS)["lam_index"] == 1
+    # the smallest lam best by more than the tolerance, the base LM worse: the optimum lies in (0, 0.01)
+    choice = knn.choose_tuning_point(_objective([1e-3, 0.0, 1e-3, 2e-3], (0.0, 2e-3, 5e-3)), 31.0, SCALES, LAMS)
+    assert (choice["scale_index"], choice["lam_index"], choice["lam_edge"]) == (1, 0, "lower")
+    # lam = 1 and lam = 0 in the grid are bounds, no edges; a lam column not tried (NaN) is no part of the grid
+    grid = _objective([1e-3, 0.0, 1e-3, 2e-3], (0.0, 1e-3, -2e-3))
+    assert knn.choose_tuning_point(grid, 40.0, SCALES, [0.01, 0.5, 1.0])["lam_edge"] == ""
+    grid[:, 2] = np.nan
+    choice = knn.choose_tuning_point(grid, 40.0, SCALES, [0.01, 0.5, 1.0])
+    assert choice["lam_index"] == 0 and choice["lam_edge"] == "lower"
+
+
+# Tuning optima on the every-analysis run's stored features (bbc, chunk_len 128; grid.py-style scan over scales
+# 1e-4 to 1e4): SmolLM2 block_11/12 at 10-30, attn_last at 3e-4; Gemma-3 block_01 at 30, block_13/16/attn_last at
+# 1e-4-3e-4 (within 1e-5 of each other). The default scales must reach both limits with a point inside.
+EVERY_ANALYSIS_SCALES = (0.0003, 10.0, 30.0)
+
+
+def test_the_default_scales_hold_the_every_analysis_optima_inside_them():
+    scales = knn.KnnSettings().scale_values()
+    for value in EVERY_ANALYSIS_SCALES:
+        assert value in scales and knn.grid_edge(value, scales) == "", value
