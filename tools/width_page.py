@@ -16,7 +16,7 @@ import numpy as np
 
 from raygeom.jobs.gap_ranking import agreement, claim_verdict, correlation_text, step_name
 from raygeom.jobs.tidy import collapse_zones
-from raygeom.jobs.width import TABLES, _at, _is, plot_heatmaps, shapes
+from raygeom.jobs.width import _at, _is, plot_heatmaps, shapes
 from raygeom.numerics.uncertainty import bounded_mean_interval, bounds_of, log_linear_change, spearman_with_ci
 from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure
 
@@ -505,10 +505,8 @@ def read_rows(data_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
     import pyarrow.parquet as pq
 
     meta = json.loads((data_dir / "meta.json").read_text())
-    tables = {}
-    for name in (*TABLES, "evaluations", "gap"):
-        path = data_dir / f"{name}.parquet"
-        tables[name] = pq.read_table(path).to_pylist() if path.is_file() else []
+    tables = dict.fromkeys(("pga", "spectral", "pc1", "probe", "sample_dispersion", "evaluations", "gap"), [])
+    tables |= {path.stem: pq.read_table(path).to_pylist() for path in sorted(data_dir.glob("*.parquet"))}
     return meta, tables
 
 

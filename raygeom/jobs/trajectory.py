@@ -322,7 +322,7 @@ def _layer_names(rows: list[dict]) -> list[str]:
     return [name for _, name in sorted({(r["layer_index"], r["layer"]) for r in rows})]
 
 
-# The rows the trajectory page cites, per table (raygeom.jobs.width.TABLES for the mechanism analyses).
+# The rows the trajectory page cites, per table (raygeom.jobs.width.cited_tables for every analysis with metrics).
 Z_COLUMNS = (
     "model",
     "revision",
@@ -373,7 +373,7 @@ def export_rows(
     import json
     from dataclasses import asdict
 
-    from raygeom.jobs.width import TABLES, job_rows, write_rows
+    from raygeom.jobs.width import cited_tables, job_rows, write_rows
 
     data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -384,9 +384,8 @@ def export_rows(
     write("checkpoints", rows, CHECKPOINT_COLUMNS)
     write("dispersion", by_step, DISPERSION_COLUMNS)
     if job.train is not None and job.planned():
-        for name, table in job_rows(job, store).items():
-            if name in ("pga", "spectral", "pc1", "probe") and table:
-                write(name, table, TABLES[name])
+        for name, kept in cited_tables(job_rows(job, store)).items():
+            write_rows(kept, data_dir / f"{name}.parquet")
     settings = job.trajectory
     meta = {
         "job": job.name,

@@ -18,15 +18,27 @@ from raygeom.jobs.train import completed_trajectory
 from raygeom.report.figures import drawn_once, pyplot, save_figure, save_text
 from raygeom.store.tree import read_table
 
-# The rows the page cites, per table: the run's identity, the point, the number and its interval.
 POINT = ("model", "run", "width", "depth", "run_seed", "step", "revision", "layer", "layer_index", "relative_depth")
-TABLES = {
-    "pga": POINT + ("k", "k_per_d", "r", "n_null", "z", "z_lo", "z_hi"),
-    "spectral": POINT + ("k", "k_per_d", "rankme", "alpha_req", "isotropy", "condition_number"),
-    "pc1": POINT + ("k", "k_per_d", "pc1_readout_share", "pc1_readout_share_lo", "pc1_readout_share_hi", "pc1_readout_chance"),
-    "probe": POINT + ("accuracy", "accuracy_lo", "accuracy_hi", "chance", "n_test"),
-    "sample_dispersion": POINT + ("dispersion", "dispersion_lo", "dispersion_hi"),
-}
+
+
+def cited_columns(analysis) -> tuple[str, ...]:
+    """The columns a page cites of an analysis's rows, from its declaration: the run's identity and the point, the
+    settings that tell its series apart (and those ``raygeom plan`` names), each metric with its interval and chance."""
+    metrics = [c for m in analysis.metrics for c in (m.column, m.lo, m.hi, m.chance) if c]
+    return tuple(dict.fromkeys((*POINT, *analysis.series, *analysis.headline, *metrics)))
+
+
+def cited_tables(rows: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Analysis name -> its rows cut to :func:`cited_columns`, for every analysis with rows that declares metrics."""
+    from raygeom.analyses import registry
+
+    out = {}
+    for name, table in rows.items():
+        analysis = registry.get(name)
+        if table and analysis.metrics:
+            columns = cited_columns(analysis)
+            out[name] = [{c: r.get(c) for c in columns} for r in table]
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,10 +210,8 @@ def export_rows(job, store, data_dir: Path, wall: dict | None = None, gaps: list
     rows = job_rows(job, store)
     if rows.get("pga"):  # the HTML report's width facet reads it; every row keeps the settings that made it
         atomic_write_table(pa.Table.from_pylist(rows["pga"]), store.root / "results" / "width_pga.parquet")
-    for name, columns in TABLES.items():
-        kept = [{c: r.get(c) for c in columns} for r in rows.get(name, [])]
-        if kept:
-            write_rows(kept, data_dir / f"{name}.parquet")
+    for name, kept in cited_tables(rows).items():
+        write_rows(kept, data_dir / f"{name}.parquet")
     write_rows(loss_rows(job), data_dir / "evaluations.parquet")
     if gaps:
         write_rows(gap_rows(gaps), data_dir / "gap.parquet")
