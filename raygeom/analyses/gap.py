@@ -14,6 +14,7 @@ from raygeom.analyses.token_dispersion import (
     check_model,
     chunk_reads,
     chunks_extracted,
+    chunks_per_domain,
     chunks_per_model,
     extraction_of,
     full_corpus,
@@ -107,6 +108,9 @@ class DispersionGap(Analysis):
 
     def check(self, params: GapParams, info: dict, model: str) -> None:
         check_model(params, params.layer, info, model)
+
+    def chunk_counts(self, params, corpus):
+        return chunks_per_domain(params, corpus)
 
     def reads(self, params, job):
         return chunk_reads(params, job)

@@ -134,6 +134,15 @@ class KnnLM(Analysis):
         except RaygeomError as error:
             raise RaygeomError(f"[analyses.{self.name}] {error}") from None
 
+    def chunk_counts(self, params: KnnParams, corpus):
+        from raygeom.analyses.knn import split_corpus
+
+        train, test = split_corpus(corpus, params.heldout_fraction, params.seed)
+        return [
+            ("train_chunks", params.train_chunks, params.chunk_len, params.seed, train.texts, None, "the datastore half of "),
+            ("test_chunks", params.test_chunks, params.chunk_len, params.seed, test.texts, None, "the held-out half of "),
+        ]
+
     def console(self, rows, store=None):
         from raygeom.analyses.knn import summary_lines
 

@@ -346,6 +346,13 @@ class SubspacePGA(Analysis):
     def headline_values(self, params: PGAParams) -> dict:
         return {**super().headline_values(params), "n_null": "auto" if params.n_null_auto else params.n_null}
 
+    def check_texts(self, params: PGAParams, corpus, width: int | None, words: dict) -> str | None:
+        # k_per_d gives each width its own k: checked at the widest width known before any model loads (a [train]
+        # run's); other models' units are refused by rank when they load.
+        if params.k_per_d and width is None:
+            return None
+        return check_corpus(corpus.name, corpus.texts, for_width(params, width), words)
+
     def plan_lines(self, plan, cost) -> list[str]:
         """What ``n_null = "auto"`` may cost for the units still to compute (where a planned PGA has it)."""
         from raygeom.analyses.pga_budget import budget_lines, job_budget

@@ -154,6 +154,18 @@ class Analysis(abc.ABC, metaclass=_AnalysisMeta):
         """Refuse a job this analysis can never run on (e.g. one model for a comparison of models): called when a job
         file is read and before a command's work, so a job-file analysis and its command refuse the same things."""
 
+    def check_texts(self, params, corpus, width: int | None, words: dict) -> str | None:
+        """Refuse, before any work, a text sample this analysis can never score (``width``: the widest model's d
+        where it is known before any loads, else None; ``words``: how the messages name parameters). Returns a line
+        to print about the sample (e.g. that some texts repeat), or None."""
+        return None
+
+    def chunk_counts(self, params, corpus) -> list[tuple[str, int, int, int, list[str], list | None, str]]:
+        """The chunk counts this analysis asks of ``corpus``, which the corpus bounds: (its key, count, chunk_len,
+        seed, the texts it cuts them from, their labels (None: unlabelled), what part of the corpus they are, as a
+        message says it). ``plan`` and ``run`` refuse a count the corpus cannot give before any work."""
+        return []
+
     def console(self, rows: list[dict], store=None) -> list[str]:
         """The lines a run prints of this job's rows (plain text; ``store``: where they are, for what they decide);
         empty: the generic table of its metrics or columns."""

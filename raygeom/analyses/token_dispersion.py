@@ -129,6 +129,12 @@ def chunk_units(store, job, specs: list, params: ChunkParams) -> tuple[int, int]
     return len(keys), sum(store.has_result("dispersion_layers", key) for key in keys)
 
 
+def chunks_per_domain(params, corpus) -> list[tuple]:
+    """A chunk analysis's one count the corpus bounds (:meth:`Analysis.chunk_counts`): chunks_per_domain of every
+    labelled domain."""
+    return [("chunks_per_domain", params.chunks_per_domain, params.chunk_len, params.seed, corpus.texts, corpus.labels, "")]
+
+
 class ChunkAnalysis(Analysis):
     """An analysis of the chunk extraction's layer rows."""
 
@@ -147,6 +153,9 @@ class ChunkAnalysis(Analysis):
 
     def check(self, params: ChunkParams, info: dict, model: str) -> None:
         check_model(params, params.gap_layer, info, model)
+
+    def chunk_counts(self, params, corpus):
+        return chunks_per_domain(params, corpus)
 
     def reads(self, params, job):
         return chunk_reads(params, job)

@@ -210,26 +210,20 @@ def chunk_supply(texts: list[str], labels, chunk_len: int, count: int, seed: int
 
 
 def check_chunk_counts(job, specs: list[ModelSpec], corpus) -> None:
-    """Every chunk count the corpus bounds (a chunk analysis's chunks_per_domain, kNN-LM's train_chunks and
-    test_chunks), before Ray starts: they were refused after 37-48 s, once a replica had tokenized the corpus."""
-    from raygeom.analyses.knn import split_corpus
-
-    wanted = []  # (section, key, count, chunk_len, seed, texts, labels)
-    for item in job.planned():
-        p, section = item.params, f"[analyses.{item.analysis}]"
-        if item.spec.extraction == "chunks":
-            wanted.append((section, "chunks_per_domain", p.chunks_per_domain, p.chunk_len, p.seed, corpus.texts, corpus.labels))
-        elif item.spec.extraction == "knn":
-            train, test = split_corpus(corpus, p.heldout_fraction, p.seed)
-            wanted.append((section, "train_chunks", p.train_chunks, p.chunk_len, p.seed, train.texts, None))
-            wanted.append((section, "test_chunks", p.test_chunks, p.chunk_len, p.seed, test.texts, None))
+    """Every chunk count the corpus bounds (each analysis's ``chunk_counts``: a chunk analysis's chunks_per_domain,
+    kNN-LM's train_chunks and test_chunks), before Ray starts: they were refused after 37-48 s, once a replica had
+    tokenized the corpus."""
+    wanted = [  # (section, key, count, chunk_len, seed, texts, labels, part)
+        (f"[analyses.{item.analysis}]", *demand)
+        for item in job.planned()
+        for demand in item.spec.chunk_counts(item.params, corpus)
+    ]
     files = sorted({path.resolve() for path in map(tokenizer_file, specs) if path is not None}) if wanted else []
     tokenizers = [tokenizer for tokenizer in map(read_tokenizer, files) if tokenizer is not None] or [None]
-    for section, key, count, chunk_len, seed, texts, labels in wanted:
+    for section, key, count, chunk_len, seed, texts, labels, half in wanted:
         for tokenizer in tokenizers:
             domain, have, by_bytes = chunk_supply(texts, labels, chunk_len, count, seed, tokenizer)
             if domain:
-                half = {"train_chunks": "the datastore half of ", "test_chunks": "the held-out half of "}.get(key, "")
                 whose = f"domain '{domain}' of corpus '{corpus.name}'" if labels else f"{half}corpus '{corpus.name}'"
                 bound = " whatever the tokenizer" if by_bytes else ""
                 flag = f"--{key.replace('_', '-')}"  # a command's flags, where no job file named it
@@ -252,19 +246,10 @@ def check_store(root: str | Path) -> None:
 
 
 def check_corpus(job, corpus) -> str | None:
-    """Refuse a sample with fewer distinct texts than a planned PGA needs; the line saying how many are distinct when
-    some repeat (None when all are)."""
-    from raygeom.analyses.pga import check_corpus as pga_corpus
-    from raygeom.params import for_width
-
-    # k_per_d gives each width its own k: the widest [train] run needs the most texts. Other models' widths are not
-    # known before they load; their units are refused by rank there.
-    widest = max((run.settings.hidden_size for run in job.trains), default=None)
-    lines = [
-        pga_corpus(corpus.name, corpus.texts, for_width(item.params, widest), words(job, item))
-        for item in job.planned()
-        if item.analysis == "pga" and (widest or not item.params.k_per_d)
-    ]
+    """Refuse a sample that a planned analysis can never score (each analysis's ``check_texts``, e.g. fewer distinct
+    texts than PGA needs); the first line an analysis says of it (e.g. how many texts are distinct when some repeat)."""
+    widest = max((run.settings.hidden_size for run in job.trains), default=None)  # the only width known before a load
+    lines = [item.spec.check_texts(item.params, corpus, widest, words(job, item)) for item in job.planned()]
     return next((line for line in lines if line), None)
 
 

@@ -788,3 +788,29 @@ def test_a_plugin_that_fails_to_load_costs_one_warning_line_and_every_command_wo
         "warning: raygeom.renderers entry point 'broken_drawing' (broken_pkg.analysis) not loaded: ModuleNotFoundError: "
         "No module named 'no_such_module_anywhere'"
     ]
+
+
+@pytest.mark.parametrize("name", sorted(ANALYSES))
+def test_every_analysis_declares_what_plan_prices_and_checks(name):
+    """What `raygeom plan` asks of every analysis, plugins included (issue 45: plan names no analysis): a positive work
+    for a unit's settings with the words that say what it counts, a reference rate that is a positive number or
+    none, headline settings that are its parameters, and the chunk counts and text checks plan and run make before
+    any work, well formed on a small labelled corpus."""
+    from dataclasses import asdict
+
+    from raygeom.sources.corpus import Corpus
+
+    analysis = ANALYSES[name]
+    params = analysis.Params()
+    row = {**asdict(analysis.for_width(params, 64)), "n": 40, "d": 64}
+    assert analysis.work(row) > 0 and isinstance(analysis.work_words(row), str) and analysis.work_words(row)
+    reference = analysis.reference_seconds(row)
+    assert reference is None or reference > 0
+    assert set(analysis.headline_values(params)) <= {f.name for f in fields(params)}
+    texts = [f"text number {i} " + "word " * (20 + i % 50) for i in range(200)]
+    corpus = Corpus("planted", texts, [f"topic{i % 3}" for i in range(200)])
+    for key, count, chunk_len, seed, cut, labels, part in analysis.chunk_counts(params, corpus):
+        assert getattr(params, key) == count and chunk_len == params.chunk_len and seed == params.seed, key
+        assert set(cut) <= set(texts) and (labels is None or len(labels) == len(cut)) and isinstance(part, str)
+    said = analysis.check_texts(params, corpus, 64, {"k": "--k", "r": "--ccr", "n_samples": "--n-samples"})
+    assert said is None or isinstance(said, str)
