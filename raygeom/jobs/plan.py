@@ -2,7 +2,7 @@
 unit keys, what is done, and the cost estimates (from measured unit times, or a reference GPU) and the null
 budget of --n-null auto.
 
-No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.pipeline), so
+No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.run), so
 `raygeom plan` and `raygeom status` read the store without starting or importing Ray.
 """
 
