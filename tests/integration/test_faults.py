@@ -87,7 +87,7 @@ CLUSTER_SCRIPT = textwrap.dedent("""
     report["killed"] = True
     thread.join(timeout=300)
     report["error"] = outcome.get("error")
-    report["rows"] = outcome["outputs"].rows if "outputs" in outcome else None
+    report["rows"] = len(outcome["outputs"].over_revisions["pga"].rows) if "outputs" in outcome else None
     report["alive_after"] = len([n for n in ray.nodes() if n["Alive"]])
 
     # Fake GPUs: a node with 2 GPUs and no CPUs; replicas go there by their num_gpus alone.
