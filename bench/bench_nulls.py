@@ -13,7 +13,7 @@ On real layers of the built-in models (extracted through raygeom's own API, `ray
   the **new rule + decide** is the default of today's CLI: the new rule and, below `--decide` (500) nulls, on
   while z's interval holds 0, -2 or 2 (`--n-null-decide`);
 - nulls and CPU time: each rule's count times the layer's measured CPU seconds per null;
-- decisions (sign of z, |z| > 2, collapse zone as `raygeom.jobs.tidy.collapse_zones` decides it on the
+- decisions (sign of z, |z| > 2, collapse zone as `raygeom.report.pga_sweep.collapse_zones` decides it on the
   intervals, and each model's lowest layer) of `--replicates` independent runs of the new rule with and without
   the decision clause (and of the old rule's run on seed 0), against a reference run of `--ref-nulls` nulls on a
   seed of its own; and what <= 1 % differing decisions would cost a rule that knew every z (`decision_floor`);
@@ -156,7 +156,7 @@ def row(model: str, layer: str, names: list[str], rho: float, nulls: np.ndarray,
 
 
 def _zones(rows: list[dict]) -> set[tuple[str, str]]:
-    from raygeom.jobs.tidy import collapse_zones
+    from raygeom.report.pga_sweep import collapse_zones
 
     return {(z["model"], layer) for z in collapse_zones(rows) for layer in z["zone_layers"].split(",") if layer}
 
@@ -169,7 +169,7 @@ def _at(r: dict, end: str) -> dict:
 def decisions(rows: list[dict]) -> dict[tuple, tuple[object, bool]]:
     """Every decision a reader takes from one run, with whether the run's own 95 % interval backs it: per layer the
     sign and |z| > 2 (backed when the interval excludes 0, or -2 and 2), the collapse zone as
-    `raygeom.jobs.tidy.collapse_zones` decides it on the intervals (backed when every z inside the intervals
+    `raygeom.report.pga_sweep.collapse_zones` decides it on the intervals (backed when every z inside the intervals
     gives the same answer: a late layer's zone membership grows as its own z falls and as the early layers' z rise, so
     the two extreme corners decide it); per model the lowest layer (backed when its interval lies below every other
     layer's)."""

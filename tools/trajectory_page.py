@@ -16,12 +16,12 @@ from raygeom.jobs.gap_ranking import (
     rank_interval,
     step_name,
 )
-from raygeom.jobs.tidy import collapse_zones
 from raygeom.jobs.trajectory import _layer_names
 from raygeom.jobs.trajectory_report import _f, organisation_summary, pick_layers, verdict_early
 from raygeom.jobs.width import plot_heatmaps
 from raygeom.numerics.uncertainty import spearman_with_ci
 from raygeom.report.figure_keys import drawn_once
+from raygeom.report.pga_sweep import collapse_zones
 from tools.width_page import (
     REGENERATE,
     SPECTRAL_TABLE,

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from raygeom.jobs.gap_ranking import agreement, claim_verdict, correlation_text, step_name
-from raygeom.jobs.tidy import collapse_zones
 from raygeom.jobs.width import _at, _is, plot_heatmaps, shapes
 from raygeom.numerics.uncertainty import bounded_mean_interval, bounds_of, log_linear_change, spearman_with_ci
 from raygeom.report.figures import drawn_once, interval_bounds, pyplot, save_figure
+from raygeom.report.pga_sweep import collapse_zones
 
 SPECTRAL = ("rankme", "alpha_req", "isotropy")
 # The columns of a table of spectral metrics against z over points (after the points' own columns)

@@ -84,7 +84,8 @@ def check_num_cpus(num_cpus: Optional[int]) -> None:
 
 
 def _run(job, address, num_cpus):
-    from raygeom.jobs.pipeline import run_job, run_sweep_job
+    from raygeom.jobs.run import run
+    from raygeom.jobs.write import print_not_scored
 
     check_num_cpus(num_cpus)
     if job.train is not None or job.trajectory is not None:  # train, then sweep the checkpoints
@@ -95,17 +96,9 @@ def _run(job, address, num_cpus):
         _prepare_ray(address)
         return run_trajectory_job(job, console, address=address, num_cpus=num_cpus)
     _prepare_ray(address)
-    if job.sweep is not None:  # a job file with a [sweep] section
-        return run_sweep_job(job, console, address=address, num_cpus=num_cpus)
-    outputs = run_job(job, console, address=address, num_cpus=num_cpus)
-    for row in (row for rows in outputs.rows.values() for row in rows):
-        if row.get("note"):
-            errors.print(
-                f"[yellow]not scored[/] {escape(row['model'])}@{escape(row['revision'])} {escape(row['layer'])}: "
-                f"{escape(row['note'])} (not stored; a rerun tries it again)",
-                highlight=False,
-                soft_wrap=True,
-            )
+    outputs = run(job, console, address=address, num_cpus=num_cpus)
+    if job.sweep is None:  # a sweep says them among its lines
+        print_not_scored(errors, [row for rows in outputs.rows.values() for row in rows])
     return outputs
 
 

@@ -25,7 +25,7 @@ console = Console(width=output_width())
 
 def _job(job_file: Path, out: Optional[Path]):
     """The job as `raygeom run` would run it, after every refusal run makes before its first forward pass."""
-    from raygeom.jobs.pipeline import hub_revision_lists
+    from raygeom.jobs.load import hub_revision_lists
     from raygeom.jobs.preflight import preflight
     from raygeom.jobspec import load_job
 

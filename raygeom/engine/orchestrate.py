@@ -1,6 +1,6 @@
 """Ray orchestration: extraction through replica actors (engine.replica_actor), analysis through the unit engine.
 
-No analysis is imported here: a job driver (raygeom.jobs.pipeline) says which units each landed extraction gets.
+No analysis is imported here: a job driver (raygeom.jobs.run) says which units each landed extraction gets.
 
 Call :func:`raygeom.engine.ray_env.prepare_local_ray_environment` before importing
 this module when the cluster is local (the CLI does).

@@ -74,3 +74,18 @@ def stored_passes(store, job, specs: list, pooled_key) -> dict[tuple[str, str, i
 def describe(passes: list[Pass]) -> str:
     """``3 (pooled: pga, twonn; chunks: token_dispersion, gap; knn: knn_lm)``."""
     return f"{len(passes)} (" + "; ".join(f"{p.kind}: {', '.join(p.serves)}" for p in passes) + ")"
+
+
+def analyses_of(job) -> list[str]:
+    """The job's planned analyses by name, in the order it names them (a grid's points once)."""
+    return list(dict.fromkeys(item.analysis for item in job.planned()))
+
+
+def needs_pooled(job) -> bool:
+    """Whether any planned analysis reads the job's [extract] extraction (else no forward pass is made for it)."""
+    return any(item.spec.extraction == POOLED for item in job.planned())
+
+
+def needs_nll(job) -> bool:
+    """Whether the pooled pass computes per-sample NLL: a reader of it asks (diagnostics' loss beside geometry)."""
+    return any(item.spec.needs.nll for item in job.planned() if item.spec.reads(item.params, job).kind == POOLED)

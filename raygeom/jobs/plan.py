@@ -4,7 +4,7 @@ a reference GPU), and each analysis from the CPU-seconds the engine measured on 
 it declares (``Analysis.work``; before any is measured, its ``reference_seconds``). What an analysis adds to the plan
 of its own (PGA: the null budget of ``n_null = "auto"``) is its ``plan_lines``.
 
-No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.pipeline), so
+No Ray here (the sweep's Ray side is engine.orchestrate.run_sweep, driven by raygeom.jobs.run), so
 `raygeom plan` and `raygeom status` read the store without starting or importing Ray.
 """
 

@@ -261,7 +261,7 @@ def preflight(job, console=None, local: bool = False):
     the run starts a local Ray, so its models must fit this machine's memory."""
     from rich.markup import escape
 
-    from raygeom.jobs import experiment
+    from raygeom.jobs.passes import needs_pooled
     from raygeom.sources.corpus import load_corpus
 
     specs = job_models(job)
@@ -275,7 +275,7 @@ def preflight(job, console=None, local: bool = False):
         return None
     corpus = load_corpus(job.corpus)
     check_chunk_counts(job, specs, corpus)
-    if not job.sweep and not experiment.needs_pooled(job):
+    if not job.sweep and not needs_pooled(job):
         return corpus
     corpus = corpus.sample(job.n_samples, job.sample_seed)
     line = check_corpus(job, corpus)

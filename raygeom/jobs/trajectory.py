@@ -212,7 +212,8 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     import pyarrow as pa
 
     from raygeom.jobs import plan as sweep
-    from raygeom.jobs.pipeline import progress_bar, run_sweep_job
+    from raygeom.jobs.progress import progress_bar
+    from raygeom.jobs.run import run
     from raygeom.jobspec import SweepSettings
     from raygeom.report.html import announce_report
     from raygeom.store.tree import Store, atomic_write_table, check_writable, read_table
@@ -224,7 +225,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
     trained = trained_runs[0] if trained_runs else None
     if job.sweep is None:
         job = replace(job, sweep=SweepSettings())
-    swept = run_sweep_job(job, console, address=address, num_cpus=num_cpus, write_html=False)  # written once, at the end
+    swept = run(job, console, address=address, num_cpus=num_cpus, write_html=False)  # written once, at the end
     outputs = {"trained": trained, "trained_runs": trained_runs, "swept": swept, "computed_dispersion_units": 0}
     settings = job.trajectory
     if settings is not None:
@@ -270,7 +271,8 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         return outputs
 
     steps = {s.revision: s.step for s in specs}
-    table = swept.pga_rows  # the sweep's [pga] units, each with its revision's step and weights flag
+    pga = swept.over_revisions.get("pga")  # PGA over the sweep's revisions (raygeom.report.pga_sweep)
+    table = pga.rows if pga is not None else []  # the sweep's [pga] units, each with its revision's step and weights flag
     flags = {r["revision"]: r["weights_flag"] for r in read_table(swept.revisions).to_pylist()}
     evaluations = []
     if job.train is not None:

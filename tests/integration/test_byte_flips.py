@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from raygeom.errors import RaygeomError
-from raygeom.jobs.pipeline import run_job
+from raygeom.jobs.run import run
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams
 from raygeom.replica.extract import ExtractionSettings
@@ -57,7 +57,7 @@ def pristine(hub_cache, warm_replicas, tmp_path_factory):
     root = tmp_path_factory.mktemp("flips")
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(f"item {i} {varied_text(i)} ." for i in range(30)) + "\n")
-    outputs = run_job(job(root / "store", corpus), Console(quiet=True))
+    outputs = run(job(root / "store", corpus), Console(quiet=True))
     reference = numbers(outputs.rows["pga"])
     assert sum(1 for r in outputs.rows["pga"] if not r["note"]) >= 2, outputs.rows["pga"]  # real numbers to protect
     return root / "store", corpus, reference
@@ -79,7 +79,7 @@ def test_random_byte_flips_never_change_a_number(pristine, warm_replicas, tmp_pa
         target.write_bytes(bytes(data))
         where = f"flip {flip}: {target.relative_to(work)} byte {offset} bit {bit}"
         try:
-            outputs = run_job(job(work, corpus), Console(quiet=True))
+            outputs = run(job(work, corpus), Console(quiet=True))
         except RaygeomError as error:
             assert "\n" not in str(error), where
             outcomes["refused"] += 1
@@ -108,7 +108,7 @@ def test_a_unit_file_copied_over_another_units_name_is_recomputed(pristine, tmp_
     shutil.copyfile(a, b)
     shutil.copyfile(checksum_path(a), checksum_path(b))
     capfd.readouterr()
-    outputs = run_job(job(work, corpus), Console(quiet=True))
+    outputs = run(job(work, corpus), Console(quiet=True))
     warnings = [line for line in capfd.readouterr().err.splitlines() if "copied or moved" in line]
     assert len(warnings) == 1 and layer_b in warnings[0] and "recomputing" in warnings[0], warnings
     assert numbers(outputs.rows["pga"]) == reference
@@ -162,7 +162,7 @@ def every_unit_stored(pristine, warm_replicas, tmp_path_factory):
 
     _, corpus, reference = pristine
     root = tmp_path_factory.mktemp("scored") / "store"
-    outputs = run_job(replace(job(root, corpus), layers=SCORED), Console(quiet=True))
+    outputs = run(replace(job(root, corpus), layers=SCORED), Console(quiet=True))
     assert all(not row["note"] for row in outputs.rows["pga"]) and len(outputs.rows["pga"]) == 2, outputs.rows["pga"]
     return root, corpus, numbers(outputs.rows["pga"])
 

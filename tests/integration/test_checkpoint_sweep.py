@@ -103,14 +103,14 @@ def swept(ray_local, tmp_path_factory):
 
 def test_every_checkpoint_is_a_revision_with_its_step(swept):
     _, outputs = swept
-    assert outputs.computed_units == outputs.rows == len(STEPS) * LAYERS
-    table = pq.read_table(outputs.table).to_pylist()
+    assert outputs.computed_units == len(outputs.over_revisions["pga"].rows) == len(STEPS) * LAYERS
+    table = pq.read_table(outputs.files["pga"][0]).to_pylist()
     assert {r["model"] for r in table} == {"my-run"}
     assert sorted({(r["revision"], r["step"]) for r in table}) == [(f"checkpoint-{s}", s) for s in STEPS]
     assert [r["step"] for r in table if r["layer"] == "final_norm"] == list(STEPS)  # in step order
-    zones = pq.read_table(outputs.collapse).to_pylist()
+    zones = pq.read_table(outputs.over_revisions["pga"].collapse).to_pylist()
     assert sorted(z["step"] for z in zones) == list(STEPS)
-    assert any(p.name == "heatmap_my-run.png" for p in outputs.plots)
+    assert any(p.name == "heatmap_my-run.png" for p in outputs.over_revisions["pga"].plots)
 
 
 def test_a_copied_checkpoint_is_flagged_and_the_others_are_not(swept):
@@ -127,11 +127,11 @@ def test_a_copied_checkpoint_is_flagged_and_the_others_are_not(swept):
 
 def test_rerun_computes_nothing_and_status_plan_read_the_store(swept):
     from raygeom.cli.root import app
-    from raygeom.jobs.pipeline import run_sweep_job
+    from raygeom.jobs.run import run
 
     job_file, first = swept
-    again = run_sweep_job(load_job(job_file), Console(quiet=True))
-    assert again.computed_units == 0 and again.rows == first.rows
+    again = run(load_job(job_file), Console(quiet=True))
+    assert again.computed_units == 0 and len(again.over_revisions["pga"].rows) == len(first.over_revisions["pga"].rows)
     runner = CliRunner()
     status = runner.invoke(app, ["status", str(job_file)], env={"COLUMNS": "200"})
     assert status.exit_code == 0, status.output

@@ -260,7 +260,7 @@ def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(
     rerun of both reuses every extraction and unit."""
     from rich.console import Console
 
-    from raygeom.jobs.pipeline import run_job
+    from raygeom.jobs.run import run
     from raygeom.jobspec import JobSpec, ModelEntry
     from raygeom.params import PGAParams
     from raygeom.replica.extract import ExtractionSettings
@@ -282,18 +282,16 @@ def test_a_dispersion_job_and_a_pga_job_share_one_store_and_match_separate_runs(
         )
 
     key = ("model", "revision", "layer", "rho_readout", "z", "z_lo", "z_hi")
-    pga_alone = sorted(
-        tuple(r[k] for k in key) for r in run_job(pga_job(tmp_path / "pga_alone"), Console(quiet=True)).rows["pga"]
-    )
+    pga_alone = sorted(tuple(r[k] for k in key) for r in run(pga_job(tmp_path / "pga_alone"), Console(quiet=True)).rows["pga"])
     shared = Store(tmp_path / "shared")
-    both_pga = run_job(pga_job(shared.root), Console(quiet=True)).rows["pga"]
+    both_pga = run(pga_job(shared.root), Console(quiet=True)).rows["pga"]
     both = dp.run_dispersion(shared, specs, labelled_corpus, SETTINGS, ANALYSIS)
     assert sorted(tuple(r[k] for k in key) for r in both_pga) == pga_alone
     numbers = ("model", "revision", "layer", "token_dispersion", "sample_dispersion", "perplexity", "gap", "group_spearman")
     assert [tuple(r[k] for k in numbers) for r in both["layers"]] == [tuple(r[k] for k in numbers) for r in alone["layers"]]
     files = sorted(p for p in shared.root.rglob("*.parquet") if "results" in p.parts and p.parent.name != "results")
     before = {p: p.stat().st_mtime_ns for p in files}
-    again_pga = run_job(pga_job(shared.root), Console(quiet=True)).rows["pga"]
+    again_pga = run(pga_job(shared.root), Console(quiet=True)).rows["pga"]
     again = dp.run_dispersion(shared, specs, labelled_corpus, SETTINGS, ANALYSIS)
     assert sorted(tuple(r[k] for k in key) for r in again_pga) == pga_alone
     assert [tuple(r[k] for k in numbers) for r in again["layers"]] == [tuple(r[k] for k in numbers) for r in alone["layers"]]

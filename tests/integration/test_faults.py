@@ -44,7 +44,7 @@ CLUSTER_SCRIPT = textwrap.dedent("""
     from rich.console import Console
 
     from raygeom.jobspec import load_job
-    from raygeom.jobs.pipeline import run_sweep_job
+    from raygeom.jobs.run import run
 
     job_file, report_path = sys.argv[1], sys.argv[2]
     report = {}
@@ -62,7 +62,7 @@ CLUSTER_SCRIPT = textwrap.dedent("""
 
     def sweep():
         try:
-            outcome["outputs"] = run_sweep_job(job, Console(quiet=True), address=cluster.address)
+            outcome["outputs"] = run(job, Console(quiet=True), address=cluster.address)
         except BaseException as error:
             outcome["error"] = repr(error)
 
@@ -87,12 +87,12 @@ CLUSTER_SCRIPT = textwrap.dedent("""
     report["killed"] = True
     thread.join(timeout=300)
     report["error"] = outcome.get("error")
-    report["rows"] = outcome["outputs"].rows if "outputs" in outcome else None
+    report["rows"] = len(outcome["outputs"].over_revisions["pga"].rows) if "outputs" in outcome else None
     report["alive_after"] = len([n for n in ray.nodes() if n["Alive"]])
 
     # Fake GPUs: a node with 2 GPUs and no CPUs; replicas go there by their num_gpus alone.
     from raygeom.engine import replica_actor
-    from raygeom.jobs.pipeline import replica_gpus
+    from raygeom.jobs.extract import replica_gpus
     from raygeom.sources.revisions import PYTHIA_SIZES
 
     gpu_node = cluster.add_node(num_cpus=0, num_gpus=2, resources={"gpu_node": 1})
@@ -214,7 +214,7 @@ def test_losing_a_worker_node_mid_sweep_changes_nothing(sweep_setup, tmp_path, r
 
 
 def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep_setup, tmp_path, ray_tmp):
-    from raygeom.jobs.pipeline import run_sweep_job
+    from raygeom.jobs.run import run
 
     root, corpus, reference = sweep_setup
     out = tmp_path / "out"
@@ -246,13 +246,13 @@ def test_killing_the_driver_then_rerunning_computes_only_the_missing_units(sweep
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in survivors}
     markers = {p: p.stat().st_mtime_ns for p in (out / "activations").rglob("_COMPLETE.json")}
 
-    outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
+    outputs = run(load_job(job_file), Console(quiet=True))
 
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in results.glob("*.parquet")}
     assert {name: after[name] for name in before} == before  # finished units were not rewritten
     assert outputs.computed_units == UNITS - len(before) == len(after) - len(before)
     assert all(p.stat().st_mtime_ns == t for p, t in markers.items())  # nor were finished extractions redone
-    assert tidy(outputs.table) == reference
+    assert tidy(outputs.files["pga"][0]) == reference
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from raygeom.engine import orchestrate
-from raygeom.jobs.pipeline import run_job
+from raygeom.jobs.run import run
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams
 from raygeom.replica.extract import ExtractionSettings
@@ -56,7 +56,7 @@ def finished_job(hub_cache, ray_local, warm_replicas, tmp_path_factory):
     corpus = root / "corpus.txt"
     # Distinct within 32 tokens and in the last token (the old lines shared their first 32 tokens: 5 distinct rows).
     corpus.write_text("\n".join(f"number {i} {varied_text(i)}" for i in range(80)))
-    outputs = run_job(tiny_job(root / "out", corpus), Console(quiet=True))
+    outputs = run(tiny_job(root / "out", corpus), Console(quiet=True))
     return root, corpus, outputs
 
 
@@ -165,7 +165,7 @@ def test_rerun_resumes_without_recomputing(finished_job):
     marker = Store(root / "out").extraction_dir("EleutherAI--pythia-14m", "step0") / COMPLETE_MARKER
     marker_time = marker.stat().st_mtime_ns
     time.sleep(0.01)
-    run_job(tiny_job(root / "out", corpus), Console(quiet=True))
+    run(tiny_job(root / "out", corpus), Console(quiet=True))
     after = {p.name: p.stat().st_mtime_ns for p in results.glob("*.parquet")}
     assert marker.stat().st_mtime_ns == marker_time
     assert all(after[name] == t for name, t in before.items() if name in after)
@@ -301,7 +301,7 @@ def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub
         extraction=ExtractionSettings(seq_len=32, batch_size=10),
         pga=PGAParams(k=8, n_null=6, null_chunks=2),
     )
-    rows = {r["layer"]: r for r in run_job(job, Console(quiet=True)).rows["pga"]}
+    rows = {r["layer"]: r for r in run(job, Console(quiet=True)).rows["pga"]}
     assert np.isnan(rows["embed"]["z"]) and "same vector" in rows["embed"]["note"]
     assert all(np.isfinite(rows[name]["z"]) and rows[name]["note"] == "" for name in rows if name != "embed")
     table = pq.read_table(tmp_path / "out" / "results" / "pga.parquet")

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from raygeom.jobs.pipeline import run_job
+from raygeom.jobs.run import run
 from raygeom.jobspec import JobSpec, ModelEntry
 from raygeom.params import PGAParams
 from raygeom.replica.extract import ExtractionSettings
@@ -76,7 +76,7 @@ def references(hub_cache, ray_local, warm_replicas, tmp_path_factory):
             extraction=ExtractionSettings(seq_len=SETTINGS["seq_len"]),
             pga=PGAParams(k=SETTINGS["k"], n_null=SETTINGS["n_null"], null_chunks=SETTINGS["null_chunks"]),
         )
-        for row in run_job(spec, Console(quiet=True)).rows["pga"]:
+        for row in run(spec, Console(quiet=True)).rows["pga"]:
             assert math.isfinite(row["z"]), row
             expected[(n, row["layer"])] = (row["rho_readout"], row["z"])
     return corpus, expected

@@ -64,13 +64,13 @@ def tidy(path):
 def first_run(hub_cache, tmp_path_factory):
     """One uninterrupted sweep per session: these tests inspect it, the fault tests compare against it."""
     if not _FIRST_RUN:
-        from raygeom.jobs.pipeline import run_sweep_job
+        from raygeom.jobs.run import run
 
         add_sweep_models(hub_cache)
         root = tmp_path_factory.mktemp("sweep")
         job_file = write_sweep_job(root, root / "out", write_corpus(root / "corpus.txt"))
-        outputs = run_sweep_job(load_job(job_file), Console(quiet=True))
-        _FIRST_RUN.update(root=root, job_file=job_file, outputs=outputs, reference=tidy(outputs.table))
+        outputs = run(load_job(job_file), Console(quiet=True))
+        _FIRST_RUN.update(root=root, job_file=job_file, outputs=outputs, reference=tidy(outputs.files["pga"][0]))
     return _FIRST_RUN
 
 
@@ -89,9 +89,9 @@ def invoke(*args):
 
 def test_sweep_fills_the_pga_table_once_per_unit(swept):
     _, _, outputs = swept
-    assert outputs.rows == UNITS and outputs.computed_units == UNITS
-    assert outputs.table.name == "pga.parquet" and outputs.revisions.name == "revisions.parquet"
-    table = pq.read_table(outputs.table).to_pylist()
+    assert len(outputs.over_revisions["pga"].rows) == UNITS and outputs.computed_units == UNITS
+    assert outputs.files["pga"][0].name == "pga.parquet" and outputs.revisions.name == "revisions.parquet"
+    table = pq.read_table(outputs.files["pga"][0]).to_pylist()
     assert len({(r["model"], r["revision"], r["layer"]) for r in table}) == UNITS == len(table)
     assert {r["step"] for r in table} == {0, 1, 1000}
     assert {r["size"] for r in pq.read_table(outputs.revisions).to_pylist()} == {"14m", "31m"}
@@ -120,7 +120,7 @@ def test_duplicate_weights_are_flagged_and_distinct_ones_are_not(swept):
 
 def test_plots_and_collapse_table(swept):
     root, _, outputs = swept
-    names = sorted(p.name for p in outputs.plots)
+    names = sorted(p.name for p in outputs.over_revisions["pga"].plots)
     assert names == [
         "heatmap_EleutherAI--pythia-14m.png",
         "heatmap_EleutherAI--pythia-31m.png",
@@ -128,8 +128,8 @@ def test_plots_and_collapse_table(swept):
         "z_vs_depth_step1.png",
         "z_vs_depth_step1000.png",
     ]
-    assert all(p.stat().st_size > 10_000 for p in outputs.plots)
-    zones = pq.read_table(outputs.collapse).to_pylist()
+    assert all(p.stat().st_size > 10_000 for p in outputs.over_revisions["pga"].plots)
+    zones = pq.read_table(outputs.over_revisions["pga"].collapse).to_pylist()
     assert len(zones) == 5 and {"collapsed", "zone_layers", "early_max_z"} <= set(zones[0])
 
 
@@ -159,7 +159,7 @@ def test_plan_of_a_fresh_store_estimates_from_measured_units(swept, tmp_path):
 
 
 def test_rerun_recomputes_nothing(swept):
-    from raygeom.jobs.pipeline import run_sweep_job
+    from raygeom.jobs.run import run
 
     root, job_file, _ = swept
     files = sorted((root / "out" / "results" / "pga").glob("*.parquet")) + sorted(
@@ -167,15 +167,15 @@ def test_rerun_recomputes_nothing(swept):
     )
     before = {p: p.stat().st_mtime_ns for p in files}
     console = Console(record=True, width=200)
-    outputs = run_sweep_job(load_job(job_file), console)
-    assert outputs.computed_units == 0 and outputs.rows == UNITS
+    outputs = run(load_job(job_file), console)
+    assert outputs.computed_units == 0 and len(outputs.over_revisions["pga"].rows) == UNITS
     assert {p: p.stat().st_mtime_ns for p in files} == before
     printed = console.export_text()
     assert "Subspace PGA over the sweep" in printed and "max z ± 95%" in printed  # a sweep prints its z table
 
 
 def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
-    from raygeom.jobs.pipeline import run_sweep_job
+    from raygeom.jobs.run import run
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -185,14 +185,14 @@ def test_a_corrupt_unit_is_detected_and_only_it_is_recomputed(swept):
     good = pq.read_table(path).to_pylist()[0]
     path.write_bytes(path.read_bytes()[:40])
     assert sweep.build_plan(job).n_done == UNITS - 1
-    outputs = run_sweep_job(job, Console(quiet=True))
+    outputs = run(job, Console(quiet=True))
     assert outputs.computed_units == 1
     again = pq.read_table(path).to_pylist()[0]
     assert again["z"] == good["z"] and again["null_std"] == good["null_std"]
 
 
 def test_dropped_activations_do_not_force_recomputation(swept):
-    from raygeom.jobs.pipeline import run_sweep_job
+    from raygeom.jobs.run import run
 
     root, job_file, _ = swept
     job = load_job(job_file)
@@ -200,7 +200,7 @@ def test_dropped_activations_do_not_force_recomputation(swept):
     plan.store.drop_activations("EleutherAI--pythia-31m", "step0")
     assert not list((root / "out" / "activations" / "model=EleutherAI--pythia-31m" / "revision=step0").rglob("layer=*"))
     assert sweep.build_plan(job).n_done == UNITS
-    assert run_sweep_job(job, Console(quiet=True)).computed_units == 0
+    assert run(job, Console(quiet=True)).computed_units == 0
 
 
 def test_a_revision_that_cannot_be_loaded_fails_alone_with_one_line(swept):
@@ -312,7 +312,7 @@ def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_
     its store, so the rows are the same rows."""
     import shutil
 
-    from raygeom.jobs.pipeline import run_job
+    from raygeom.jobs.run import run
     from raygeom.testing import TINY_JOB_SETTINGS
 
     root, _, outputs = swept
@@ -328,17 +328,17 @@ def test_a_run_of_the_same_models_writes_the_tables_the_sweep_writes(swept, tmp_
     job_file.write_text(
         f'[job]\nname = "tiny-run"\nout = "{copy}"\n{models}' + TINY_JOB_SETTINGS.format(corpus=root / "corpus.txt")
     )
-    run = run_job(load_job(job_file), Console(quiet=True))
-    assert run.files["pga"][0] == copy / "results" / "pga.parquet"
+    ran_job = run(load_job(job_file), Console(quiet=True))
+    assert ran_job.files["pga"][0] == copy / "results" / "pga.parquet"
     swept_tables = sorted(p.name for p in (root / "out" / "results").glob("*.parquet"))
     assert sorted(p.name for p in (copy / "results").glob("*.parquet")) == ["pga.parquet"]
     assert swept_tables == ["collapse.parquet", "pga.parquet", "revisions.parquet"]
-    ran, swept_schema = pq.read_schema(run.files["pga"][0]), pq.read_schema(outputs.table)
+    ran, swept_schema = pq.read_schema(ran_job.files["pga"][0]), pq.read_schema(outputs.files["pga"][0])
     assert ran == swept_schema and ran.metadata == swept_schema.metadata
     # the columns the sweep's table used to leave out
     assert {"z_half_width", "note", "n_half_samples", "cpu_seconds", "source"} <= set(ran.names)
     assert "repo" not in ran.names and "weights_flag" not in ran.names  # the revisions table's, not a PGA row's
-    rows, swept_rows = pq.read_table(run.files["pga"][0]).to_pylist(), pq.read_table(outputs.table).to_pylist()
+    rows, swept_rows = pq.read_table(ran_job.files["pga"][0]).to_pylist(), pq.read_table(outputs.files["pga"][0]).to_pylist()
     assert {r["model"] for r in rows} == {r["model"] for r in swept_rows} == {"EleutherAI--pythia-14m", "EleutherAI--pythia-31m"}
     assert [(r["unit_key"], r["z"], r["step"]) for r in rows] == [(r["unit_key"], r["z"], r["step"]) for r in swept_rows]
     assert {r["model"] for r in pq.read_table(outputs.revisions).to_pylist()} == {r["model"] for r in rows}
@@ -365,10 +365,12 @@ def test_the_librarys_table_is_the_clis_and_concatenates_with_it_in_pandas(swept
     )
     raygeom.store_pga(library, "EleutherAI/pythia-14m", "step1000", k=8, n_null=12)
     mine = library / "results" / "pga.parquet"
-    assert pq.read_schema(mine) == pq.read_schema(outputs.table)
-    frame = pd.concat([pd.read_parquet(outputs.table), pd.read_parquet(mine)], ignore_index=True)
+    assert pq.read_schema(mine) == pq.read_schema(outputs.files["pga"][0])
+    frame = pd.concat([pd.read_parquet(outputs.files["pga"][0]), pd.read_parquet(mine)], ignore_index=True)
     assert [c for c in frame.columns if frame[c].dtype == object] == []
     assert str(frame["skip_first"].dtype) == "boolean" and str(frame["step"].dtype) == "int64"
     assert frame["step"].tolist()[-len(vectors) :] == [1000] * len(vectors)
-    sources = pq.read_table(mine).column("source").to_pylist() + pq.read_table(outputs.table).column("source").to_pylist()
+    sources = (
+        pq.read_table(mine).column("source").to_pylist() + pq.read_table(outputs.files["pga"][0]).column("source").to_pylist()
+    )
     assert sources == ["write_activations"] * len(vectors) + [None] * UNITS

@@ -92,7 +92,7 @@ def test_the_key_covers_the_raygeom_modules_a_plot_imports_from():
         "tools/width_page.py",
         "raygeom/jobs/width.py",
         "raygeom/report/figures.py",
-        "raygeom/jobs/tidy.py",
+        "raygeom/report/pga_sweep.py",
         "raygeom/numerics/uncertainty.py",
     ):
         assert any(s.endswith(module) for s in sources), module

@@ -215,3 +215,84 @@ def test_no_private_name_is_imported_across_packages(tmp_path):
     (tmp_path / "raygeom" / "api.py").write_text("from raygeom.numerics.u import _q\n")
     assert private_imports(tmp_path / "raygeom") == ["raygeom.api: raygeom.numerics.u._q"]
     assert private_imports() == []
+
+
+# `raygeom run`'s path (issue 45): the driver (raygeom.jobs.run) calls its steps in turn, load, plan, extract, write,
+# and each module here imports only the modules before it, so a reader follows a run downward once and never returns
+# to a module already left. The planning modules come first: loading the job asks the plan for the job's grid
+# (plan.job_specs), and the pooled pass's texts are the plan of passes'.
+RUN_PATH = (
+    "raygeom.jobs.passes",
+    "raygeom.jobs.plan",
+    "raygeom.jobs.preflight",
+    "raygeom.jobs.progress",
+    "raygeom.jobs.load",
+    "raygeom.jobs.extract",
+    "raygeom.jobs.write",
+    "raygeom.jobs.run",
+)
+# The generic steps name no analysis: what an analysis does is its declaration's (its registry entry, its renderer).
+GENERIC_STEPS = (
+    "raygeom.jobs.passes",
+    "raygeom.jobs.progress",
+    "raygeom.jobs.load",
+    "raygeom.jobs.extract",
+    "raygeom.jobs.write",
+    "raygeom.jobs.run",
+)
+
+
+def run_path_back_edges(graph: dict[str, set[str]], path: tuple[str, ...] = RUN_PATH) -> list[str]:
+    """``a -> b`` for each module of ``path`` that imports itself or a later one (the driver included)."""
+    return [f"{m} -> {t}" for i, m in enumerate(path) for t in sorted(graph.get(m, ())) if t in path[i:]]
+
+
+def test_a_step_that_imports_a_later_step_is_found():
+    graph = {"a.load": {"a.write"}, "a.write": {"a.load"}, "a.run": {"a.load", "a.write"}}
+    assert run_path_back_edges(graph, ("a.load", "a.write", "a.run")) == ["a.load -> a.write"]
+
+
+def test_the_run_path_imports_only_downward():
+    graph = import_graph()
+    assert not run_path_back_edges(graph), run_path_back_edges(graph)
+    steps = {"raygeom.jobs.load", "raygeom.jobs.plan", "raygeom.jobs.extract", "raygeom.jobs.write"}
+    assert steps <= graph["raygeom.jobs.run"]  # the driver calls each step itself
+    users = sorted(m for m, targets in graph.items() if "raygeom.jobs.run" in targets)
+    assert users == ["raygeom.cli.root", "raygeom.jobs.trajectory"], users  # the command and the driver built on it
+
+
+def named_analyses(path: Path, names: set[str]) -> list[str]:
+    """The analysis names a module's code says: string constants that are not docstrings, and identifiers."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found += [name for name in names if name in node.value.split()]
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.FunctionDef, ast.alias)):
+            word = getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", "")
+            word = word.lower()
+            found += [name for name in names if name in word.split("_") or ("_" in name and name in word)]
+    return sorted(set(found))
+
+
+def test_the_generic_steps_name_no_analysis():
+    from raygeom.analyses import registry
+
+    names = set(registry.analyses())
+    known = modules()
+    named = {m: named_analyses(known[m], names) for m in GENERIC_STEPS}
+    assert not any(named.values()), named
+
+
+def test_the_check_finds_an_analysis_named_in_code_but_not_in_a_docstring(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('"""Draws pga."""\n\n\ndef f(rows):\n    """pga too."""\n    return rows["pga"], knn_lm_rows\n')
+    assert named_analyses(path, {"pga", "knn_lm", "gap"}) == ["knn_lm", "pga"]

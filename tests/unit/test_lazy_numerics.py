@@ -12,7 +12,7 @@ DRIVER_MODULES = (
     "raygeom.numerics.uncertainty",
     "raygeom.analyses.pga",
     "raygeom.engine.orchestrate",
-    "raygeom.jobs.pipeline",
+    "raygeom.jobs.run",
     "raygeom.report.html",
 )
 

@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 from rich.markup import escape
 
-from raygeom.jobs.experiment import PLAIN_PROGRESS_SECONDS, PlainProgress, progress_bar
+from raygeom.jobs.progress import PLAIN_PROGRESS_SECONDS, PlainProgress, progress_bar
 
 
 class Clock:
@@ -70,7 +70,7 @@ def test_a_finished_stage_is_not_repeated_by_the_heartbeat():
 
 
 def test_stages_keep_their_totals_and_count_a_repeated_pass_once():
-    from raygeom.jobs.experiment import Stages
+    from raygeom.jobs.progress import Stages
 
     out = io.StringIO()
     with PlainProgress(Console(file=out, width=80), heartbeat=False) as progress:
@@ -100,7 +100,7 @@ def test_stages_keep_their_totals_and_count_a_repeated_pass_once():
 def test_stage_words_say_models_or_revisions_as_the_case_is():
     from types import SimpleNamespace as Spec
 
-    from raygeom.jobs.experiment import pairs_words
+    from raygeom.jobs.progress import pairs_words
 
     a0, a1, b0 = Spec(name="a", revision="step0"), Spec(name="a", revision="step1"), Spec(name="b", revision="step0")
     assert pairs_words([a0]) == "a@step0"

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from raygeom.errors import RaygeomError
-from raygeom.jobs.tidy import collapse_zones
+from raygeom.report.pga_sweep import collapse_zones
 from raygeom.report.sweep_plots import step_edges as _step_edges
 from raygeom.sources import revisions as pythia
 from raygeom.sources.layers import layer_names, select_layers

@@ -1,18 +1,15 @@
-"""A job's analyses on each landed extraction, and what they leave behind: the glue between a job file's
-``[analyses.<name>]`` tables (raygeom.analyses.registry) and the engine's ``run_sweep``. Nothing here names an
-analysis: every registered one is run, tabled, plotted and accumulated the same way."""
+"""The run's one progress display: bars on a terminal, plain lines in a log (:class:`PlainProgress`), and its
+stages (:class:`Stages`), each with its total before it starts. Every step of a run that shows progress takes it from
+here; nothing here knows a step or an analysis."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-from raygeom.analyses import registry
 
 PLAIN_PROGRESS_SECONDS = 30.0  # without a terminal: a progress line at most this often
 
@@ -184,89 +181,3 @@ def pairs_words(specs: list) -> str:
     if len(models) == 1:
         return f"{len(specs)} revisions of {models[0]}"
     return f"{len(specs)} (model, revision) pairs of {len(models)} models"
-
-
-class JobUnits:
-    """``run_sweep``'s ``units_for`` for every analysis a job plans; remembers which unit belongs to which."""
-
-    def __init__(self, store, job):
-        self.store = store
-        self.planned = job.planned()
-        self.keys: dict[str, set[str]] = {}
-
-    def __call__(self, item, info: dict) -> list:
-        spec = item.request.spec
-        units = registry.units_for(self.store, spec.slug, spec.revision, info["layers"], info, self.planned)
-        for unit in units:
-            self.keys.setdefault(unit.analysis, set()).add(unit.key)
-        return units
-
-    def rows_of(self, analysis: str, rows: list[dict]) -> list[dict]:
-        keys = self.keys.get(analysis, set())
-        return [row for row in rows if row.get("unit_key") in keys]
-
-
-def needs_nll(job) -> bool:
-    """Whether the pooled pass computes per-sample NLL: a reader of it asks (diagnostics' loss beside geometry)."""
-    return any(item.spec.needs.nll for item in job.planned() if item.spec.reads(item.params, job).kind == "pooled")
-
-
-def needs_pooled(job) -> bool:
-    """Whether any planned analysis reads the job's [extract] extraction (else no forward pass is made for it)."""
-    return any(item.spec.extraction == "pooled" for item in job.planned())
-
-
-def run_own_extractions(store, job, stages: Stages) -> dict[str, list[dict]]:
-    """Every planned analysis with an extraction of its own (token-level chunks, kNN-LM features, aligned texts):
-    each extracts what it needs (what the store holds is reused, so analyses naming one extraction share it) and
-    runs its units, on the run's ``stages``; returns this job's rows by analysis name."""
-    from raygeom.jobs.plan import job_specs
-
-    own = [item for item in job.planned() if item.spec.extraction != "pooled"]
-    if not own:
-        return {}
-    specs = job_specs(job)
-    rows: dict[str, list[dict]] = {}
-    for item in own:
-        rows.setdefault(item.analysis, []).extend(item.spec.run(store, job, specs, item.params, stages))
-        stages.close_opened()
-    return rows
-
-
-def analyses_of(job) -> list[str]:
-    return list(dict.fromkeys(item.analysis for item in job.planned()))
-
-
-def write_outputs(
-    store,
-    job,
-    units: JobUnits,
-    rows: list[dict],
-    console,
-    skip: tuple[str, ...] = (),
-    own: dict[str, list[dict]] | None = None,
-    files: dict[str, list[Path]] | None = None,
-    shown: dict[str, list[dict]] | None = None,
-) -> dict[str, Path]:
-    """For every planned analysis but ``skip`` (whose driver writes its own): ``results/<dir>.parquet`` with every
-    row of it the store holds (all jobs, each row with its settings), then what its declaration shows and writes of
-    this job's rows (raygeom.report.tables.analysis_outputs). ``own``: the rows of the analyses with an extraction of
-    their own, by name. ``files``: filled with every file written, ``shown`` with this job's rows, by analysis name."""
-    from raygeom.analyses.results_table import write_results_table
-    from raygeom.report.tables import analysis_outputs
-
-    written = {}
-    for name in analyses_of(job):
-        if name in skip:
-            continue
-        analysis = registry.get(name)
-        mine = (own or {}).get(name, []) if analysis.extraction != "pooled" else units.rows_of(name, rows)
-        if analysis.extraction != "pooled":  # a pooled analysis's rows are checked as its units finish
-            analysis.check_rows(mine)
-        written[name] = write_results_table(store, analysis, mine)
-        extra = analysis_outputs(console, analysis, mine, store.root)
-        if files is not None:
-            files[name] = [written[name], *extra]
-        if shown is not None:
-            shown[name] = mine
-    return written
