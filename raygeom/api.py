@@ -532,12 +532,7 @@ def _write_outputs(store, spec, rows: list[dict]) -> None:
     ``results/<dir>.parquet`` with every row of the analysis the store holds (all calls, each with its settings) and
     the plots of this call's rows under ``plots/``."""
     from raygeom.analyses.results_table import write_results_table
-    from raygeom.report.figures import plot_z_vs_depth
-    from raygeom.report.tables import plot_analysis
+    from raygeom.report.tables import analysis_files
 
     write_results_table(store, spec, rows, write_empty=False)  # the CLI's writer: its columns and types
-    layered = [row for row in rows if row.get("relative_depth") is not None and not row.get("note")]
-    if spec.name == "pga" and layered:
-        plot_z_vs_depth(layered, store.root / "plots" / "pga_z_vs_depth.png")
-    elif layered and spec.metrics:
-        plot_analysis(spec, layered, store.root / "plots")
+    analysis_files(spec, rows, store.root)  # and its figures and documents

@@ -227,8 +227,6 @@ def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -
     """What a run of ``analysis`` shows and leaves beside its table, from its declaration: its console lines (else
     the generic table of its metrics or columns), its figures (its renderer's, else each metric by depth) under plots/, its
     documents under results/. Returns the files written."""
-    from raygeom.store.tree import atomic_write_text
-
     if not rows:
         return []
     layered = [row for row in rows if row.get("relative_depth") is not None]
@@ -247,8 +245,20 @@ def analysis_outputs(console: Console, analysis, rows: list[dict], root: Path) -
     elif not lines:
         print_ranked(console, analysis, rows)
 
+    return analysis_files(analysis, rows, root)
+
+
+def analysis_files(analysis, rows: list[dict], root: Path) -> list[Path]:
+    """What ``analysis`` leaves beside its table of ``rows``, from its declaration: its figures (its renderer's, else
+    each metric by depth) under plots/ and its documents under results/; the run's writer and the library's alike."""
+    from raygeom.report.renderers import renderer
+    from raygeom.store.tree import atomic_write_text
+
+    if not rows:
+        return []
+    layered = [row for row in rows if row.get("relative_depth") is not None]
     written = []
-    figures = drawn.figures
+    figures = renderer(analysis.name).figures
     if figures:
         written += figures(rows, Path(root) / "plots")
     elif layered and analysis.metrics:
