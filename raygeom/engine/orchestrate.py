@@ -154,9 +154,9 @@ AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_lis
 def _free_loopback_port() -> int:
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _ports_known_to_raylet(start_raylet: Callable) -> Callable:
@@ -362,7 +362,7 @@ def _first_line(error: BaseException) -> str:
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
 
 
-def _probe(address: str, timeout_s: float) -> None:
+def _check_reachable(address: str, timeout_s: float) -> None:
     """Before ray.init (whose retries run for minutes, logging to stderr): the port must accept a TCP
     connection and answer an HTTP/2 preface with a SETTINGS frame, as Ray's gRPC servers (GCS, client
     server) do. A closed port, a dead host or a server that never answers fails here, in seconds."""
@@ -399,7 +399,7 @@ def _probe(address: str, timeout_s: float) -> None:
 
 
 def _connect(address: str, timeout_s: float) -> None:
-    _probe(address, timeout_s)
+    _check_reachable(address, timeout_s)
     outcome: dict = {}
 
     def connect() -> None:

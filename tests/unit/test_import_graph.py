@@ -233,6 +233,14 @@ RUN_PATH = (
 )
 # The generic steps name no analysis: what an analysis does is its declaration's (its registry entry, its renderer).
 GENERIC_STEPS = (
+    "raygeom.cli.sweep",  # plan and status
+    "raygeom.engine.contract",
+    "raygeom.engine.orchestrate",
+    "raygeom.engine.replica_actor",
+    "raygeom.engine.units",
+    "raygeom.engine.weights",
+    "raygeom.jobs.plan",
+    "raygeom.jobs.preflight",
     "raygeom.jobs.passes",
     "raygeom.jobs.progress",
     "raygeom.jobs.load",
