@@ -237,7 +237,7 @@ def show_plan(job_file: Path, out: Optional[Path], gpu_memory_gib: Optional[floa
         console.print(
             "cost (no measured units in this store yet; reference rates, see docs/sweeps.md): "
             + gpu
-            + ", ".join(f"{name} {seconds / 3600:,.0f} CPU-hours" for name, seconds in priced.items())
+            + ", ".join(f"{name} {sweep.format_seconds(seconds)} of CPU time" for name, seconds in priced.items())
             + (f"; not priced until measured: {', '.join(unpriced)}" if unpriced else "")
             + "; run a few revisions, then plan again to scale from this store's own unit times",
             highlight=False,
