@@ -159,7 +159,26 @@ class Diagnose(Analysis):
         return merged
 
     def planned_units(self, store, job, specs, params):
-        return len(specs), 0  # one merged unit per (model, revision), merged again each run from its stored parts
+        """One merged unit per (model, revision), done when its extraction is stored and the merged table holds a row
+        of every layer of it at these settings (a run merges them again from their stored parts, computing nothing)."""
+        from raygeom.analyses.extraction import texts_of
+        from raygeom.replica.request import ExtractionRequest
+        from raygeom.store.tree import content_key, read_table
+
+        path = store.root / "results" / f"{self.results_dir}.parquet"
+        if not path.is_file():
+            return len(specs), 0
+        table = read_table(path)
+        merged = set(table.column("unit_key").to_pylist()) if "unit_key" in table.column_names else set()
+        corpus, done = texts_of(self, params, job, specs), 0
+        for spec in specs:
+            key = ExtractionRequest(spec, corpus, job.extraction, job.layers, nll=True).key()
+            info = store.completion(spec.slug, spec.revision, key)
+            layers = (info or {}).get("layers") or []
+            done += bool(layers) and all(
+                content_key(self.name, self.version, key, layer, *key_settings(params)) in merged for layer in layers
+            )
+        return len(specs), done
 
     def console(self, rows, store=None):
         return [rows_markdown(rows)] if rows else []

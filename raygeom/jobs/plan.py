@@ -250,8 +250,11 @@ def measured_rows(plan: SweepPlan, analysis) -> list[dict]:
             table = pa.table({})
     if "cpu_seconds" not in table.column_names:
         return []
+    pairs = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
     once = {}
     for row in table.to_pylist():
+        if "model" in row and (row["model"], row.get("revision")) not in pairs:
+            continue  # another job's (model, revision) in a shared store
         if row.get("cpu_seconds") is not None and (row.get("note") or "") == "":
             once.setdefault(row.get("unit_key") or len(once), row)  # the rows of one unit share its seconds
     return list(once.values())
@@ -280,13 +283,30 @@ def estimate(plan: SweepPlan) -> CostEstimate:
     if extract_rate is not None and all(r.params for r in todo):
         remaining_extract = sum(r.params * (tokens * extract_rate + load_rate) for r in todo)
     analyses = {}
+    labels = planned_labels(job)
+    own_done: dict[str, int] = {}
+    for label, (_, done) in plan.own.items():
+        own_done[labels[label].analysis] = own_done.get(labels[label].analysis, 0) + done
+    priced: dict[str, str] = {}  # results dir -> the analysis whose units it holds, priced once
     for name, missing in missing_work(plan).items():
         spec = registry.get(name)
+        if spec.results_dir in priced:  # analyses of one unit (token_dispersion and slices): its time counted once
+            analyses[name] = AnalysisCost(f"unit, counted with {priced[spec.results_dir]}", None, 0, 0.0)
+            continue
+        priced[spec.results_dir] = name
         rows = measured_rows(plan, spec)
-        work = sum(spec.work(row) for row in rows)
-        rate = sum(row["cpu_seconds"] for row in rows) / work if rows and work > 0 else None
-        remaining = rate * sum(spec.work(row) for row in missing) if rate is not None else (0.0 if not missing else None)
-        analyses[name] = AnalysisCost(spec.work_words(rows[0] if rows else {}), rate, len(rows), remaining)
+        if spec.extraction == "pooled":
+            work = sum(spec.work(row) for row in rows)
+            rate = sum(row["cpu_seconds"] for row in rows) / work if rows and work > 0 else None
+            remaining = rate * sum(spec.work(row) for row in missing) if rate is not None else None
+            cost = AnalysisCost(spec.work_words(rows[0] if rows else {}), rate, len(rows), remaining)
+        else:  # its units are what planned_units counts (per (model, revision) or per layer): priced per unit done
+            done = own_done.get(name, 0)
+            rate = sum(row["cpu_seconds"] for row in rows) / done if rows and done else None
+            cost = AnalysisCost("unit", rate, done, rate * len(missing) if rate is not None else None)
+        if not missing:
+            cost.remaining_seconds = 0.0
+        analyses[name] = cost
     stored = {label: done for label, (_, done) in plan.per_analysis().items()}
     return CostEstimate(len(markers), sum(stored.values()), extract_rate, load_rate, remaining_extract, device, stored, analyses)
 
