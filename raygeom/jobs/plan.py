@@ -250,7 +250,7 @@ def measured_rows(plan: SweepPlan, analysis) -> list[dict]:
             table = pa.table({})
     if "cpu_seconds" not in table.column_names:
         return []
-    pairs = {(r.spec.slug, r.spec.revision) for r in plan.revisions}
+    pairs = {(name, r.spec.revision) for r in plan.revisions for name in (r.spec.slug, r.spec.name, r.spec.source)}
     once = {}
     for row in table.to_pylist():
         if "model" in row and (row["model"], row.get("revision")) not in pairs:
