@@ -239,6 +239,12 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
 
     from raygeom.engine.units import _remote_call
 
+    def run(options: dict, fn):
+        """The engine's unit task: its value (the task returns the seconds it took beside it)."""
+        value, seconds = _remote_call.options(**options).remote(fn)
+        assert ray.get(seconds) >= 0.0
+        return ray.get(value)
+
     def threads_in_this_task() -> tuple[int, list[int], dict, int]:  # defined here: pickled by value, not by module
         import os
 
@@ -269,24 +275,22 @@ def test_a_unit_task_runs_on_one_thread_in_a_worker_without_a_runtime_env(ray_lo
     def fresh_worker(name: str) -> dict:  # a runtime env of its own: a worker no earlier task has used
         return {"num_cpus": 2, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "2", "RAYGEOM_TEST_WORKER": name}}}
 
-    torch_threads, pool_threads, _, _ = ray.get(
-        _remote_call.options(**fresh_worker("import-in-task")).remote(threads_in_this_task)
-    )
+    torch_threads, pool_threads, _, _ = run(fresh_worker("import-in-task"), threads_in_this_task)
     assert torch_threads == 1 and pool_threads == [1], (torch_threads, pool_threads)
     # One worker (the one idle worker of its runtime env, two CPUs of two) runs a unit task, a training task, then a
     # unit task. Ray may still replace an idle worker between tasks: then the sequence is tried again in a new one.
     for attempt in range(3):
         trained = fresh_worker(f"unit-train-unit-{attempt}")
-        imported, worker = ray.get(_remote_call.options(**trained).remote(torch_imported))
+        imported, worker = run(trained, torch_imported)
         assert imported is False
         raised, raised_in = ray.get(ray.remote(two_torch_threads).options(**trained).remote())
-        torch_threads, pool_threads, _, checked_in = ray.get(_remote_call.options(**trained).remote(threads_in_this_task))
+        torch_threads, pool_threads, _, checked_in = run(trained, threads_in_this_task)
         one_worker = raised_in == worker == checked_in
         if one_worker:
             break
     assert one_worker, "three tries never ran the three tasks in one worker"
     assert raised == 2 and torch_threads == 1 and pool_threads == [1], (raised, torch_threads, pool_threads)
-    assert ray.get(_remote_call.remote(threads_in_this_task))[2] == {}
+    assert run({}, threads_in_this_task)[2] == {}
 
 
 def test_a_degenerate_layer_is_recorded_with_its_reason_and_the_job_finishes(hub_cache, ray_local, tmp_path):
