@@ -215,6 +215,26 @@ class JobSpec:
         """The corpus is the held-out texts [train] writes and has not written yet: checks that read it wait for it."""
         return bool(self.trains) and not Path(self.corpus).exists()
 
+    def model_specs(self) -> list:
+        """Every (model, revision) of the job (raygeom.sources.models.ModelSpec). The run directory of the job's
+        [train] gives the checkpoints the trainer writes (its plan), so a job can be checked and planned before
+        training has made the directory."""
+        return [spec for entry in self.models for spec in (self._trained_specs(entry) or entry.specs())]
+
+    def _trained_specs(self, entry) -> list | None:
+        from raygeom.sources.checkpoints import Checkpoint, RunDirectory
+        from raygeom.sources.models import ModelSpec
+
+        if not entry.run_dir:
+            return None
+        source = Path(entry.source).expanduser().resolve()
+        plan = next((p for p in (run.plan() for run in self.trains) if Path(p.run_dir) == source), None)
+        if plan is None:
+            return None
+        root = Path(plan.run_dir)
+        run = RunDirectory(root, tuple(Checkpoint(f"step{step}", step, root / f"step{step}") for step in plan.steps), ())
+        return [ModelSpec(str(root), "checkpoint", checkpoint.label) for checkpoint in run.select(entry.revisions)]
+
     def planned(self) -> tuple:
         """Every (analysis, parameters) this job runs on each extraction."""
         from raygeom.analyses.registry import Planned

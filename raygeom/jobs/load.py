@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from raygeom.jobs.passes import needs_pooled, pooled_corpus
-from raygeom.jobs.preflight import job_models, preflight
+from raygeom.jobs.preflight import preflight
 from raygeom.jobspec import JobSpec
 from raygeom.sources.models import ModelSpec
 from raygeom.store.tree import Store, check_writable
@@ -31,7 +31,7 @@ def load(job: JobSpec, console: Console, local: bool) -> Loaded:
     corpus = preflight(job, console, local=local)  # sampled when the pooled pass reads it; the others read it their way
     store = Store(job.out)
     check_writable(store.root)
-    specs = job_models(job)
+    specs = job.model_specs()
     if job.sweep or needs_pooled(job):  # the texts of its pooled pass (aligned when the job compares models)
         corpus = pooled_corpus(job, specs, corpus)
     if job.sweep:

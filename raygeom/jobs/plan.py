@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -88,26 +87,6 @@ class SweepPlan:
         return groups
 
 
-def job_specs(job) -> list[ModelSpec]:
-    """Every (model, revision) of the job. The run directory of the job's [train] gives the checkpoints the trainer
-    writes (its plan), so a job can be checked and planned before training has made the directory."""
-    return [spec for entry in job.models for spec in (_trained_specs(job, entry) or entry.specs())]
-
-
-def _trained_specs(job, entry) -> list[ModelSpec] | None:
-    from raygeom.sources.checkpoints import Checkpoint, RunDirectory
-
-    if not entry.run_dir:
-        return None
-    source = Path(entry.source).expanduser().resolve()
-    plan = next((p for p in (run.plan() for run in job.trains) if Path(p.run_dir) == source), None)
-    if plan is None:
-        return None
-    root = Path(plan.run_dir)
-    run = RunDirectory(root, tuple(Checkpoint(f"step{step}", step, root / f"step{step}") for step in plan.steps), ())
-    return [ModelSpec(str(root), "checkpoint", checkpoint.label) for checkpoint in run.select(entry.revisions)]
-
-
 def pooled_fingerprint(job, store: Store, specs: list[ModelSpec]) -> str:
     """The fingerprint of the pooled extraction's texts: the job's sample, or the text set its pooled pass reads."""
     if pooled_reader(job) is None:
@@ -121,7 +100,7 @@ def pooled_fingerprint(job, store: Store, specs: list[ModelSpec]) -> str:
 def build_plan(job, store: Store | None = None, fingerprint: str | None = None, with_own: bool = True) -> SweepPlan:
     """``with_own``: count the units of the analyses with an extraction of their own too (False: the pooled ones only)."""
     store = store or Store(job.out)
-    specs = job_specs(job)
+    specs = job.model_specs()
     fingerprint = fingerprint or pooled_fingerprint(job, store, specs)
     plans = []
     params_of_model: dict[str, int] = {}

@@ -17,12 +17,6 @@ from raygeom.errors import RaygeomError
 from raygeom.sources.models import ModelSpec
 
 
-def job_models(job) -> list[ModelSpec]:
-    from raygeom.jobs.plan import job_specs
-
-    return job_specs(job)
-
-
 def words(job, item=None) -> dict[str, str]:
     """How the messages name each parameter: the job file's own words (``[analyses.pga] r``, ``[corpus] n_samples``)
     for a value that came from the job file, the flag (``--ccr``, ``--n-samples``) for one given on the command line."""
@@ -264,7 +258,7 @@ def preflight(job, console=None, local: bool = False):
     from raygeom.jobs.passes import needs_pooled
     from raygeom.sources.corpus import load_corpus
 
-    specs = job_models(job)
+    specs = job.model_specs()
     check_packages(specs)
     check_train_memory(job)
     check_configs(job, specs, local)

@@ -211,7 +211,6 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
 
     import pyarrow as pa
 
-    from raygeom.jobs import plan as sweep
     from raygeom.jobs.progress import progress_bar
     from raygeom.jobs.run import run
     from raygeom.jobspec import SweepSettings
@@ -232,7 +231,7 @@ def run_trajectory_job(job, console, address: str | None = None, num_cpus: int |
         from raygeom.analyses import dispersion as dp
         from raygeom.sources.corpus import load_corpus
 
-        specs = sweep.job_specs(job)
+        specs = job.model_specs()
         corpus = load_corpus(job.corpus)
         dsettings = dp.DispersionSettings(
             settings.chunk_len, settings.chunks_per_domain, settings.batch_size, "all", settings.domain_tokens, settings.seed

@@ -219,14 +219,13 @@ def test_no_private_name_is_imported_across_packages(tmp_path):
 
 # `raygeom run`'s path (issue 45): the driver (raygeom.jobs.run) calls its steps in turn, load, plan, extract, write,
 # and each module here imports only the modules before it, so a reader follows a run downward once and never returns
-# to a module already left. The planning modules come first: loading the job asks the plan for the job's grid
-# (plan.job_specs), and the pooled pass's texts are the plan of passes'.
+# to a module already left. The plan of passes comes first: the pooled pass's texts are its.
 RUN_PATH = (
     "raygeom.jobs.passes",
-    "raygeom.jobs.plan",
     "raygeom.jobs.preflight",
     "raygeom.jobs.progress",
     "raygeom.jobs.load",
+    "raygeom.jobs.plan",
     "raygeom.jobs.extract",
     "raygeom.jobs.write",
     "raygeom.jobs.run",

@@ -65,21 +65,20 @@ def test_plan_after_training_reads_the_held_out_corpus(tmp_path):
 
 def test_a_train_job_lists_the_checkpoints_it_will_write_before_its_run_directory_exists(tmp_path):
     # `raygeom run` checked the job's sizes by listing the run directory first: `run directory not found` before training.
-    from raygeom.jobs.plan import job_specs
     from raygeom.jobs.preflight import check_sizes
     from raygeom.jobspec import load_job
 
     job = load_job(_job_into(tmp_path, steps=300, n_layers=3))
     assert not (tmp_path / "ckpt").exists()
-    specs = job_specs(job)
+    specs = job.model_specs()
     assert [s.revision for s in specs] == [f"step{s}" for s in checkpoint_steps(300, *SAVES)]
     assert {(s.kind, s.source) for s in specs} == {("checkpoint", str((tmp_path / "ckpt").resolve()))}
-    check_sizes(job, job_specs(job))  # d comes from [train]'s hidden_size: k = 32 < d = 128
+    check_sizes(job, job.model_specs())  # d comes from [train]'s hidden_size: k = 32 < d = 128
     assert not (tmp_path / "ckpt").exists()
     small = tmp_path / "small.toml"
     small.write_text(_job_into(tmp_path, steps=300, n_layers=3).read_text().replace("hidden_size = 128", "hidden_size = 32"))
     with pytest.raises(RaygeomError, match="k must satisfy 0 < k < d; got k=32, d=32"):
-        check_sizes(load_job(small), job_specs(load_job(small)))
+        check_sizes(load_job(small), load_job(small).model_specs())
 
 
 def test_plan_of_a_ladder_lists_the_runs_its_skip_leaves_and_writes_nothing(tmp_path):

@@ -58,7 +58,6 @@ def _write(tmp_path: Path, extra: str = "", **replace) -> Path:
 
 def test_the_grid_is_one_run_per_combination_each_in_its_own_directory(tmp_path):
     from raygeom.analyses.train import checkpoint_steps
-    from raygeom.jobs.plan import job_specs
     from raygeom.jobspec import load_job
 
     job = load_job(_write(tmp_path))
@@ -72,7 +71,7 @@ def test_the_grid_is_one_run_per_combination_each_in_its_own_directory(tmp_path)
     shared = {(r.settings.steps, r.settings.n_layers, r.settings.data_fields(), r.plan().steps) for r in job.trains}
     assert len(shared) == 1  # everything but width and seed is the same
     assert len({r.plan().key(r.settings) for r in job.trains}) == 4
-    specs = job_specs(job)  # before training: the checkpoints each run will write
+    specs = job.model_specs()  # before training: the checkpoints each run will write
     steps = checkpoint_steps(20, 10, 0)
     assert len(specs) == 4 * len(steps)
     assert {s.name for s in specs} == {"d32-seed0", "d32-seed1", "d64-seed0", "d64-seed1"}
