@@ -77,11 +77,12 @@ def auto_budget(plan, params, missing: list[tuple[object, str]], rate: float | N
         "decide_cap": params.n_null_decide,
     }
     per_unit_high = float(expected_auto_nulls(np.linspace(0.0, 200.0, 20_001), **rule).max())
-    n = plan.job.n_samples
-    per_null = {
-        r.key: (rate if rate is not None else None if r.d is None else reference_seconds_per_work(r.d)) for r, _ in missing
-    }
-    per_null = {key: None if value is None else value * n**2 for key, value in per_null.items()}
+
+    def per_scoring(revision) -> float | None:  # CPU-seconds of one subspace's Spearman over all N^2 pairs
+        per_work = rate if rate is not None else None if revision.d is None else reference_seconds_per_work(revision.d)
+        return None if per_work is None else per_work * plan.job.n_samples**2
+
+    per_null = {r.key: per_scoring(r) for r, _ in missing}
     pilot, pilot_rows = pilot_z(plan.store)
     expected = {}
     for revision, layer in missing:

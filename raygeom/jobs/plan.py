@@ -205,7 +205,8 @@ def missing_work(plan: SweepPlan) -> dict[str, list[dict]]:
 
 def measured_rows(plan: SweepPlan, analysis) -> list[dict]:
     """One stored row per unit of ``analysis`` with the CPU-seconds the engine measured (``cpu_seconds``): the units
-    this plan counts as done (a pooled analysis's), or every unit of it in the store (one with its own extraction)."""
+    this plan counts as done (a pooled analysis's), or every unit of it the store holds for this plan's (model,
+    revision)s, whatever its settings (one with its own extraction, whose unit keys the plan does not know)."""
     labels = planned_labels(plan.job)
     if analysis.extraction == "pooled":
         keys = [
